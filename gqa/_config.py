@@ -1,0 +1,144 @@
+"""Process-wide settings: kernel path, flash attention, approximate VNNI, threads.
+
+Read once from the environment at import, then changed with `gqa.config(...)`,
+which works both as a plain setter and as a context manager that restores the
+previous settings on exit.  Settings are process-global (not per thread).
+"""
+import os
+
+from . import _dispatch
+
+_TRUE = {"1", "true", "on", "yes"}
+_FALSE = {"0", "false", "off", "no", ""}
+
+_settings = {"kernel": "auto", "flash": True, "approx_vnni": False, "num_threads": None}
+
+
+def available_kernels():
+    """Path names this CPU can run, best last (always includes 'scalar')."""
+    return [p for p in _dispatch.PATH_NAMES if _dispatch.path_runnable(p)]
+
+
+def _best_kernel():
+    order = ("avx512", "avx2", "neon", "scalar")
+    return next(p for p in order if _dispatch.path_runnable(p))
+
+
+def active_kernel():
+    """Name of the path the kernels run on now."""
+    return _dispatch.active_path()
+
+
+def _check_kernel(name, source):
+    if not isinstance(name, str):
+        raise TypeError(f"{source} must be a str naming a kernel path, got {type(name).__name__}")
+    valid = ("auto",) + _dispatch.PATH_NAMES
+    if name not in valid:
+        raise ValueError(f"{source}={name!r} is not a kernel path; valid values: {', '.join(valid)}")
+    if name != "auto" and not _dispatch.path_runnable(name):
+        why = ("was not compiled into this build" if name not in _dispatch.COMPILED_PATHS
+               else "needs CPU features this machine lacks")
+        raise ValueError(f"{source}={name!r} cannot run here: it {why}; "
+                         f"this CPU can run: {', '.join(available_kernels())}")
+    return name
+
+
+def _check_threads(n, source):
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{source} must be a positive int or None, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"{source} must be >= 1, got {n}")
+    return n
+
+
+def _apply(settings):
+    _dispatch._set_path(_best_kernel() if settings["kernel"] == "auto" else settings["kernel"])
+    _dispatch._set_approx_vnni(settings["approx_vnni"])
+    _settings.update(settings)
+
+
+class config:
+    """Change settings: ``gqa.config(kernel="avx2")`` or ``with gqa.config(flash=False): ...``.
+
+    kernel      : "auto" | "scalar" | "avx2" | "avx512" | "neon"
+    flash       : bool, False forces the naive attention path
+    approx_vnni : bool, opt in to the approximate INT8 per-tensor QK kernel (AVX-512 VNNI)
+    num_threads : int >= 1, or None for GQA_NUM_THREADS / OpenMP's default
+    """
+
+    def __init__(self, *, kernel=None, flash=None, approx_vnni=None, num_threads=None):
+        new = dict(_settings)
+        if kernel is not None:
+            new["kernel"] = _check_kernel(kernel, "kernel")
+        if flash is not None:
+            new["flash"] = bool(flash)
+        if approx_vnni is not None:
+            new["approx_vnni"] = bool(approx_vnni)
+        if num_threads is not None:
+            new["num_threads"] = _check_threads(num_threads, "num_threads")
+        self._previous = dict(_settings)
+        _apply(new)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _apply(self._previous)
+        return False
+
+
+def get_config():
+    """The active settings, with the resolved path and thread count."""
+    out = dict(_settings)
+    out["active_kernel"] = active_kernel()
+    out["approx_vnni_effective"] = _dispatch.approx_vnni_effective()
+    out["effective_num_threads"] = effective_num_threads()
+    return out
+
+
+def effective_num_threads(num_threads=None):
+    """Threads a call uses: the argument, else the configured count, else OpenMP's default."""
+    if num_threads is not None:
+        return _check_threads(num_threads, "num_threads")
+    if _settings["num_threads"] is not None:
+        return _settings["num_threads"]
+    return max(1, _dispatch.openmp_max_threads())
+
+
+def _env_flag(names):
+    for name in names:
+        raw = os.environ.get(name)
+        if raw is None:
+            continue
+        v = raw.strip().lower()
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+        raise ValueError(f"environment variable {name}={raw!r} is not a boolean; use 1 or 0")
+    return None
+
+
+def _init_from_env():
+    new = dict(_settings)
+    k = os.environ.get("GQA_KERNEL")
+    if k is not None and k.strip():
+        new["kernel"] = _check_kernel(k.strip().lower(), "GQA_KERNEL")
+    # ONNX Runtime reads exactly "1" for this flag; we accept the same plus the GQA_ name.
+    new["approx_vnni"] = any(os.environ.get(n) == "1" for n in
+                             ("GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI"))
+    disable = _env_flag(("GQA_DISABLE_FLASH_ATTENTION", "ORT_GQA_DISABLE_FLASH_ATTENTION"))
+    new["flash"] = not disable if disable is not None else True
+    t = os.environ.get("GQA_NUM_THREADS")
+    if t is not None and t.strip():
+        try:
+            n = int(t)
+        except ValueError:
+            raise ValueError(f"GQA_NUM_THREADS={t!r} is not an integer") from None
+        new["num_threads"] = _check_threads(n, "GQA_NUM_THREADS")
+    _apply(new)
+
+
+_init_from_env()

@@ -1,0 +1,37 @@
+# Declarations of the C kernel contract (gqa_kernels.h) and the accessors
+# through which every other Cython module reaches the one active table.
+from libc.stdint cimport uint8_t, uint16_t
+
+cdef extern from "gqa_kernels.h" nogil:
+    ctypedef enum gqa_type_t:
+        GQA_S8_PT
+        GQA_S8_PC
+        GQA_S4_PT
+        GQA_S4_PC
+        GQA_F32
+        GQA_F16
+    ctypedef void (*gqa_quantize_fn)(const float *src, size_t lda, void *dst, size_t rows,
+                                     size_t cols, int type, const float *scales) noexcept nogil
+    ctypedef void (*gqa_dequantize_fn)(const void *src, float *dst, size_t ldd, size_t rows,
+                                       size_t cols, int type, const float *scales) noexcept nogil
+    ctypedef void (*gqa_qk_gemm_fn)(size_t M, size_t N, size_t K, float alpha, const float *A,
+                                    size_t lda, const void *B, int type, const float *scales,
+                                    float *C, size_t ldc) noexcept nogil
+    ctypedef void (*gqa_sv_gemm_fn)(size_t M, size_t N, size_t K, const float *A, size_t lda,
+                                    const void *B, int type, const float *scales, float *C,
+                                    size_t ldc, float beta) noexcept nogil
+    ctypedef struct gqa_kernels:
+        const char *name
+        gqa_quantize_fn quantize
+        gqa_dequantize_fn dequantize
+        gqa_dequantize_fn dequantize_t
+        gqa_qk_gemm_fn qk_gemm
+        gqa_sv_gemm_fn sv_gemm
+        gqa_qk_gemm_fn qk_gemm_s8_approx
+    size_t gqa_row_bytes(int type, size_t cols)
+
+# The active table (set by gqa.config / GQA_KERNEL).
+cdef const gqa_kernels *active_table() noexcept nogil
+# The QK kernel for `type` under the active settings (approximate VNNI only
+# when opted in, runnable, and type == GQA_S8_PT).
+cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type) noexcept nogil

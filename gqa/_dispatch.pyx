@@ -1,0 +1,98 @@
+# cython: language_level=3
+"""Owner of the process-wide kernel table: CPU features, compiled and runnable
+paths, the active path and the approximate-VNNI switch.  The Python-facing
+policy (env flags, validation messages, context manager) lives in _config.py."""
+
+cdef extern from "gqa_kernels.h" nogil:
+    unsigned gqa_cpu_features()
+    const char *gqa_cpu_feature_name(unsigned bit_index)
+    const char *gqa_path_name(int path)
+    const gqa_kernels *gqa_path_table(int path)
+    int gqa_path_runnable(int path)
+    int gqa_approx_vnni_runnable()
+    size_t gqa_l2_cache_bytes()
+    int GQA_PATH_COUNT
+    const char *GQA_COMPILED_PATHS
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #include <omp.h>
+    static int gqa_openmp_enabled(void) { return 1; }
+    static int gqa_openmp_max_threads(void) { return omp_get_max_threads(); }
+    #else
+    static int gqa_openmp_enabled(void) { return 0; }
+    static int gqa_openmp_max_threads(void) { return 1; }
+    #endif
+    """
+    int gqa_openmp_enabled()
+    int gqa_openmp_max_threads()
+
+cdef const gqa_kernels *_active = gqa_path_table(0)
+cdef bint _approx = False
+
+cdef const gqa_kernels *active_table() noexcept nogil:
+    return _active
+
+cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type) noexcept nogil:
+    if _approx and type == GQA_S8_PT and t.qk_gemm_s8_approx != NULL:
+        return t.qk_gemm_s8_approx
+    return t.qk_gemm
+
+
+PATH_NAMES = tuple(gqa_path_name(i).decode() for i in range(GQA_PATH_COUNT))
+COMPILED_PATHS = tuple(GQA_COMPILED_PATHS.decode().split(","))
+
+
+def cpu_features():
+    """Names of the CPU features detected (those gqa cares about)."""
+    cdef unsigned f = gqa_cpu_features()
+    cdef unsigned i = 0
+    out = []
+    while gqa_cpu_feature_name(i) != NULL:
+        if f & (1u << i):
+            out.append(gqa_cpu_feature_name(i).decode())
+        i += 1
+    return out
+
+
+def path_runnable(name):
+    """True when path `name` was compiled into this build and this CPU runs it."""
+    return name in PATH_NAMES and gqa_path_runnable(PATH_NAMES.index(name)) == 1
+
+
+def _set_path(name):
+    """Make `name` the active path; the caller has validated it."""
+    global _active
+    _active = gqa_path_table(PATH_NAMES.index(name))
+
+
+def active_path():
+    return _active.name.decode()
+
+
+def _set_approx_vnni(bint on):
+    """Opt in/out; only takes effect where the VNNI kernel can run."""
+    global _approx
+    _approx = on and gqa_approx_vnni_runnable() == 1
+
+
+def approx_vnni_runnable():
+    return gqa_approx_vnni_runnable() == 1
+
+
+def approx_vnni_effective():
+    """True when the opt-in approximate QK kernel is what INT8 per-tensor QK runs now."""
+    return _approx and _active.qk_gemm_s8_approx != NULL
+
+
+def l2_cache_bytes():
+    return gqa_l2_cache_bytes()
+
+
+def openmp_enabled():
+    return gqa_openmp_enabled() == 1
+
+
+def openmp_max_threads():
+    return gqa_openmp_max_threads()

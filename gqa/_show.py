@@ -1,0 +1,28 @@
+"""gqa.show_config(): what this build and this machine give."""
+import platform
+import sys
+
+from . import _config, _dispatch
+from ._version import __version__
+
+
+def show_config(file=None):
+    """Print version, compiled paths, CPU features, available and active path,
+    OpenMP runtime and thread count."""
+    file = file or sys.stdout
+    cfg = _config.get_config()
+    l2 = _dispatch.l2_cache_bytes()
+    lines = [
+        f"gqa {__version__}  (Python {platform.python_version()}, {platform.machine()})",
+        f"  compiled paths   : {', '.join(_dispatch.COMPILED_PATHS)}",
+        f"  CPU features     : {', '.join(_dispatch.cpu_features()) or '(none detected)'}",
+        f"  available paths  : {', '.join(_config.available_kernels())}",
+        f"  active path      : {cfg['active_kernel']}  (requested: {cfg['kernel']})",
+        f"  flash attention  : {'on' if cfg['flash'] else 'off'}",
+        f"  approx VNNI QK   : {'on' if cfg['approx_vnni_effective'] else 'off'}"
+        f"{' (requested, not runnable here)' if cfg['approx_vnni'] and not cfg['approx_vnni_effective'] else ''}",
+        f"  OpenMP           : {'yes' if _dispatch.openmp_enabled() else 'no (single-threaded build)'}",
+        f"  threads          : {cfg['effective_num_threads']}",
+        f"  L2 cache         : {l2 // 1024 if l2 else 'unknown'} KiB",
+    ]
+    print("\n".join(lines), file=file)

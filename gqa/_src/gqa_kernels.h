@@ -1,0 +1,132 @@
+/*
+ * gqa_kernels.h -- the kernel contract shared by every instruction-set path.
+ *
+ * Intrinsic-free: this is the only kernel header Cython sees.  Each path
+ * (kernels_<path>.c) exports one constant table `gqa_kernels_<path>` whose
+ * fields point at its implementation of the operations below.
+ *
+ * Cache element types (gqa_type_t).  A "row" of B is `gqa_row_bytes(type, cols)`
+ * bytes; rows are contiguous (no row stride):
+ *   GQA_S8_PT / GQA_S8_PC  int8 codes, one per byte            x = q * s
+ *   GQA_S4_PT / GQA_S4_PC  two codes per byte, +8 biased nibbles; element 2i in
+ *                          the low nibble of byte i, 2i+1 in the high nibble;
+ *                          odd widths end with a pad nibble 8  x = (nib - 8) * s
+ *   GQA_F32 / GQA_F16      unquantized float32 / IEEE binary16 rows (no scale)
+ * PT scales point at 1 float; PC scales at `cols` floats (one per column).
+ *
+ * Numeric contract (ONNX Runtime MLAS qkv_quant):
+ *   quantize   q = clamp(rint(x * (1/s)), lo, hi) in float32, half to even,
+ *              s == 0 -> multiplier 1, NaN -> hi, +-inf -> hi / lo.
+ *   qk_gemm    C[m,n] = alpha * sum_k A[m,k] * deq(B)[n,k]      (C overwritten)
+ *   sv_gemm    C[m,n] = beta * C[m,n] + sum_k A[m,k] * deq(B)[k,n]
+ *              beta == 0 overwrites C (NaN in C is ignored).
+ *   A (float32) is never quantized, except by qk_gemm_s8_approx (opt-in,
+ *   AVX-512 VNNI only): A rows quantized to u8 with zero point 128.
+ * The value of C[m,n] depends only on row m of A, row/column n of B and K --
+ * never on M, N or the position of (m, n) in a register block -- so a caller
+ * may split a GEMM into pieces and get identical results.
+ */
+#ifndef GQA_KERNELS_H
+#define GQA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    GQA_S8_PT = 0,
+    GQA_S8_PC = 1,
+    GQA_S4_PT = 2,
+    GQA_S4_PC = 3,
+    GQA_F32 = 4,
+    GQA_F16 = 5
+} gqa_type_t;
+
+typedef enum {
+    GQA_PATH_SCALAR = 0,
+    GQA_PATH_AVX2 = 1,
+    GQA_PATH_AVX512 = 2,
+    GQA_PATH_NEON = 3,
+    GQA_PATH_COUNT = 4
+} gqa_path_t;
+
+/* Bytes of one stored row of `cols` elements. */
+static inline size_t gqa_row_bytes(int type, size_t cols)
+{
+    switch (type) {
+    case GQA_S4_PT: case GQA_S4_PC: return (cols + 1) / 2;
+    case GQA_F32: return 4 * cols;
+    case GQA_F16: return 2 * cols;
+    default: return cols;
+    }
+}
+
+typedef void (*gqa_quantize_fn)(const float *src, size_t lda, void *dst,
+                                size_t rows, size_t cols, int type,
+                                const float *scales);
+typedef void (*gqa_dequantize_fn)(const void *src, float *dst, size_t ldd,
+                                  size_t rows, size_t cols, int type,
+                                  const float *scales);
+typedef void (*gqa_qk_gemm_fn)(size_t M, size_t N, size_t K, float alpha,
+                               const float *A, size_t lda, const void *B,
+                               int type, const float *scales,
+                               float *C, size_t ldc);
+typedef void (*gqa_sv_gemm_fn)(size_t M, size_t N, size_t K,
+                               const float *A, size_t lda, const void *B,
+                               int type, const float *scales,
+                               float *C, size_t ldc, float beta);
+
+typedef struct gqa_kernels {
+    const char *name;
+    /* src [rows, cols] float32 with row stride lda -> packed rows of dst. */
+    gqa_quantize_fn quantize;
+    /* packed rows of src -> dst [rows, cols] float32 with row stride ldd. */
+    gqa_dequantize_fn dequantize;
+    /* packed rows of src -> dst [cols, rows] float32 with row stride ldd
+       (the transpose of dequantize; used to build flash K tiles). */
+    gqa_dequantize_fn dequantize_t;
+    gqa_qk_gemm_fn qk_gemm;
+    gqa_sv_gemm_fn sv_gemm;
+    /* GQA_S8_PT only, approximate; NULL where the path has none. */
+    gqa_qk_gemm_fn qk_gemm_s8_approx;
+} gqa_kernels;
+
+/* Tables, one per compiled path (dispatch.c knows which exist). */
+extern const gqa_kernels gqa_kernels_scalar;
+
+/* dispatch.c: CPU detection and table lookup; baseline code only. */
+#define GQA_CPU_SSE2      (1u << 0)
+#define GQA_CPU_AVX       (1u << 1)
+#define GQA_CPU_AVX2      (1u << 2)
+#define GQA_CPU_FMA       (1u << 3)
+#define GQA_CPU_F16C      (1u << 4)
+#define GQA_CPU_AVX512F   (1u << 5)
+#define GQA_CPU_AVX512BW  (1u << 6)
+#define GQA_CPU_AVX512DQ  (1u << 7)
+#define GQA_CPU_AVX512VL  (1u << 8)
+#define GQA_CPU_AVX512VNNI (1u << 9)
+#define GQA_CPU_NEON      (1u << 10)
+#define GQA_CPU_ASIMDDP   (1u << 11)
+
+unsigned gqa_cpu_features(void);
+const char *gqa_cpu_feature_name(unsigned bit_index);
+const char *gqa_path_name(int path);
+/* Table of a path, or NULL when it was not compiled into this build. */
+const gqa_kernels *gqa_path_table(int path);
+/* 1 when the path was compiled and this CPU (and OS) can run it. */
+int gqa_path_runnable(int path);
+/* 1 when the approximate VNNI QK kernel can run here. */
+int gqa_approx_vnni_runnable(void);
+size_t gqa_l2_cache_bytes(void);
+
+/* Half-precision conversion helpers shared by all paths (kernels_common.c). */
+float gqa_half_to_float(uint16_t h);
+uint16_t gqa_float_to_half(float f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,323 @@
+/*
+ * kernels_avx2.c -- path `avx2`.  ISA flags: -mavx2 -mfma -mf16c.
+ *
+ * Same operations and layouts as gqa_kernels.h, 8 float32 lanes at a time:
+ *  - quantize: x * (1/s), round-to-nearest-even (vroundps), clamp with
+ *    min/max ordered so that NaN -> hi; identical codes to the scalar path.
+ *  - qk_gemm: register blocks of MB rows of A x NB rows of B (MB * NB <= 8
+ *    accumulators).  Each B row chunk of 8 elements is converted to float once
+ *    and used for all MB rows, which is what makes GQA decode (M = group size)
+ *    cheap.  Per-tensor INT8/INT4 defer the scale: alpha * s * sum(a * q).
+ *    Every accumulator is reduced by the same fixed tree, and the K tail is
+ *    added in order afterwards, so C[m,n] does not depend on M, N or blocking.
+ *  - sv_gemm: blocks of MB rows of C x NV*8 columns, keys in chunks of ~16 KiB
+ *    of B so the chunk stays in L1 while every column block reads it.
+ */
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#include "kernels_common.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ---- quantize / dequantize --------------------------------------------- */
+
+INLINE __m256i quant8_epi32(__m256 x, __m256 inv, __m256 lo, __m256 hi)
+{
+    __m256 q = _mm256_round_ps(_mm256_mul_ps(x, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm256_min_ps(q, hi); /* vminps returns the 2nd operand for NaN -> hi */
+    q = _mm256_max_ps(q, lo);
+    return _mm256_cvtps_epi32(q);
+}
+
+INLINE __m256 inv_scale8(const float *s)
+{
+    __m256 v = _mm256_loadu_ps(s);
+    __m256 zero = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ);
+    __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), v);
+    return _mm256_blendv_ps(inv, _mm256_set1_ps(1.0f), zero);
+}
+
+static void quantize_avx2(const float *src, size_t lda, void *dst, size_t rows,
+                          size_t cols, int type, const float *s)
+{
+    size_t rb = gqa_row_bytes(type, cols);
+    if (!GQA_IS_QUANT(type)) {
+        for (size_t r = 0; r < rows; r++) {
+            const float *x = src + r * lda;
+            uint8_t *d = (uint8_t *)dst + r * rb;
+            size_t c = 0;
+            if (type == GQA_F16)
+                for (; c + 8 <= cols; c += 8)
+                    _mm_storeu_si128((__m128i *)(d + 2 * c),
+                                     _mm256_cvtps_ph(_mm256_loadu_ps(x + c), _MM_FROUND_TO_NEAREST_INT));
+            gqa_quantize_row_ref(x, d, c, cols, type, s);
+        }
+        return;
+    }
+    const int s4 = GQA_IS_S4(type), pc = GQA_IS_PC(type);
+    const __m256 lo = _mm256_set1_ps(s4 ? -8.0f : -128.0f), hi = _mm256_set1_ps(s4 ? 7.0f : 127.0f);
+    const __m256 inv_pt = _mm256_set1_ps(gqa_inv_scale(s[0]));
+    const __m128i shuf_lo = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (size_t r = 0; r < rows; r++) {
+        const float *x = src + r * lda;
+        uint8_t *d = (uint8_t *)dst + r * rb;
+        size_t c = 0;
+        for (; c + 8 <= cols; c += 8) {
+            __m256i q = quant8_epi32(_mm256_loadu_ps(x + c), pc ? inv_scale8(s + c) : inv_pt, lo, hi);
+            __m128i q16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+            if (!s4) {
+                _mm_storel_epi64((__m128i *)(d + c), _mm_packs_epi16(q16, q16));
+            } else {
+                /* nibble n = q + 8; byte i = n[2i] | n[2i+1] << 4 */
+                __m128i n = _mm_add_epi16(q16, _mm_set1_epi16(8));
+                __m128i even = _mm_and_si128(n, _mm_set1_epi32(0xFFFF));
+                __m128i odd = _mm_srli_epi32(n, 16);
+                __m128i b = _mm_or_si128(even, _mm_slli_epi32(odd, 4)); /* 4 x u32 */
+                b = _mm_shuffle_epi8(b, shuf_lo);
+                uint32_t w = (uint32_t)_mm_cvtsi128_si32(b);
+                memcpy(d + c / 2, &w, 4);
+            }
+        }
+        gqa_quantize_row_ref(x, d, c, cols, type, s);
+    }
+}
+
+/* 8 consecutive elements starting at element k (k % 8 == 0) as float32,
+   scaled for per-channel types, unscaled (codes) for per-tensor types. */
+INLINE __m256 load8(const uint8_t *row, size_t k, int type, const float *s)
+{
+    switch (type) {
+    case GQA_S8_PT:
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
+    case GQA_S8_PC:
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k)))),
+                             _mm256_loadu_ps(s + k));
+    case GQA_S4_PT:
+    case GQA_S4_PC: {
+        uint32_t w;
+        memcpy(&w, row + k / 2, 4);
+        __m128i v = _mm_cvtsi32_si128((int)w);
+        __m128i m = _mm_set1_epi8(0x0F);
+        __m128i e = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+        __m256 f = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(e), _mm256_set1_epi32(8)));
+        return type == GQA_S4_PT ? f : _mm256_mul_ps(f, _mm256_loadu_ps(s + k));
+    }
+    case GQA_F32:
+        return _mm256_loadu_ps((const float *)(const void *)row + k);
+    default:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * k)));
+    }
+}
+
+/* Scale applied after accumulation: per-tensor codes carry s, others 1. */
+static inline float post_scale(int type, const float *s)
+{
+    return (type == GQA_S8_PT || type == GQA_S4_PT) ? s[0] : 1.0f;
+}
+
+/* Element k decoded without the per-tensor scale (matches load8). */
+static inline float decode_unscaled(const uint8_t *row, size_t k, int type, const float *s)
+{
+    static const float one = 1.0f;
+    return (type == GQA_S8_PT || type == GQA_S4_PT) ? gqa_decode(row, k, type, &one)
+                                                    : gqa_decode(row, k, type, s);
+}
+
+static void dequantize_avx2(const void *src, float *dst, size_t ldd, size_t rows,
+                            size_t cols, int type, const float *s)
+{
+    size_t rb = gqa_row_bytes(type, cols);
+    const float ps = post_scale(type, s);
+    const __m256 vps = _mm256_set1_ps(ps);
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)src + r * rb;
+        float *d = dst + r * ldd;
+        size_t c = 0;
+        for (; c + 8 <= cols; c += 8)
+            _mm256_storeu_ps(d + c, _mm256_mul_ps(load8(row, c, type, s), vps));
+        for (; c < cols; c++)
+            d[c] = gqa_decode(row, c, type, s);
+    }
+}
+
+static void dequantize_t_avx2(const void *src, float *dst, size_t ldd, size_t rows,
+                              size_t cols, int type, const float *s)
+{
+    size_t rb = gqa_row_bytes(type, cols);
+    const __m256 vps = _mm256_set1_ps(post_scale(type, s));
+    float tmp[8];
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)src + r * rb;
+        size_t c = 0;
+        for (; c + 8 <= cols; c += 8) {
+            _mm256_storeu_ps(tmp, _mm256_mul_ps(load8(row, c, type, s), vps));
+            for (int i = 0; i < 8; i++)
+                dst[(c + i) * ldd + r] = tmp[i];
+        }
+        for (; c < cols; c++)
+            dst[c * ldd + r] = gqa_decode(row, c, type, s);
+    }
+}
+
+/* ---- qk_gemm ------------------------------------------------------------ */
+
+/* Lane i of the result = horizontal sum of v[i], always by the same tree. */
+INLINE __m256 hsum8x8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5,
+                      __m256 v6, __m256 v7)
+{
+    __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+    __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(v4, v5), _mm256_hadd_ps(v6, v7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+INLINE void qk_block(const int MB, const int NB, size_t K, float mult, const float *A, size_t lda,
+                     const uint8_t *B, size_t rb, int type, const float *s, float *C, size_t ldc)
+{
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++)
+        acc[i] = _mm256_setzero_ps();
+    size_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        for (int nb = 0; nb < NB; nb++) {
+            __m256 b = load8(B + nb * rb, k, type, s);
+            for (int mb = 0; mb < MB; mb++)
+                acc[mb * NB + nb] = _mm256_fmadd_ps(_mm256_loadu_ps(A + mb * lda + k), b, acc[mb * NB + nb]);
+        }
+    }
+    float out[8];
+    _mm256_storeu_ps(out, hsum8x8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
+    for (int mb = 0; mb < MB; mb++)
+        for (int nb = 0; nb < NB; nb++) {
+            float v = out[mb * NB + nb];
+            for (size_t kk = k; kk < K; kk++)
+                v += A[mb * lda + kk] * decode_unscaled(B + nb * rb, kk, type, s);
+            C[mb * ldc + nb] = v * mult;
+        }
+}
+
+#define QK_INST(MB, NB)                                                                        \
+    static void qk_##MB##x##NB(size_t K, float mult, const float *A, size_t lda, const uint8_t *B, \
+                               size_t rb, int type, const float *s, float *C, size_t ldc)     \
+    {                                                                                          \
+        qk_block(MB, NB, K, mult, A, lda, B, rb, type, s, C, ldc);                             \
+    }
+QK_INST(1, 8) QK_INST(1, 1) QK_INST(2, 4) QK_INST(2, 1) QK_INST(3, 2) QK_INST(3, 1)
+QK_INST(4, 2) QK_INST(4, 1) QK_INST(5, 1) QK_INST(6, 1) QK_INST(7, 1) QK_INST(8, 1)
+
+typedef void (*qk_fn)(size_t, float, const float *, size_t, const uint8_t *, size_t, int,
+                      const float *, float *, size_t);
+
+static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                         const void *B, int type, const float *s, float *C, size_t ldc)
+{
+    static const qk_fn wide[9] = {0, qk_1x8, qk_2x4, qk_3x2, qk_4x2, qk_5x1, qk_6x1, qk_7x1, qk_8x1};
+    static const qk_fn narrow[9] = {0, qk_1x1, qk_2x1, qk_3x1, qk_4x1, qk_5x1, qk_6x1, qk_7x1, qk_8x1};
+    static const int nbs[9] = {0, 8, 4, 2, 2, 1, 1, 1, 1};
+    const size_t rb = gqa_row_bytes(type, K);
+    const float mult = alpha * post_scale(type, s);
+    const uint8_t *Bb = (const uint8_t *)B;
+    for (size_t m0 = 0; m0 < M; m0 += 8) {
+        int mb = (int)(M - m0 < 8 ? M - m0 : 8);
+        const float *a = A + m0 * lda;
+        float *c = C + m0 * ldc;
+        size_t n = 0;
+        for (; n + (size_t)nbs[mb] <= N; n += nbs[mb])
+            wide[mb](K, mult, a, lda, Bb + n * rb, rb, type, s, c + n, ldc);
+        for (; n < N; n++)
+            narrow[mb](K, mult, a, lda, Bb + n * rb, rb, type, s, c + n, ldc);
+    }
+}
+
+/* ---- sv_gemm ------------------------------------------------------------ */
+
+INLINE void sv_block(const int MB, const int NV, size_t k0, size_t k1, const float *A, size_t lda,
+                     const uint8_t *B, size_t rb, size_t n0, int type, const float *s, float mult,
+                     float *C, size_t ldc)
+{
+    __m256 acc[12];
+    for (int i = 0; i < MB * NV; i++)
+        acc[i] = _mm256_setzero_ps();
+    for (size_t k = k0; k < k1; k++) {
+        const uint8_t *row = B + k * rb;
+        __m256 b[4];
+        for (int v = 0; v < NV; v++)
+            b[v] = load8(row, n0 + 8 * v, type, s);
+        for (int mb = 0; mb < MB; mb++) {
+            __m256 a = _mm256_broadcast_ss(A + mb * lda + k);
+            for (int v = 0; v < NV; v++)
+                acc[mb * NV + v] = _mm256_fmadd_ps(a, b[v], acc[mb * NV + v]);
+        }
+    }
+    const __m256 vm = _mm256_set1_ps(mult);
+    for (int mb = 0; mb < MB; mb++)
+        for (int v = 0; v < NV; v++) {
+            float *c = C + mb * ldc + n0 + 8 * v;
+            _mm256_storeu_ps(c, _mm256_fmadd_ps(acc[mb * NV + v], vm, _mm256_loadu_ps(c)));
+        }
+}
+
+#define SV_INST(MB, NV)                                                                         \
+    static void sv_##MB##x##NV(size_t k0, size_t k1, const float *A, size_t lda, const uint8_t *B, \
+                               size_t rb, size_t n0, int type, const float *s, float mult,     \
+                               float *C, size_t ldc)                                           \
+    {                                                                                           \
+        sv_block(MB, NV, k0, k1, A, lda, B, rb, n0, type, s, mult, C, ldc);                     \
+    }
+SV_INST(1, 4) SV_INST(1, 1) SV_INST(2, 4) SV_INST(2, 1) SV_INST(3, 3) SV_INST(3, 1)
+SV_INST(4, 3) SV_INST(4, 1) SV_INST(5, 2) SV_INST(5, 1) SV_INST(6, 2) SV_INST(6, 1)
+
+typedef void (*sv_fn)(size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t, int,
+                      const float *, float, float *, size_t);
+
+static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                         int type, const float *s, float *C, size_t ldc, float beta)
+{
+    static const sv_fn wide[7] = {0, sv_1x4, sv_2x4, sv_3x3, sv_4x3, sv_5x2, sv_6x2};
+    static const sv_fn narrow[7] = {0, sv_1x1, sv_2x1, sv_3x1, sv_4x1, sv_5x1, sv_6x1};
+    static const int nvs[7] = {0, 4, 4, 3, 3, 2, 2};
+    const size_t rb = gqa_row_bytes(type, N);
+    const uint8_t *Bb = (const uint8_t *)B;
+    const float mult = post_scale(type, s);
+    for (size_t m = 0; m < M; m++) {
+        float *c = C + m * ldc;
+        if (beta == 0.0f)
+            memset(c, 0, N * sizeof(float));
+        else if (beta != 1.0f)
+            for (size_t n = 0; n < N; n++)
+                c[n] *= beta;
+    }
+    size_t kc = 16384 / (rb ? rb : 1);
+    kc = kc < 16 ? 16 : kc;
+    const size_t nfull = N & ~(size_t)7;
+    for (size_t k0 = 0; k0 < K; k0 += kc) {
+        size_t k1 = K - k0 < kc ? K : k0 + kc;
+        for (size_t m0 = 0; m0 < M; m0 += 6) {
+            int mb = (int)(M - m0 < 6 ? M - m0 : 6);
+            const float *a = A + m0 * lda;
+            float *c = C + m0 * ldc;
+            size_t n = 0, step = 8 * (size_t)nvs[mb];
+            for (; n + step <= nfull; n += step)
+                wide[mb](k0, k1, a, lda, Bb, rb, n, type, s, mult, c, ldc);
+            for (; n < nfull; n += 8)
+                narrow[mb](k0, k1, a, lda, Bb, rb, n, type, s, mult, c, ldc);
+        }
+        for (size_t n = nfull; n < N; n++)
+            for (size_t m = 0; m < M; m++) {
+                float v = 0.0f;
+                for (size_t k = k0; k < k1; k++)
+                    v += A[m * lda + k] * gqa_decode(Bb + k * rb, n, type, s);
+                C[m * ldc + n] += v;
+            }
+    }
+}
+
+const gqa_kernels gqa_kernels_avx2 = {
+    "avx2",
+    quantize_avx2,
+    dequantize_avx2,
+    dequantize_t_avx2,
+    qk_gemm_avx2,
+    sv_gemm_avx2,
+    NULL,
+};
+#endif

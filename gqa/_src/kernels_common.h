@@ -1,0 +1,140 @@
+/*
+ * kernels_common.h -- scalar building blocks shared by every path's TU:
+ * the exact quantizer, nibble access, binary16 conversion and the scalar
+ * element decoder.  Everything is `static inline` so that each TU keeps its
+ * own copy compiled under its own flags; none of it contains an addition
+ * that could be contracted into an FMA, so the quantized codes are identical
+ * whichever TU computes them.
+ */
+#ifndef GQA_KERNELS_COMMON_H
+#define GQA_KERNELS_COMMON_H
+
+#include <math.h>
+#include <string.h>
+#include "gqa_kernels.h"
+
+#define GQA_IS_S4(t) ((t) == GQA_S4_PT || (t) == GQA_S4_PC)
+#define GQA_IS_PC(t) ((t) == GQA_S8_PC || (t) == GQA_S4_PC)
+#define GQA_IS_QUANT(t) ((t) <= GQA_S4_PC)
+
+/* Multiplier used when quantizing: 1/s in float32, 1 when s == 0. */
+static inline float gqa_inv_scale(float s)
+{
+    return s == 0.0f ? 1.0f : 1.0f / s;
+}
+
+/* clamp(rint(x * inv), lo, hi) with NaN -> hi; rint rounds half to even. */
+static inline int gqa_quant_code(float x, float inv, float lo, float hi)
+{
+    float q = rintf(x * inv);
+    q = (q < hi) ? q : hi; /* NaN fails the compare -> hi */
+    q = (q > lo) ? q : lo;
+    return (int)q;
+}
+
+static inline uint16_t gqa_f2h(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0));
+    if (absx >= 0x477ff000u) /* rounds to >= 65520 -> inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (absx < 0x38800000u) { /* subnormal half or zero */
+        if (absx < 0x33000000u) /* below half of the smallest subnormal */
+            return (uint16_t)sign;
+        uint32_t e = absx >> 23;
+        uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - e; /* 14 + (112 - e) ... gives shift in [14, 24] */
+        uint32_t h = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((absx - 0x38000000u) >> 13);
+    uint32_t rem = absx & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+static inline float gqa_h2f(uint16_t h)
+{
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu;
+    uint32_t m = h & 0x3ffu;
+    uint32_t x;
+    if (e == 0) {
+        if (m == 0) {
+            x = sign;
+        } else { /* subnormal: normalise */
+            e = 113;
+            while (!(m & 0x400u)) { m <<= 1; e--; }
+            m &= 0x3ffu;
+            x = sign | (e << 23) | (m << 13);
+        }
+    } else if (e == 31) {
+        x = sign | 0x7f800000u | (m << 13);
+    } else {
+        x = sign | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* Element k of a packed row, dequantized (scales: 1 float for PT, per column for PC). */
+static inline float gqa_decode(const uint8_t *row, size_t k, int type, const float *s)
+{
+    switch (type) {
+    case GQA_S8_PT: return (float)(int8_t)row[k] * s[0];
+    case GQA_S8_PC: return (float)(int8_t)row[k] * s[k];
+    case GQA_S4_PT:
+    case GQA_S4_PC: {
+        int nib = (k & 1) ? (row[k >> 1] >> 4) : (row[k >> 1] & 0xF);
+        return (float)(nib - 8) * (type == GQA_S4_PT ? s[0] : s[k]);
+    }
+    case GQA_F32: { float f; memcpy(&f, row + 4 * k, 4); return f; }
+    default: { uint16_t h; memcpy(&h, row + 2 * k, 2); return gqa_h2f(h); }
+    }
+}
+
+/* One row of the exact quantizer (also the tail of the SIMD quantizers). */
+static inline void gqa_quantize_row_ref(const float *x, uint8_t *dst, size_t c0,
+                                        size_t cols, int type, const float *s)
+{
+    size_t c;
+    switch (type) {
+    case GQA_S8_PT: case GQA_S8_PC:
+        for (c = c0; c < cols; c++) {
+            float inv = gqa_inv_scale(type == GQA_S8_PT ? s[0] : s[c]);
+            dst[c] = (uint8_t)(int8_t)gqa_quant_code(x[c], inv, -128.0f, 127.0f);
+        }
+        break;
+    case GQA_S4_PT: case GQA_S4_PC:
+        for (c = c0; c < cols; c += 2) { /* c0 is even */
+            float inv0 = gqa_inv_scale(type == GQA_S4_PT ? s[0] : s[c]);
+            int lo = gqa_quant_code(x[c], inv0, -8.0f, 7.0f) + 8, hi = 8;
+            if (c + 1 < cols) {
+                float inv1 = gqa_inv_scale(type == GQA_S4_PT ? s[0] : s[c + 1]);
+                hi = gqa_quant_code(x[c + 1], inv1, -8.0f, 7.0f) + 8;
+            }
+            dst[c >> 1] = (uint8_t)((lo & 0xF) | ((hi & 0xF) << 4));
+        }
+        break;
+    case GQA_F32:
+        memcpy(dst + 4 * c0, x + c0, 4 * (cols - c0));
+        break;
+    default:
+        for (c = c0; c < cols; c++) {
+            uint16_t h = gqa_f2h(x[c]);
+            memcpy(dst + 2 * c, &h, 2);
+        }
+    }
+}
+
+#endif

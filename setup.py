@@ -1,0 +1,147 @@
+"""Build gqa: Cython orchestration + one C translation unit per instruction set.
+
+Kernel TUs are compiled here with their own ISA flags (never -march=native) and
+linked into the single extension that owns the dispatch table, `gqa._dispatch`;
+Cython output and dispatch.c get baseline flags only.  OpenMP is found by a
+compile-link-run probe; without it the build still succeeds, single-threaded.
+
+Environment:
+  GQA_NO_OPENMP=1          build without OpenMP
+  GQA_SANITIZE=address,undefined   build everything with those sanitizers
+"""
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+SRC = os.path.join("gqa", "_src")
+HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h")]
+
+# path name -> (source, gcc/clang flags, a snippet using one intrinsic of the tier)
+X86_PATHS = {
+    "avx2": ("kernels_avx2.c", ["-mavx2", "-mfma", "-mf16c"],
+             "#include <immintrin.h>\nint main(void){__m256 a=_mm256_set1_ps(1.f);"
+             "a=_mm256_fmadd_ps(a,a,a);return (int)_mm256_cvtss_f32(a)-2;}"),
+    "avx512": ("kernels_avx512.c",
+               ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
+               "#include <immintrin.h>\nint main(void){__m512 a=_mm512_set1_ps(1.f);"
+               "a=_mm512_fmadd_ps(a,a,a);return 0;}"),
+}
+ARM_PATHS = {"neon": ("kernels_neon.c", [],
+                      "#include <arm_neon.h>\nint main(void){float32x4_t a=vdupq_n_f32(1.f);"
+                      "a=vfmaq_f32(a,a,a);return (int)vgetq_lane_f32(a,0)-2;}")}
+
+
+def _machine():
+    m = platform.machine().lower()
+    if m in ("x86_64", "amd64", "x64"):
+        return "x86_64"
+    if m in ("aarch64", "arm64"):
+        return "aarch64"
+    return m
+
+
+def _probe(compiler_cmd, code, flags, run=False):
+    """Compile (and link, and optionally run) `code` with `flags`; True on success."""
+    tmp = tempfile.mkdtemp(prefix="gqa-probe-")
+    try:
+        src = os.path.join(tmp, "probe.c")
+        exe = os.path.join(tmp, "probe")
+        with open(src, "w") as f:
+            f.write(code)
+        r = subprocess.run(compiler_cmd + [src, "-o", exe] + flags,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if r.returncode != 0:
+            return False
+        if run:
+            return subprocess.run([exe], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+        return True
+    except OSError:
+        return False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+OPENMP_PROBE = ("#include <omp.h>\n#include <stdio.h>\nint main(void){int n=0;\n"
+                "#pragma omp parallel reduction(+:n)\nn+=1;\nreturn n>0?0:1;}")
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        cc = self.compiler.compiler_so[:1] if self.compiler.compiler_type != "msvc" else None
+        unix = cc is not None
+        sanitize = os.environ.get("GQA_SANITIZE", "").strip()
+        common = ["-O3", "-std=c99", "-fno-strict-aliasing"] if unix else ["/O2"]
+        link_extra = []
+        if sanitize and unix:
+            san = ["-fsanitize=" + sanitize, "-fno-omit-frame-pointer", "-g"]
+            common += san
+            link_extra += san
+        omp_compile, omp_link = [], []
+        if unix and os.environ.get("GQA_NO_OPENMP") != "1":
+            if _probe(cc, OPENMP_PROBE, ["-fopenmp"], run=True):
+                omp_compile, omp_link = ["-fopenmp"], ["-fopenmp"]
+            else:
+                print("gqa: OpenMP not found; building single-threaded", file=sys.stderr)
+        self.gqa_openmp = bool(omp_compile)
+
+        arch = _machine()
+        paths = X86_PATHS if arch == "x86_64" else ARM_PATHS if arch == "aarch64" else {}
+        compiled = ["scalar"]
+        objects = []
+        for name, (src, flags, snippet) in paths.items():
+            if not os.path.exists(os.path.join(SRC, src)):
+                continue
+            if unix and not _probe(cc, snippet, flags):
+                print(f"gqa: compiler cannot build the {name} path; skipping it", file=sys.stderr)
+                continue
+            objects += self.compiler.compile(
+                [os.path.join(SRC, src)], output_dir=self.build_temp,
+                include_dirs=[SRC], extra_postargs=common + flags, depends=HEADERS)
+            compiled.append(name)
+        objects += self.compiler.compile(
+            [os.path.join(SRC, "kernels_scalar.c")], output_dir=self.build_temp,
+            include_dirs=[SRC], extra_postargs=common, depends=HEADERS)
+
+        for ext in self.extensions:
+            ext.include_dirs += [SRC, np.get_include()]
+            ext.extra_compile_args += (["-O3"] if unix else []) + omp_compile + (
+                ["-fsanitize=" + sanitize, "-fno-omit-frame-pointer", "-g"] if sanitize and unix else [])
+            ext.extra_link_args += omp_link + link_extra
+            if ext.name == "gqa._dispatch":
+                ext.extra_objects = objects
+                ext.define_macros += [("GQA_HAVE_" + p.upper(), "1") for p in compiled[1:]]
+                ext.define_macros.append(("GQA_COMPILED_PATHS", '"' + ",".join(compiled) + '"'))
+                if unix:
+                    ext.libraries.append("m")
+        super().build_extensions()
+
+
+def ext(name, *extra_sources):
+    return Extension(f"gqa.{name}", [f"gqa/{name}.pyx", *extra_sources],
+                     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
+
+
+extensions = [
+    ext("_dispatch", os.path.join(SRC, "dispatch.c")),
+    ext("_kernels"),
+    ext("_attention"),
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False,
+                             "cdivision": True, "initializedcheck": False},
+        compile_time_env={},
+    ),
+    cmdclass={"build_ext": BuildExt},
+)
