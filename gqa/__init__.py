@@ -7,8 +7,9 @@ from ._version import __version__
 from ._config import (active_kernel, available_kernels, config, get_config)
 from ._api import dequantize, qk_gemm, quantize, sv_gemm
 from ._show import show_config
+from ._operator import GroupQueryAttention, group_query_attention
 
 __all__ = [
     "__version__", "config", "get_config", "available_kernels", "active_kernel", "show_config",
-    "quantize", "dequantize", "qk_gemm", "sv_gemm",
+    "quantize", "dequantize", "qk_gemm", "sv_gemm", "GroupQueryAttention", "group_query_attention",
 ]

@@ -1,2 +1,282 @@
 # cython: language_level=3
-"""GroupQueryAttention compute (placeholder; filled by the operator)."""
+"""GroupQueryAttention compute: cache write, then attention, over (batch, KV head)
+units in parallel.  All inputs were validated by gqa/_operator.py; every pointer
+here addresses a buffer whose bounds that module checked.
+
+Layouts (float32 unless noted):
+  query      [B, S, q_tok] with head h at h*H      (packed QKV: K head j at (N+j)*H,
+                                                    V head j at (N+Nkv+j)*H)
+  key/value  [B, L, kv_tok] with head j at j*H
+  caches     [B, Nkv, Pres, row_bytes]              (codes, float32 or float16 rows)
+  output     [B, S, N, H]; output_qk [B, N, S, T]
+The G = N/Nkv query heads of KV head j (h = j*G + g) are computed together, so each
+cached K/V element is converted once per query row for the whole group.
+"""
+from cython.parallel cimport prange, parallel, threadid
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset, memcpy
+from libc.math cimport expf, tanhf
+from libc.stdint cimport uint8_t, int64_t
+cimport numpy as cnp
+
+from gqa._dispatch cimport (active_table, qk_kernel, gqa_kernels, gqa_qk_gemm_fn,
+                            round_to_half)
+
+cnp.import_array()
+
+cdef extern from "float.h":
+    float FLT_MAX
+
+
+cdef struct Params:
+    int B, S, N, Nkv, G, H, L, T, Pres, Pbuf, Tmax
+    const float *q
+    const float *k
+    const float *v
+    size_t q_tok, kv_tok
+    const int *seqlens
+    int first_prompt, has_past, shared
+    uint8_t *kc
+    uint8_t *vc
+    const uint8_t *pk
+    const uint8_t *pv
+    int ktype, vtype, k_pc, v_pc
+    size_t k_rb, v_rb
+    const float *ks
+    const float *vs
+    float alpha, softcap
+    int W, causal
+    const float *cos
+    const float *sin
+    int rot_half, do_rotary, interleaved
+    const int64_t *pos_ids
+    int pos_stride
+    const float *bias
+    int bias_bb, bias_nb
+    const float *sink
+    int smooth
+    float *out
+    float *qk_out
+    int qk_mode
+    int round_half
+
+
+cdef inline void *ptr(object a):
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef inline int past_len(const Params *p, int b) noexcept nogil:
+    """Rows of past K/V kept for batch b: the write offset of the new rows."""
+    cdef int Tb = p.seqlens[b] + 1
+    if p.L == 0:
+        return Tb
+    if not p.has_past or p.first_prompt:
+        return 0
+    return Tb - p.S
+
+
+cdef inline int causal_past(const Params *p, int b) noexcept nogil:
+    """Absolute position of query row 0 of batch b."""
+    if not p.has_past or p.first_prompt:
+        return 0
+    return p.seqlens[b] + 1 - p.S
+
+
+cdef inline int position(const Params *p, int b, int s) noexcept nogil:
+    """Rotary position of token s of batch b (ONNX Runtime's rules: a first prompt
+    uses position_ids[0, 0] + s, other calls position_ids[b, s] or past + s)."""
+    if p.first_prompt:
+        return <int>(p.pos_ids[0] + s) if p.pos_ids != NULL else s
+    if p.pos_ids != NULL:
+        return <int>p.pos_ids[<size_t>b * p.pos_stride + s]
+    return causal_past(p, b) + s
+
+
+cdef void rope(const Params *p, const float *x, float *o, int pos) noexcept nogil:
+    """Rotary embedding of one head row (float32); channels >= 2*rot_half copied."""
+    cdef int i, R2 = p.rot_half
+    cdef const float *c = p.cos + <size_t>pos * R2
+    cdef const float *s = p.sin + <size_t>pos * R2
+    cdef float x0, x1
+    if p.interleaved:
+        for i in range(R2):
+            x0 = x[2 * i]
+            x1 = x[2 * i + 1]
+            o[2 * i] = x0 * c[i] - x1 * s[i]
+            o[2 * i + 1] = x1 * c[i] + x0 * s[i]
+    else:
+        for i in range(R2):
+            x0 = x[i]
+            x1 = x[i + R2]
+            o[i] = x0 * c[i] - x1 * s[i]
+            o[i + R2] = x1 * c[i] + x0 * s[i]
+    if 2 * R2 < p.H:
+        memcpy(o + 2 * R2, x + 2 * R2, (p.H - 2 * R2) * sizeof(float))
+    if p.round_half:
+        round_to_half(o, p.H)
+
+
+cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float *tmp) noexcept nogil:
+    """present[b, j]: zero-fill and copy past rows unless sharing the past buffer,
+    then quantize the L new rows (K after rotary) at row past_len(b)."""
+    cdef int s, pb = past_len(p, b)
+    cdef size_t slot = <size_t>b * p.Nkv + j
+    cdef uint8_t *kd = p.kc + slot * p.Pres * p.k_rb
+    cdef uint8_t *vd = p.vc + slot * p.Pres * p.v_rb
+    cdef const float *ks = p.ks + (j * p.H if p.k_pc else 0)
+    cdef const float *vs = p.vs + (j * p.H if p.v_pc else 0)
+    cdef const float *src
+    if not p.shared:
+        memset(kd, 0, p.Pres * p.k_rb)
+        memset(vd, 0, p.Pres * p.v_rb)
+        if p.has_past and pb > 0:
+            memcpy(kd, p.pk + slot * p.Pbuf * p.k_rb, pb * p.k_rb)
+            memcpy(vd, p.pv + slot * p.Pbuf * p.v_rb, pb * p.v_rb)
+    if p.L == 0:
+        return
+    for s in range(p.L):
+        src = p.k + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * p.H
+        if p.do_rotary:
+            rope(p, src, tmp, position(p, b, s))
+            src = tmp
+        t.quantize(src, p.H, kd + <size_t>(pb + s) * p.k_rb, 1, p.H, p.ktype, ks)
+    t.quantize(p.v + <size_t>b * p.L * p.kv_tok + <size_t>j * p.H, p.kv_tok,
+               vd + <size_t>pb * p.v_rb, p.L, p.H, p.vtype, vs)
+
+
+cdef void softmax_row(const Params *p, float *x, int n, int h) noexcept nogil:
+    """Softmax over x[0:n] in place; smooth softmax / head sink adds a virtual logit."""
+    cdef int i
+    cdef float m = -FLT_MAX, total = 0.0, sink = 0.0, inv
+    cdef bint smooth = p.smooth or p.sink != NULL
+    for i in range(n):
+        if x[i] > m:
+            m = x[i]
+    if smooth:
+        if p.sink != NULL:
+            sink = p.sink[h]
+        if sink > m:
+            m = sink
+    for i in range(n):
+        x[i] = expf(x[i] - m)
+        total = total + x[i]
+    if smooth:
+        total = total + expf(sink - m)
+    inv = 1.0 / total
+    for i in range(n):
+        x[i] = x[i] * inv
+
+
+cdef void write_qk(const Params *p, const float *row, int b, int h, int s, int start, int n) noexcept nogil:
+    cdef float *o = p.qk_out + ((<size_t>b * p.N + h) * p.S + s) * p.T
+    memset(o, 0, p.T * sizeof(float))
+    memcpy(o + start, row, n * sizeof(float))
+
+
+cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
+                       int b, int j, float *scratch) noexcept nogil:
+    """All S query rows of the G heads of KV head j, batch b: scores over the attended
+    range [start, c) only, mask/softcap/bias/softmax per row, then P @ V."""
+    cdef int G = p.G, H = p.H, s, g, h, i, c, start, n
+    cdef int Tb = p.seqlens[b] + 1, cpast = causal_past(p, b)
+    cdef size_t slot = <size_t>b * p.Nkv + j
+    cdef const uint8_t *kb = p.kc + slot * p.Pres * p.k_rb
+    cdef const uint8_t *vb = p.vc + slot * p.Pres * p.v_rb
+    cdef const float *ks = p.ks + (j * H if p.k_pc else 0)
+    cdef const float *vs = p.vs + (j * H if p.v_pc else 0)
+    cdef float *qbuf = scratch
+    cdef float *sc = scratch + <size_t>G * H
+    cdef const float *a
+    cdef const float *brow
+    cdef float *row
+    cdef float *orow
+    for s in range(p.S):
+        c = Tb
+        if p.causal and cpast + s + 1 < Tb:
+            c = cpast + s + 1
+        start = c - p.W if (p.W >= 0 and c > p.W) else 0
+        n = c - start
+        a = p.q + (<size_t>b * p.S + s) * p.q_tok + <size_t>j * G * H
+        if p.do_rotary:
+            for g in range(G):
+                rope(p, a + <size_t>g * H, qbuf + <size_t>g * H, position(p, b, s))
+            a = qbuf
+        orow = p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * G) * H
+        if n == 0:
+            memset(orow, 0, <size_t>G * H * sizeof(float))
+            if p.qk_mode:
+                for g in range(G):
+                    write_qk(p, sc, b, j * G + g, s, 0, 0)
+            continue
+        qk(G, n, H, p.alpha, a, H, kb + <size_t>start * p.k_rb, p.ktype, ks, sc, n)
+        for g in range(G):
+            h = j * G + g
+            row = sc + <size_t>g * n
+            if p.softcap > 0:
+                for i in range(n):
+                    row[i] = p.softcap * tanhf(row[i] / p.softcap)
+            if p.bias != NULL:
+                brow = p.bias + ((<size_t>(0 if p.bias_bb else b) * (1 if p.bias_nb else p.N)
+                                  + (0 if p.bias_nb else h)) * p.S + s) * p.T + start
+                for i in range(n):
+                    row[i] = row[i] + brow[i]
+            if p.qk_mode == 1:
+                write_qk(p, row, b, h, s, start, n)
+            softmax_row(p, row, n, h)
+            if p.qk_mode == 2:
+                write_qk(p, row, b, h, s, start, n)
+        t.sv_gemm(G, H, n, sc, n, vb + <size_t>start * p.v_rb, p.vtype, vs, orow, H, 0.0)
+
+
+def run(*, int B, int S, int N, int Nkv, int H, int L, int T, int Pres, int Pbuf,
+        q, k, v, size_t q_tok, size_t kv_tok, seqlens, bint first_prompt, bint has_past,
+        bint shared, kc, vc, pk, pv, int ktype, int vtype, size_t k_rb, size_t v_rb,
+        ks, vs, bint k_pc, bint v_pc, float alpha, float softcap, int W, bint causal,
+        cos, sin, int rot_half, bint do_rotary, bint interleaved, pos_ids, int pos_stride,
+        bias, bint bias_bb, bint bias_nb, sink, bint smooth, out, qk_out, int qk_mode,
+        bint round_half, int num_threads):
+    cdef Params p
+    cdef const gqa_kernels *t = active_table()
+    cdef gqa_qk_gemm_fn qk
+    cdef int u, units = B * Nkv, G = N // Nkv, b
+    cdef float *scratch
+    cdef size_t scratch_len
+    p.B = B; p.S = S; p.N = N; p.Nkv = Nkv; p.G = G; p.H = H; p.L = L; p.T = T
+    p.Pres = Pres; p.Pbuf = Pbuf
+    p.q = <const float *>ptr(q); p.k = <const float *>ptr(k); p.v = <const float *>ptr(v)
+    p.q_tok = q_tok; p.kv_tok = kv_tok
+    p.seqlens = <const int *>ptr(seqlens)
+    p.first_prompt = first_prompt; p.has_past = has_past; p.shared = shared
+    p.kc = <uint8_t *>ptr(kc); p.vc = <uint8_t *>ptr(vc)
+    p.pk = <const uint8_t *>ptr(pk); p.pv = <const uint8_t *>ptr(pv)
+    p.ktype = ktype; p.vtype = vtype; p.k_rb = k_rb; p.v_rb = v_rb
+    p.ks = <const float *>ptr(ks); p.vs = <const float *>ptr(vs)
+    p.k_pc = k_pc; p.v_pc = v_pc
+    p.alpha = alpha; p.softcap = softcap; p.W = W; p.causal = causal
+    p.cos = <const float *>ptr(cos); p.sin = <const float *>ptr(sin)
+    p.rot_half = rot_half; p.do_rotary = do_rotary; p.interleaved = interleaved
+    p.pos_ids = <const int64_t *>ptr(pos_ids); p.pos_stride = pos_stride
+    p.bias = <const float *>ptr(bias); p.bias_bb = bias_bb; p.bias_nb = bias_nb
+    p.sink = <const float *>ptr(sink); p.smooth = smooth
+    p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out); p.qk_mode = qk_mode
+    p.round_half = round_half
+    p.Tmax = 0
+    for b in range(B):
+        if p.seqlens[b] + 1 > p.Tmax:
+            p.Tmax = p.seqlens[b] + 1
+    qk = qk_kernel(t, ktype)
+    scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H
+    if num_threads < 1:
+        num_threads = 1
+    if num_threads > units:
+        num_threads = units if units > 0 else 1
+    scratch = <float *>malloc(scratch_len * num_threads * sizeof(float))
+    if scratch == NULL:
+        raise MemoryError("gqa: cannot allocate attention scratch")
+    with nogil, parallel(num_threads=num_threads):
+        for u in prange(units, schedule='static'):
+            write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
+        for u in prange(units, schedule='dynamic'):
+            attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
+    # end: parallel
+    free(scratch)

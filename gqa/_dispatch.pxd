@@ -35,3 +35,6 @@ cdef const gqa_kernels *active_table() noexcept nogil
 # The QK kernel for `type` under the active settings (approximate VNNI only
 # when opted in, runnable, and type == GQA_S8_PT).
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type) noexcept nogil
+
+# Round float32 values to the nearest binary16 value (half to even), in place.
+cdef void round_to_half(float *x, size_t n) noexcept nogil

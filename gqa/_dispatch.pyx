@@ -96,3 +96,14 @@ def openmp_enabled():
 
 def openmp_max_threads():
     return gqa_openmp_max_threads()
+
+
+cdef extern from "gqa_kernels.h" nogil:
+    float gqa_half_to_float(unsigned short h)
+    unsigned short gqa_float_to_half(float f)
+
+
+cdef void round_to_half(float *x, size_t n) noexcept nogil:
+    cdef size_t i
+    for i in range(n):
+        x[i] = gqa_half_to_float(gqa_float_to_half(x[i]))
