@@ -15,7 +15,7 @@ cached K/V element is converted once per query row for the whole group.
 from cython.parallel cimport prange, parallel, threadid
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset, memcpy
-from libc.math cimport expf, tanhf
+from libc.math cimport expf, tanhf, fmaf
 from libc.stdint cimport uint8_t, int64_t
 cimport numpy as cnp
 
@@ -93,7 +93,9 @@ cdef inline int position(const Params *p, int b, int s) noexcept nogil:
 
 
 cdef void rope(const Params *p, const float *x, float *o, int pos) noexcept nogil:
-    """Rotary embedding of one head row (float32); channels >= 2*rot_half copied."""
+    """Rotary embedding of one head row; channels >= 2*rot_half are copied.  Rounded as
+    ONNX Runtime's x86 kernel rounds (bit-exact float caches): x0' = fma(x0, c, -(x1*s)),
+    x1' = fma(x0, s, x1*c)."""
     cdef int i, R2 = p.rot_half
     cdef const float *c = p.cos + <size_t>pos * R2
     cdef const float *s = p.sin + <size_t>pos * R2
@@ -102,14 +104,14 @@ cdef void rope(const Params *p, const float *x, float *o, int pos) noexcept nogi
         for i in range(R2):
             x0 = x[2 * i]
             x1 = x[2 * i + 1]
-            o[2 * i] = x0 * c[i] - x1 * s[i]
-            o[2 * i + 1] = x1 * c[i] + x0 * s[i]
+            o[2 * i] = fmaf(x0, c[i], -(x1 * s[i]))
+            o[2 * i + 1] = fmaf(x0, s[i], x1 * c[i])
     else:
         for i in range(R2):
             x0 = x[i]
             x1 = x[i + R2]
-            o[i] = x0 * c[i] - x1 * s[i]
-            o[i + R2] = x1 * c[i] + x0 * s[i]
+            o[i] = fmaf(x0, c[i], -(x1 * s[i]))
+            o[i + R2] = fmaf(x0, s[i], x1 * c[i])
     if 2 * R2 < p.H:
         memcpy(o + 2 * R2, x + 2 * R2, (p.H - 2 * R2) * sizeof(float))
     if p.round_half:
@@ -177,7 +179,7 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
                        int b, int j, float *scratch) noexcept nogil:
     """All S query rows of the G heads of KV head j, batch b: scores over the attended
     range [start, c) only, mask/softcap/bias/softmax per row, then P @ V."""
-    cdef int G = p.G, H = p.H, s, g, h, i, c, start, n
+    cdef int G = p.G, H = p.H, s, g, h, i, c, e, start, n
     cdef int Tb = p.seqlens[b] + 1, cpast = causal_past(p, b)
     cdef size_t slot = <size_t>b * p.Nkv + j
     cdef const uint8_t *kb = p.kc + slot * p.Pres * p.k_rb
@@ -191,11 +193,12 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
     cdef float *row
     cdef float *orow
     for s in range(p.S):
-        c = Tb
-        if p.causal and cpast + s + 1 < Tb:
-            c = cpast + s + 1
-        start = c - p.W if (p.W >= 0 and c > p.W) else 0
-        n = c - start
+        # keys [start, c): causal end e = position + 1, capped to the valid keys; the window
+        # keeps the W keys ending at e even when e lies past T_b (a right-padding query row)
+        e = cpast + s + 1 if p.causal else Tb
+        c = e if e < Tb else Tb
+        start = e - p.W if (p.W >= 0 and e > p.W) else 0
+        n = c - start if c > start else 0
         a = p.q + (<size_t>b * p.S + s) * p.q_tok + <size_t>j * G * H
         if p.do_rotary:
             for g in range(G):

@@ -66,6 +66,9 @@ class GroupQueryAttention:
         self.causal = _int_attr("causal", causal)
         if self.causal not in (0, 1):
             raise ValueError(f"causal must be 0 or 1, got {self.causal}")
+        if self.causal == 0 and self.local_window_size != -1:
+            raise ValueError("local_window_size must be -1 when causal is 0, got "
+                             f"{self.local_window_size}")
         self.do_rotary = _int_attr("do_rotary", do_rotary)
         self.rotary_interleaved = _int_attr("rotary_interleaved", rotary_interleaved)
         self.smooth_softmax = _int_attr("smooth_softmax", smooth_softmax)

@@ -1,0 +1,126 @@
+"""Seeded GroupQueryAttention cases: inputs in ONNX names, attributes, and a float64
+NumPy reference of the attention math on the (dequantized) present caches."""
+import numpy as np
+
+
+def make_case(seed=0, B=1, S=4, past=0, N=4, Nkv=2, H=16, mode="PER_TENSOR", v_mode=None, bits=8,
+              dtype=np.float32, buf=None, ragged=None, packed=False, rotary=None, interleaved=0,
+              rot_dim=None, pos_ids=False, bias=None, sink=False, **attrs):
+    """past: rows already cached per batch (decode / subsequent prompt when > 0);
+    ragged: per-batch total lengths (first prompt: <= S; decode: past_b + S);
+    buf: past buffer length (>= max past); bias: None | 'full' | 'b1' | 'n1' | 'both1'."""
+    rng = np.random.default_rng(seed)
+    v_mode = v_mode or mode
+    quant = mode != "NONE"
+    Hp = H if bits == 8 else (H + 1) // 2
+    if ragged is not None:
+        Tb = np.array(ragged)
+    else:
+        Tb = np.full(B, past + S)
+    T = int(Tb.max()) if past else S
+    first = past == 0
+    P = buf if buf is not None else (0 if first else int((Tb - S).max()))
+    u = lambda *shape: rng.uniform(-0.5, 0.5, shape).astype(dtype)
+    inp = {}
+    if packed:
+        inp["query"] = u(B, S, (N + 2 * Nkv) * H)
+    else:
+        inp.update(query=u(B, S, N * H), key=u(B, S, Nkv * H), value=u(B, S, Nkv * H))
+    if quant:
+        cdt = np.int8 if bits == 8 else np.uint8
+        if bits == 8:
+            pk = rng.integers(-128, 128, (B, Nkv, P, Hp)).astype(cdt)
+            pv = rng.integers(-128, 128, (B, Nkv, P, Hp)).astype(cdt)
+        else:
+            pk = rng.integers(0, 256, (B, Nkv, P, Hp)).astype(cdt)
+            pv = rng.integers(0, 256, (B, Nkv, P, Hp)).astype(cdt)
+        nk = Nkv * H if mode == "PER_CHANNEL" else 1
+        nv = Nkv * H if v_mode == "PER_CHANNEL" else 1
+        inp["k_scale"] = rng.uniform(0.002, 0.006, nk).astype(np.float32)
+        inp["v_scale"] = rng.uniform(0.002, 0.006, nv).astype(np.float32)
+    else:
+        pk, pv = u(B, Nkv, P, H), u(B, Nkv, P, H)
+    inp.update(past_key=pk, past_value=pv, seqlens_k=(Tb - 1).astype(np.int32), total_sequence_length=T)
+    a = dict(num_heads=N, kv_num_heads=Nkv, **attrs)
+    if quant:
+        a.update(k_quant_type=mode, v_quant_type=v_mode, kv_cache_bit_width=bits)
+    if rotary:
+        rd = rot_dim or H
+        max_pos = T + 5
+        ang = rng.uniform(0, 2 * np.pi, (max_pos, rd // 2))
+        inp["cos_cache"] = np.cos(ang).astype(dtype)
+        inp["sin_cache"] = np.sin(ang).astype(dtype)
+        a.update(do_rotary=1, rotary_interleaved=interleaved)
+        if pos_ids:
+            if first:
+                inp["position_ids"] = np.tile(np.arange(S, dtype=np.int64) + 2, (B, 1))
+            else:
+                inp["position_ids"] = (Tb[:, None] - S + np.arange(S)[None, :]).astype(np.int64)
+    if bias:
+        bb = 1 if bias in ("b1", "both1") else B
+        bn = 1 if bias in ("n1", "both1") else N
+        inp["attention_bias"] = rng.uniform(-1, 1, (bb, bn, S, T)).astype(dtype)
+    if sink:
+        inp["head_sink"] = rng.uniform(-1, 1, N).astype(dtype)
+    return inp, a
+
+
+def dequant_cache(c, scale, mode, bits, H, Nkv):
+    """float64 [B, Nkv, L, H] from a present cache (codes or float)."""
+    if mode == "NONE":
+        return c.astype(np.float64)
+    if bits == 8:
+        q = c.astype(np.float64)
+    else:
+        q = np.stack([c & 15, c >> 4], -1).reshape(c.shape[:-1] + (-1,))[..., :H].astype(np.float64) - 8
+    s = scale.astype(np.float64).reshape(-1)
+    s = s.reshape(1, Nkv, 1, H) if s.size > 1 else s[0]
+    return q * s
+
+
+def reference(inp, a, kd, vd):
+    """float64 attention of the (un-rotated) query over dequantized caches kd/vd [B,Nkv,*,H].
+    Supports causal/window/softcap/bias/smooth/sink/scale/packed; not rotary."""
+    N, Nkv = a["num_heads"], a["kv_num_heads"]
+    q = inp["query"].astype(np.float64)
+    B, S, D = q.shape
+    H = kd.shape[-1]
+    q = q[..., :N * H].reshape(B, S, N, H)
+    G = N // Nkv
+    T = inp["total_sequence_length"]
+    scale = a.get("scale", 0.0) or 1.0 / np.sqrt(np.float32(H))
+    W = a.get("local_window_size", -1)
+    out = np.zeros((B, S, N, H))
+    first = S == T
+    for b in range(B):
+        Tb = int(inp["seqlens_k"][b]) + 1
+        cpast = 0 if first else Tb - S
+        for h in range(N):
+            j = h // G
+            for s in range(S):
+                e = cpast + s + 1 if a.get("causal", 1) else Tb
+                c = min(e, Tb)
+                start = max(e - W, 0) if W >= 0 else 0
+                if c <= start:
+                    continue
+                x = scale * kd[b, j, start:c] @ q[b, s, h]
+                sc = a.get("softcap", 0.0)
+                if sc > 0:
+                    x = sc * np.tanh(x / sc)
+                if inp.get("attention_bias") is not None:
+                    bias = inp["attention_bias"].astype(np.float64)
+                    x = x + bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1), s, start:c]
+                if x.size == 0:
+                    continue
+                smooth = a.get("smooth_softmax", -1) == 1 or inp.get("head_sink") is not None
+                m = x.max()
+                if smooth:
+                    sink = float(inp["head_sink"][h]) if inp.get("head_sink") is not None else 0.0
+                    m = max(m, sink)
+                    e = np.exp(x - m)
+                    p = e / (e.sum() + np.exp(sink - m))
+                else:
+                    e = np.exp(x - m)
+                    p = e / e.sum()
+                out[b, s, h] = p @ vd[b, j, start:c]
+    return out.reshape(B, S, N * H)
