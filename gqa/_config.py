@@ -1,4 +1,4 @@
-"""Process-wide settings: kernel path, flash attention, approximate VNNI, threads.
+"""Process-wide settings: kernel path, approximate VNNI, threads.
 
 Read once from the environment at import, then changed with `gqa.config(...)`,
 which works both as a plain setter and as a context manager that restores the
@@ -8,10 +8,7 @@ import os
 
 from . import _dispatch
 
-_TRUE = {"1", "true", "on", "yes"}
-_FALSE = {"0", "false", "off", "no", ""}
-
-_settings = {"kernel": "auto", "flash": True, "approx_vnni": False, "num_threads": None}
+_settings = {"kernel": "auto", "approx_vnni": False, "num_threads": None}
 
 
 def available_kernels():
@@ -60,20 +57,17 @@ def _apply(settings):
 
 
 class config:
-    """Change settings: ``gqa.config(kernel="avx2")`` or ``with gqa.config(flash=False): ...``.
+    """Change settings: ``gqa.config(kernel="avx2")`` or ``with gqa.config(kernel="scalar"): ...``.
 
     kernel      : "auto" | "scalar" | "avx2" | "avx512" | "neon"
-    flash       : bool, False forces the naive attention path
     approx_vnni : bool, opt in to the approximate INT8 per-tensor QK kernel (AVX-512 VNNI)
     num_threads : int >= 1, or None for GQA_NUM_THREADS / OpenMP's default
     """
 
-    def __init__(self, *, kernel=None, flash=None, approx_vnni=None, num_threads=None):
+    def __init__(self, *, kernel=None, approx_vnni=None, num_threads=None):
         new = dict(_settings)
         if kernel is not None:
             new["kernel"] = _check_kernel(kernel, "kernel")
-        if flash is not None:
-            new["flash"] = bool(flash)
         if approx_vnni is not None:
             new["approx_vnni"] = bool(approx_vnni)
         if num_threads is not None:
@@ -107,18 +101,6 @@ def effective_num_threads(num_threads=None):
     return max(1, _dispatch.openmp_max_threads())
 
 
-def _env_flag(names):
-    for name in names:
-        raw = os.environ.get(name)
-        if raw is None:
-            continue
-        v = raw.strip().lower()
-        if v in _TRUE:
-            return True
-        if v in _FALSE:
-            return False
-        raise ValueError(f"environment variable {name}={raw!r} is not a boolean; use 1 or 0")
-    return None
 
 
 def _init_from_env():
@@ -129,8 +111,6 @@ def _init_from_env():
     # ONNX Runtime reads exactly "1" for this flag; we accept the same plus the GQA_ name.
     new["approx_vnni"] = any(os.environ.get(n) == "1" for n in
                              ("GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI"))
-    disable = _env_flag(("GQA_DISABLE_FLASH_ATTENTION", "ORT_GQA_DISABLE_FLASH_ATTENTION"))
-    new["flash"] = not disable if disable is not None else True
     t = os.environ.get("GQA_NUM_THREADS")
     if t is not None and t.strip():
         try:

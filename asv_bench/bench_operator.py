@@ -1,0 +1,88 @@
+"""GroupQueryAttention operator on the seed shape (B=1, N=16, Nkv=8, H=128): prefill S = T
+and decode (S = 1) with the in-place cache, per kernel path and cache mode."""
+import timeit
+
+import numpy as np
+
+try:
+    import gqa
+except ImportError:  # pragma: no cover
+    gqa = None
+
+N, NKV, H = 16, 8, 128
+MODES = {  # name -> (k_quant_type, v_quant_type, bits)
+    "s8_pt": ("PER_TENSOR", "PER_TENSOR", 8),
+    "s4_pt": ("PER_TENSOR", "PER_TENSOR", 4),
+    "s8_pc": ("PER_CHANNEL", "PER_CHANNEL", 8),
+    "float": ("NONE", "NONE", 0),
+}
+PATHS = ["scalar", "avx2", "avx512", "neon"]
+
+
+def _skip_unless_runnable(path):
+    if gqa is None or path not in gqa.available_kernels():
+        raise NotImplementedError(f"path {path} not runnable here")
+
+
+def _case(mode, S, T, capacity, seed=0):
+    kq, vq, bits = MODES[mode]
+    rng = np.random.default_rng(seed)
+    hp = H if bits != 4 else H // 2
+    cdt = {8: np.int8, 4: np.uint8, 0: np.float32}[bits]
+    u = lambda *s: rng.uniform(-0.5, 0.5, s).astype(np.float32)
+    if bits == 0:
+        kc, vc = u(1, NKV, capacity, H), u(1, NKV, capacity, H)
+    elif bits == 8:
+        kc = rng.integers(-128, 128, (1, NKV, capacity, hp)).astype(cdt)
+        vc = rng.integers(-128, 128, (1, NKV, capacity, hp)).astype(cdt)
+    else:
+        kc = rng.integers(0, 256, (1, NKV, capacity, hp)).astype(cdt)
+        vc = rng.integers(0, 256, (1, NKV, capacity, hp)).astype(cdt)
+    nk = NKV * H if kq == "PER_CHANNEL" else 1
+    nv = NKV * H if vq == "PER_CHANNEL" else 1
+    scales = {} if bits == 0 else dict(k_scale=np.full(nk, 0.004, np.float32),
+                                       v_scale=np.full(nv, 0.004, np.float32))
+    op = gqa.GroupQueryAttention(num_heads=N, kv_num_heads=NKV, k_quant_type=kq, v_quant_type=vq,
+                                 kv_cache_bit_width=bits)
+    args = (u(1, S, N * H), u(1, S, NKV * H), u(1, S, NKV * H), kc, vc,
+            np.array([T - 1], np.int32), T)
+    return op, args, dict(scales, present_key=kc, present_value=vc)
+
+
+class Decode:
+    """One decode step (S = 1) at total length T, cache updated in place."""
+    params = (PATHS, list(MODES), [512, 2048, 8192])
+    param_names = ["path", "mode", "T"]
+    timer = timeit.default_timer
+
+    def setup(self, path, mode, T):
+        _skip_unless_runnable(path)
+        self.cfg = gqa.config(kernel=path)
+        self.op, self.args, self.kw = _case(mode, 1, T, T)
+
+    def teardown(self, path, mode, T):
+        self.cfg.__exit__(None, None, None)
+
+    def time_decode(self, path, mode, T):
+        self.op(*self.args, **self.kw)
+
+
+class Prefill:
+    """A first prompt S = T (causal)."""
+    params = (PATHS, list(MODES), [512, 2048])
+    param_names = ["path", "mode", "S"]
+    timer = timeit.default_timer
+    timeout = 300
+
+    def setup(self, path, mode, S):
+        _skip_unless_runnable(path)
+        if path == "scalar" and S > 512:
+            raise NotImplementedError("scalar prefill at S > 512 is too slow to be useful here")
+        self.cfg = gqa.config(kernel=path)
+        self.op, self.args, self.kw = _case(mode, S, S, S)
+
+    def teardown(self, path, mode, S):
+        self.cfg.__exit__(None, None, None)
+
+    def time_prefill(self, path, mode, S):
+        self.op(*self.args, **self.kw)
