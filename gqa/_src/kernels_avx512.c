@@ -1,0 +1,578 @@
+/*
+ * kernels_avx512.c -- path `avx512`.  ISA flags: -mavx512f -mavx512bw -mavx512dq
+ * -mavx512vl -mavx2 -mfma -mf16c.  The approximate QK kernel alone (and the one
+ * helper that issues vpdpbusd) carries __attribute__((target("avx512vnni,...")));
+ * the TU is never compiled with -mavx512vnni, so no other code can emit VNNI.
+ *
+ * Same operations and layouts as gqa_kernels.h, 16 float32 lanes at a time;
+ * tails use AVX-512 masked loads/stores (masked-off lanes read as 0).
+ *  - quantize: x * (1/s), round-to-nearest-even (vrndscaleps), clamp with
+ *    min/max ordered so that NaN -> hi; identical codes to the scalar path.
+ *    INT4: nibbles q+8 paired inside 64-bit lanes and narrowed with vpmovqb;
+ *    an odd width's pad nibble is 8.
+ *  - dequantize: code * s, one rounding, bit-identical to the scalar path.
+ *  - qk_gemm: register blocks of MB (<= 8) rows of A x NB rows of B.  Each
+ *    16-element B chunk is converted to float once and used for every row of
+ *    the block.  Per-tensor INT8/INT4 defer the scale: (alpha * s) * sum(a * q).
+ *    The K tail is one more masked step of the same loop; every accumulator is
+ *    reduced by the same fixed tree (fold 512 -> 256, then hadd), so C[m,n]
+ *    depends only on row m of A, row n of B and K -- never on M, N or blocking.
+ *  - sv_gemm: blocks of MB (<= 8) rows of C x NV * 16 columns (the last block
+ *    masked).  Keys go in chunks of a fixed KC per type (16 KiB of B at a head
+ *    size of 128), so a chunk stays in L1 while every column block reads it and
+ *    a column's value never depends on N or M.  beta 0 overwrites C (NaN in C
+ *    ignored), beta 1 accumulates, any other beta scales C first.
+ *  - qk_gemm_s8_approx: the opt-in approximate INT8 per-tensor QK kernel of
+ *    the contract (section 2.7); see the comment above it.
+ *
+ * The emulation build of tests/isa (GQA_EMULATE_AVX512, never set by setup.py)
+ * takes the intrinsics from SIMDe instead of <immintrin.h> so this code can run
+ * on CPUs without AVX-512.
+ */
+#if defined(__x86_64__) || defined(_M_X64)
+#ifdef GQA_EMULATE_AVX512
+#include "emu_avx512.h" /* tests/isa only: SIMDe + shims, portable code */
+#define GQA_TARGET_VNNI
+#else
+#include <immintrin.h>
+#define GQA_TARGET_VNNI __attribute__((target("avx512vnni,avx512bw,avx512f,avx512vl")))
+#endif
+#include <float.h>
+#include "kernels_common.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Lanes [0, n) set, n <= 16 / n <= 64. */
+static inline __mmask16 mask16(size_t n) { return (__mmask16)((1u << n) - 1u); }
+static inline __mmask64 mask64(size_t n) { return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1); }
+
+/* Scale applied after accumulation: per-tensor codes carry s, others 1. */
+static inline float post_scale(int type, const float *s)
+{
+    return (type == GQA_S8_PT || type == GQA_S4_PT) ? s[0] : 1.0f;
+}
+
+/* ---- quantize ------------------------------------------------------------ */
+
+INLINE __m512i quant16_epi32(__m512 x, __m512 inv, __m512 lo, __m512 hi)
+{
+    __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(x, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm512_min_ps(q, hi); /* vminps returns the 2nd operand for NaN -> hi */
+    q = _mm512_max_ps(q, lo);
+    return _mm512_cvtps_epi32(q);
+}
+
+/* 1/s per lane, 1 where s == 0 (masked-off lanes read s = 0 -> 1). */
+INLINE __m512 inv_scale16(const float *s, __mmask16 m)
+{
+    __m512 v = _mm512_maskz_loadu_ps(m, s);
+    __mmask16 zero = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_EQ_OQ);
+    __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), v);
+    return _mm512_mask_blend_ps(zero, inv, _mm512_set1_ps(1.0f));
+}
+
+static void quantize_avx512(const float *src, size_t lda, void *dst, size_t rows,
+                            size_t cols, int type, const float *s)
+{
+    const size_t rb = gqa_row_bytes(type, cols);
+    if (type == GQA_F32) {
+        for (size_t r = 0; r < rows; r++)
+            memcpy((uint8_t *)dst + r * rb, src + r * lda, rb);
+        return;
+    }
+    if (type == GQA_F16) {
+        for (size_t r = 0; r < rows; r++) {
+            const float *x = src + r * lda;
+            uint8_t *d = (uint8_t *)dst + r * rb;
+            for (size_t c = 0; c < cols; c += 16) {
+                __mmask16 m = mask16(cols - c < 16 ? cols - c : 16);
+                __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + c),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                _mm256_mask_storeu_epi16(d + 2 * c, m, h);
+            }
+        }
+        return;
+    }
+    const int s4 = GQA_IS_S4(type), pc = GQA_IS_PC(type);
+    const __m512 lo = _mm512_set1_ps(s4 ? -8.0f : -128.0f), hi = _mm512_set1_ps(s4 ? 7.0f : 127.0f);
+    const __m512 inv_pt = _mm512_set1_ps(gqa_inv_scale(s[0]));
+    const __m512i eight = _mm512_set1_epi32(8);
+    for (size_t r = 0; r < rows; r++) {
+        const float *x = src + r * lda;
+        uint8_t *d = (uint8_t *)dst + r * rb;
+        for (size_t c = 0; c < cols; c += 16) {
+            const size_t n = cols - c < 16 ? cols - c : 16;
+            const __mmask16 m = mask16(n);
+            __m512i q = quant16_epi32(_mm512_maskz_loadu_ps(m, x + c), pc ? inv_scale16(s + c, m) : inv_pt,
+                                      lo, hi);
+            if (!s4) {
+                _mm512_mask_cvtsepi32_storeu_epi8(d + c, m, q);
+            } else {
+                /* nibble = q + 8 (8 in lanes past the row: the pad nibble);
+                   64-bit lane i holds nibbles 2i (low half) and 2i+1 (high
+                   half): its low byte after n | n >> 28 is n[2i] | n[2i+1] << 4. */
+                __m512i nib = _mm512_mask_add_epi32(eight, m, q, eight);
+                __m512i b = _mm512_or_si512(nib, _mm512_srli_epi64(nib, 28));
+                _mm512_mask_cvtepi64_storeu_epi8(d + c / 2, (__mmask8)mask16((n + 1) / 2), b);
+            }
+        }
+    }
+}
+
+/* ---- element loads --------------------------------------------------------- */
+
+/* Elements [k, k + 16) of a packed row as float32 (k % 16 == 0): scaled for
+   per-channel types, unscaled codes for per-tensor ones (see post_scale).  With
+   `masked`, only the first n elements are read and the rest are finite (0 or
+   code * 0 for the padding), so multiplying them by a zero A lane adds +-0. */
+INLINE __m512 load16(const uint8_t *row, size_t k, const int type, const float *s, const int masked,
+                     size_t n)
+{
+    const __mmask16 m = masked ? mask16(n) : (__mmask16)0xFFFF;
+    switch (type) {
+    case GQA_S8_PT:
+    case GQA_S8_PC: {
+        __m128i v = masked ? _mm_maskz_loadu_epi8(m, row + k) : _mm_loadu_si128((const __m128i *)(row + k));
+        __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+        if (type == GQA_S8_PT)
+            return f;
+        return _mm512_mul_ps(f, masked ? _mm512_maskz_loadu_ps(m, s + k) : _mm512_loadu_ps(s + k));
+    }
+    case GQA_S4_PT:
+    case GQA_S4_PC: {
+        __m128i v = masked ? _mm_maskz_loadu_epi8(mask16((n + 1) / 2), row + k / 2)
+                           : _mm_loadl_epi64((const __m128i *)(row + k / 2));
+        const __m128i lo4 = _mm_set1_epi8(0x0F);
+        __m128i e = _mm_unpacklo_epi8(_mm_and_si128(v, lo4), _mm_and_si128(_mm_srli_epi16(v, 4), lo4));
+        __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(e), _mm512_set1_epi32(8)));
+        if (type == GQA_S4_PT)
+            return f;
+        return _mm512_mul_ps(f, masked ? _mm512_maskz_loadu_ps(m, s + k) : _mm512_loadu_ps(s + k));
+    }
+    case GQA_F32: {
+        const float *p = (const float *)(const void *)row + k;
+        return masked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
+    }
+    default: {
+        __m256i h = masked ? _mm256_maskz_loadu_epi16(m, row + 2 * k)
+                           : _mm256_loadu_si256((const __m256i *)(row + 2 * k));
+        return _mm512_cvtph_ps(h);
+    }
+    }
+}
+
+/* ---- dequantize ------------------------------------------------------------ */
+
+INLINE void dequant_row(const uint8_t *row, float *d, size_t cols, const int type, const float *s)
+{
+    const __m512 vps = _mm512_set1_ps(post_scale(type, s));
+    const int pt = type == GQA_S8_PT || type == GQA_S4_PT;
+    size_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        __m512 v = load16(row, c, type, s, 0, 16);
+        _mm512_storeu_ps(d + c, pt ? _mm512_mul_ps(v, vps) : v);
+    }
+    if (c < cols) {
+        __m512 v = load16(row, c, type, s, 1, cols - c);
+        _mm512_mask_storeu_ps(d + c, mask16(cols - c), pt ? _mm512_mul_ps(v, vps) : v);
+    }
+}
+
+#define DEQ_INST(T) \
+    static void deq_row_##T(const uint8_t *row, float *d, size_t cols, const float *s) \
+    {                                                                              \
+        dequant_row(row, d, cols, T, s);                                           \
+    }
+DEQ_INST(GQA_S8_PT) DEQ_INST(GQA_S8_PC) DEQ_INST(GQA_S4_PT) DEQ_INST(GQA_S4_PC) DEQ_INST(GQA_F32)
+DEQ_INST(GQA_F16)
+
+typedef void (*deq_fn)(const uint8_t *, float *, size_t, const float *);
+static const deq_fn deq_rows[6] = {deq_row_GQA_S8_PT, deq_row_GQA_S8_PC, deq_row_GQA_S4_PT,
+                                   deq_row_GQA_S4_PC, deq_row_GQA_F32, deq_row_GQA_F16};
+
+static void dequantize_avx512(const void *src, float *dst, size_t ldd, size_t rows,
+                              size_t cols, int type, const float *s)
+{
+    const size_t rb = gqa_row_bytes(type, cols);
+    for (size_t r = 0; r < rows; r++)
+        deq_rows[type]((const uint8_t *)src + r * rb, dst + r * ldd, cols, s);
+}
+
+static void dequantize_t_avx512(const void *src, float *dst, size_t ldd, size_t rows,
+                                size_t cols, int type, const float *s)
+{
+    const size_t rb = gqa_row_bytes(type, cols);
+    float tmp[256];
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)src + r * rb;
+        for (size_t c0 = 0; c0 < cols; c0 += 256) {
+            size_t nc = cols - c0 < 256 ? cols - c0 : 256;
+            deq_rows[type](row + gqa_row_bytes(type, c0), tmp, nc, GQA_IS_PC(type) ? s + c0 : s);
+            for (size_t c = 0; c < nc; c++)
+                dst[(c0 + c) * ldd + r] = tmp[c];
+        }
+    }
+}
+
+/* ---- qk_gemm ----------------------------------------------------------------- */
+
+/* 512 -> 256 bits: low half + high half. */
+INLINE __m256 fold256(__m512 v)
+{
+    return _mm256_add_ps(_mm512_castps512_ps256(v),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+/* Lane i of the result = horizontal sum of v[i]; every input goes through the
+   same tree whatever its slot (hadd pairs lanes of one source only). */
+INLINE __m256 hsum16x8(const __m512 *v)
+{
+    __m256 f0 = fold256(v[0]), f1 = fold256(v[1]), f2 = fold256(v[2]), f3 = fold256(v[3]);
+    __m256 f4 = fold256(v[4]), f5 = fold256(v[5]), f6 = fold256(v[6]), f7 = fold256(v[7]);
+    __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(f0, f1), _mm256_hadd_ps(f2, f3));
+    __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(f4, f5), _mm256_hadd_ps(f6, f7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+/* C[mb, nb] = mult * sum_k A[mb, k] * B[nb, k] for an MB x NB block. */
+INLINE void qk_block(const int MB, const int NB, const int type, size_t K, float mult, const float *A,
+                     size_t lda, const uint8_t *B, size_t rb, const float *s, float *C, size_t ldc)
+{
+    __m512 acc[24];
+    const int nacc = (MB * NB + 7) & ~7;
+    for (int i = 0; i < nacc; i++)
+        acc[i] = _mm512_setzero_ps();
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int nb = 0; nb < NB; nb++) {
+            __m512 b = load16(B + nb * rb, k, type, s, 0, 16);
+            for (int mb = 0; mb < MB; mb++)
+                acc[mb * NB + nb] = _mm512_fmadd_ps(_mm512_loadu_ps(A + mb * lda + k), b, acc[mb * NB + nb]);
+        }
+    if (k < K) {
+        const size_t n = K - k;
+        for (int nb = 0; nb < NB; nb++) {
+            __m512 b = load16(B + nb * rb, k, type, s, 1, n);
+            for (int mb = 0; mb < MB; mb++)
+                acc[mb * NB + nb] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask16(n), A + mb * lda + k), b,
+                                                    acc[mb * NB + nb]);
+        }
+    }
+    for (int g = 0; g < nacc; g += 8) {
+        float out[8];
+        _mm256_storeu_ps(out, hsum16x8(acc + g));
+        for (int i = 0; i < 8 && g + i < MB * NB; i++)
+            C[((g + i) / NB) * ldc + (g + i) % NB] = out[i] * mult;
+    }
+}
+
+/* Block shapes by rows of A: (1,8) (2,8) (3,4) (4,4) (5,2) (6,2) (7,2) (8,2);
+   the last N % NB rows of B go one at a time (1 x 1, row by row of A). */
+#define QK_INST(T, MB, NB)                                                                         \
+    static void qk_##T##_##MB##x##NB(size_t K, float mult, const float *A, size_t lda,             \
+                                     const uint8_t *B, size_t rb, const float *s, float *C,        \
+                                     size_t ldc)                                                   \
+    {                                                                                              \
+        qk_block(MB, NB, T, K, mult, A, lda, B, rb, s, C, ldc);                                    \
+    }
+#define QK_TYPE(T)                                                                                  \
+    QK_INST(T, 1, 8) QK_INST(T, 2, 8) QK_INST(T, 3, 4) QK_INST(T, 4, 4) QK_INST(T, 5, 2)            \
+    QK_INST(T, 6, 2) QK_INST(T, 7, 2) QK_INST(T, 8, 2) QK_INST(T, 1, 1)
+#define QK_ROW(T) {qk_##T##_1x1, qk_##T##_1x8, qk_##T##_2x8, qk_##T##_3x4, qk_##T##_4x4,            \
+                   qk_##T##_5x2, qk_##T##_6x2, qk_##T##_7x2, qk_##T##_8x2}
+QK_TYPE(GQA_S8_PT) QK_TYPE(GQA_S8_PC) QK_TYPE(GQA_S4_PT) QK_TYPE(GQA_S4_PC) QK_TYPE(GQA_F32)
+QK_TYPE(GQA_F16)
+
+typedef void (*qk_fn)(size_t, float, const float *, size_t, const uint8_t *, size_t, const float *,
+                      float *, size_t);
+/* [type][0] = 1 x 1, [type][mb] = the MB = mb block. */
+static const qk_fn qk_blocks[6][9] = {QK_ROW(GQA_S8_PT), QK_ROW(GQA_S8_PC), QK_ROW(GQA_S4_PT),
+                                      QK_ROW(GQA_S4_PC), QK_ROW(GQA_F32), QK_ROW(GQA_F16)};
+static const int qk_nbs[9] = {1, 8, 8, 4, 4, 2, 2, 2, 2};
+
+static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                           const void *B, int type, const float *s, float *C, size_t ldc)
+{
+    const size_t rb = gqa_row_bytes(type, K);
+    const float mult = alpha * post_scale(type, s);
+    const uint8_t *Bb = (const uint8_t *)B;
+    const qk_fn *fns = qk_blocks[type];
+    if (K == 0) { /* contract: C zero-filled */
+        for (size_t m = 0; m < M; m++)
+            memset(C + m * ldc, 0, N * sizeof(float));
+        return;
+    }
+    for (size_t m0 = 0; m0 < M; m0 += 8) {
+        const int mb = (int)(M - m0 < 8 ? M - m0 : 8);
+        const size_t nb = (size_t)qk_nbs[mb];
+        const float *a = A + m0 * lda;
+        float *c = C + m0 * ldc;
+        size_t n = 0;
+        for (; n + nb <= N; n += nb)
+            fns[mb](K, mult, a, lda, Bb + n * rb, rb, s, c + n, ldc);
+        for (; n < N; n++)
+            for (int i = 0; i < mb; i++)
+                fns[0](K, mult, a + i * lda, lda, Bb + n * rb, rb, s, c + i * ldc + n, ldc);
+    }
+}
+
+/* ---- sv_gemm ----------------------------------------------------------------- */
+
+/* C[mb, n0 + j] += mult * sum_{k0 <= k < k1} A[mb, k] * B[k, n0 + j] for an
+   MB x (NV * 16) block; with `masked`, NV == 1 and only the first n columns. */
+INLINE void sv_block(const int MB, const int NV, const int type, const int masked, size_t n, size_t k0,
+                     size_t k1, const float *A, size_t lda, const uint8_t *B, size_t rb, size_t n0,
+                     const float *s, float mult, float *C, size_t ldc)
+{
+    __m512 acc[32];
+    for (int i = 0; i < MB * NV; i++)
+        acc[i] = _mm512_setzero_ps();
+    for (size_t k = k0; k < k1; k++) {
+        const uint8_t *row = B + k * rb;
+        __m512 b[4];
+        for (int v = 0; v < NV; v++)
+            b[v] = load16(row, n0 + 16 * v, type, s, masked, n);
+        for (int mb = 0; mb < MB; mb++) {
+            __m512 a = _mm512_set1_ps(A[mb * lda + k]);
+            for (int v = 0; v < NV; v++)
+                acc[mb * NV + v] = _mm512_fmadd_ps(a, b[v], acc[mb * NV + v]);
+        }
+    }
+    const __m512 vm = _mm512_set1_ps(mult);
+    const __mmask16 m = masked ? mask16(n) : (__mmask16)0xFFFF;
+    for (int mb = 0; mb < MB; mb++)
+        for (int v = 0; v < NV; v++) {
+            float *c = C + mb * ldc + n0 + 16 * v;
+            if (masked)
+                _mm512_mask_storeu_ps(c, m, _mm512_fmadd_ps(acc[mb * NV + v], vm, _mm512_maskz_loadu_ps(m, c)));
+            else
+                _mm512_storeu_ps(c, _mm512_fmadd_ps(acc[mb * NV + v], vm, _mm512_loadu_ps(c)));
+        }
+}
+
+/* Wide blocks MB x NV: (1..6) x 4, (7, 8) x 3; the remaining columns go in
+   16-column blocks through the masked kernel (the last one partial). */
+#define SV_INST(T, MB, NV)                                                                          \
+    static void sv_##T##_##MB##x##NV(size_t n, size_t k0, size_t k1, const float *A, size_t lda,    \
+                                     const uint8_t *B, size_t rb, size_t n0, const float *s,        \
+                                     float mult, float *C, size_t ldc)                              \
+    {                                                                                               \
+        sv_block(MB, NV, T, 0, n, k0, k1, A, lda, B, rb, n0, s, mult, C, ldc);                      \
+    }                                                                                               \
+    static void svm_##T##_##MB(size_t n, size_t k0, size_t k1, const float *A, size_t lda,          \
+                               const uint8_t *B, size_t rb, size_t n0, const float *s, float mult,  \
+                               float *C, size_t ldc)                                                \
+    {                                                                                               \
+        sv_block(MB, 1, T, 1, n, k0, k1, A, lda, B, rb, n0, s, mult, C, ldc);                       \
+    }
+#define SV_TYPE(T)                                                                                  \
+    SV_INST(T, 1, 4) SV_INST(T, 2, 4) SV_INST(T, 3, 4) SV_INST(T, 4, 4) SV_INST(T, 5, 4)            \
+    SV_INST(T, 6, 4) SV_INST(T, 7, 3) SV_INST(T, 8, 3)
+#define SV_WIDE(T) {0, sv_##T##_1x4, sv_##T##_2x4, sv_##T##_3x4, sv_##T##_4x4, sv_##T##_5x4,         \
+                    sv_##T##_6x4, sv_##T##_7x3, sv_##T##_8x3}
+#define SV_MASKED(T) {0, svm_##T##_1, svm_##T##_2, svm_##T##_3, svm_##T##_4, svm_##T##_5,            \
+                      svm_##T##_6, svm_##T##_7, svm_##T##_8}
+SV_TYPE(GQA_S8_PT) SV_TYPE(GQA_S8_PC) SV_TYPE(GQA_S4_PT) SV_TYPE(GQA_S4_PC) SV_TYPE(GQA_F32)
+SV_TYPE(GQA_F16)
+
+typedef void (*sv_fn)(size_t, size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t,
+                      const float *, float, float *, size_t);
+static const sv_fn sv_wide[6][9] = {SV_WIDE(GQA_S8_PT), SV_WIDE(GQA_S8_PC), SV_WIDE(GQA_S4_PT),
+                                    SV_WIDE(GQA_S4_PC), SV_WIDE(GQA_F32), SV_WIDE(GQA_F16)};
+static const sv_fn sv_masked[6][9] = {SV_MASKED(GQA_S8_PT), SV_MASKED(GQA_S8_PC), SV_MASKED(GQA_S4_PT),
+                                      SV_MASKED(GQA_S4_PC), SV_MASKED(GQA_F32), SV_MASKED(GQA_F16)};
+static const int sv_nvs[9] = {0, 4, 4, 4, 4, 4, 4, 3, 3};
+/* Keys per chunk: 16 KiB of B at N = 128; fixed per type so that the chunk
+   boundaries (where partial sums meet C) never depend on N. */
+static const size_t sv_kc[6] = {128, 128, 256, 256, 32, 64};
+
+static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                           int type, const float *s, float *C, size_t ldc, float beta)
+{
+    const size_t rb = gqa_row_bytes(type, N);
+    const uint8_t *Bb = (const uint8_t *)B;
+    const float mult = post_scale(type, s);
+    const __m512 vb = _mm512_set1_ps(beta);
+    for (size_t m = 0; m < M; m++) {
+        float *c = C + m * ldc;
+        if (beta == 0.0f) {
+            memset(c, 0, N * sizeof(float));
+        } else if (beta != 1.0f) {
+            for (size_t n = 0; n < N; n += 16) {
+                __mmask16 mk = mask16(N - n < 16 ? N - n : 16);
+                _mm512_mask_storeu_ps(c + n, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, c + n), vb));
+            }
+        }
+    }
+    const size_t kc = sv_kc[type];
+    const size_t nfull = N & ~(size_t)15;
+    for (size_t k0 = 0; k0 < K; k0 += kc) {
+        const size_t k1 = K - k0 < kc ? K : k0 + kc;
+        for (size_t m0 = 0; m0 < M; m0 += 8) {
+            const int mb = (int)(M - m0 < 8 ? M - m0 : 8);
+            const float *a = A + m0 * lda;
+            float *c = C + m0 * ldc;
+            const size_t step = 16 * (size_t)sv_nvs[mb];
+            size_t n = 0;
+            for (; n + step <= nfull; n += step)
+                sv_wide[type][mb](16, k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
+            for (; n < N; n += 16)
+                sv_masked[type][mb](N - n < 16 ? N - n : 16, k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
+        }
+    }
+}
+
+/* ---- qk_gemm_s8_approx (opt-in, AVX-512 VNNI) ---------------------------------
+ *
+ * Contract (gqa-contract.md section 2.7), GQA_S8_PT only.  For each row m of A:
+ *   amax = max_k |A[m,k]|;
+ *   amax == 0 (or 127 / amax overflows, amax < ~3.7e-37): every code is 128
+ *               and sa = 1, so the row's results are 0;
+ *   otherwise:  sa = amax / 127, inv = 127 / amax (float32 divisions) and
+ *               code_k = clamp(rint(fl(fl(A[m,k] * inv) + 128)), 0, 255)
+ *               (product and sum each rounded to float32, never fused; rint
+ *               rounds half to even), i.e. u8 with zero point 128;
+ *   D[m,n] = sum_k code_k * q[n,k] - 128 * sum_k q[n,k]   (exact integer:
+ *            vpdpbusd in int32 over chunks of at most 2048 keys, chunks summed
+ *            in int64, so it never overflows);
+ *   C[m,n] = fl(float(D) * fl(fl(alpha * sa) * s)).
+ * A row containing NaN or +-inf gives a row of NaN.  K not a multiple of 64:
+ * codes are padded with 128 and B with 0 (masked loads), adding nothing.
+ */
+
+#define APPROX_KS 2048 /* keys per int32 chunk (|D chunk| < 2^27) */
+
+/* Per-row quantization parameters; returns 0 when the row is not finite. */
+static int approx_row_params(const float *a, size_t K, float *inv, float *sa)
+{
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (size_t k = 0; k < K; k += 16) {
+        __m512 v = _mm512_maskz_loadu_ps(mask16(K - k < 16 ? K - k : 16), a + k);
+        bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    if (bad || !(amax <= FLT_MAX))
+        return 0;
+    const float r = amax == 0.0f ? 0.0f : 127.0f / amax;
+    const int zero = !(r <= FLT_MAX); /* amax == 0, or 127 / amax overflows */
+    *inv = zero ? 0.0f : r;           /* inv 0 makes every code 128 */
+    *sa = zero ? 1.0f : amax / 127.0f;
+    return 1;
+}
+
+/* codes[0, kp) of A[k0, k1) (kp = k1 - k0 rounded up to 64; padding 128). */
+static void approx_codes(const float *a, size_t k0, size_t k1, float inv, uint8_t *codes)
+{
+    const size_t n = k1 - k0, kp = (n + 63) & ~(size_t)63;
+    const __m512 vinv = _mm512_set1_ps(inv), zp = _mm512_set1_ps(128.0f);
+    const __m512 lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(255.0f);
+    size_t k = 0;
+    for (; k < n; k += 16) {
+        const __mmask16 m = mask16(n - k < 16 ? n - k : 16);
+        __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + k), vinv,
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_add_round_ps(t, zp, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_max_ps(_mm512_min_ps(t, hi), lo);
+        /* lanes past the row hold 0 * inv + 128 = 128: the padding code */
+        _mm_storeu_si128((__m128i *)(codes + k), _mm512_cvtusepi32_epi8(_mm512_cvtps_epu32(t)));
+    }
+    if (k < kp)
+        memset(codes + k, 128, kp - k);
+}
+
+/* D[mb, nb] (int32, before the zero-point correction added here) over one
+   chunk of n <= APPROX_KS keys: codes rows at stride cs, B rows at stride rb. */
+GQA_TARGET_VNNI INLINE void approx_block(const int MB, const int NB, const uint8_t *codes, size_t cs,
+                                         const uint8_t *B, size_t rb, size_t n, int64_t *D, size_t ldd)
+{
+    __m512i acc[16], qs[8];
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int i = 0; i < MB * NB; i++)
+        acc[i] = _mm512_setzero_si512();
+    for (int nb = 0; nb < NB; nb++)
+        qs[nb] = _mm512_setzero_si512();
+    for (size_t k = 0; k < n; k += 64) {
+        const __mmask64 m = mask64(n - k);
+        for (int nb = 0; nb < NB; nb++) {
+            __m512i b = _mm512_maskz_loadu_epi8(m, B + nb * rb + k);
+            qs[nb] = _mm512_dpbusd_epi32(qs[nb], ones, b);
+            for (int mb = 0; mb < MB; mb++)
+                acc[mb * NB + nb] = _mm512_dpbusd_epi32(
+                    acc[mb * NB + nb], _mm512_loadu_si512((const void *)(codes + mb * cs + k)), b);
+        }
+    }
+    for (int nb = 0; nb < NB; nb++) {
+        const int64_t q = _mm512_reduce_add_epi32(qs[nb]);
+        for (int mb = 0; mb < MB; mb++)
+            D[mb * ldd + nb] += (int64_t)_mm512_reduce_add_epi32(acc[mb * NB + nb]) - 128 * q;
+    }
+}
+
+#define AP_INST(MB, NB)                                                                         \
+    GQA_TARGET_VNNI static void ap_##MB##x##NB(const uint8_t *codes, size_t cs, const uint8_t *B, \
+                                               size_t rb, size_t n, int64_t *D, size_t ldd)     \
+    {                                                                                           \
+        approx_block(MB, NB, codes, cs, B, rb, n, D, ldd);                                      \
+    }
+AP_INST(1, 1) AP_INST(1, 8) AP_INST(2, 4) AP_INST(3, 4) AP_INST(4, 4) AP_INST(5, 2) AP_INST(6, 2)
+AP_INST(7, 2) AP_INST(8, 2)
+typedef void (*ap_fn)(const uint8_t *, size_t, const uint8_t *, size_t, size_t, int64_t *, size_t);
+
+GQA_TARGET_VNNI static void qk_gemm_s8_approx_avx512(size_t M, size_t N, size_t K, float alpha,
+                                                     const float *A, size_t lda, const void *B, int type,
+                                                     const float *s, float *C, size_t ldc)
+{
+    static const ap_fn blocks[9] = {ap_1x1, ap_1x8, ap_2x4, ap_3x4, ap_4x4, ap_5x2, ap_6x2, ap_7x2, ap_8x2};
+    static const int nbs[9] = {1, 8, 4, 4, 4, 2, 2, 2, 2};
+    uint8_t codes[8 * APPROX_KS] __attribute__((aligned(64)));
+    const uint8_t *Bb = (const uint8_t *)B;
+    const size_t cs = K < APPROX_KS ? (K + 63) & ~(size_t)63 : APPROX_KS;
+    const int once = K <= APPROX_KS; /* codes made once per block of rows */
+    (void)type;
+    for (size_t m0 = 0; m0 < M; m0 += 8) {
+        const int mb = (int)(M - m0 < 8 ? M - m0 : 8), nb = nbs[mb];
+        float inv[8], mult[8];
+        int ok[8];
+        for (int i = 0; i < mb; i++) {
+            float sa = 1.0f;
+            ok[i] = approx_row_params(A + (m0 + i) * lda, K, &inv[i], &sa);
+            mult[i] = (alpha * sa) * s[0];
+        }
+        if (once)
+            for (int i = 0; i < mb; i++)
+                approx_codes(A + (m0 + i) * lda, 0, K, inv[i], codes + i * cs);
+        for (size_t n = 0; n < N;) {
+            const int wide = n + (size_t)nb <= N, w = wide ? nb : 1;
+            int64_t D[16] = {0};
+            for (size_t k0 = 0; k0 < K; k0 += APPROX_KS) {
+                const size_t k1 = K - k0 < APPROX_KS ? K : k0 + APPROX_KS;
+                if (!once)
+                    for (int i = 0; i < mb; i++)
+                        approx_codes(A + (m0 + i) * lda, k0, k1, inv[i], codes + i * cs);
+                if (wide)
+                    blocks[mb](codes, cs, Bb + n * K + k0, K, k1 - k0, D, (size_t)nb);
+                else
+                    for (int i = 0; i < mb; i++)
+                        blocks[0](codes + i * cs, cs, Bb + n * K + k0, K, k1 - k0, D + i * nb, (size_t)nb);
+            }
+            for (int i = 0; i < mb; i++)
+                for (int j = 0; j < w; j++)
+                    C[(m0 + i) * ldc + n + j] = ok[i] ? (float)D[i * nb + j] * mult[i] : NAN;
+            n += (size_t)w;
+        }
+    }
+}
+
+const gqa_kernels gqa_kernels_avx512 = {
+    "avx512",
+    quantize_avx512,
+    dequantize_avx512,
+    dequantize_t_avx512,
+    qk_gemm_avx512,
+    sv_gemm_avx512,
+    qk_gemm_s8_approx_avx512,
+};
+#endif
