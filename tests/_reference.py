@@ -1,0 +1,246 @@
+"""Independent statements of the numeric contract, for the tests.
+
+Nothing here calls gqa: these are the oracles the kernels are compared against.
+
+* ``quantize_ref`` / ``dequantize_ref``: the quantization contract in NumPy
+  (``../shared/spec/gqa-contract.md`` section 1 and ``ort-verified-facts.md``):
+  code = clamp(rint(x * fl32(1/s)), lo, hi) in float32, half to even, s == 0 -> multiplier 1,
+  NaN -> hi, INT4 as +8-biased nibbles with the even element in the low nibble and pad nibble 8.
+* ``qk_oracle`` / ``sv_oracle``: float64 GEMMs on *dequantized* B, with a rigorous
+  float32 error bound (``*_bound``) for a kernel that accumulates in float32.
+* ``ort_present``: quantized codes from onnxruntime 1.31.1 itself (present_key /
+  present_value of a one-node com.microsoft GroupQueryAttention graph with a
+  zero-length past, so present holds exactly the quantized new K / V).
+"""
+import functools
+
+import numpy as np
+
+F32 = np.float32
+U32 = 2.0 ** -24  # unit roundoff of float32 (round to nearest)
+
+LIMITS = {8: (-128, 127), 4: (-8, 7)}
+MODES = {  # asv / test mode name -> (bits, per_channel)
+    "s8_pt": (8, False),
+    "s8_pc": (8, True),
+    "s4_pt": (4, False),
+    "s4_pc": (4, True),
+}
+
+
+def packed_width(bits, h):
+    return h if bits == 8 else (h + 1) // 2
+
+
+def _scale_row(scale, h):
+    s = np.asarray(scale, dtype=F32).reshape(-1)
+    if s.size == 1:
+        return np.full(h, s[0], dtype=F32)
+    assert s.size == h, (s.size, h)
+    return s
+
+
+# ---------------------------------------------------------------- quantization
+
+def quantize_codes_ref(x, scale, bits):
+    """Signed codes (int32) of float32 x[..., H]: the contract before packing."""
+    x = np.asarray(x)
+    assert x.dtype == F32
+    h = x.shape[-1]
+    s = _scale_row(scale, h)
+    # The multiplier is the float32 reciprocal (an IEEE float32 division), 1 where s == 0.
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.where(s == 0, F32(1.0), F32(1.0) / s).astype(F32)
+        prod = (x * inv).astype(F32)  # float32 x float32 -> float32, one rounding
+    q = np.rint(prod)  # NumPy rint: round half to even
+    lo, hi = LIMITS[bits]
+    q = np.where(np.isnan(q), F32(hi), np.clip(q, lo, hi))  # NaN -> hi, +-inf -> hi/lo
+    return q.astype(np.int32)
+
+
+def pack_int4(codes):
+    """Signed INT4 codes [..., H] -> uint8 [..., (H+1)//2]: nibble = code + 8,
+    element 2i in the low nibble of byte i, 2i+1 in the high nibble, pad nibble 8."""
+    codes = np.asarray(codes, dtype=np.int32)
+    assert codes.min(initial=-8) >= -8 and codes.max(initial=7) <= 7
+    h = codes.shape[-1]
+    nib = codes + 8
+    if h % 2:
+        nib = np.concatenate([nib, np.full(nib.shape[:-1] + (1,), 8, np.int32)], axis=-1)
+    lo = nib[..., 0::2]
+    hi = nib[..., 1::2]
+    return (lo | (hi << 4)).astype(np.uint8)
+
+
+def unpack_int4(packed, h=None):
+    """uint8 [..., Hp] -> signed codes (int32) [..., h] (h defaults to 2*Hp)."""
+    packed = np.asarray(packed, dtype=np.uint8).astype(np.int32)
+    out = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), dtype=np.int32)
+    out[..., 0::2] = (packed & 0xF) - 8
+    out[..., 1::2] = (packed >> 4) - 8
+    return out[..., : (out.shape[-1] if h is None else h)]
+
+
+def quantize_ref(x, scale, bits):
+    """What gqa.quantize must return, bit for bit."""
+    q = quantize_codes_ref(x, scale, bits)
+    return q.astype(np.int8) if bits == 8 else pack_int4(q)
+
+
+def dequantize_ref(codes, scale, bits, h=None):
+    """float32 code * s (one float32 multiply); s == 0 gives 0 (no zero -> 1 rule here)."""
+    if bits == 8:
+        q = np.asarray(codes, dtype=np.int8).astype(np.int32)
+    else:
+        q = unpack_int4(codes, h)
+    s = _scale_row(scale, q.shape[-1])
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (q.astype(F32) * s).astype(F32)
+
+
+# ---------------------------------------------------------------- GEMM oracles
+
+def qk_oracle(a, b_deq, alpha):
+    """alpha * a @ b_deq.T in float64; alpha is rounded to float32 first (the C API takes float)."""
+    a64 = np.asarray(a, dtype=np.float64)
+    b64 = np.asarray(b_deq, dtype=np.float64)
+    return np.float64(F32(alpha)) * (a64 @ b64.T)
+
+
+def qk_bound(a, b_deq, alpha):
+    """Worst-case |C - exact| for a float32 kernel: any summation order of K products
+    (with or without FMA) is within gamma_K * sum|a||b|; deferring a per-tensor scale
+    (s * sum(a*q) instead of sum(a*fl(q*s))), multiplying by alpha*s and the final
+    multiply add at most 3 more roundings. So (K + 4) * u * |alpha| * sum_k |a_k||b_k|,
+    with 1 % slack for second-order terms."""
+    k = np.asarray(a).shape[1]
+    mag = np.abs(np.asarray(a, np.float64)) @ np.abs(np.asarray(b_deq, np.float64)).T
+    return 1.01 * (k + 4) * U32 * abs(float(F32(alpha))) * mag
+
+
+def sv_oracle(a, b_deq, beta, c0):
+    """beta * c0 + a @ b_deq in float64 (beta == 0 ignores c0, even NaN)."""
+    acc = np.asarray(a, np.float64) @ np.asarray(b_deq, np.float64)
+    if beta == 0:
+        return acc
+    return np.float64(F32(beta)) * np.asarray(c0, np.float64) + acc
+
+
+def sv_bound(a, b_deq, beta, c0):
+    """As qk_bound, for K = number of keys plus the beta*C term. A kernel may split the
+    keys into chunks that are each scaled and added into C: one more rounding per chunk
+    (chunks of >= 16 keys), hence K + K//16 + 8 roundings at most."""
+    k = np.asarray(a).shape[1]
+    mag = np.abs(np.asarray(a, np.float64)) @ np.abs(np.asarray(b_deq, np.float64))
+    if beta != 0:
+        mag = mag + abs(float(F32(beta))) * np.abs(np.asarray(c0, np.float64))
+    return 1.01 * (k + k // 16 + 8) * U32 * mag
+
+
+def assert_within(c, ref, bound, what=""):
+    """|c - ref| <= bound elementwise (plus the smallest normal float32 for underflow)."""
+    c = np.asarray(c, np.float64)
+    assert c.shape == ref.shape, (c.shape, ref.shape)
+    assert np.all(np.isfinite(c)), f"{what}: non-finite values in the result"
+    err = np.abs(c - ref)
+    lim = bound + np.finfo(F32).tiny
+    bad = err > lim
+    if bad.any():
+        i = np.unravel_index(np.argmax(err / lim), err.shape)
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.size} elements outside the float32 bound; "
+            f"worst at {tuple(int(v) for v in i)}: got {c[i]!r}, exact {ref[i]!r}, "
+            f"|err| {err[i]:.3g} > bound {lim[i]:.3g}")
+
+
+# ---------------------------------------------------------------- data helpers
+
+def random_codes(rng, shape, bits):
+    """Random stored codes covering the full range (INT8 -128..127; INT4 every byte)."""
+    if bits == 8:
+        return rng.integers(-128, 128, size=shape, dtype=np.int16).astype(np.int8)
+    return rng.integers(0, 256, size=shape, dtype=np.int16).astype(np.uint8)
+
+
+def random_scale(rng, h, per_channel, lo=1e-3, hi=1e-1):
+    """float32 scale: 1 element or h elements, log-uniform in [lo, hi]."""
+    n = h if per_channel else 1
+    return np.exp(rng.uniform(np.log(lo), np.log(hi), size=n)).astype(F32)
+
+
+# ---------------------------------------------------------------- onnxruntime
+
+def _ort():
+    import onnxruntime
+    return onnxruntime
+
+
+@functools.lru_cache(maxsize=None)
+def _ort_session(bits, per_channel, num_heads, kv_num_heads, head_size):
+
+    from onnx import TensorProto, helper
+
+    ort = _ort()
+    hp = packed_width(bits, head_size)
+    ct = TensorProto.INT8 if bits == 8 else TensorProto.UINT8
+    vi = helper.make_tensor_value_info
+    inputs = [
+        vi("query", TensorProto.FLOAT, ["B", "S", num_heads * head_size]),
+        vi("key", TensorProto.FLOAT, ["B", "S", kv_num_heads * head_size]),
+        vi("value", TensorProto.FLOAT, ["B", "S", kv_num_heads * head_size]),
+        vi("past_key", ct, ["B", kv_num_heads, "P", hp]),
+        vi("past_value", ct, ["B", kv_num_heads, "P", hp]),
+        vi("seqlens_k", TensorProto.INT32, ["B"]),
+        vi("total_sequence_length", TensorProto.INT32, []),
+        vi("k_scale", TensorProto.FLOAT, ["KS"]),
+        vi("v_scale", TensorProto.FLOAT, ["VS"]),
+    ]
+    outputs = [vi("output", TensorProto.FLOAT, None), vi("present_key", ct, None),
+               vi("present_value", ct, None)]
+    qt = "PER_CHANNEL" if per_channel else "PER_TENSOR"
+    node = helper.make_node(
+        "GroupQueryAttention",
+        ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+         "", "", "", "", "", "k_scale", "v_scale"],
+        ["output", "present_key", "present_value"],
+        domain="com.microsoft", num_heads=num_heads, kv_num_heads=kv_num_heads,
+        k_quant_type=qt, v_quant_type=qt, kv_cache_bit_width=bits)
+    graph = helper.make_graph([node], "gqa_one_node", inputs, outputs)
+    # The trap (ort-verified-facts.md): ORT 1.31.1 refuses newer IR versions; set IR 10 and
+    # explicit opsets.
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def ort_present(key, value, k_scale, v_scale, bits, per_channel, num_heads=None):
+    """Quantize with onnxruntime: key/value float32 [B, S, Nkv, H] -> (present_key,
+    present_value) codes [B, Nkv, S, Hp] (int8 for INT8, packed uint8 for INT4).
+    Per-channel scales have Nkv*H elements (head j uses scale[j*H:(j+1)*H])."""
+    key = np.asarray(key, F32)
+    value = np.asarray(value, F32)
+    b, s, nkv, h = key.shape
+    n = num_heads or nkv
+    sess = _ort_session(bits, bool(per_channel), n, nkv, h)
+    hp = packed_width(bits, h)
+    ct = np.int8 if bits == 8 else np.uint8
+    feeds = {
+        "query": np.zeros((b, s, n * h), F32),
+        "key": np.ascontiguousarray(key.reshape(b, s, nkv * h)),
+        "value": np.ascontiguousarray(value.reshape(b, s, nkv * h)),
+        "past_key": np.zeros((b, nkv, 0, hp), ct),  # zero-length past: present = the new rows
+        "past_value": np.zeros((b, nkv, 0, hp), ct),
+        "seqlens_k": np.full(b, s - 1, np.int32),
+        "total_sequence_length": np.array(s, np.int32),
+        "k_scale": np.asarray(k_scale, F32).reshape(-1),
+        "v_scale": np.asarray(v_scale, F32).reshape(-1),
+    }
+    _, pk, pv = sess.run(None, feeds)
+    assert pk.shape == (b, nkv, s, hp) and pk.dtype == ct, (pk.shape, pk.dtype)
+    return pk, pv

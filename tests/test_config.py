@@ -1,0 +1,241 @@
+"""Runtime dispatch and configuration: available/active paths, gqa.config as setter and
+context manager, get_config, errors, environment variables read at import, show_config
+and ``python -m gqa``."""
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gqa
+from gqa import _dispatch
+
+BEST_FIRST = ("avx512", "avx2", "neon", "scalar")  # the issue's preference order
+ENV_NAMES = ("GQA_KERNEL", "GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI",
+             "GQA_NUM_THREADS", "GQA_DISABLE_FLASH_ATTENTION", "ORT_GQA_DISABLE_FLASH_ATTENTION")
+
+
+def unavailable_path():
+    """A path name this CPU cannot run (neon on x86, avx2/avx512 on arm), or None."""
+    for p in ("neon", "avx512", "avx2"):
+        if p not in gqa.available_kernels():
+            return p
+    return None
+
+
+@pytest.fixture(autouse=True)
+def restore_config():
+    before = gqa.get_config()
+    yield
+    gqa.config(kernel=before["kernel"], approx_vnni=before["approx_vnni"])
+    assert gqa.active_kernel() == before["active_kernel"]
+
+
+def run_python(code, tmp_path, **env):
+    """Run `python -c code` with the gqa under test importable, in an empty directory
+    (so the source tree cannot shadow it), with the given gqa environment variables."""
+    e = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
+    e["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__)))
+    e.update(env)
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=e,
+                          capture_output=True, text=True, timeout=120)
+
+
+# ---------------------------------------------------------------- introspection
+
+def test_available_kernels():
+    av = gqa.available_kernels()
+    assert isinstance(av, list) and "scalar" in av
+    assert set(av) <= set(_dispatch.PATH_NAMES) and set(av) <= set(_dispatch.COMPILED_PATHS)
+    assert av == [p for p in _dispatch.PATH_NAMES if p in av]  # stable order, no duplicates
+    assert set(_dispatch.PATH_NAMES) == {"scalar", "avx2", "avx512", "neon"}
+    feats = set(_dispatch.cpu_features())
+    if "avx2" in av:
+        assert {"AVX", "AVX2", "FMA"} <= feats
+    if "avx512" in av:
+        assert {"AVX512F", "AVX512BW", "AVX512DQ", "AVX512VL"} <= feats
+    if "neon" in av:
+        assert "NEON" in feats
+
+
+def test_default_path_is_best_available(tmp_path):
+    r = run_python("import gqa; print(gqa.active_kernel()); print(','.join(gqa.available_kernels()))",
+                   tmp_path)
+    assert r.returncode == 0, r.stderr
+    active, av = r.stdout.split()
+    assert active == next(p for p in BEST_FIRST if p in av.split(","))
+
+
+def test_get_config_keys():
+    cfg = gqa.get_config()
+    for key in ("kernel", "active_kernel", "approx_vnni", "approx_vnni_effective"):
+        assert key in cfg, key
+    assert cfg["active_kernel"] == gqa.active_kernel()
+    assert cfg["kernel"] in ("auto",) + tuple(_dispatch.PATH_NAMES)
+
+
+# ---------------------------------------------------------------- gqa.config
+
+@pytest.mark.parametrize("name", ["scalar", "avx2", "avx512", "neon"])
+def test_config_setter(name):
+    if name not in gqa.available_kernels():
+        pytest.skip(f"{name} cannot run here")
+    gqa.config(kernel=name)
+    assert gqa.active_kernel() == name
+    assert gqa.get_config()["kernel"] == name
+    assert gqa.get_config()["active_kernel"] == name
+    gqa.config(kernel="auto")
+    assert gqa.active_kernel() == next(p for p in BEST_FIRST if p in gqa.available_kernels())
+    assert gqa.get_config()["kernel"] == "auto"
+
+
+def test_config_context_manager_restores():
+    approx0 = gqa.get_config()["approx_vnni"]
+    gqa.config(kernel="auto")
+    auto = gqa.active_kernel()
+    with gqa.config(kernel="scalar") as c:
+        assert c is not None
+        assert gqa.active_kernel() == "scalar"
+        for other in gqa.available_kernels():
+            with gqa.config(kernel=other):
+                assert gqa.active_kernel() == other
+            assert gqa.active_kernel() == "scalar"
+    assert gqa.active_kernel() == auto and gqa.get_config()["kernel"] == "auto"
+    # restored also when the body raises
+    with pytest.raises(RuntimeError):
+        with gqa.config(kernel="scalar"):
+            raise RuntimeError("boom")
+    assert gqa.active_kernel() == auto
+    # a setting not named is left as it is
+    with gqa.config(approx_vnni=not approx0):
+        assert gqa.active_kernel() == auto and gqa.get_config()["approx_vnni"] is (not approx0)
+    assert gqa.get_config()["approx_vnni"] is approx0
+
+
+def test_unknown_kernel_name():
+    before = gqa.get_config()
+    with pytest.raises(ValueError) as ei:
+        gqa.config(kernel="avx3")
+    msg = str(ei.value)
+    assert "kernel" in msg and "avx3" in msg
+    for valid in ("auto", "scalar", "avx2", "avx512", "neon"):
+        assert valid in msg, f"{valid!r} not listed in: {msg}"
+    assert gqa.get_config() == before
+    with pytest.raises(TypeError) as ei:
+        gqa.config(kernel=2)
+    assert "kernel" in str(ei.value)
+
+
+def test_forcing_a_path_this_cpu_cannot_run():
+    bad = unavailable_path()
+    if bad is None:
+        pytest.skip("this CPU runs every path")
+    before = gqa.get_config()
+    with pytest.raises(ValueError) as ei:
+        gqa.config(kernel=bad)
+    msg = str(ei.value)
+    assert "kernel" in msg and bad in msg and "scalar" in msg  # names what can run
+    assert gqa.get_config() == before and gqa.active_kernel() == before["active_kernel"]
+    with pytest.raises(ValueError):
+        with gqa.config(kernel=bad):
+            pytest.fail("entered a context for a path that cannot run")
+    assert gqa.active_kernel() == before["active_kernel"]
+
+
+def test_approx_vnni_setting():
+    approx0 = gqa.get_config()["approx_vnni"]
+    with gqa.config(approx_vnni=True):
+        cfg = gqa.get_config()
+        assert cfg["approx_vnni"] is True
+        assert cfg["approx_vnni_effective"] == (_dispatch.approx_vnni_runnable()
+                                                and gqa.active_kernel() == "avx512")
+        with gqa.config(kernel="scalar"):
+            assert gqa.get_config()["approx_vnni_effective"] is False  # only on AVX-512 VNNI
+    assert gqa.get_config()["approx_vnni"] is approx0
+    with gqa.config(approx_vnni=False):
+        assert gqa.get_config()["approx_vnni_effective"] is False
+
+
+# ---------------------------------------------------------------- environment at import
+
+def test_env_kernel_bogus(tmp_path):
+    r = run_python("import gqa", tmp_path, GQA_KERNEL="bogus")
+    assert r.returncode != 0
+    assert "GQA_KERNEL" in r.stderr and "bogus" in r.stderr
+    for valid in ("auto", "scalar", "avx2", "avx512", "neon"):
+        assert valid in r.stderr.splitlines()[-1], r.stderr
+    assert "Illegal instruction" not in r.stderr
+
+
+def test_env_kernel_unrunnable(tmp_path):
+    bad = unavailable_path()
+    if bad is None:
+        pytest.skip("this CPU runs every path")
+    r = run_python("import gqa; print('imported')", tmp_path, GQA_KERNEL=bad)
+    assert r.returncode != 0 and "imported" not in r.stdout
+    last = r.stderr.strip().splitlines()[-1]
+    assert "GQA_KERNEL" in last and bad in last and "scalar" in last, r.stderr
+    assert r.returncode > 0  # an exception, not a signal (SIGILL would be negative)
+
+
+@pytest.mark.parametrize("value", ["scalar", "auto", ""])
+def test_env_kernel_valid(tmp_path, value):
+    r = run_python("import gqa; c = gqa.get_config(); print(c['kernel'], gqa.active_kernel(), "
+                   "','.join(gqa.available_kernels()))", tmp_path, GQA_KERNEL=value)
+    assert r.returncode == 0, r.stderr
+    kernel, active, av = r.stdout.split()
+    if value == "scalar":
+        assert kernel == "scalar" and active == "scalar"
+    else:
+        assert kernel == "auto" and active == next(p for p in BEST_FIRST if p in av.split(","))
+
+
+@pytest.mark.parametrize("name", ["GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI"])
+def test_env_approx_vnni(tmp_path, name):
+    code = ("import gqa; from gqa import _dispatch; c = gqa.get_config(); "
+            "print(c['approx_vnni'], c['approx_vnni_effective'], _dispatch.approx_vnni_runnable(), "
+            "gqa.active_kernel())")
+    r = run_python(code, tmp_path, **{name: "1"})
+    assert r.returncode == 0, r.stderr
+    req, eff, runnable, active = r.stdout.split()
+    assert req == "True"
+    assert eff == str(runnable == "True" and active == "avx512")  # effective only where runnable
+    r = run_python(code, tmp_path, **{name: "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[:2] == ["False", "False"]
+    r = run_python(code, tmp_path)
+    assert r.stdout.split()[:2] == ["False", "False"]
+
+
+# ---------------------------------------------------------------- show_config / python -m gqa
+
+def _check_config_text(text, active):
+    assert gqa.__version__ in text
+    low = text.lower()
+    for word in ("compiled", "cpu features", "available", "active", "openmp", "thread"):
+        assert word in low, f"{word!r} missing from:\n{text}"
+    for p in _dispatch.COMPILED_PATHS:
+        assert p in text
+    for f in _dispatch.cpu_features():
+        assert f in text
+    active_line = next(line for line in text.splitlines() if "active" in line.lower())
+    assert active in active_line, text
+
+
+def test_show_config():
+    buf = io.StringIO()
+    with gqa.config(kernel="scalar"):
+        gqa.show_config(file=buf)
+    _check_config_text(buf.getvalue(), "scalar")
+
+
+def test_python_m_gqa(tmp_path):
+    e = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
+    e["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__)))
+    e["GQA_KERNEL"] = "scalar"
+    r = subprocess.run([sys.executable, "-m", "gqa"], cwd=tmp_path, env=e, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    _check_config_text(r.stdout, "scalar")
