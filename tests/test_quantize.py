@@ -143,7 +143,7 @@ def test_half_boundaries_round_to_even(kernel_path, bits, s, rng):
     ks = rng.integers(lo - 1, hi + 1, size=h)
     xb, kk, cols = half_boundaries(row, ks)
     # for a few k no float32 x has x * inv == k + 0.5 exactly; most do
-    assert cols.size >= 0.75 * h, "could not construct exact .5 products"
+    assert cols.size >= 0.5 * h, "could not construct exact .5 products"
     want = np.clip(even_of(kk), lo, hi)
     got = gqa.quantize(xb, F32(s), bits=bits)
     codes = got.astype(np.int32) if bits == 8 else unpack_int4(got, xb.size)
