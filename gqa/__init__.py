@@ -3,11 +3,44 @@
 Re-implements ONNX Runtime's ``com.microsoft.GroupQueryAttention`` (CPU, with
 its quantized KV cache) with per-ISA kernels chosen at runtime.
 """
-from ._version import __version__
-from ._config import (active_kernel, available_kernels, config, get_config)
-from ._api import dequantize, qk_gemm, quantize, sv_gemm
-from ._show import show_config
-from ._operator import GroupQueryAttention, group_query_attention
+import sys as _sys
+
+
+def _installed_copy():
+    """Run from a source checkout without built extensions (e.g. `python -m gqa` in the
+    repository root after `pip install .`), defer to the installed package, if any."""
+    import importlib.machinery
+    import importlib.util
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in _sys.path:
+        pkg = os.path.join(os.path.abspath(entry or os.curdir), "gqa")
+        built = any(os.path.exists(os.path.join(pkg, "_dispatch" + suffix))
+                    for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+        if os.path.abspath(pkg) == here or not built:
+            continue
+        spec = importlib.util.spec_from_file_location(
+            "gqa", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
+        mod = importlib.util.module_from_spec(spec)
+        _sys.modules["gqa"] = mod
+        spec.loader.exec_module(mod)
+        return mod
+    raise ImportError("gqa's compiled extensions are missing here: install with `pip install .` "
+                      "or build in place with `python setup.py build_ext --inplace`")
+
+
+try:
+    from . import _dispatch  # noqa: F401
+except ImportError:
+    if __name__ != "gqa":
+        raise
+    _sys.modules["gqa"] = _installed_copy()
+else:
+    from ._version import __version__
+    from ._config import (active_kernel, available_kernels, config, get_config)
+    from ._api import dequantize, qk_gemm, quantize, sv_gemm
+    from ._show import show_config
+    from ._operator import GroupQueryAttention, group_query_attention
 
 __all__ = [
     "__version__", "config", "get_config", "available_kernels", "active_kernel", "show_config",
