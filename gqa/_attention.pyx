@@ -269,7 +269,9 @@ def run(*, int B, int S, int N, int Nkv, int H, int L, int T, int Pres, int Pbuf
             p.Tmax = p.seqlens[b] + 1
     qk = qk_kernel(t, ktype)
     scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H
-    if num_threads < 1:
+    # Below ~2^17 multiply-adds the team's wake-up costs more than it saves (results do
+    # not depend on the thread count, so this is only a speed decision).
+    if num_threads < 1 or <size_t>p.Tmax * B * Nkv * H * S < (1 << 17):
         num_threads = 1
     if num_threads > units:
         num_threads = units if units > 0 else 1

@@ -185,8 +185,9 @@ def test_reference_agrees_with_features(kernel_path):
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 8])
 def test_thread_count_does_not_change_results(threads):
-    inp, a = make_case(seed=11, B=3, S=1, past=40, N=8, Nkv=4, H=64, mode="PER_TENSOR", bits=4,
-                       ragged=[5, 41, 30], rotary=True, bias="full")
+    # large enough (T_max * B * Nkv * H >= 2^17) that the call really runs multi-threaded
+    inp, a = make_case(seed=11, B=3, S=1, past=700, N=8, Nkv=4, H=64, mode="PER_TENSOR", bits=4,
+                       ragged=[5, 701, 300], rotary=True, bias="full")
     base = gqa.group_query_attention(**inp, **a, num_threads=1)
     other = gqa.group_query_attention(**inp, **a, num_threads=threads)
     for x, y in zip(base, other):
