@@ -19,13 +19,16 @@ from libc.math cimport expf, tanhf, fmaf
 from libc.stdint cimport uint8_t, int64_t
 cimport numpy as cnp
 
-from gqa._dispatch cimport (active_table, qk_kernel, gqa_kernels, gqa_qk_gemm_fn,
-                            round_to_half)
+from gqa._dispatch cimport (active_table, qk_kernel, exp_kernel, gqa_kernels, gqa_qk_gemm_fn,
+                            gqa_exp_sum_fn, round_to_half, GQA_F32)
 
 cnp.import_array()
 
 cdef extern from "float.h":
     float FLT_MAX
+
+cdef extern from "math.h":
+    float INFINITY
 
 
 cdef struct Params:
@@ -59,6 +62,9 @@ cdef struct Params:
     float *qk_out
     int qk_mode
     int round_half
+    gqa_exp_sum_fn exp_sum
+    int Br, Bc, chunks, chunk_len
+    float *partials
 
 
 cdef inline void *ptr(object a):
@@ -159,12 +165,10 @@ cdef void softmax_row(const Params *p, float *x, int n, int h) noexcept nogil:
             sink = p.sink[h]
         if sink > m:
             m = sink
-    for i in range(n):
-        x[i] = expf(x[i] - m)
-        total = total + x[i]
+    total = p.exp_sum(x, n, m)
     if smooth:
         total = total + expf(sink - m)
-    inv = 1.0 / total
+    inv = 1.0 / total if total > 0 else 0.0   # every score -inf: probabilities 0
     for i in range(n):
         x[i] = x[i] * inv
 
@@ -231,13 +235,221 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
         t.sv_gemm(G, H, n, sc, n, vb + <size_t>start * p.v_rb, p.vtype, vs, orow, H, 0.0)
 
 
+cdef inline void key_range(const Params *p, int b, int s, int *start, int *end) noexcept nogil:
+    """Keys [start, end) attended by query row s of batch b (end <= start: none).  The
+    causal end e is the row's position + 1 (all T_b keys when causal = 0), capped to the
+    valid keys; the window keeps the W keys ending at e even when e lies past T_b."""
+    cdef int Tb = p.seqlens[b] + 1
+    cdef int e = causal_past(p, b) + s + 1 if p.causal else Tb
+    end[0] = e if e < Tb else Tb
+    start[0] = e - p.W if (p.W >= 0 and e > p.W) else 0
+
+
+cdef void score_features(const Params *p, float *row, int n, int b, int h, int s, int col0) noexcept nogil:
+    """softcap, then + attention_bias, on scores row[0:n] of keys col0 .. col0+n-1."""
+    cdef int i
+    cdef const float *brow
+    if p.softcap > 0:
+        for i in range(n):
+            row[i] = p.softcap * tanhf(row[i] / p.softcap)
+    if p.bias != NULL:
+        brow = p.bias + ((<size_t>(0 if p.bias_bb else b) * (1 if p.bias_nb else p.N)
+                          + (0 if p.bias_nb else h)) * p.S + s) * p.T + col0
+        for i in range(n):
+            row[i] = row[i] + brow[i]
+
+
+cdef inline float sink_logit(const Params *p, int h) noexcept nogil:
+    return p.sink[h] if p.sink != NULL else 0.0
+
+
+cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int qb,
+                       float *scratch) noexcept nogil:
+    """Flash attention for query rows [qb*Br, qb*Br + Br) of the G heads of KV head j:
+    each K/V block is dequantized once into float32 tiles (K transposed) shared by all
+    M = rows x G query rows; scores and P @ V are float32 GEMMs; online softmax (m, l)."""
+    cdef int G = p.G, H = p.H, Bc = p.Bc, Mmax = p.Br * G
+    cdef int s0 = qb * p.Br, s1, R, M, r, s, g, h, i, k0, nb, lo, hi, a0, z0, kv_lo, kv_hi
+    cdef size_t slot = <size_t>b * p.Nkv + j
+    cdef const uint8_t *kb = p.kc + slot * p.Pres * p.k_rb
+    cdef const uint8_t *vb = p.vc + slot * p.Pres * p.v_rb
+    cdef const float *ks = p.ks + (j * H if p.k_pc else 0)
+    cdef const float *vs = p.vs + (j * H if p.v_pc else 0)
+    cdef float *Qt = scratch
+    cdef float *Sx = Qt + <size_t>Mmax * H
+    cdef float *O = Sx + <size_t>Mmax * Bc
+    cdef float *mrow = O + <size_t>Mmax * H
+    cdef float *lrow = mrow + Mmax
+    cdef float *Kt = lrow + Mmax
+    cdef float *Vt = Kt + <size_t>H * Bc
+    cdef int *rlo = <int *>(Vt + <size_t>Bc * H)
+    cdef int *rhi = rlo + p.Br
+    cdef const float *src
+    cdef float *row
+    cdef float mx, mnew, corr, total, inv
+    cdef bint smooth = p.smooth or p.sink != NULL
+    s1 = s0 + p.Br if s0 + p.Br < p.S else p.S
+    R = s1 - s0
+    M = R * G
+    kv_lo = 1 << 30
+    kv_hi = 0
+    for s in range(s0, s1):
+        key_range(p, b, s, &rlo[s - s0], &rhi[s - s0])
+        if rhi[s - s0] > rlo[s - s0]:
+            if rlo[s - s0] < kv_lo:
+                kv_lo = rlo[s - s0]
+            if rhi[s - s0] > kv_hi:
+                kv_hi = rhi[s - s0]
+        for g in range(G):
+            r = (s - s0) * G + g
+            src = p.q + (<size_t>b * p.S + s) * p.q_tok + (<size_t>j * G + g) * H
+            if p.do_rotary:
+                rope(p, src, Qt + <size_t>r * H, position(p, b, s))
+            else:
+                memcpy(Qt + <size_t>r * H, src, H * sizeof(float))
+            for i in range(H):
+                Qt[<size_t>r * H + i] = Qt[<size_t>r * H + i] * p.alpha
+            mrow[r] = sink_logit(p, j * G + g) if smooth else -INFINITY
+            lrow[r] = 1.0 if smooth else 0.0
+    memset(O, 0, <size_t>M * H * sizeof(float))
+    k0 = kv_lo
+    while k0 < kv_hi:
+        nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
+        t.dequantize_t(kb + <size_t>k0 * p.k_rb, Kt, nb, nb, H, p.ktype, ks)
+        t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
+        t.dequantize(vb + <size_t>k0 * p.v_rb, Vt, H, nb, H, p.vtype, vs)
+        for r in range(M):
+            s = s0 + r // G
+            h = j * G + r % G
+            row = Sx + <size_t>r * nb
+            lo = rlo[s - s0] - k0
+            hi = rhi[s - s0] - k0
+            a0 = lo if lo > 0 else 0
+            z0 = hi if hi < nb else nb
+            if z0 <= a0:
+                memset(row, 0, nb * sizeof(float))
+                continue
+            score_features(p, row + a0, z0 - a0, b, h, s, k0 + a0)
+            mx = -INFINITY
+            for i in range(a0, z0):
+                if row[i] > mx:
+                    mx = row[i]
+            mnew = mx if mx > mrow[r] else mrow[r]
+            if mnew == -INFINITY:        # every score so far is -inf (masked by the bias)
+                memset(row, 0, nb * sizeof(float))
+                continue
+            for i in range(a0):
+                row[i] = -INFINITY
+            for i in range(z0, nb):
+                row[i] = -INFINITY
+            total = p.exp_sum(row, nb, mnew)
+            corr = expf(mrow[r] - mnew)
+            if corr != 1.0:
+                for i in range(H):
+                    O[<size_t>r * H + i] = O[<size_t>r * H + i] * corr
+            lrow[r] = lrow[r] * corr + total
+            mrow[r] = mnew
+        t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)
+        k0 = k0 + nb
+    for r in range(M):
+        s = s0 + r // G
+        row = p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * G + r % G) * H
+        inv = 1.0 / lrow[r] if lrow[r] > 0 else 0.0
+        for i in range(H):
+            row[i] = O[<size_t>r * H + i] * inv
+
+
+cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j,
+                       int c, float *scratch) noexcept nogil:
+    """Flash decoding, phase 1: keys [c*chunk_len, (c+1)*chunk_len) of the single query row
+    of the G heads of KV head j -> per head (m, l, unnormalised P @ V) in p.partials."""
+    cdef int G = p.G, H = p.H, g, h, start, end, a0, z0, n
+    cdef size_t slot = <size_t>b * p.Nkv + j
+    cdef const uint8_t *kb = p.kc + slot * p.Pres * p.k_rb
+    cdef const uint8_t *vb = p.vc + slot * p.Pres * p.v_rb
+    cdef const float *ks = p.ks + (j * H if p.k_pc else 0)
+    cdef const float *vs = p.vs + (j * H if p.v_pc else 0)
+    cdef float *part = p.partials + (slot * p.chunks + c) * G * (H + 2)
+    cdef float *qbuf = scratch
+    cdef float *sc = scratch + <size_t>G * H
+    cdef float *row
+    cdef float *pr
+    cdef const float *a = p.q + <size_t>b * p.q_tok + <size_t>j * G * H
+    cdef float mx
+    cdef int i
+    key_range(p, b, 0, &start, &end)
+    a0 = c * p.chunk_len if c * p.chunk_len > start else start
+    z0 = (c + 1) * p.chunk_len if (c + 1) * p.chunk_len < end else end
+    n = z0 - a0
+    for g in range(G):
+        pr = part + g * (H + 2)
+        pr[0] = -INFINITY
+        pr[1] = 0.0
+    if n <= 0:
+        for g in range(G):
+            memset(part + g * (H + 2) + 2, 0, H * sizeof(float))
+        return
+    if p.do_rotary:
+        for g in range(G):
+            rope(p, a + <size_t>g * H, qbuf + <size_t>g * H, position(p, b, 0))
+        a = qbuf
+    qk(G, n, H, p.alpha, a, H, kb + <size_t>a0 * p.k_rb, p.ktype, ks, sc, n)
+    for g in range(G):
+        h = j * G + g
+        row = sc + <size_t>g * n
+        pr = part + g * (H + 2)
+        score_features(p, row, n, b, h, 0, a0)
+        mx = -INFINITY
+        for i in range(n):
+            if row[i] > mx:
+                mx = row[i]
+        if mx == -INFINITY:
+            memset(row, 0, n * sizeof(float))
+            continue
+        pr[0] = mx
+        pr[1] = p.exp_sum(row, n, mx)
+    t.sv_gemm(G, H, n, sc, n, vb + <size_t>a0 * p.v_rb, p.vtype, vs, part + 2, H + 2, 0.0)
+
+
+cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
+    """Flash decoding, phase 2: log-sum-exp merge of the chunks of (b, j) into the output."""
+    cdef int G = p.G, H = p.H, g, c, i, h
+    cdef size_t slot = <size_t>b * p.Nkv + j
+    cdef float *pr
+    cdef float *o
+    cdef float M, L, w, inv
+    for g in range(G):
+        h = j * G + g
+        o = p.out + (<size_t>b * p.N + h) * H
+        M = sink_logit(p, h) if (p.smooth or p.sink != NULL) else -INFINITY
+        for c in range(p.chunks):
+            pr = p.partials + ((slot * p.chunks + c) * G + g) * (H + 2)
+            if pr[0] > M:
+                M = pr[0]
+        memset(o, 0, H * sizeof(float))
+        if M == -INFINITY:
+            continue
+        L = expf(sink_logit(p, h) - M) if (p.smooth or p.sink != NULL) else 0.0
+        for c in range(p.chunks):
+            pr = p.partials + ((slot * p.chunks + c) * G + g) * (H + 2)
+            if pr[1] > 0:
+                w = expf(pr[0] - M)
+                L = L + w * pr[1]
+                for i in range(H):
+                    o[i] = o[i] + w * pr[2 + i]
+        inv = 1.0 / L if L > 0 else 0.0
+        for i in range(H):
+            o[i] = o[i] * inv
+
+
 def run(*, int B, int S, int N, int Nkv, int H, int L, int T, int Pres, int Pbuf,
         q, k, v, size_t q_tok, size_t kv_tok, seqlens, bint first_prompt, bint has_past,
         bint shared, kc, vc, pk, pv, int ktype, int vtype, size_t k_rb, size_t v_rb,
         ks, vs, bint k_pc, bint v_pc, float alpha, float softcap, int W, bint causal,
         cos, sin, int rot_half, bint do_rotary, bint interleaved, pos_ids, int pos_stride,
         bias, bint bias_bb, bint bias_nb, sink, bint smooth, out, qk_out, int qk_mode,
-        bint round_half, int num_threads):
+        bint round_half, int num_threads, bint flash, int q_block, int kv_block,
+        int decode_chunks):
     cdef Params p
     cdef const gqa_kernels *t = active_table()
     cdef gqa_qk_gemm_fn qk
@@ -268,20 +480,56 @@ def run(*, int B, int S, int N, int Nkv, int H, int L, int T, int Pres, int Pbuf
         if p.seqlens[b] + 1 > p.Tmax:
             p.Tmax = p.seqlens[b] + 1
     qk = qk_kernel(t, ktype)
+    p.exp_sum = exp_kernel(t)
+    # path: naive (per row, whole range), tiled flash (S > 1), or flash decoding (S == 1)
+    cdef int mode = 0, work_units = units, nq = 0
+    p.Br = q_block if q_block < S else S
+    p.Bc = kv_block
+    p.chunks = 1
+    p.partials = NULL
+    if flash and not qk_mode:
+        if S > 1:
+            mode = 1
+            nq = (S + p.Br - 1) // p.Br
+            work_units = units * nq
+        elif decode_chunks > 1:
+            mode = 2
+            p.chunk_len = (p.Tmax + decode_chunks - 1) // decode_chunks
+            p.chunks = (p.Tmax + p.chunk_len - 1) // p.chunk_len
+            work_units = units * p.chunks
     scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H
+    if mode == 1:
+        scratch_len = (<size_t>p.Br * G * (2 * H + p.Bc + 2) + <size_t>2 * H * p.Bc + 2 * p.Br + 16)
     # Below ~2^17 multiply-adds the team's wake-up costs more than it saves (results do
     # not depend on the thread count, so this is only a speed decision).
     if num_threads < 1 or <size_t>p.Tmax * B * Nkv * H * S < (1 << 17):
         num_threads = 1
-    if num_threads > units:
-        num_threads = units if units > 0 else 1
+    if num_threads > work_units:
+        num_threads = work_units if work_units > 0 else 1
     scratch = <float *>malloc(scratch_len * num_threads * sizeof(float))
-    if scratch == NULL:
+    if mode == 2:
+        p.partials = <float *>malloc(<size_t>work_units * G * (H + 2) * sizeof(float))
+    if scratch == NULL or (mode == 2 and p.partials == NULL):
+        free(scratch)
+        free(p.partials)
         raise MemoryError("gqa: cannot allocate attention scratch")
     with nogil, parallel(num_threads=num_threads):
         for u in prange(units, schedule='static'):
             write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
-        for u in prange(units, schedule='dynamic'):
-            attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
+        if mode == 0:
+            for u in prange(units, schedule='dynamic'):
+                attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
+        elif mode == 1:
+            # the last query blocks (most keys under a causal mask) first
+            for u in prange(work_units, schedule='dynamic'):
+                attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units,
+                             scratch + threadid() * scratch_len)
+        else:
+            for u in prange(work_units, schedule='dynamic'):
+                decode_chunk(&p, t, qk, u // p.chunks // Nkv, (u // p.chunks) % Nkv, u % p.chunks,
+                             scratch + threadid() * scratch_len)
+            for u in prange(units, schedule='static'):
+                decode_merge(&p, u // Nkv, u % Nkv)
     # end: parallel
     free(scratch)
+    free(p.partials)

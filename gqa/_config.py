@@ -1,4 +1,4 @@
-"""Process-wide settings: kernel path, approximate VNNI, threads.
+"""Process-wide settings: kernel path, flash attention, approximate VNNI, threads.
 
 Read once from the environment at import, then changed with `gqa.config(...)`,
 which works both as a plain setter and as a context manager that restores the
@@ -8,7 +8,8 @@ import os
 
 from . import _dispatch
 
-_settings = {"kernel": "auto", "approx_vnni": False, "num_threads": None}
+_settings = {"kernel": "auto", "flash": True, "approx_vnni": False, "num_threads": None,
+             "flash_blocks": None, "decode_splits": None}
 
 
 def available_kernels():
@@ -59,17 +60,32 @@ def _apply(settings):
 class config:
     """Change settings: ``gqa.config(kernel="avx2")`` or ``with gqa.config(kernel="scalar"): ...``.
 
-    kernel      : "auto" | "scalar" | "avx2" | "avx512" | "neon"
+    kernel        : "auto" | "scalar" | "avx2" | "avx512" | "neon"
+    flash         : bool; False forces the naive attention path
+    flash_blocks  : (query_rows, kv_rows) tile sizes of the flash path, or None (from the L2 size)
+    decode_splits : KV chunks per (batch, KV head) in decode (flash decoding), or None (automatic)
     approx_vnni : bool, opt in to the approximate INT8 per-tensor QK kernel (AVX-512 VNNI)
     num_threads : int >= 1, or None for GQA_NUM_THREADS / OpenMP's default
     """
 
-    def __init__(self, *, kernel=None, approx_vnni=None, num_threads=None):
+    def __init__(self, *, kernel=None, flash=None, approx_vnni=None, num_threads=None,
+                 flash_blocks=None, decode_splits=None):
         new = dict(_settings)
         if kernel is not None:
             new["kernel"] = _check_kernel(kernel, "kernel")
+        if flash is not None:
+            new["flash"] = bool(flash)
         if approx_vnni is not None:
             new["approx_vnni"] = bool(approx_vnni)
+        if flash_blocks is not None:
+            ok = (isinstance(flash_blocks, tuple) and len(flash_blocks) == 2 and
+                  all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in flash_blocks))
+            if not ok:
+                raise ValueError(f"flash_blocks must be a tuple (query_rows, kv_rows) of ints >= 1, "
+                                 f"got {flash_blocks!r}")
+            new["flash_blocks"] = flash_blocks
+        if decode_splits is not None:
+            new["decode_splits"] = _check_threads(decode_splits, "decode_splits")
         if num_threads is not None:
             new["num_threads"] = _check_threads(num_threads, "num_threads")
         self._previous = dict(_settings)
@@ -109,6 +125,15 @@ def _init_from_env():
     if k is not None and k.strip():
         new["kernel"] = _check_kernel(k.strip().lower(), "GQA_KERNEL")
     # ONNX Runtime reads exactly "1" for this flag; we accept the same plus the GQA_ name.
+    raw = None
+    for name in ("GQA_DISABLE_FLASH_ATTENTION", "ORT_GQA_DISABLE_FLASH_ATTENTION"):
+        raw = os.environ.get(name)
+        if raw is not None:
+            v = raw.strip().lower()
+            if v not in ("0", "1", "true", "false", "on", "off", "yes", "no", ""):
+                raise ValueError(f"environment variable {name}={raw!r} is not a boolean; use 1 or 0")
+            new["flash"] = v not in ("1", "true", "on", "yes")
+            break
     new["approx_vnni"] = any(os.environ.get(n) == "1" for n in
                              ("GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI"))
     t = os.environ.get("GQA_NUM_THREADS")

@@ -20,6 +20,7 @@ cdef extern from "gqa_kernels.h" nogil:
     ctypedef void (*gqa_sv_gemm_fn)(size_t M, size_t N, size_t K, const float *A, size_t lda,
                                     const void *B, int type, const float *scales, float *C,
                                     size_t ldc, float beta) noexcept nogil
+    ctypedef float (*gqa_exp_sum_fn)(float *x, size_t n, float m) noexcept nogil
     ctypedef struct gqa_kernels:
         const char *name
         gqa_quantize_fn quantize
@@ -28,6 +29,7 @@ cdef extern from "gqa_kernels.h" nogil:
         gqa_qk_gemm_fn qk_gemm
         gqa_sv_gemm_fn sv_gemm
         gqa_qk_gemm_fn qk_gemm_s8_approx
+        gqa_exp_sum_fn exp_sum
     size_t gqa_row_bytes(int type, size_t cols)
 
 # The active table (set by gqa.config / GQA_KERNEL).
@@ -35,6 +37,8 @@ cdef const gqa_kernels *active_table() noexcept nogil
 # The QK kernel for `type` under the active settings (approximate VNNI only
 # when opted in, runnable, and type == GQA_S8_PT).
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type) noexcept nogil
+# The table's exp_sum, or the scalar path's where the table has none.
+cdef gqa_exp_sum_fn exp_kernel(const gqa_kernels *t) noexcept nogil
 
 # Round float32 values to the nearest binary16 value (half to even), in place.
 cdef void round_to_half(float *x, size_t n) noexcept nogil

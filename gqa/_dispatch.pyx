@@ -40,6 +40,10 @@ cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type) noexcept nogil:
     return t.qk_gemm
 
 
+cdef gqa_exp_sum_fn exp_kernel(const gqa_kernels *t) noexcept nogil:
+    return t.exp_sum if t.exp_sum != NULL else gqa_path_table(0).exp_sum
+
+
 PATH_NAMES = tuple(gqa_path_name(i).decode() for i in range(GQA_PATH_COUNT))
 COMPILED_PATHS = tuple(GQA_COMPILED_PATHS.decode().split(","))
 

@@ -7,7 +7,7 @@ import numbers
 
 import numpy as np
 
-from . import _attention, _config
+from . import _attention, _config, _dispatch
 from . import _validate as v
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
@@ -260,6 +260,7 @@ class GroupQueryAttention:
         out = np.empty((B, S, N * H), np.float32)
         qk_out = np.empty((B, N, S, T), np.float32) if self.qk_output else None
         alpha = self.scale if self.scale != 0.0 else float(np.float32(1.0) / np.sqrt(np.float32(H)))
+        q_block, kv_block, splits = _flash_plan(B, S, Nkv, G, H, int(seqlens_k.max()) + 1)
 
         _attention.run(
             B=B, S=S, N=N, Nkv=Nkv, H=H, L=L, T=T, Pres=Pres, Pbuf=Pbuf,
@@ -275,7 +276,8 @@ class GroupQueryAttention:
             pos_ids=pos, pos_stride=0 if pos is None else pos.shape[1],
             bias=bias32, bias_bb=bias_bb, bias_nb=bias_nb, sink=sink32,
             smooth=self.smooth_softmax == 1, out=out, qk_out=qk_out, qk_mode=self.qk_output,
-            round_half=dt == np.float16, num_threads=nt)
+            round_half=dt == np.float16, num_threads=nt, flash=_config._settings["flash"],
+            q_block=q_block, kv_block=kv_block, decode_chunks=splits)
 
         if dt == np.float16:
             out = out.astype(np.float16)
@@ -383,6 +385,28 @@ class GroupQueryAttention:
                     raise ValueError(f"seqlens_k[{b}] = {int(seqlens[b])} is out of range for rotary "
                                      f"cache dimension 0 ({max_pos})")
         return half, _f32(cos), _f32(sin), pos
+
+
+def _flash_plan(B, S, Nkv, G, H, Tmax):
+    """Tile sizes of the flash path and KV splits of flash decoding.  They depend on the
+    shapes and the L2 size only -- never on the thread count -- so results do not either.
+    K and V tiles (2 x kv_rows x H float32) take about 1/8 of L2; a query tile holds
+    ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times."""
+    blocks = _config._settings["flash_blocks"]
+    if blocks is not None:
+        q_block, kv_block = blocks
+    else:
+        l2 = _dispatch.l2_cache_bytes() or 512 * 1024  # unknown: assume a small (Zen 3) L2
+        kv_block = max(16, min(256, l2 // (64 * H)))
+        q_block = max(4, 128 // G)
+    splits = _config._settings["decode_splits"]
+    if splits is None:
+        # Decode: fewer than 8 (batch, KV head) units leave cores idle; split the keys so
+        # there are at least 8 units, in chunks of at least 256 keys.
+        splits = 1
+        if S == 1 and B * Nkv < 8:
+            splits = max(1, min(-(-8 // (B * Nkv)), Tmax // 256))
+    return q_block, kv_block, splits
 
 
 def _f32(x):

@@ -18,6 +18,7 @@ def show_config(file=None):
         f"  CPU features     : {', '.join(_dispatch.cpu_features()) or '(none detected)'}",
         f"  available paths  : {', '.join(_config.available_kernels())}",
         f"  active path      : {cfg['active_kernel']}  (requested: {cfg['kernel']})",
+        f"  flash attention  : {'on' if cfg['flash'] else 'off (naive path forced)'}",
         f"  approx VNNI QK   : {'on' if cfg['approx_vnni_effective'] else 'off'}"
         f"{' (requested, not runnable here)' if cfg['approx_vnni'] and not cfg['approx_vnni_effective'] else ''}",
         f"  OpenMP           : {'yes' if _dispatch.openmp_enabled() else 'no (single-threaded build)'}",

@@ -79,6 +79,8 @@ typedef void (*gqa_sv_gemm_fn)(size_t M, size_t N, size_t K,
                                int type, const float *scales,
                                float *C, size_t ldc, float beta);
 
+typedef float (*gqa_exp_sum_fn)(float *x, size_t n, float m);
+
 typedef struct gqa_kernels {
     const char *name;
     /* src [rows, cols] float32 with row stride lda -> packed rows of dst. */
@@ -92,6 +94,10 @@ typedef struct gqa_kernels {
     gqa_sv_gemm_fn sv_gemm;
     /* GQA_S8_PT only, approximate; NULL where the path has none. */
     gqa_qk_gemm_fn qk_gemm_s8_approx;
+    /* x[i] = exp(x[i] - m) for i < n; returns their float32 sum.  Accurate to ~2 ulp;
+       an argument x[i] - m below -87.3 (including -inf) gives exactly 0, NaN stays NaN.
+       NULL in a table: callers use the scalar path's. */
+    gqa_exp_sum_fn exp_sum;
 } gqa_kernels;
 
 /* Tables, one per compiled path (dispatch.c knows which exist). */

@@ -311,6 +311,56 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
     }
 }
 
+/* ---- exp_sum ------------------------------------------------------------ */
+
+/* exp(d) for d >= GQA_EXP_MIN: d = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-6
+   polynomial (Cephes expf coefficients, ~1 ulp), times 2^n built in the exponent. */
+INLINE __m256 exp8(__m256 d)
+{
+    const __m256 zero_below = _mm256_cmp_ps(d, _mm256_set1_ps(GQA_EXP_MIN), _CMP_LT_OQ);
+    d = _mm256_max_ps(_mm256_set1_ps(GQA_EXP_MIN), d); /* operand order keeps NaN */
+    d = _mm256_min_ps(_mm256_set1_ps(88.3f), d);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(d, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), d);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(zero_below, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+static float exp_sum_avx2(float *x, size_t n, float m)
+{
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    if (i < n) {
+        float buf[8];
+        size_t rem = n - i;
+        for (size_t k = 0; k < 8; k++)
+            buf[k] = k < rem ? x[i + k] - m : -INFINITY;
+        __m256 e = exp8(_mm256_loadu_ps(buf));
+        _mm256_storeu_ps(buf, e);
+        acc = _mm256_add_ps(acc, e);
+        for (size_t k = 0; k < rem; k++)
+            x[i + k] = buf[k];
+    }
+    float out[8];
+    _mm256_storeu_ps(out, acc);
+    return ((out[0] + out[1]) + (out[2] + out[3])) + ((out[4] + out[5]) + (out[6] + out[7]));
+}
+
 const gqa_kernels gqa_kernels_avx2 = {
     "avx2",
     quantize_avx2,
@@ -319,5 +369,6 @@ const gqa_kernels gqa_kernels_avx2 = {
     qk_gemm_avx2,
     sv_gemm_avx2,
     NULL,
+    exp_sum_avx2,
 };
 #endif

@@ -103,6 +103,9 @@ static inline float gqa_decode(const uint8_t *row, size_t k, int type, const flo
     }
 }
 
+/* exp(x) for the softmax kernels: exactly 0 below the float32 underflow knee. */
+#define GQA_EXP_MIN (-87.3f)
+
 /* One row of the exact quantizer (also the tail of the SIMD quantizers). */
 static inline void gqa_quantize_row_ref(const float *x, uint8_t *dst, size_t c0,
                                         size_t cols, int type, const float *s)

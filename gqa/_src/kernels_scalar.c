@@ -95,6 +95,17 @@ static void sv_gemm_scalar(size_t M, size_t N, size_t K, const float *A, size_t 
     }
 }
 
+static float exp_sum_scalar(float *x, size_t n, float m)
+{
+    float total = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float d = x[i] - m;
+        x[i] = d < GQA_EXP_MIN ? 0.0f : expf(d);
+        total += x[i];
+    }
+    return total;
+}
+
 const gqa_kernels gqa_kernels_scalar = {
     "scalar",
     quantize_scalar,
@@ -103,4 +114,5 @@ const gqa_kernels gqa_kernels_scalar = {
     qk_gemm_scalar,
     sv_gemm_scalar,
     NULL,
+    exp_sum_scalar,
 };

@@ -1,0 +1,111 @@
+"""The flash path (tiled online softmax; split-KV flash decoding) against the naive path,
+on every kernel path: within 1e-4 (INT8), 1e-3 (INT4), 1e-5 (float caches)."""
+import numpy as np
+import pytest
+
+import gqa
+from _cases import make_case
+
+TOL = {("PER_TENSOR", 8): 1e-4, ("PER_CHANNEL", 8): 1e-4, ("PER_TENSOR", 4): 1e-3,
+       ("PER_CHANNEL", 4): 1e-3, ("NONE", 0): 1e-5}
+MODES = list(TOL)
+MODE_IDS = ["s8pt", "s8pc", "s4pt", "s4pc", "float"]
+
+
+def flash_vs_naive(inp, a, tol, blocks=None, splits=None, threads=2):
+    with gqa.config(flash=False):
+        naive = gqa.group_query_attention(**inp, **a, num_threads=threads)
+    with gqa.config(flash=True, flash_blocks=blocks, decode_splits=splits):
+        flash = gqa.group_query_attention(**inp, **a, num_threads=threads)
+    assert np.array_equal(naive[1], flash[1]) and np.array_equal(naive[2], flash[2])
+    np.testing.assert_allclose(flash[0].astype(np.float64), naive[0].astype(np.float64), atol=tol, rtol=0)
+    return flash
+
+
+FEATURES = {
+    "plain": {}, "rotary": dict(rotary=True), "packed": dict(packed=True, rotary=True, interleaved=1),
+    "bias": dict(bias="full"), "bias_b1": dict(bias="b1"), "bias_n1": dict(bias="n1"),
+    "window5": dict(local_window_size=5), "window1": dict(local_window_size=1),
+    "window0": dict(local_window_size=0), "softcap": dict(softcap=0.4), "smooth": dict(smooth_softmax=1),
+    "sink": dict(sink=True), "scale": dict(scale=0.21), "noncausal": dict(causal=0),
+    "combo": dict(rotary=True, bias="n1", local_window_size=9, softcap=0.6, sink=True),
+}
+
+
+@pytest.mark.parametrize("mode,bits", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+@pytest.mark.parametrize("blocks", [(1, 1), (3, 17), (17, 3), None], ids=["b1x1", "b3x17", "b17x3", "auto"])
+def test_prefill_flash_matches_naive(kernel_path, mode, bits, feature, blocks):
+    inp, a = make_case(seed=17, B=2, S=23, past=0, ragged=[23, 14], N=8, Nkv=2, H=32, mode=mode,
+                       bits=bits or 8, **FEATURES[feature])
+    flash_vs_naive(inp, a, TOL[(mode, bits)], blocks=blocks)
+
+
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+@pytest.mark.parametrize("mode,bits", MODES, ids=MODE_IDS)
+def test_subsequent_prompt_groups(kernel_path, G, mode, bits):
+    inp, a = make_case(seed=G, B=1, S=9, past=30, N=8, Nkv=8 // G, H=64, mode=mode, bits=bits or 8,
+                       rotary=True, bias="both1")
+    flash_vs_naive(inp, a, TOL[(mode, bits)], blocks=(4, 16))
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7, 64])
+@pytest.mark.parametrize("mode,bits", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("feature", ["plain", "window5", "window0", "sink", "bias", "combo"])
+def test_flash_decoding_matches_naive(kernel_path, splits, mode, bits, feature):
+    inp, a = make_case(seed=splits, B=3, S=1, past=60, ragged=[3, 61, 40], N=4, Nkv=1, H=32,
+                       mode=mode, bits=bits or 8, **FEATURES[feature])
+    flash_vs_naive(inp, a, TOL[(mode, bits)], splits=splits)
+
+
+def test_fully_masked_rows_give_zero():
+    """W = 0 masks every key: output 0 on every path (and no NaN)."""
+    inp, a = make_case(seed=1, B=1, S=6, past=0, N=4, Nkv=2, H=16, local_window_size=0)
+    for flash in (False, True):
+        with gqa.config(flash=flash, flash_blocks=(2, 4)):
+            out = gqa.group_query_attention(**inp, **a)[0]
+        assert np.array_equal(out, np.zeros_like(out))
+
+
+def test_bias_minus_inf_rows():
+    """A bias of -inf on every attended key of a row: zeros on both paths, other rows finite."""
+    inp, a = make_case(seed=2, B=1, S=5, past=0, N=2, Nkv=1, H=16, bias="full")
+    inp["attention_bias"][0, 0, 3, :] = -np.inf
+    outs = []
+    for flash in (False, True):
+        with gqa.config(flash=flash, flash_blocks=(2, 2)):
+            outs.append(gqa.group_query_attention(**inp, **a)[0])
+    for out in outs:
+        assert np.array_equal(out[0, 3, :16], np.zeros(16, np.float32))
+        assert np.isfinite(out).all()
+    np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_flash_results_do_not_depend_on_threads(threads):
+    inp, a = make_case(seed=5, B=1, S=300, past=0, N=8, Nkv=2, H=64, mode="PER_TENSOR", bits=8, rotary=True)
+    one = gqa.group_query_attention(**inp, **a, num_threads=1)
+    other = gqa.group_query_attention(**inp, **a, num_threads=threads)
+    assert np.array_equal(one[0], other[0])
+    inp, a = make_case(seed=6, B=1, S=1, past=3000, N=4, Nkv=1, H=64, mode="PER_TENSOR", bits=4)
+    one = gqa.group_query_attention(**inp, **a, num_threads=1)
+    other = gqa.group_query_attention(**inp, **a, num_threads=threads)
+    assert np.array_equal(one[0], other[0])
+
+
+def test_flash_setting_and_env(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(gqa.__file__)))
+    assert gqa.get_config()["flash"] is True
+    with gqa.config(flash=False):
+        assert gqa.get_config()["flash"] is False
+    assert gqa.get_config()["flash"] is True
+    for var in ("GQA_DISABLE_FLASH_ATTENTION", "ORT_GQA_DISABLE_FLASH_ATTENTION"):
+        out = subprocess.run([sys.executable, "-c", "import gqa; print(gqa.get_config()['flash'])"],
+                             env=dict(env, **{var: "1"}), capture_output=True, text=True,
+                             cwd=str(tmp_path))
+        assert out.stdout.strip() == "False", out.stderr
+    with pytest.raises(ValueError, match="flash_blocks"):
+        gqa.config(flash_blocks=(0, 4))
