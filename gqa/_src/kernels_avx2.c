@@ -18,6 +18,9 @@
 #include "kernels_common.h"
 
 #define INLINE static inline __attribute__((always_inline))
+/* Unroll the loops over a register block before register allocation, so the
+   accumulator arrays below live in registers. */
+#define UNROLL _Pragma("GCC unroll 32")
 
 /* ---- quantize / dequantize --------------------------------------------- */
 
@@ -171,15 +174,18 @@ INLINE __m256 hsum8x8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m
 }
 
 INLINE void qk_block(const int MB, const int NB, size_t K, float mult, const float *A, size_t lda,
-                     const uint8_t *B, size_t rb, int type, const float *s, float *C, size_t ldc)
+                     const uint8_t *B, size_t rb, const int type, const float *s, float *C, size_t ldc)
 {
     __m256 acc[8];
+    UNROLL
     for (int i = 0; i < 8; i++)
         acc[i] = _mm256_setzero_ps();
     size_t k = 0;
     for (; k + 8 <= K; k += 8) {
+        UNROLL
         for (int nb = 0; nb < NB; nb++) {
             __m256 b = load8(B + nb * rb, k, type, s);
+            UNROLL
             for (int mb = 0; mb < MB; mb++)
                 acc[mb * NB + nb] = _mm256_fmadd_ps(_mm256_loadu_ps(A + mb * lda + k), b, acc[mb * NB + nb]);
         }
@@ -195,24 +201,36 @@ INLINE void qk_block(const int MB, const int NB, size_t K, float mult, const flo
         }
 }
 
-#define QK_INST(MB, NB)                                                                        \
-    static void qk_##MB##x##NB(size_t K, float mult, const float *A, size_t lda, const uint8_t *B, \
-                               size_t rb, int type, const float *s, float *C, size_t ldc)     \
-    {                                                                                          \
-        qk_block(MB, NB, K, mult, A, lda, B, rb, type, s, C, ldc);                             \
+/* One function per (element type, MB, NB): the type is a compile-time constant
+   inside each, so load8's switch disappears from the inner loop. */
+#define QK_INST(T, MB, NB)                                                                        \
+    static void qk_##T##_##MB##x##NB(size_t K, float mult, const float *A, size_t lda,            \
+                                     const uint8_t *B, size_t rb, const float *s, float *C,       \
+                                     size_t ldc)                                                  \
+    {                                                                                             \
+        qk_block(MB, NB, K, mult, A, lda, B, rb, T, s, C, ldc);                                   \
     }
-QK_INST(1, 8) QK_INST(1, 1) QK_INST(2, 4) QK_INST(2, 1) QK_INST(3, 2) QK_INST(3, 1)
-QK_INST(4, 2) QK_INST(4, 1) QK_INST(5, 1) QK_INST(6, 1) QK_INST(7, 1) QK_INST(8, 1)
+#define QK_TYPE(T)                                                                                \
+    QK_INST(T, 1, 8) QK_INST(T, 1, 1) QK_INST(T, 2, 4) QK_INST(T, 2, 1) QK_INST(T, 3, 2)          \
+    QK_INST(T, 3, 1) QK_INST(T, 4, 2) QK_INST(T, 4, 1) QK_INST(T, 5, 1) QK_INST(T, 6, 1)          \
+    QK_INST(T, 7, 1) QK_INST(T, 8, 1)                                                             \
+    static const qk_fn qk_wide_##T[9] = {0, qk_##T##_1x8, qk_##T##_2x4, qk_##T##_3x2,            \
+        qk_##T##_4x2, qk_##T##_5x1, qk_##T##_6x1, qk_##T##_7x1, qk_##T##_8x1};                    \
+    static const qk_fn qk_narrow_##T[9] = {0, qk_##T##_1x1, qk_##T##_2x1, qk_##T##_3x1,          \
+        qk_##T##_4x1, qk_##T##_5x1, qk_##T##_6x1, qk_##T##_7x1, qk_##T##_8x1};
 
-typedef void (*qk_fn)(size_t, float, const float *, size_t, const uint8_t *, size_t, int,
+typedef void (*qk_fn)(size_t, float, const float *, size_t, const uint8_t *, size_t,
                       const float *, float *, size_t);
+QK_TYPE(0) QK_TYPE(1) QK_TYPE(2) QK_TYPE(3) QK_TYPE(4) QK_TYPE(5)
+static const qk_fn *const qk_wide[6] = {qk_wide_0, qk_wide_1, qk_wide_2, qk_wide_3, qk_wide_4, qk_wide_5};
+static const qk_fn *const qk_narrow[6] = {qk_narrow_0, qk_narrow_1, qk_narrow_2, qk_narrow_3,
+                                          qk_narrow_4, qk_narrow_5};
 
 static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    static const qk_fn wide[9] = {0, qk_1x8, qk_2x4, qk_3x2, qk_4x2, qk_5x1, qk_6x1, qk_7x1, qk_8x1};
-    static const qk_fn narrow[9] = {0, qk_1x1, qk_2x1, qk_3x1, qk_4x1, qk_5x1, qk_6x1, qk_7x1, qk_8x1};
     static const int nbs[9] = {0, 8, 4, 2, 2, 1, 1, 1, 1};
+    const qk_fn *wide = qk_wide[type], *narrow = qk_narrow[type];
     const size_t rb = gqa_row_bytes(type, K);
     const float mult = alpha * post_scale(type, s);
     const uint8_t *Bb = (const uint8_t *)B;
@@ -222,59 +240,74 @@ static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float 
         float *c = C + m0 * ldc;
         size_t n = 0;
         for (; n + (size_t)nbs[mb] <= N; n += nbs[mb])
-            wide[mb](K, mult, a, lda, Bb + n * rb, rb, type, s, c + n, ldc);
+            wide[mb](K, mult, a, lda, Bb + n * rb, rb, s, c + n, ldc);
         for (; n < N; n++)
-            narrow[mb](K, mult, a, lda, Bb + n * rb, rb, type, s, c + n, ldc);
+            narrow[mb](K, mult, a, lda, Bb + n * rb, rb, s, c + n, ldc);
     }
 }
 
 /* ---- sv_gemm ------------------------------------------------------------ */
 
 INLINE void sv_block(const int MB, const int NV, size_t k0, size_t k1, const float *A, size_t lda,
-                     const uint8_t *B, size_t rb, size_t n0, int type, const float *s, float mult,
+                     const uint8_t *B, size_t rb, size_t n0, const int type, const float *s, float mult,
                      float *C, size_t ldc)
 {
     __m256 acc[12];
+    UNROLL
     for (int i = 0; i < MB * NV; i++)
         acc[i] = _mm256_setzero_ps();
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
         __m256 b[4];
+        UNROLL
         for (int v = 0; v < NV; v++)
             b[v] = load8(row, n0 + 8 * v, type, s);
+        UNROLL
         for (int mb = 0; mb < MB; mb++) {
             __m256 a = _mm256_broadcast_ss(A + mb * lda + k);
+            UNROLL
             for (int v = 0; v < NV; v++)
                 acc[mb * NV + v] = _mm256_fmadd_ps(a, b[v], acc[mb * NV + v]);
         }
     }
     const __m256 vm = _mm256_set1_ps(mult);
+    UNROLL
     for (int mb = 0; mb < MB; mb++)
+        UNROLL
         for (int v = 0; v < NV; v++) {
             float *c = C + mb * ldc + n0 + 8 * v;
             _mm256_storeu_ps(c, _mm256_fmadd_ps(acc[mb * NV + v], vm, _mm256_loadu_ps(c)));
         }
 }
 
-#define SV_INST(MB, NV)                                                                         \
-    static void sv_##MB##x##NV(size_t k0, size_t k1, const float *A, size_t lda, const uint8_t *B, \
-                               size_t rb, size_t n0, int type, const float *s, float mult,     \
-                               float *C, size_t ldc)                                           \
-    {                                                                                           \
-        sv_block(MB, NV, k0, k1, A, lda, B, rb, n0, type, s, mult, C, ldc);                     \
+#define SV_INST(T, MB, NV)                                                                        \
+    static void sv_##T##_##MB##x##NV(size_t k0, size_t k1, const float *A, size_t lda,            \
+                                     const uint8_t *B, size_t rb, size_t n0, const float *s,      \
+                                     float mult, float *C, size_t ldc)                            \
+    {                                                                                             \
+        sv_block(MB, NV, k0, k1, A, lda, B, rb, n0, T, s, mult, C, ldc);                          \
     }
-SV_INST(1, 4) SV_INST(1, 1) SV_INST(2, 4) SV_INST(2, 1) SV_INST(3, 3) SV_INST(3, 1)
-SV_INST(4, 3) SV_INST(4, 1) SV_INST(5, 2) SV_INST(5, 1) SV_INST(6, 2) SV_INST(6, 1)
+#define SV_TYPE(T)                                                                                \
+    SV_INST(T, 1, 4) SV_INST(T, 1, 1) SV_INST(T, 2, 4) SV_INST(T, 2, 1) SV_INST(T, 3, 3)          \
+    SV_INST(T, 3, 1) SV_INST(T, 4, 3) SV_INST(T, 4, 1) SV_INST(T, 5, 2) SV_INST(T, 5, 1)          \
+    SV_INST(T, 6, 2) SV_INST(T, 6, 1)                                                             \
+    static const sv_fn sv_wide_##T[7] = {0, sv_##T##_1x4, sv_##T##_2x4, sv_##T##_3x3,            \
+        sv_##T##_4x3, sv_##T##_5x2, sv_##T##_6x2};                                                \
+    static const sv_fn sv_narrow_##T[7] = {0, sv_##T##_1x1, sv_##T##_2x1, sv_##T##_3x1,          \
+        sv_##T##_4x1, sv_##T##_5x1, sv_##T##_6x1};
 
-typedef void (*sv_fn)(size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t, int,
+typedef void (*sv_fn)(size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t,
                       const float *, float, float *, size_t);
+SV_TYPE(0) SV_TYPE(1) SV_TYPE(2) SV_TYPE(3) SV_TYPE(4) SV_TYPE(5)
+static const sv_fn *const sv_wide[6] = {sv_wide_0, sv_wide_1, sv_wide_2, sv_wide_3, sv_wide_4, sv_wide_5};
+static const sv_fn *const sv_narrow[6] = {sv_narrow_0, sv_narrow_1, sv_narrow_2, sv_narrow_3,
+                                          sv_narrow_4, sv_narrow_5};
 
 static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                          int type, const float *s, float *C, size_t ldc, float beta)
 {
-    static const sv_fn wide[7] = {0, sv_1x4, sv_2x4, sv_3x3, sv_4x3, sv_5x2, sv_6x2};
-    static const sv_fn narrow[7] = {0, sv_1x1, sv_2x1, sv_3x1, sv_4x1, sv_5x1, sv_6x1};
     static const int nvs[7] = {0, 4, 4, 3, 3, 2, 2};
+    const sv_fn *wide = sv_wide[type], *narrow = sv_narrow[type];
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
     const float mult = post_scale(type, s);
@@ -286,7 +319,9 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             for (size_t n = 0; n < N; n++)
                 c[n] *= beta;
     }
-    size_t kc = 16384 / (rb ? rb : 1);
+    /* Codes: key chunks of ~16 KiB stay in L1 while every column block reads them.
+       Float rows (flash tiles, already cache-resident): one pass, no C reloads. */
+    size_t kc = GQA_IS_QUANT(type) ? 16384 / (rb ? rb : 1) : K;
     kc = kc < 16 ? 16 : kc;
     const size_t nfull = N & ~(size_t)7;
     for (size_t k0 = 0; k0 < K; k0 += kc) {
@@ -297,9 +332,9 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             float *c = C + m0 * ldc;
             size_t n = 0, step = 8 * (size_t)nvs[mb];
             for (; n + step <= nfull; n += step)
-                wide[mb](k0, k1, a, lda, Bb, rb, n, type, s, mult, c, ldc);
+                wide[mb](k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
             for (; n < nfull; n += 8)
-                narrow[mb](k0, k1, a, lda, Bb, rb, n, type, s, mult, c, ldc);
+                narrow[mb](k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
         }
         for (size_t n = nfull; n < N; n++)
             for (size_t m = 0; m < M; m++) {
