@@ -143,23 +143,55 @@ static void dequantize_avx2(const void *src, float *dst, size_t ldd, size_t rows
     }
 }
 
+/* 8x8 transpose of r[0..7] in place. */
+INLINE void transpose8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* Transposed dequantize in 8 x 8 register blocks (rows r..r+7, columns c..c+7);
+   the ragged edges element by element. */
 static void dequantize_t_avx2(const void *src, float *dst, size_t ldd, size_t rows,
                               size_t cols, int type, const float *s)
 {
-    size_t rb = gqa_row_bytes(type, cols);
+    const size_t rb = gqa_row_bytes(type, cols);
     const __m256 vps = _mm256_set1_ps(post_scale(type, s));
-    float tmp[8];
-    for (size_t r = 0; r < rows; r++) {
-        const uint8_t *row = (const uint8_t *)src + r * rb;
-        size_t c = 0;
-        for (; c + 8 <= cols; c += 8) {
-            _mm256_storeu_ps(tmp, _mm256_mul_ps(load8(row, c, type, s), vps));
+    const uint8_t *B = (const uint8_t *)src;
+    const size_t rfull = rows & ~(size_t)7, cfull = cols & ~(size_t)7;
+    /* column blocks outer: each pass fills 8 destination rows front to back */
+    for (size_t c = 0; c < cfull; c += 8) {
+        for (size_t r = 0; r < rfull; r += 8) {
+            __m256 v[8];
+            UNROLL
             for (int i = 0; i < 8; i++)
-                dst[(c + i) * ldd + r] = tmp[i];
+                v[i] = _mm256_mul_ps(load8(B + (r + i) * rb, c, type, s), vps);
+            transpose8(v);
+            UNROLL
+            for (int i = 0; i < 8; i++)
+                _mm256_storeu_ps(dst + (c + i) * ldd + r, v[i]);
         }
-        for (; c < cols; c++)
-            dst[c * ldd + r] = gqa_decode(row, c, type, s);
     }
+    for (size_t r = 0; r < rfull; r++)
+        for (size_t c = cfull; c < cols; c++)
+            dst[c * ldd + r] = gqa_decode(B + r * rb, c, type, s);
+    for (size_t r = rfull; r < rows; r++)
+        for (size_t c = 0; c < cols; c++)
+            dst[c * ldd + r] = gqa_decode(B + r * rb, c, type, s);
 }
 
 /* ---- qk_gemm ------------------------------------------------------------ */
