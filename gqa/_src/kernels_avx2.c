@@ -205,42 +205,55 @@ INLINE __m256 hsum8x8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m
     return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
-INLINE void qk_block(const int MB, const int NB, size_t K, float mult, const float *A, size_t lda,
-                     const uint8_t *B, size_t rb, const int type, const float *s, float *C, size_t ldc)
+/* Rows n0 .. n1-1 of B (n1 - n0 a multiple of NB) against MB rows of A, NB rows at
+   a time.  The loop over B rows lives here, not in the caller, so one block's
+   reduction overlaps the next block's loads. */
+INLINE void qk_block(const int MB, const int NB, size_t n0, size_t n1, size_t K, float mult,
+                     const float *A, size_t lda, const uint8_t *B, size_t rb, const int type,
+                     const float *s, float *C, size_t ldc)
 {
-    __m256 acc[8];
-    UNROLL
-    for (int i = 0; i < 8; i++)
-        acc[i] = _mm256_setzero_ps();
-    size_t k = 0;
-    for (; k + 8 <= K; k += 8) {
+    const size_t kfull = K & ~(size_t)7;
+    for (size_t n = n0; n < n1; n += NB) {
+        const uint8_t *Bn = B + n * rb;
+        __m256 acc[8];
         UNROLL
-        for (int nb = 0; nb < NB; nb++) {
-            __m256 b = load8(B + nb * rb, k, type, s);
+        for (int i = 0; i < 8; i++)
+            acc[i] = _mm256_setzero_ps();
+        for (size_t k = 0; k < kfull; k += 8) {
+            __m256 a[8];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
-                acc[mb * NB + nb] = _mm256_fmadd_ps(_mm256_loadu_ps(A + mb * lda + k), b, acc[mb * NB + nb]);
+                a[mb] = _mm256_loadu_ps(A + mb * lda + k);
+            UNROLL
+            for (int nb = 0; nb < NB; nb++) {
+                __m256 b = load8(Bn + nb * rb, k, type, s);
+                UNROLL
+                for (int mb = 0; mb < MB; mb++)
+                    acc[mb * NB + nb] = _mm256_fmadd_ps(a[mb], b, acc[mb * NB + nb]);
+            }
         }
+        float out[8];
+        _mm256_storeu_ps(out, hsum8x8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
+        UNROLL
+        for (int mb = 0; mb < MB; mb++)
+            UNROLL
+            for (int nb = 0; nb < NB; nb++) {
+                float v = out[mb * NB + nb];
+                for (size_t kk = kfull; kk < K; kk++)
+                    v += A[mb * lda + kk] * decode_unscaled(Bn + nb * rb, kk, type, s);
+                C[mb * ldc + n + nb] = v * mult;
+            }
     }
-    float out[8];
-    _mm256_storeu_ps(out, hsum8x8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
-    for (int mb = 0; mb < MB; mb++)
-        for (int nb = 0; nb < NB; nb++) {
-            float v = out[mb * NB + nb];
-            for (size_t kk = k; kk < K; kk++)
-                v += A[mb * lda + kk] * decode_unscaled(B + nb * rb, kk, type, s);
-            C[mb * ldc + nb] = v * mult;
-        }
 }
 
 /* One function per (element type, MB, NB): the type is a compile-time constant
    inside each, so load8's switch disappears from the inner loop. */
 #define QK_INST(T, MB, NB)                                                                        \
-    static void qk_##T##_##MB##x##NB(size_t K, float mult, const float *A, size_t lda,            \
-                                     const uint8_t *B, size_t rb, const float *s, float *C,       \
-                                     size_t ldc)                                                  \
+    static void qk_##T##_##MB##x##NB(size_t n0, size_t n1, size_t K, float mult, const float *A,  \
+                                     size_t lda, const uint8_t *B, size_t rb, const float *s,     \
+                                     float *C, size_t ldc)                                        \
     {                                                                                             \
-        qk_block(MB, NB, K, mult, A, lda, B, rb, T, s, C, ldc);                                   \
+        qk_block(MB, NB, n0, n1, K, mult, A, lda, B, rb, T, s, C, ldc);                           \
     }
 #define QK_TYPE(T)                                                                                \
     QK_INST(T, 1, 8) QK_INST(T, 1, 1) QK_INST(T, 2, 4) QK_INST(T, 2, 1) QK_INST(T, 3, 2)          \
@@ -251,7 +264,7 @@ INLINE void qk_block(const int MB, const int NB, size_t K, float mult, const flo
     static const qk_fn qk_narrow_##T[9] = {0, qk_##T##_1x1, qk_##T##_2x1, qk_##T##_3x1,          \
         qk_##T##_4x1, qk_##T##_5x1, qk_##T##_6x1, qk_##T##_7x1, qk_##T##_8x1};
 
-typedef void (*qk_fn)(size_t, float, const float *, size_t, const uint8_t *, size_t,
+typedef void (*qk_fn)(size_t, size_t, size_t, float, const float *, size_t, const uint8_t *, size_t,
                       const float *, float *, size_t);
 QK_TYPE(0) QK_TYPE(1) QK_TYPE(2) QK_TYPE(3) QK_TYPE(4) QK_TYPE(5)
 static const qk_fn *const qk_wide[6] = {qk_wide_0, qk_wide_1, qk_wide_2, qk_wide_3, qk_wide_4, qk_wide_5};
@@ -270,11 +283,9 @@ static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float 
         int mb = (int)(M - m0 < 8 ? M - m0 : 8);
         const float *a = A + m0 * lda;
         float *c = C + m0 * ldc;
-        size_t n = 0;
-        for (; n + (size_t)nbs[mb] <= N; n += nbs[mb])
-            wide[mb](K, mult, a, lda, Bb + n * rb, rb, s, c + n, ldc);
-        for (; n < N; n++)
-            narrow[mb](K, mult, a, lda, Bb + n * rb, rb, s, c + n, ldc);
+        size_t nw = N - N % (size_t)nbs[mb];
+        wide[mb](0, nw, K, mult, a, lda, Bb, rb, s, c, ldc);
+        narrow[mb](nw, N, K, mult, a, lda, Bb, rb, s, c, ldc);
     }
 }
 
