@@ -86,3 +86,63 @@ class Prefill:
 
     def time_prefill(self, path, mode, S):
         self.op(*self.args, **self.kw)
+
+
+class PrefillMemory:
+    """Peak memory of a first prompt S = T = 4096 (INT8, in place): flash against naive."""
+    params = (["flash", "naive"],)
+    param_names = ["attention"]
+    timeout = 300
+
+    def setup(self, attention):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        self.op, self.args, self.kw = _case("s8_pt", 4096, 4096, 4096)
+
+    def peakmem_prefill(self, attention):
+        with gqa.config(flash=attention == "flash"):
+            self.op(*self.args, **self.kw)
+
+
+class Accuracy:
+    """Max abs error of the quantized operator against a float32-cache run of the same
+    inputs (decode, T = 2048): tracks accuracy drift of the kernels."""
+    params = (PATHS, ["s8_pt", "s4_pt", "s8_pc"])
+    param_names = ["path", "mode"]
+
+    def setup(self, path, mode):
+        _skip_unless_runnable(path)
+
+    track_max_abs_error_vs_float_unit = "abs"
+
+    def track_max_abs_error_vs_float(self, path, mode):
+        kq, vq, bits = MODES[mode]
+        T = 2048
+        rng = np.random.default_rng(1)
+        kf = rng.uniform(-1, 1, (1, NKV, T, H)).astype(np.float32)
+        vf = rng.uniform(-1, 1, (1, NKV, T, H)).astype(np.float32)
+        q = rng.uniform(-1, 1, (1, 1, N * H)).astype(np.float32)
+        k = rng.uniform(-1, 1, (1, 1, NKV * H)).astype(np.float32)
+        v = rng.uniform(-1, 1, (1, 1, NKV * H)).astype(np.float32)
+        qmax = 127 if bits == 8 else 7
+
+        def calibrate(x, qtype):  # amax / qmax, per (KV head, channel) or per tensor
+            if qtype == "PER_CHANNEL":
+                return (np.abs(x).max(axis=(0, 2)).reshape(-1) / qmax).astype(np.float32)
+            return np.array([np.abs(x).max() / qmax], np.float32)
+
+        def quantize(x, scale):  # [1, Nkv, T, H] with 1 or Nkv*H scales
+            if scale.size == 1:
+                return gqa.quantize(x, scale, bits=bits)
+            return np.stack([gqa.quantize(x[:, j], scale[j * H:(j + 1) * H], bits=bits)
+                             for j in range(NKV)], axis=1)
+
+        sk, sv = calibrate(kf, kq), calibrate(vf, vq)
+        with gqa.config(kernel=path):
+            kc, vc = quantize(kf, sk), quantize(vf, sv)
+            seq = np.array([T - 1], np.int32)
+            ref = gqa.group_query_attention(q, k, v, kf, vf, seq, T, num_heads=N, kv_num_heads=NKV)[0]
+            out = gqa.group_query_attention(q, k, v, kc, vc, seq, T, k_scale=sk, v_scale=sv,
+                                            num_heads=N, kv_num_heads=NKV, k_quant_type=kq,
+                                            v_quant_type=vq, kv_cache_bit_width=bits)[0]
+        return float(np.abs(out - ref).max())
