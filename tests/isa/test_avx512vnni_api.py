@@ -15,8 +15,9 @@ import pytest
 import gqa
 from gqa import _dispatch
 
-pytestmark = pytest.mark.skipif(not _dispatch.approx_vnni_runnable(),
-                                reason="CPU has no AVX-512 VNNI (emulated run: test_isa.py)")
+if not _dispatch.approx_vnni_runnable():
+    pytest.skip("this CPU (or build) cannot run the AVX-512 VNNI kernel; "
+                "test_isa.py[avx512vnni-emulated] covers it", allow_module_level=True)
 
 F32 = np.float32
 U = 2.0 ** -24  # float32 unit roundoff
