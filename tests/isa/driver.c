@@ -23,7 +23,8 @@
  *   approx.*        the approximate INT8 QK kernel: bit for bit against the
  *                   contract (oracle below), the integer dot read back exactly,
  *                   the error bound against the exact scalar path, edge rows.
- * Widths 1..33, 63, 64, 65, 127, 128, 129, 256; M 1..9 and 16.
+ * Widths 1..33, 63, 64, 65, 127, 128, 129, 256 (and K = 0); M 1..9 and 16;
+ * sv_gemm keys 0, 1, 7, 29, 300.
  * The last line is "driver <path>: <n> checks, <f> failed" and the exit
  * status is 1 when anything failed.
  */
@@ -226,8 +227,9 @@ static void check_quantize(void)
                 size_t i = 0;
                 while (i < rows * rb + 64 && got[i] == want[i])
                     i++;
-                expect(i == rows * rb + 64, "%s cols=%zu scale#%d byte %zu (row %zu): got 0x%02x want 0x%02x%s",
-                       TYPE_NAMES[type], cols, variant, i, i / rb, got[i], want[i],
+                const int ok = i == rows * rb + 64;
+                expect(ok, "%s cols=%zu scale#%d byte %zu (row %zu): got 0x%02x want 0x%02x%s", TYPE_NAMES[type],
+                       cols, variant, i, i / rb, ok ? 0 : got[i], ok ? 0 : want[i],
                        i >= rows * rb ? " (past the rows)" : "");
                 free(s), free(x), free(got), free(want);
             }
@@ -276,12 +278,12 @@ static void check_qk(void)
     long split_cases = 0, split_fails = 0;
     begin("qk_gemm");
     for (int type = 0; type < 6; type++)
-        for (size_t w = 0; w < NW; w++)
+        for (size_t w = 0; w <= NW; w++) /* w == NW: K = 0 (C zero-filled) */
             for (size_t mi = 0; mi < NM; mi++) {
-                const size_t K = WIDTHS[w], M = MS[mi], N = 37, lda = K + 3, ldc = N + 4;
+                const size_t K = w < NW ? WIDTHS[w] : 0, M = MS[mi], N = 37, lda = K + 3, ldc = N + 4;
                 const size_t rb = gqa_row_bytes(type, K);
                 const float alpha = mi & 1 ? -0.37f : 0.125f;
-                float *s = xmalloc(K * sizeof(float)), *A = xmalloc(M * lda * 4);
+                float *s = xmalloc((K + 1) * sizeof(float)), *A = xmalloc(M * lda * 4);
                 float *got = xmalloc(M * ldc * 4), *want = xmalloc(M * ldc * 4), *piece = xmalloc(M * ldc * 4);
                 uint8_t *B = xmalloc(N * rb);
                 make_scales(s, type, K, (int)mi % 2);
@@ -340,14 +342,14 @@ static void check_qk(void)
 
 static void check_sv(void)
 {
-    static const size_t KS[] = {1, 7, 29, 300};
+    static const size_t KS[] = {0, 1, 7, 29, 300}; /* 300 crosses every type's key chunk */
     static const float BETAS[] = {0.0f, 1.0f, 0.5f};
     long split_cases = 0, split_fails = 0;
     begin("sv_gemm");
     for (int type = 0; type < 6; type++)
         for (size_t w = 0; w < NW; w++)
             for (size_t mi = 0; mi < NM; mi++)
-                for (size_t ki = 0; ki < 4; ki++) {
+                for (size_t ki = 0; ki < sizeof(KS) / sizeof(KS[0]); ki++) {
                     const size_t N = WIDTHS[w], M = MS[mi], K = KS[ki], lda = K + 2, ldc = N + 3;
                     const size_t rb = gqa_row_bytes(type, N);
                     const float beta = BETAS[(mi + ki) % 3];
