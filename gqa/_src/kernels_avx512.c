@@ -1,8 +1,10 @@
 /*
  * kernels_avx512.c -- path `avx512`.  ISA flags: -mavx512f -mavx512bw -mavx512dq
- * -mavx512vl -mavx2 -mfma -mf16c.  The approximate QK kernel alone (and the one
- * helper that issues vpdpbusd) carries __attribute__((target("avx512vnni,...")));
- * the TU is never compiled with -mavx512vnni, so no other code can emit VNNI.
+ * -mavx512vl -mavx2 -mfma -mf16c.  Only the approximate QK kernel and its
+ * block helpers (approx_block, ap_*: the code that issues vpdpbusd) carry
+ * __attribute__((target("avx512vnni,..."))); the TU is never compiled with
+ * -mavx512vnni, so nothing else can emit VNNI (dispatch.c calls the kernel
+ * only where the CPU has it, see gqa_approx_vnni_runnable).
  *
  * Same operations and layouts as gqa_kernels.h, 16 float32 lanes at a time;
  * tails use AVX-512 masked loads/stores (masked-off lanes read as 0).
