@@ -118,6 +118,8 @@ class BuildExt(build_ext):
             ext.extra_link_args += omp_link + link_extra
             if ext.name == "gqa._dispatch":
                 ext.extra_objects = objects
+                # relink when only a kernel TU changed (build_ext checks sources + depends)
+                ext.depends = list(ext.depends) + objects
                 ext.define_macros += [("GQA_HAVE_" + p.upper(), "1") for p in compiled[1:]]
                 ext.define_macros.append(("GQA_COMPILED_PATHS", '"' + ",".join(compiled) + '"'))
                 if unix:

@@ -1,0 +1,444 @@
+/*
+ * kernels_neon.c -- path `neon` (aarch64).  ISA flags: none (Advanced SIMD is
+ * part of the aarch64 baseline); the whole file is empty elsewhere.
+ *
+ * Same operations and layouts as gqa_kernels.h, 4 float32 lanes per vector,
+ * elements taken 8 at a time (one pair of vectors):
+ *  - quantize: x * (1/s), round-to-nearest-even (vrndnq), clamp by compare
+ *    and select so that NaN -> hi (NEON fmin/fmax would keep the NaN);
+ *    identical codes to the scalar path.  INT4: nibbles q+8 paired inside
+ *    32-bit lanes and narrowed; the row tail (and an odd width's pad nibble 8)
+ *    goes through the scalar reference.
+ *  - dequantize: code * s, one rounding, bit-identical to the scalar path.
+ *  - qk_gemm: register blocks of MB (<= 8) rows of A x NB rows of B.  Each
+ *    8-element B chunk is converted to float once and used for every row of
+ *    the block.  Per-tensor INT8/INT4 defer the scale: (alpha * s) * sum(a * q).
+ *    The K tail is one more step of the same loop on zero-padded copies, and
+ *    every accumulator is reduced by vaddvq ((l0 + l1) + (l2 + l3)), so C[m,n]
+ *    depends only on row m of A, row n of B and K -- never on M, N or blocking.
+ *  - sv_gemm: blocks of MB (<= 8) rows of C x NV * 8 columns; the last partial
+ *    8-column chunk runs the same lane operations on zero-padded copies.
+ *    Keys go in chunks of a fixed KC per type (16 KiB of B at a head size of
+ *    128), so a chunk stays in L1 while every column block reads it and a
+ *    column's value never depends on N or M.  beta 0 overwrites C (NaN in C
+ *    ignored), beta 1 accumulates, any other beta scales C first.
+ *  - qk_gemm_s8_approx: none (the approximate kernel is AVX-512 VNNI only).
+ * Packed rows have no alignment: every load and store goes through bytes.
+ */
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include "kernels_common.h"
+
+#define INLINE static inline __attribute__((always_inline))
+/* Fully unroll the loops over a register block early, so the accumulator
+   arrays live in registers. */
+#define UNROLL _Pragma("GCC unroll 32")
+
+typedef struct {
+    float32x4_t lo, hi;
+} f32x8;
+
+static inline float post_scale(int type, const float *s)
+{
+    return (type == GQA_S8_PT || type == GQA_S4_PT) ? s[0] : 1.0f;
+}
+
+/* Element k without the per-tensor scale (what load8 gives for lane k). */
+static inline float decode_unscaled(const uint8_t *row, size_t k, int type, const float *s)
+{
+    static const float one = 1.0f;
+    return (type == GQA_S8_PT || type == GQA_S4_PT) ? gqa_decode(row, k, type, &one)
+                                                    : gqa_decode(row, k, type, s);
+}
+
+/* ---- quantize ------------------------------------------------------------ */
+
+INLINE int32x4_t quant4(float32x4_t x, float32x4_t inv, float32x4_t lo, float32x4_t hi)
+{
+    float32x4_t q = vrndnq_f32(vmulq_f32(x, inv));
+    q = vbslq_f32(vcltq_f32(q, hi), q, hi); /* NaN fails q < hi -> hi */
+    q = vbslq_f32(vcgtq_f32(q, lo), q, lo);
+    return vcvtq_s32_f32(q); /* q is integral: exact */
+}
+
+INLINE float32x4_t inv_scale4(const float *s)
+{
+    float32x4_t v = vld1q_f32(s);
+    float32x4_t one = vdupq_n_f32(1.0f);
+    return vbslq_f32(vceqq_f32(v, vdupq_n_f32(0.0f)), one, vdivq_f32(one, v));
+}
+
+static void quantize_neon(const float *src, size_t lda, void *dst, size_t rows, size_t cols, int type,
+                          const float *s)
+{
+    const size_t rb = gqa_row_bytes(type, cols);
+    if (!GQA_IS_QUANT(type)) {
+        for (size_t r = 0; r < rows; r++) {
+            const float *x = src + r * lda;
+            uint8_t *d = (uint8_t *)dst + r * rb;
+            size_t c = 0;
+            if (type == GQA_F16)
+                for (; c + 4 <= cols; c += 4)
+                    vst1_u8(d + 2 * c, vreinterpret_u8_f16(vcvt_f16_f32(vld1q_f32(x + c))));
+            gqa_quantize_row_ref(x, d, c, cols, type, s);
+        }
+        return;
+    }
+    const int s4 = GQA_IS_S4(type), pc = GQA_IS_PC(type);
+    const float32x4_t lo = vdupq_n_f32(s4 ? -8.0f : -128.0f), hi = vdupq_n_f32(s4 ? 7.0f : 127.0f);
+    const float32x4_t inv_pt = vdupq_n_f32(gqa_inv_scale(s[0]));
+    for (size_t r = 0; r < rows; r++) {
+        const float *x = src + r * lda;
+        uint8_t *d = (uint8_t *)dst + r * rb;
+        size_t c = 0;
+        for (; c + 8 <= cols; c += 8) {
+            int32x4_t q0 = quant4(vld1q_f32(x + c), pc ? inv_scale4(s + c) : inv_pt, lo, hi);
+            int32x4_t q1 = quant4(vld1q_f32(x + c + 4), pc ? inv_scale4(s + c + 4) : inv_pt, lo, hi);
+            int16x8_t q16 = vcombine_s16(vmovn_s32(q0), vmovn_s32(q1)); /* in range: exact */
+            if (!s4) {
+                vst1_s8((int8_t *)(d + c), vmovn_s16(q16));
+            } else {
+                /* nibble n = q + 8; 32-bit lane i = n[2i] | n[2i+1] << 16, and
+                   its low byte after n | n >> 12 is n[2i] | n[2i+1] << 4. */
+                uint32x4_t n = vreinterpretq_u32_s16(vaddq_s16(q16, vdupq_n_s16(8)));
+                uint32x4_t b = vorrq_u32(n, vshrq_n_u32(n, 12));
+                uint8x8_t bytes = vmovn_u16(vcombine_u16(vmovn_u32(b), vdup_n_u16(0)));
+                uint32_t w = vget_lane_u32(vreinterpret_u32_u8(bytes), 0);
+                memcpy(d + c / 2, &w, 4);
+            }
+        }
+        gqa_quantize_row_ref(x, d, c, cols, type, s);
+    }
+}
+
+/* ---- element loads --------------------------------------------------------- */
+
+/* Elements [k, k + 8) of a packed row as float32 (k % 8 == 0): scaled for
+   per-channel types, unscaled codes for per-tensor ones (see post_scale). */
+INLINE f32x8 load8(const uint8_t *row, size_t k, const int type, const float *s)
+{
+    f32x8 r;
+    switch (type) {
+    case GQA_S8_PT:
+    case GQA_S8_PC: {
+        int16x8_t v = vmovl_s8(vreinterpret_s8_u8(vld1_u8(row + k)));
+        r.lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(v)));
+        r.hi = vcvtq_f32_s32(vmovl_high_s16(v));
+        break;
+    }
+    case GQA_S4_PT:
+    case GQA_S4_PC: {
+        uint32_t w;
+        memcpy(&w, row + k / 2, 4);
+        uint8x8_t v = vreinterpret_u8_u32(vdup_n_u32(w));
+        uint8x8_t e = vzip1_u8(vand_u8(v, vdup_n_u8(0x0F)), vshr_n_u8(v, 4)); /* n0 n1 ... n7 */
+        int16x8_t n = vsubq_s16(vreinterpretq_s16_u16(vmovl_u8(e)), vdupq_n_s16(8));
+        r.lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(n)));
+        r.hi = vcvtq_f32_s32(vmovl_high_s16(n));
+        break;
+    }
+    case GQA_F32:
+        r.lo = vreinterpretq_f32_u8(vld1q_u8(row + 4 * k));
+        r.hi = vreinterpretq_f32_u8(vld1q_u8(row + 4 * k + 16));
+        return r;
+    default:
+        r.lo = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(row + 2 * k)));
+        r.hi = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(row + 2 * k + 8)));
+        return r;
+    }
+    if (type == GQA_S8_PC || type == GQA_S4_PC) {
+        r.lo = vmulq_f32(r.lo, vld1q_f32(s + k));
+        r.hi = vmulq_f32(r.hi, vld1q_f32(s + k + 4));
+    }
+    return r;
+}
+
+/* Elements [k, k + n) (n < 8) decoded like load8, zero past n. */
+static f32x8 load8_tail(const uint8_t *row, size_t k, size_t n, int type, const float *s)
+{
+    float t[8] = {0};
+    for (size_t i = 0; i < n; i++)
+        t[i] = decode_unscaled(row, k + i, type, s);
+    f32x8 r = {vld1q_f32(t), vld1q_f32(t + 4)};
+    return r;
+}
+
+/* ---- dequantize ------------------------------------------------------------ */
+
+INLINE void dequant_row(const uint8_t *row, float *d, size_t cols, const int type, const float *s)
+{
+    const float32x4_t vps = vdupq_n_f32(post_scale(type, s));
+    const int pt = type == GQA_S8_PT || type == GQA_S4_PT;
+    size_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        f32x8 v = load8(row, c, type, s);
+        vst1q_f32(d + c, pt ? vmulq_f32(v.lo, vps) : v.lo);
+        vst1q_f32(d + c + 4, pt ? vmulq_f32(v.hi, vps) : v.hi);
+    }
+    for (; c < cols; c++)
+        d[c] = gqa_decode(row, c, type, s);
+}
+
+#define DEQ_INST(T) \
+    static void deq_row_##T(const uint8_t *row, float *d, size_t cols, const float *s) \
+    {                                                                              \
+        dequant_row(row, d, cols, T, s);                                           \
+    }
+DEQ_INST(GQA_S8_PT) DEQ_INST(GQA_S8_PC) DEQ_INST(GQA_S4_PT) DEQ_INST(GQA_S4_PC) DEQ_INST(GQA_F32)
+DEQ_INST(GQA_F16)
+
+typedef void (*deq_fn)(const uint8_t *, float *, size_t, const float *);
+static const deq_fn deq_rows[6] = {deq_row_GQA_S8_PT, deq_row_GQA_S8_PC, deq_row_GQA_S4_PT,
+                                   deq_row_GQA_S4_PC, deq_row_GQA_F32, deq_row_GQA_F16};
+
+static void dequantize_neon(const void *src, float *dst, size_t ldd, size_t rows, size_t cols, int type,
+                            const float *s)
+{
+    const size_t rb = gqa_row_bytes(type, cols);
+    for (size_t r = 0; r < rows; r++)
+        deq_rows[type]((const uint8_t *)src + r * rb, dst + r * ldd, cols, s);
+}
+
+static void dequantize_t_neon(const void *src, float *dst, size_t ldd, size_t rows, size_t cols, int type,
+                              const float *s)
+{
+    const size_t rb = gqa_row_bytes(type, cols);
+    float tmp[256];
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)src + r * rb;
+        for (size_t c0 = 0; c0 < cols; c0 += 256) {
+            size_t nc = cols - c0 < 256 ? cols - c0 : 256;
+            deq_rows[type](row + gqa_row_bytes(type, c0), tmp, nc, GQA_IS_PC(type) ? s + c0 : s);
+            for (size_t c = 0; c < nc; c++)
+                dst[(c0 + c) * ldd + r] = tmp[c];
+        }
+    }
+}
+
+/* ---- qk_gemm ----------------------------------------------------------------- */
+
+/* C[mb, nb] = mult * sum_k A[mb, k] * B[nb, k] for an MB x NB block. */
+INLINE void qk_block(const int MB, const int NB, const int type, size_t K, float mult, const float *A,
+                     size_t lda, const uint8_t *B, size_t rb, const float *s, float *C, size_t ldc)
+{
+    float32x4_t acc[16];
+    UNROLL
+    for (int i = 0; i < MB * NB; i++)
+        acc[i] = vdupq_n_f32(0.0f);
+    size_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        UNROLL
+        for (int nb = 0; nb < NB; nb++) {
+            f32x8 b = load8(B + nb * rb, k, type, s);
+            UNROLL
+            for (int mb = 0; mb < MB; mb++) {
+                acc[mb * NB + nb] = vfmaq_f32(acc[mb * NB + nb], vld1q_f32(A + mb * lda + k), b.lo);
+                acc[mb * NB + nb] = vfmaq_f32(acc[mb * NB + nb], vld1q_f32(A + mb * lda + k + 4), b.hi);
+            }
+        }
+    }
+    if (k < K) { /* same step on zero-padded copies: the extra lanes add +-0 */
+        const size_t n = K - k;
+        float at[8 * 8] = {0};
+        for (int mb = 0; mb < MB; mb++)
+            memcpy(at + 8 * mb, A + mb * lda + k, n * sizeof(float));
+        for (int nb = 0; nb < NB; nb++) {
+            f32x8 b = load8_tail(B + nb * rb, k, n, type, s);
+            for (int mb = 0; mb < MB; mb++) {
+                acc[mb * NB + nb] = vfmaq_f32(acc[mb * NB + nb], vld1q_f32(at + 8 * mb), b.lo);
+                acc[mb * NB + nb] = vfmaq_f32(acc[mb * NB + nb], vld1q_f32(at + 8 * mb + 4), b.hi);
+            }
+        }
+    }
+    UNROLL
+    for (int mb = 0; mb < MB; mb++)
+        UNROLL
+        for (int nb = 0; nb < NB; nb++)
+            C[mb * ldc + nb] = vaddvq_f32(acc[mb * NB + nb]) * mult;
+}
+
+/* Block shapes by rows of A: (1,8) (2,8) (3,4) (4,4) (5,2) (6,2) (7,2) (8,2);
+   the last N % NB rows of B go one at a time (1 x 1, row by row of A). */
+#define QK_INST(T, MB, NB)                                                                         \
+    static void qk_##T##_##MB##x##NB(size_t K, float mult, const float *A, size_t lda,             \
+                                     const uint8_t *B, size_t rb, const float *s, float *C,        \
+                                     size_t ldc)                                                   \
+    {                                                                                              \
+        qk_block(MB, NB, T, K, mult, A, lda, B, rb, s, C, ldc);                                    \
+    }
+#define QK_TYPE(T)                                                                                  \
+    QK_INST(T, 1, 8) QK_INST(T, 2, 8) QK_INST(T, 3, 4) QK_INST(T, 4, 4) QK_INST(T, 5, 2)            \
+    QK_INST(T, 6, 2) QK_INST(T, 7, 2) QK_INST(T, 8, 2) QK_INST(T, 1, 1)
+#define QK_ROW(T) {qk_##T##_1x1, qk_##T##_1x8, qk_##T##_2x8, qk_##T##_3x4, qk_##T##_4x4,            \
+                   qk_##T##_5x2, qk_##T##_6x2, qk_##T##_7x2, qk_##T##_8x2}
+QK_TYPE(GQA_S8_PT) QK_TYPE(GQA_S8_PC) QK_TYPE(GQA_S4_PT) QK_TYPE(GQA_S4_PC) QK_TYPE(GQA_F32)
+QK_TYPE(GQA_F16)
+
+typedef void (*qk_fn)(size_t, float, const float *, size_t, const uint8_t *, size_t, const float *,
+                      float *, size_t);
+static const qk_fn qk_blocks[6][9] = {QK_ROW(GQA_S8_PT), QK_ROW(GQA_S8_PC), QK_ROW(GQA_S4_PT),
+                                      QK_ROW(GQA_S4_PC), QK_ROW(GQA_F32), QK_ROW(GQA_F16)};
+static const int qk_nbs[9] = {1, 8, 8, 4, 4, 2, 2, 2, 2};
+
+static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                         const void *B, int type, const float *s, float *C, size_t ldc)
+{
+    const size_t rb = gqa_row_bytes(type, K);
+    const float mult = alpha * post_scale(type, s);
+    const uint8_t *Bb = (const uint8_t *)B;
+    const qk_fn *fns = qk_blocks[type];
+    if (K == 0) { /* contract: C zero-filled */
+        for (size_t m = 0; m < M; m++)
+            memset(C + m * ldc, 0, N * sizeof(float));
+        return;
+    }
+    for (size_t m0 = 0; m0 < M; m0 += 8) {
+        const int mb = (int)(M - m0 < 8 ? M - m0 : 8);
+        const size_t nb = (size_t)qk_nbs[mb];
+        const float *a = A + m0 * lda;
+        float *c = C + m0 * ldc;
+        size_t n = 0;
+        for (; n + nb <= N; n += nb)
+            fns[mb](K, mult, a, lda, Bb + n * rb, rb, s, c + n, ldc);
+        for (; n < N; n++)
+            for (int i = 0; i < mb; i++)
+                fns[0](K, mult, a + i * lda, lda, Bb + n * rb, rb, s, c + i * ldc + n, ldc);
+    }
+}
+
+/* ---- sv_gemm ----------------------------------------------------------------- */
+
+/* C[mb, n0 + j] += mult * sum_{k0 <= k < k1} A[mb, k] * B[k, n0 + j] for an
+   MB x (NV * 8) block; with `part`, NV == 1 and only the first n (< 8)
+   columns exist (decoded into zero-padded copies, stored lane by lane). */
+INLINE void sv_block(const int MB, const int NV, const int type, const int part, size_t n, size_t k0,
+                     size_t k1, const float *A, size_t lda, const uint8_t *B, size_t rb, size_t n0,
+                     const float *s, float mult, float *C, size_t ldc)
+{
+    f32x8 acc[24];
+    UNROLL
+    for (int i = 0; i < MB * NV; i++)
+        acc[i].lo = acc[i].hi = vdupq_n_f32(0.0f);
+    for (size_t k = k0; k < k1; k++) {
+        const uint8_t *row = B + k * rb;
+        f32x8 b[4];
+        UNROLL
+        for (int v = 0; v < NV; v++)
+            b[v] = part ? load8_tail(row, n0, n, type, s) : load8(row, n0 + 8 * v, type, s);
+        UNROLL
+        for (int mb = 0; mb < MB; mb++) {
+            const float32x4_t a = vdupq_n_f32(A[mb * lda + k]);
+            UNROLL
+            for (int v = 0; v < NV; v++) {
+                acc[mb * NV + v].lo = vfmaq_f32(acc[mb * NV + v].lo, a, b[v].lo);
+                acc[mb * NV + v].hi = vfmaq_f32(acc[mb * NV + v].hi, a, b[v].hi);
+            }
+        }
+    }
+    const float32x4_t vm = vdupq_n_f32(mult);
+    UNROLL
+    for (int mb = 0; mb < MB; mb++)
+        UNROLL
+        for (int v = 0; v < NV; v++) {
+            float *c = C + mb * ldc + n0 + 8 * v;
+            if (part) {
+                float t[8] = {0};
+                memcpy(t, c, n * sizeof(float));
+                vst1q_f32(t, vfmaq_f32(vld1q_f32(t), acc[mb].lo, vm));
+                vst1q_f32(t + 4, vfmaq_f32(vld1q_f32(t + 4), acc[mb].hi, vm));
+                memcpy(c, t, n * sizeof(float));
+            } else {
+                vst1q_f32(c, vfmaq_f32(vld1q_f32(c), acc[mb * NV + v].lo, vm));
+                vst1q_f32(c + 4, vfmaq_f32(vld1q_f32(c + 4), acc[mb * NV + v].hi, vm));
+            }
+        }
+}
+
+/* Wide blocks MB x NV: (1, 2) x 4, (3) x 3, (4..6) x 2, (7, 8) x 1; then
+   8-column chunks, then the partial chunk. */
+#define SV_INST(T, MB, NV)                                                                          \
+    static void sv_##T##_##MB##x##NV(size_t n, size_t k0, size_t k1, const float *A, size_t lda,    \
+                                     const uint8_t *B, size_t rb, size_t n0, const float *s,        \
+                                     float mult, float *C, size_t ldc)                              \
+    {                                                                                               \
+        sv_block(MB, NV, T, 0, n, k0, k1, A, lda, B, rb, n0, s, mult, C, ldc);                      \
+    }                                                                                               \
+    static void sv1_##T##_##MB(size_t n, size_t k0, size_t k1, const float *A, size_t lda,          \
+                               const uint8_t *B, size_t rb, size_t n0, const float *s, float mult,  \
+                               float *C, size_t ldc)                                                \
+    {                                                                                               \
+        sv_block(MB, 1, T, 0, n, k0, k1, A, lda, B, rb, n0, s, mult, C, ldc);                       \
+    }                                                                                               \
+    static void svp_##T##_##MB(size_t n, size_t k0, size_t k1, const float *A, size_t lda,          \
+                               const uint8_t *B, size_t rb, size_t n0, const float *s, float mult,  \
+                               float *C, size_t ldc)                                                \
+    {                                                                                               \
+        sv_block(MB, 1, T, 1, n, k0, k1, A, lda, B, rb, n0, s, mult, C, ldc);                       \
+    }
+#define SV_TYPE(T)                                                                                  \
+    SV_INST(T, 1, 4) SV_INST(T, 2, 4) SV_INST(T, 3, 3) SV_INST(T, 4, 2) SV_INST(T, 5, 2)            \
+    SV_INST(T, 6, 2) SV_INST(T, 7, 1) SV_INST(T, 8, 1)
+#define SV_ROW(P, T) {0, P##_##T##_1, P##_##T##_2, P##_##T##_3, P##_##T##_4, P##_##T##_5,            \
+                      P##_##T##_6, P##_##T##_7, P##_##T##_8}
+#define SV_WIDE(T) {0, sv_##T##_1x4, sv_##T##_2x4, sv_##T##_3x3, sv_##T##_4x2, sv_##T##_5x2,         \
+                    sv_##T##_6x2, sv_##T##_7x1, sv_##T##_8x1}
+SV_TYPE(GQA_S8_PT) SV_TYPE(GQA_S8_PC) SV_TYPE(GQA_S4_PT) SV_TYPE(GQA_S4_PC) SV_TYPE(GQA_F32)
+SV_TYPE(GQA_F16)
+
+typedef void (*sv_fn)(size_t, size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t,
+                      const float *, float, float *, size_t);
+static const sv_fn sv_wide[6][9] = {SV_WIDE(GQA_S8_PT), SV_WIDE(GQA_S8_PC), SV_WIDE(GQA_S4_PT),
+                                    SV_WIDE(GQA_S4_PC), SV_WIDE(GQA_F32), SV_WIDE(GQA_F16)};
+static const sv_fn sv_one[6][9] = {SV_ROW(sv1, GQA_S8_PT), SV_ROW(sv1, GQA_S8_PC), SV_ROW(sv1, GQA_S4_PT),
+                                   SV_ROW(sv1, GQA_S4_PC), SV_ROW(sv1, GQA_F32), SV_ROW(sv1, GQA_F16)};
+static const sv_fn sv_part[6][9] = {SV_ROW(svp, GQA_S8_PT), SV_ROW(svp, GQA_S8_PC), SV_ROW(svp, GQA_S4_PT),
+                                    SV_ROW(svp, GQA_S4_PC), SV_ROW(svp, GQA_F32), SV_ROW(svp, GQA_F16)};
+static const int sv_nvs[9] = {0, 4, 4, 3, 2, 2, 2, 1, 1};
+/* Keys per chunk: 16 KiB of B at N = 128; fixed per type so that the chunk
+   boundaries (where partial sums meet C) never depend on N. */
+static const size_t sv_kc[6] = {128, 128, 256, 256, 32, 64};
+
+static void sv_gemm_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                         int type, const float *s, float *C, size_t ldc, float beta)
+{
+    const size_t rb = gqa_row_bytes(type, N);
+    const uint8_t *Bb = (const uint8_t *)B;
+    const float mult = post_scale(type, s);
+    for (size_t m = 0; m < M; m++) {
+        float *c = C + m * ldc;
+        if (beta == 0.0f)
+            memset(c, 0, N * sizeof(float));
+        else if (beta != 1.0f)
+            for (size_t n = 0; n < N; n++)
+                c[n] *= beta;
+    }
+    const size_t kc = sv_kc[type];
+    const size_t nfull = N & ~(size_t)7;
+    for (size_t k0 = 0; k0 < K; k0 += kc) {
+        const size_t k1 = K - k0 < kc ? K : k0 + kc;
+        for (size_t m0 = 0; m0 < M; m0 += 8) {
+            const int mb = (int)(M - m0 < 8 ? M - m0 : 8);
+            const float *a = A + m0 * lda;
+            float *c = C + m0 * ldc;
+            const size_t step = 8 * (size_t)sv_nvs[mb];
+            size_t n = 0;
+            for (; n + step <= nfull; n += step)
+                sv_wide[type][mb](8, k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
+            for (; n < nfull; n += 8)
+                sv_one[type][mb](8, k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
+            if (n < N)
+                sv_part[type][mb](N - n, k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
+        }
+    }
+}
+
+const gqa_kernels gqa_kernels_neon = {
+    "neon",
+    quantize_neon,
+    dequantize_neon,
+    dequantize_t_neon,
+    qk_gemm_neon,
+    sv_gemm_neon,
+    NULL,
+};
+#endif

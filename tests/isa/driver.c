@@ -1,0 +1,609 @@
+/*
+ * driver.c -- compares one kernel path against the scalar reference on the
+ * kernel contract (gqa_kernels.h), without Python, so that a path this CPU
+ * cannot run natively can be run under qemu or an emulation layer.
+ *
+ * Build: this file + kernels_scalar.c + the path's TU, with
+ *   -DGQA_TEST_TABLE=gqa_kernels_<path>   (the table under test).
+ * Run:   driver [exact] [approx]           (default: both; `approx` needs a
+ *        table with qk_gemm_s8_approx).
+ *
+ * Checks (each prints one line; a failure prints its first cases):
+ *   quantize        codes / packed bytes / binary16 bit for bit, all six
+ *                   types, specials (ties, NaN, +-inf, zero and tiny scales),
+ *                   row strides; bytes past the rows untouched.
+ *   dequantize(_t)  bit for bit (NaN-aware), from every byte value.
+ *   qk_gemm         |C - C_scalar| <= 1e-5 (1 + |alpha| sum|a||b|); C prefilled
+ *                   with NaN; padding of C untouched.
+ *   qk_gemm.split   C bit-identical when computed row by row and column by
+ *                   column (C[m,n] never depends on M, N or blocking).
+ *   sv_gemm         beta 0 (C prefilled with NaN), 1, 0.5; |C - C_scalar| <=
+ *                   1e-5 (1 + |beta C0| + sum|a||b|); padding untouched.
+ *   sv_gemm.split   C bit-identical when computed row by row.
+ *   approx.*        the approximate INT8 QK kernel: bit for bit against the
+ *                   contract (oracle below), the integer dot read back exactly,
+ *                   the error bound against the exact scalar path, edge rows.
+ * Widths 1..33, 63, 64, 65, 127, 128, 129, 256 (and K = 0); M 1..9 and 16;
+ * sv_gemm keys 0, 1, 7, 29, 300.
+ * The last line is "driver <path>: <n> checks, <f> failed" and the exit
+ * status is 1 when anything failed.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "gqa_kernels.h"
+
+#ifndef GQA_TEST_TABLE
+#error "define GQA_TEST_TABLE as the kernel table under test, e.g. gqa_kernels_neon"
+#endif
+extern const gqa_kernels GQA_TEST_TABLE;
+static const gqa_kernels *const T = &GQA_TEST_TABLE;
+static const gqa_kernels *const R = &gqa_kernels_scalar;
+
+static const char *const TYPE_NAMES[6] = {"S8_PT", "S8_PC", "S4_PT", "S4_PC", "F32", "F16"};
+static const size_t WIDTHS[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14,  15,  16,  17,  18,  19, 20,
+                                21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 63, 64, 65, 127, 128, 129, 256};
+#define NW (sizeof(WIDTHS) / sizeof(WIDTHS[0]))
+static const size_t MS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16};
+#define NM (sizeof(MS) / sizeof(MS[0]))
+#define GUARD 0x5A
+#define GUARD_F (-1234.5f)
+
+/* ---- bookkeeping -------------------------------------------------------- */
+
+static long n_checks, n_failed;
+static long check_cases, check_fails;
+static const char *check_name;
+
+static void begin(const char *name)
+{
+    check_name = name;
+    check_cases = check_fails = 0;
+}
+
+static void end(void)
+{
+    printf("%-14s %s: %ld cases, %ld failed\n", check_name, check_fails ? "FAIL" : "ok", check_cases, check_fails);
+    n_checks++;
+    n_failed += check_fails != 0;
+}
+
+/* Record one case; print the first few failures of a check. */
+static void expect(int ok, const char *fmt, ...)
+{
+    check_cases++;
+    if (ok)
+        return;
+    if (check_fails++ < 5) {
+        va_list ap;
+        va_start(ap, fmt);
+        printf("  %s mismatch: ", check_name);
+        vprintf(fmt, ap);
+        printf("\n");
+        va_end(ap);
+    }
+}
+
+/* ---- data ---------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) /* splitmix64 */
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float unif(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)); } /* [0, 1) */
+static float normal(void)
+{
+    float s = 0;
+    for (int i = 0; i < 4; i++)
+        s += unif();
+    return (s - 2.0f) * 1.7320508f;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static int same_float(float a, float b)
+{
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x == y || (a != a && b != b);
+}
+
+static int is_pt(int type) { return type == GQA_S8_PT || type == GQA_S4_PT; }
+
+/* Scales for a type and width: per-tensor from a list including 0, a power of
+   two (exact ties) and a denormal (1/s overflows); per-channel random with a
+   zero and a power of two. */
+static void make_scales(float *s, int type, size_t cols, int variant)
+{
+    static const float pt[4] = {0.05f, 0.25f, 0.0f, 1e-40f};
+    if (type >= GQA_F32) {
+        s[0] = 1.0f;
+        return;
+    }
+    if (is_pt(type)) {
+        s[0] = pt[variant % 4];
+        return;
+    }
+    for (size_t c = 0; c < cols; c++)
+        s[c] = 0.01f + 0.09f * unif();
+    if (cols > 2)
+        s[cols / 2] = 0.0f;
+    if (cols > 3)
+        s[1] = 0.125f;
+}
+
+/* A float input row for quantize: spread over the code range (and past it),
+   with exact ties and specials sprinkled in. */
+static void make_row(float *x, size_t cols, int type, const float *s)
+{
+    const float range = type == GQA_S4_PT || type == GQA_S4_PC ? 9.0f : 140.0f;
+    for (size_t c = 0; c < cols; c++) {
+        float sc = is_pt(type) ? s[0] : (type >= GQA_F32 ? 1.0f : s[c]);
+        float v;
+        switch (rnd() % 8) {
+        case 0: v = ((float)(int)(normal() * range / 3) + 0.5f) * sc; break; /* a tie when sc is 2^k */
+        case 1: {
+            static const float sp[] = {NAN, INFINITY, -INFINITY, 1e30f, -1e30f, 0.0f, -0.0f, 1e-42f,
+                                       65519.0f, 65520.0f, 1.00048828125f, 2.98023224e-8f, 6e-8f, -3.5f};
+            v = sp[rnd() % (sizeof(sp) / sizeof(sp[0]))];
+            break;
+        }
+        default: v = normal() * range / 3 * (sc == 0.0f ? 1.0f : sc);
+        }
+        x[c] = v;
+    }
+}
+
+/* Random bytes for a packed B buffer: every byte value is a valid code; F32
+   rows get finite normals, F16 rows finite halves. */
+static void make_codes(uint8_t *b, size_t rows, size_t cols, int type)
+{
+    size_t rb = gqa_row_bytes(type, cols);
+    for (size_t r = 0; r < rows; r++) {
+        uint8_t *row = b + r * rb;
+        if (type == GQA_F32) {
+            for (size_t c = 0; c < cols; c++) {
+                float v = normal();
+                memcpy(row + 4 * c, &v, 4);
+            }
+        } else if (type == GQA_F16) {
+            for (size_t c = 0; c < cols; c++) {
+                uint16_t h = gqa_float_to_half(normal());
+                memcpy(row + 2 * c, &h, 2);
+            }
+        } else {
+            for (size_t i = 0; i < rb; i++)
+                row[i] = (uint8_t)rnd();
+            if ((type == GQA_S4_PT || type == GQA_S4_PC) && (cols & 1))
+                row[rb - 1] = (uint8_t)((row[rb - 1] & 0x0F) | 0x80); /* pad nibble 8 */
+        }
+    }
+}
+
+/* Dequantized copy of B (rows x cols) through the scalar reference. */
+static float *dequant_ref(const uint8_t *b, size_t rows, size_t cols, int type, const float *s)
+{
+    float *d = xmalloc(rows * cols * sizeof(float) + 1);
+    if (rows && cols)
+        R->dequantize(b, d, cols, rows, cols, type, s);
+    return d;
+}
+
+/* ---- quantize / dequantize ------------------------------------------------- */
+
+static void check_quantize(void)
+{
+    begin("quantize");
+    for (int type = 0; type < 6; type++)
+        for (size_t w = 0; w < NW; w++)
+            for (int variant = 0; variant < (is_pt(type) ? 4 : 2); variant++) {
+                const size_t cols = WIDTHS[w], rows = 3, lda = cols + 5, rb = gqa_row_bytes(type, cols);
+                float *s = xmalloc(cols * sizeof(float)), *x = xmalloc(rows * lda * sizeof(float));
+                uint8_t *got = xmalloc(rows * rb + 64), *want = xmalloc(rows * rb + 64);
+                make_scales(s, type, cols, variant);
+                for (size_t r = 0; r < rows; r++)
+                    make_row(x + r * lda, cols, type, s);
+                memset(got, GUARD, rows * rb + 64);
+                memset(want, GUARD, rows * rb + 64);
+                T->quantize(x, lda, got, rows, cols, type, s);
+                R->quantize(x, lda, want, rows, cols, type, s);
+                size_t i = 0;
+                while (i < rows * rb + 64 && got[i] == want[i])
+                    i++;
+                const int ok = i == rows * rb + 64;
+                expect(ok, "%s cols=%zu scale#%d byte %zu (row %zu): got 0x%02x want 0x%02x%s", TYPE_NAMES[type],
+                       cols, variant, i, i / rb, ok ? 0 : got[i], ok ? 0 : want[i],
+                       i >= rows * rb ? " (past the rows)" : "");
+                free(s), free(x), free(got), free(want);
+            }
+    end();
+}
+
+static void check_dequantize(void)
+{
+    for (int transposed = 0; transposed < 2; transposed++) {
+        begin(transposed ? "dequantize_t" : "dequantize");
+        for (int type = 0; type < 6; type++)
+            for (size_t w = 0; w < NW; w++) {
+                const size_t cols = WIDTHS[w], rows = 5, rb = gqa_row_bytes(type, cols);
+                const size_t ldd = transposed ? rows + 2 : cols + 2, n = transposed ? cols * ldd : rows * ldd;
+                float *s = xmalloc(cols * sizeof(float)), *got = xmalloc(n * 4), *want = xmalloc(n * 4);
+                uint8_t *b = xmalloc(rows * rb);
+                make_scales(s, type, cols, (int)w);
+                for (size_t i = 0; i < rows * rb; i++) /* every byte value; F16: any half, NaNs too */
+                    b[i] = (uint8_t)rnd();
+                if ((type == GQA_S4_PT || type == GQA_S4_PC) && (cols & 1))
+                    for (size_t r = 0; r < rows; r++)
+                        b[r * rb + rb - 1] = (uint8_t)((b[r * rb + rb - 1] & 0x0F) | 0x80);
+                for (size_t i = 0; i < n; i++)
+                    got[i] = want[i] = GUARD_F;
+                (transposed ? T->dequantize_t : T->dequantize)(b, got, ldd, rows, cols, type, s);
+                (transposed ? R->dequantize_t : R->dequantize)(b, want, ldd, rows, cols, type, s);
+                int bad = 0;
+                for (size_t i = 0; i < n && !bad; i++)
+                    if (!same_float(got[i], want[i])) {
+                        expect(0, "%s cols=%zu at %zu: got %.9g want %.9g", TYPE_NAMES[type], cols, i,
+                               (double)got[i], (double)want[i]);
+                        bad = 1;
+                    }
+                if (!bad)
+                    expect(1, "");
+                free(s), free(got), free(want), free(b);
+            }
+        end();
+    }
+}
+
+/* ---- qk_gemm ----------------------------------------------------------------- */
+
+static void check_qk(void)
+{
+    long split_cases = 0, split_fails = 0;
+    begin("qk_gemm");
+    for (int type = 0; type < 6; type++)
+        for (size_t w = 0; w <= NW; w++) /* w == NW: K = 0 (C zero-filled) */
+            for (size_t mi = 0; mi < NM; mi++) {
+                const size_t K = w < NW ? WIDTHS[w] : 0, M = MS[mi], N = 37, lda = K + 3, ldc = N + 4;
+                const size_t rb = gqa_row_bytes(type, K);
+                const float alpha = mi & 1 ? -0.37f : 0.125f;
+                float *s = xmalloc((K + 1) * sizeof(float)), *A = xmalloc(M * lda * 4);
+                float *got = xmalloc(M * ldc * 4), *want = xmalloc(M * ldc * 4), *piece = xmalloc(M * ldc * 4);
+                uint8_t *B = xmalloc(N * rb);
+                make_scales(s, type, K, (int)mi % 2);
+                for (size_t i = 0; i < M * lda; i++)
+                    A[i] = normal();
+                make_codes(B, N, K, type);
+                for (size_t i = 0; i < M * ldc; i++)
+                    got[i] = want[i] = piece[i] = (i % ldc) < N ? NAN : GUARD_F;
+                T->qk_gemm(M, N, K, alpha, A, lda, B, type, s, got, ldc);
+                R->qk_gemm(M, N, K, alpha, A, lda, B, type, s, want, ldc);
+                float *deq = dequant_ref(B, N, K, type, s);
+                int bad = 0;
+                for (size_t m = 0; m < M && !bad; m++)
+                    for (size_t n = 0; n < ldc && !bad; n++) {
+                        size_t i = m * ldc + n;
+                        if (n >= N) {
+                            if (!same_float(got[i], GUARD_F))
+                                expect(0, "%s K=%zu M=%zu: C padding [%zu,%zu] overwritten", TYPE_NAMES[type], K,
+                                       M, m, n), bad = 1;
+                            continue;
+                        }
+                        double mag = 0;
+                        for (size_t k = 0; k < K; k++)
+                            mag += fabs((double)A[m * lda + k] * deq[n * K + k]);
+                        double tol = 1e-5 * (1 + fabs(alpha) * mag);
+                        if (!(fabs((double)got[i] - want[i]) <= tol))
+                            expect(0, "%s K=%zu M=%zu C[%zu,%zu]: got %.9g want %.9g (tol %.3g)", TYPE_NAMES[type],
+                                   K, M, m, n, (double)got[i], (double)want[i], tol), bad = 1;
+                    }
+                if (!bad)
+                    expect(1, "");
+                /* the same C, row by row and column by column */
+                for (size_t m = 0; m < M; m++)
+                    for (size_t n = 0; n < N; n++)
+                        T->qk_gemm(1, 1, K, alpha, A + m * lda, lda, B + n * rb, type, s, piece + m * ldc + n, ldc);
+                split_cases++;
+                for (size_t m = 0; m < M; m++)
+                    for (size_t n = 0; n < N; n++)
+                        if (!same_float(piece[m * ldc + n], got[m * ldc + n])) {
+                            if (split_fails++ < 5)
+                                printf("  qk_gemm.split mismatch: %s K=%zu M=%zu C[%zu,%zu]: 1x1 call %.9g, "
+                                       "full call %.9g\n", TYPE_NAMES[type], K, M, m, n,
+                                       (double)piece[m * ldc + n], (double)got[m * ldc + n]);
+                            m = M;
+                            break;
+                        }
+                free(s), free(A), free(got), free(want), free(piece), free(B), free(deq);
+            }
+    end();
+    begin("qk_gemm.split");
+    check_cases = split_cases, check_fails = split_fails;
+    end();
+}
+
+/* ---- sv_gemm ----------------------------------------------------------------- */
+
+static void check_sv(void)
+{
+    static const size_t KS[] = {0, 1, 7, 29, 300}; /* 300 crosses every type's key chunk */
+    static const float BETAS[] = {0.0f, 1.0f, 0.5f};
+    long split_cases = 0, split_fails = 0;
+    begin("sv_gemm");
+    for (int type = 0; type < 6; type++)
+        for (size_t w = 0; w < NW; w++)
+            for (size_t mi = 0; mi < NM; mi++)
+                for (size_t ki = 0; ki < sizeof(KS) / sizeof(KS[0]); ki++) {
+                    const size_t N = WIDTHS[w], M = MS[mi], K = KS[ki], lda = K + 2, ldc = N + 3;
+                    const size_t rb = gqa_row_bytes(type, N);
+                    const float beta = BETAS[(mi + ki) % 3];
+                    float *s = xmalloc(N * sizeof(float)), *A = xmalloc(M * lda * 4), *C0 = xmalloc(M * ldc * 4);
+                    float *got = xmalloc(M * ldc * 4), *want = xmalloc(M * ldc * 4), *piece = xmalloc(M * ldc * 4);
+                    uint8_t *B = xmalloc(K * rb);
+                    make_scales(s, type, N, (int)ki % 2);
+                    for (size_t i = 0; i < M * lda; i++)
+                        A[i] = unif();
+                    make_codes(B, K, N, type);
+                    for (size_t i = 0; i < M * ldc; i++)
+                        C0[i] = (i % ldc) >= N ? GUARD_F : beta == 0.0f ? NAN : normal();
+                    memcpy(got, C0, M * ldc * 4);
+                    memcpy(want, C0, M * ldc * 4);
+                    memcpy(piece, C0, M * ldc * 4);
+                    T->sv_gemm(M, N, K, A, lda, B, type, s, got, ldc, beta);
+                    R->sv_gemm(M, N, K, A, lda, B, type, s, want, ldc, beta);
+                    float *deq = dequant_ref(B, K, N, type, s);
+                    int bad = 0;
+                    for (size_t m = 0; m < M && !bad; m++)
+                        for (size_t n = 0; n < ldc && !bad; n++) {
+                            size_t i = m * ldc + n;
+                            if (n >= N) {
+                                if (!same_float(got[i], GUARD_F))
+                                    expect(0, "%s N=%zu M=%zu K=%zu: C padding [%zu,%zu] overwritten",
+                                           TYPE_NAMES[type], N, M, K, m, n), bad = 1;
+                                continue;
+                            }
+                            double mag = beta == 0.0f ? 0 : fabs((double)beta * C0[i]);
+                            for (size_t k = 0; k < K; k++)
+                                mag += fabs((double)A[m * lda + k] * deq[k * N + n]);
+                            double tol = 1e-5 * (1 + mag);
+                            if (!(fabs((double)got[i] - want[i]) <= tol))
+                                expect(0, "%s N=%zu M=%zu K=%zu beta=%g C[%zu,%zu]: got %.9g want %.9g (tol %.3g)",
+                                       TYPE_NAMES[type], N, M, K, (double)beta, m, n, (double)got[i],
+                                       (double)want[i], tol), bad = 1;
+                        }
+                    if (!bad)
+                        expect(1, "");
+                    for (size_t m = 0; m < M; m++) /* row by row */
+                        T->sv_gemm(1, N, K, A + m * lda, lda, B, type, s, piece + m * ldc, ldc, beta);
+                    split_cases++;
+                    for (size_t i = 0; i < M * ldc; i++)
+                        if (!same_float(piece[i], got[i])) {
+                            if (split_fails++ < 5)
+                                printf("  sv_gemm.split mismatch: %s N=%zu M=%zu K=%zu C[%zu,%zu]: row call %.9g, "
+                                       "full call %.9g\n", TYPE_NAMES[type], N, M, K, i / ldc, i % ldc,
+                                       (double)piece[i], (double)got[i]);
+                            break;
+                        }
+                    free(s), free(A), free(C0), free(got), free(want), free(piece), free(B), free(deq);
+                }
+    end();
+    begin("sv_gemm.split");
+    check_cases = split_cases, check_fails = split_fails;
+    end();
+}
+
+/* ---- approximate INT8 QK ------------------------------------------------------ */
+
+/* The contract of qk_gemm_s8_approx (gqa-contract.md 2.7, kernels_avx512.c),
+   stated plainly; D (may be NULL) receives the integer dots. */
+static void approx_oracle(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                          const int8_t *B, float s, float *C, size_t ldc, int64_t *D)
+{
+    int *code = xmalloc((K + 1) * sizeof(int));
+    for (size_t m = 0; m < M; m++) {
+        const float *a = A + m * lda;
+        float amax = 0.0f;
+        int bad = 0;
+        for (size_t k = 0; k < K; k++) {
+            if (isnan(a[k]) || isinf(a[k]))
+                bad = 1;
+            if (fabsf(a[k]) > amax)
+                amax = fabsf(a[k]);
+        }
+        float r = amax == 0.0f ? 0.0f : 127.0f / amax;
+        int zero = !(r <= FLT_MAX);
+        float inv = zero ? 0.0f : r, sa = zero ? 1.0f : amax / 127.0f;
+        for (size_t k = 0; k < K; k++) {
+            float t = a[k] * inv;  /* rounded */
+            float u = t + 128.0f;  /* rounded (never fused: -ffp-contract=off) */
+            float q = rintf(u);    /* half to even */
+            q = q < 0.0f ? 0.0f : q > 255.0f ? 255.0f : q;
+            code[k] = (int)q;
+        }
+        float mult = (alpha * sa) * s;
+        for (size_t n = 0; n < N; n++) {
+            int64_t d = 0, sq = 0;
+            for (size_t k = 0; k < K; k++) {
+                d += (int64_t)code[k] * B[n * K + k];
+                sq += B[n * K + k];
+            }
+            d -= 128 * sq;
+            if (D)
+                D[m * N + n] = d;
+            C[m * ldc + n] = bad ? NAN : (float)d * mult;
+        }
+    }
+    free(code);
+}
+
+static void check_approx(void)
+{
+    static const size_t KA[] = {1, 2, 3, 5, 7, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 256, 2047, 2048, 2049,
+                                4200};
+    const size_t NK = sizeof(KA) / sizeof(KA[0]);
+    const double u = 1.0 / 16777216.0;
+    long cases[4] = {0}, fails[4] = {0}, shown[4] = {0}; /* contract, bound, integer, edges */
+    for (size_t ki = 0; ki < NK; ki++)
+        for (size_t mi = 0; mi < NM; mi++) {
+            const size_t K = KA[ki], M = MS[mi], N = 19, lda = K + 1, ldc = N + 2;
+            const float s = 0.031f, alpha = 0.17f;
+            float *A = xmalloc(M * lda * 4), *got = xmalloc(M * ldc * 4), *want = xmalloc(M * ldc * 4);
+            float *exact = xmalloc(M * ldc * 4);
+            int8_t *B = xmalloc(N * K);
+            float big = 0.1f + 10 * unif();
+            for (size_t i = 0; i < M * lda; i++)
+                A[i] = normal() * big;
+            A[rnd() % K] *= 4; /* one large element */
+            if (M > 2)
+                for (size_t k = 0; k < K; k++)
+                    A[2 * lda + k] = 0.0f; /* amax == 0 */
+            for (size_t i = 0; i < N * K; i++)
+                B[i] = (int8_t)rnd();
+            for (size_t i = 0; i < M * ldc; i++)
+                got[i] = (i % ldc) < N ? NAN : GUARD_F;
+            T->qk_gemm_s8_approx(M, N, K, alpha, A, lda, B, GQA_S8_PT, &s, got, ldc);
+            approx_oracle(M, N, K, alpha, A, lda, B, s, want, ldc, NULL);
+            R->qk_gemm(M, N, K, alpha, A, lda, B, GQA_S8_PT, &s, exact, ldc);
+            int bad_c = 0, bad_b = 0;
+            for (size_t m = 0; m < M; m++) {
+                /* bound (derived in tests/isa/test_avx512vnni_api.py): with sa the row scale,
+                   |approx - exact| <= |alpha| s (sa (1/2 + 2^-16) sum|q| + 2^-22 sum|a q|)
+                                       + 8u |approx| + (K + 2) u |alpha| s sum|a q| */
+                const float *a = A + m * lda;
+                float amax = 0;
+                for (size_t k = 0; k < K; k++)
+                    amax = fabsf(a[k]) > amax ? fabsf(a[k]) : amax;
+                float r = amax == 0.0f ? 0.0f : 127.0f / amax;
+                double sa = !(r <= FLT_MAX) ? 1.0 : (double)(amax / 127.0f);
+                for (size_t n = 0; n < ldc; n++) {
+                    size_t i = m * ldc + n;
+                    if (n >= N) {
+                        if (!same_float(got[i], GUARD_F) && (bad_c = 1) && shown[0]++ < 5)
+                            printf("  approx.contract mismatch: K=%zu M=%zu padding [%zu,%zu] overwritten\n", K, M,
+                                   m, n);
+                        continue;
+                    }
+                    if (!same_float(got[i], want[i]) && (bad_c = 1) && shown[0]++ < 5)
+                        printf("  approx.contract mismatch: K=%zu M=%zu C[%zu,%zu]: got %.9g want %.9g\n", K, M, m,
+                               n, (double)got[i], (double)want[i]);
+                    double sq = 0, aq = 0;
+                    for (size_t k = 0; k < K; k++) {
+                        sq += abs(B[n * K + k]);
+                        aq += fabs((double)a[k]) * abs(B[n * K + k]);
+                    }
+                    double ks = fabs((double)alpha) * s;
+                    double bound = ks * (sa * (0.5 + 1.0 / 65536) * sq + aq / 4194304.0) + 8 * u * fabs(got[i]) +
+                                   (K + 2) * u * ks * aq;
+                    if (!(fabs((double)got[i] - exact[i]) <= bound) && (bad_b = 1) && shown[1]++ < 5)
+                        printf("  approx.bound mismatch: K=%zu M=%zu C[%zu,%zu]: approx %.9g exact %.9g bound %.3g\n",
+                               K, M, m, n, (double)got[i], (double)exact[i], bound);
+                }
+            }
+            cases[0]++, fails[0] += bad_c;
+            cases[1]++, fails[1] += bad_b;
+            free(A), free(got), free(want), free(exact), free(B);
+        }
+    /* integer dot read back: amax = 127 * 2^-4 makes sa = 2^-4 and inv = 2^4
+       exact; with alpha = 1 and s = 2^-3, C = D * 2^-7 exactly. */
+    for (size_t ki = 0; ki < NK; ki++) {
+        const size_t K = KA[ki], M = 5, N = 13;
+        const float s = 0.125f, top = 127.0f / 16.0f;
+        float *A = xmalloc(M * K * 4), *C = xmalloc(M * N * 4), *W = xmalloc(M * N * 4);
+        int8_t *B = xmalloc(N * K);
+        int64_t *D = xmalloc(M * N * sizeof(int64_t));
+        for (size_t i = 0; i < M * K; i++)
+            A[i] = (2 * unif() - 1) * top;
+        for (size_t m = 0; m < M; m++)
+            A[m * K + rnd() % K] = top;
+        for (size_t i = 0; i < N * K; i++)
+            B[i] = (int8_t)rnd();
+        for (size_t k = 0; k < K; k++)
+            B[k] = -128, B[K + k] = 127; /* extreme codes */
+        T->qk_gemm_s8_approx(M, N, K, 1.0f, A, K, B, GQA_S8_PT, &s, C, N);
+        approx_oracle(M, N, K, 1.0f, A, K, B, s, W, N, D);
+        int bad = 0;
+        for (size_t i = 0; i < M * N; i++) { /* D is exact in C below 2^24 */
+            double d = (double)C[i] * 128.0;
+            if (fabs((double)D[i]) < 16777216.0 && d != (double)D[i] && (bad = 1) && shown[2]++ < 5)
+                printf("  approx.integer mismatch: K=%zu dot %zu: got %.1f want %lld\n", K, i, d, (long long)D[i]);
+        }
+        cases[2]++, fails[2] += bad;
+        free(A), free(C), free(W), free(B), free(D);
+    }
+    { /* edge rows: NaN, inf -> NaN; tiny amax (127 / amax overflows) -> 0 */
+        const size_t K = 40, N = 6;
+        float A[4 * 40], C[4 * 6];
+        int8_t B[6 * 40];
+        const float s = 0.05f;
+        for (size_t i = 0; i < 4 * K; i++)
+            A[i] = normal();
+        for (size_t i = 0; i < N * K; i++)
+            B[i] = (int8_t)rnd();
+        A[1 * K + 3] = NAN;
+        A[2 * K + 5] = INFINITY;
+        for (size_t k = 0; k < K; k++)
+            A[3 * K + k] = 1e-38f;
+        T->qk_gemm_s8_approx(4, N, K, 1.0f, A, K, B, GQA_S8_PT, &s, C, N);
+        int bad = 0;
+        for (size_t n = 0; n < N; n++)
+            bad += !isfinite(C[n]) || !isnan(C[N + n]) || !isnan(C[2 * N + n]) || C[3 * N + n] != 0.0f;
+        if (bad)
+            printf("  approx.edges mismatch: finite / NaN / inf / tiny rows give %g %g %g %g\n", (double)C[0],
+                   (double)C[N], (double)C[2 * N], (double)C[3 * N]);
+        cases[3]++, fails[3] += bad != 0;
+    }
+    static const char *const names[4] = {"approx.contract", "approx.bound", "approx.integer", "approx.edges"};
+    for (int i = 0; i < 4; i++) {
+        begin(names[i]);
+        check_cases = cases[i], check_fails = fails[i];
+        end();
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int exact = argc < 2, approx = argc < 2;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "exact"))
+            exact = 1;
+        else if (!strcmp(argv[i], "approx"))
+            approx = 1;
+        else {
+            fprintf(stderr, "usage: %s [exact] [approx]\n", argv[0]);
+            return 2;
+        }
+    }
+    printf("driver %s vs scalar\n", T->name);
+    if (exact) {
+        check_quantize();
+        check_dequantize();
+        check_qk();
+        check_sv();
+    }
+    if (approx) {
+        if (T->qk_gemm_s8_approx == NULL) {
+            printf("approx: the %s table has no qk_gemm_s8_approx\n", T->name);
+            n_checks++, n_failed++;
+        } else {
+            check_approx();
+        }
+    }
+    printf("driver %s: %ld checks, %ld failed\n", T->name, n_checks, n_failed);
+    return n_failed ? 1 : 0;
+}

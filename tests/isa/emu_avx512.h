@@ -1,0 +1,267 @@
+/*
+ * emu_avx512.h -- AVX-512 intrinsics as portable code, for the emulation
+ * build of kernels_avx512.c only (tests/isa, -DGQA_EMULATE_AVX512, compiled
+ * WITHOUT -mavx512*: the result runs on any x86-64 with AVX2/FMA/F16C, e.g.
+ * AMD Zen 3).  Never part of the package build.
+ *
+ * SIMDe (Debian libsimde-dev 0.7.4) supplies most intrinsics under their
+ * native names (SIMDE_ENABLE_NATIVE_ALIASES).  The ones it lacks are defined
+ * below, lane by lane, as macros that shadow the compiler's own declarations
+ * (an intrinsic missing from both would resolve to the compiler's AVX-512
+ * version and fail to compile -- never silently use the hardware).  Masked
+ * loads touch only the selected lanes, like the hardware's fault suppression.
+ * The *_round_ps shims support round-to-nearest only (all the kernel uses).
+ */
+#ifndef GQA_EMU_AVX512_H
+#define GQA_EMU_AVX512_H
+#ifndef GQA_EMULATE_AVX512
+#error "emu_avx512.h is for the tests/isa emulation build only"
+#endif
+#if defined(__AVX512F__)
+#error "the emulation build must not be compiled with -mavx512*"
+#endif
+
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EMU static inline
+
+/* lane access through memcpy (the vector types are plain 16/32/64-byte objects) */
+#define EMU_TO(arr, v) memcpy((arr), &(v), sizeof(v))
+#define EMU_FROM(v, arr) memcpy(&(v), (arr), sizeof(v))
+
+EMU __m512i emu_mm512_cvtps_epi32(__m512 a) /* rounding: nearest (MXCSR default) */
+{
+    float f[16];
+    int32_t r[16];
+    __m512i v;
+    EMU_TO(f, a);
+    for (int i = 0; i < 16; i++)
+        r[i] = (f[i] != f[i] || fabsf(f[i]) >= 2147483648.0f) ? INT32_MIN : (int32_t)nearbyintf(f[i]);
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU __m512i emu_mm512_cvtps_epu32(__m512 a) /* inputs in [0, 2^32) */
+{
+    float f[16];
+    uint32_t r[16];
+    __m512i v;
+    EMU_TO(f, a);
+    for (int i = 0; i < 16; i++)
+        r[i] = (f[i] != f[i] || f[i] < 0.0f || f[i] >= 4294967296.0f) ? UINT32_MAX : (uint32_t)nearbyintf(f[i]);
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU __m512 emu_mm512_cvtepi32_ps(__m512i a)
+{
+    int32_t x[16];
+    float r[16];
+    __m512 v;
+    EMU_TO(x, a);
+    for (int i = 0; i < 16; i++)
+        r[i] = (float)x[i];
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU __m512i emu_mm512_cvtepi8_epi32(__m128i a)
+{
+    int8_t x[16];
+    int32_t r[16];
+    __m512i v;
+    EMU_TO(x, a);
+    for (int i = 0; i < 16; i++)
+        r[i] = x[i];
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU __m512i emu_mm512_cvtepu8_epi32(__m128i a)
+{
+    uint8_t x[16];
+    int32_t r[16];
+    __m512i v;
+    EMU_TO(x, a);
+    for (int i = 0; i < 16; i++)
+        r[i] = x[i];
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU void emu_mm512_mask_cvtsepi32_storeu_epi8(void *p, __mmask16 k, __m512i a)
+{
+    int32_t x[16];
+    EMU_TO(x, a);
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1) {
+            int8_t b = (int8_t)(x[i] < -128 ? -128 : x[i] > 127 ? 127 : x[i]);
+            memcpy((char *)p + i, &b, 1);
+        }
+}
+
+EMU void emu_mm512_mask_cvtepi64_storeu_epi8(void *p, __mmask8 k, __m512i a)
+{
+    uint64_t x[8];
+    EMU_TO(x, a);
+    for (int i = 0; i < 8; i++)
+        if (k >> i & 1) {
+            uint8_t b = (uint8_t)x[i];
+            memcpy((char *)p + i, &b, 1);
+        }
+}
+
+/* binary16 conversions through F16C on each 256-bit half (Zen 3 has F16C) */
+EMU __m256i emu_mm512_cvtps_ph_rn(__m512 a)
+{
+    float f[16];
+    __m256 lo, hi;
+    EMU_TO(f, a);
+    memcpy(&lo, f, 32);
+    memcpy(&hi, f + 8, 32);
+    __m128i l = _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT), h = _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT);
+    return _mm256_set_m128i(h, l);
+}
+
+EMU __m512 emu_mm512_cvtph_ps(__m256i a)
+{
+    float r[16];
+    __m512 v;
+    _mm256_storeu_ps(r, _mm256_cvtph_ps(_mm256_castsi256_si128(a)));
+    _mm256_storeu_ps(r + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(a, 1)));
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU __m512 emu_mm512_maskz_loadu_ps(__mmask16 k, const void *p)
+{
+    float r[16] = {0};
+    __m512 v;
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy(r + i, (const char *)p + 4 * i, 4);
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU void emu_mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 a)
+{
+    float x[16];
+    EMU_TO(x, a);
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy((char *)p + 4 * i, x + i, 4);
+}
+
+EMU __m256i emu_mm256_maskz_loadu_epi16(__mmask16 k, const void *p)
+{
+    uint16_t r[16] = {0};
+    __m256i v;
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy(r + i, (const char *)p + 2 * i, 2);
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU void emu_mm256_mask_storeu_epi16(void *p, __mmask16 k, __m256i a)
+{
+    uint16_t x[16];
+    EMU_TO(x, a);
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy((char *)p + 2 * i, x + i, 2);
+}
+
+EMU __m128i emu_mm_maskz_loadu_epi8(__mmask16 k, const void *p)
+{
+    uint8_t r[16] = {0};
+    __m128i v;
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            r[i] = ((const uint8_t *)p)[i];
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU __m512i emu_mm512_maskz_loadu_epi8(__mmask64 k, const void *p)
+{
+    uint8_t r[64] = {0};
+    __m512i v;
+    for (int i = 0; i < 64; i++)
+        if (k >> i & 1)
+            r[i] = ((const uint8_t *)p)[i];
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU float emu_mm512_reduce_max_ps(__m512 a)
+{
+    float x[16], m;
+    EMU_TO(x, a);
+    m = x[0];
+    for (int i = 1; i < 16; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+EMU int emu_mm512_reduce_add_epi32(__m512i a)
+{
+    int32_t x[16];
+    uint32_t s = 0;
+    EMU_TO(x, a);
+    for (int i = 0; i < 16; i++)
+        s += (uint32_t)x[i]; /* wraps like the hardware */
+    return (int)s;
+}
+
+/* (the compiler's headers define some of these as macros without -O) */
+#undef _mm512_cvtps_epi32
+#undef _mm512_cvtps_epu32
+#undef _mm512_cvtepi32_ps
+#undef _mm512_cvtepi8_epi32
+#undef _mm512_cvtepu8_epi32
+#undef _mm512_mask_cvtsepi32_storeu_epi8
+#undef _mm512_mask_cvtepi64_storeu_epi8
+#undef _mm512_cvtps_ph
+#undef _mm512_cvtph_ps
+#undef _mm512_maskz_loadu_ps
+#undef _mm512_mask_storeu_ps
+#undef _mm256_maskz_loadu_epi16
+#undef _mm256_mask_storeu_epi16
+#undef _mm_maskz_loadu_epi8
+#undef _mm512_maskz_loadu_epi8
+#undef _mm512_reduce_max_ps
+#undef _mm512_reduce_add_epi32
+#undef _mm512_mul_round_ps
+#undef _mm512_add_round_ps
+#define _mm512_cvtps_epi32(a) emu_mm512_cvtps_epi32(a)
+#define _mm512_cvtps_epu32(a) emu_mm512_cvtps_epu32(a)
+#define _mm512_cvtepi32_ps(a) emu_mm512_cvtepi32_ps(a)
+#define _mm512_cvtepi8_epi32(a) emu_mm512_cvtepi8_epi32(a)
+#define _mm512_cvtepu8_epi32(a) emu_mm512_cvtepu8_epi32(a)
+#define _mm512_mask_cvtsepi32_storeu_epi8(p, k, a) emu_mm512_mask_cvtsepi32_storeu_epi8((p), (k), (a))
+#define _mm512_mask_cvtepi64_storeu_epi8(p, k, a) emu_mm512_mask_cvtepi64_storeu_epi8((p), (k), (a))
+#define _mm512_cvtps_ph(a, r) \
+    ((r) == (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) ? emu_mm512_cvtps_ph_rn(a) : (abort(), emu_mm512_cvtps_ph_rn(a)))
+#define _mm512_cvtph_ps(a) emu_mm512_cvtph_ps(a)
+#define _mm512_maskz_loadu_ps(k, p) emu_mm512_maskz_loadu_ps((k), (p))
+#define _mm512_mask_storeu_ps(p, k, a) emu_mm512_mask_storeu_ps((p), (k), (a))
+#define _mm256_maskz_loadu_epi16(k, p) emu_mm256_maskz_loadu_epi16((k), (p))
+#define _mm256_mask_storeu_epi16(p, k, a) emu_mm256_mask_storeu_epi16((p), (k), (a))
+#define _mm_maskz_loadu_epi8(k, p) emu_mm_maskz_loadu_epi8((k), (p))
+#define _mm512_maskz_loadu_epi8(k, p) emu_mm512_maskz_loadu_epi8((k), (p))
+#define _mm512_reduce_max_ps(a) emu_mm512_reduce_max_ps(a)
+#define _mm512_reduce_add_epi32(a) emu_mm512_reduce_add_epi32(a)
+/* round-to-nearest only; fp-contract must be off in this build (plain * and +) */
+#define _mm512_mul_round_ps(a, b, r) \
+    ((r) == (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) ? _mm512_mul_ps(a, b) : (abort(), _mm512_mul_ps(a, b)))
+#define _mm512_add_round_ps(a, b, r) \
+    ((r) == (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) ? _mm512_add_ps(a, b) : (abort(), _mm512_add_ps(a, b)))
+
+#endif

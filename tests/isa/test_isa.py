@@ -1,0 +1,200 @@
+"""Every kernel path checked against the scalar reference, including the paths
+this CPU cannot run: NEON under qemu-aarch64, AVX-512 (exact and approximate
+VNNI) through SIMDe emulation, and natively where the CPU has the ISA.
+
+Each test builds tests/isa/driver.c with kernels_scalar.c and one path's TU
+into a temporary directory and runs it (see driver.c for the checks).  Test ids
+name the path and how it ran: neon-qemu (neon-native on aarch64),
+avx512-emulated, avx512vnni-emulated, avx512-native, avx512vnni-native,
+avx2-native; the native ones exist only where this CPU runs the path.  A
+test skips only when the tools it needs are missing (Debian:
+gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; libsimde-dev).
+"""
+import ast
+import os
+import platform
+import re
+import shutil
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SRC = os.path.join(ROOT, "gqa", "_src")
+DRIVER = os.path.join(HERE, "driver.c")
+# -O2 and C99 like the package build (which uses -O3): no FMA contraction of
+# separate statements, so the oracle's roundings are the ones written.
+CFLAGS = ["-O2", "-std=c99", "-fno-strict-aliasing", "-ffp-contract=off", "-Wall", "-Wno-psabi", "-I" + SRC]
+CC = os.environ.get("CC", "cc").split()
+APT = "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libsimde-dev"
+
+
+def _setup_paths():
+    """Path name -> (source, flags), read from setup.py so the flags have one home."""
+    tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") in ("X86_PATHS", "ARM_PATHS"):
+            for name, (src, flags, _snippet) in ast.literal_eval(node.value).items():
+                out[name] = (src, flags)
+    return out
+
+
+PATHS = _setup_paths()
+MACHINE = platform.machine().lower()
+X86 = MACHINE in ("x86_64", "amd64")
+ARM64 = MACHINE in ("aarch64", "arm64")
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+CPU = _cpu_flags()
+HAS_AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= CPU
+HAS_VNNI = HAS_AVX512 and "avx512_vnni" in CPU
+HAS_AVX2 = {"avx2", "fma", "f16c"} <= CPU
+
+
+def _run(cmd, **kw):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, **kw)
+    return r.returncode, r.stdout
+
+
+def _compile(cmd):
+    rc, out = _run(cmd)
+    assert rc == 0, "build failed:\n" + " ".join(cmd) + "\n" + out
+
+
+def _evex_lines(obj):
+    """Disassembly lines of `obj` that are AVX-512 (EVEX-encoded: first opcode
+    byte 0x62 in 64-bit mode, or zmm / opmask registers)."""
+    rc, out = _run(["objdump", "-d", obj])
+    assert rc == 0, out
+    bad = []
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if len(parts) < 3:
+            continue
+        raw = parts[1].split()
+        text = parts[2]
+        if raw[:1] == ["62"] or raw[:2] == ["67", "62"] or re.search(r"%zmm|%k[0-7]", text):
+            bad.append(line.strip())
+    return bad
+
+
+class Build:
+    """One driver binary, built on first use into a temporary directory."""
+
+    def __init__(self, tmp_factory):
+        self.tmp_factory = tmp_factory
+        self.cache = {}
+
+    def get(self, key, make):
+        if key not in self.cache:
+            self.cache[key] = make(str(self.tmp_factory.mktemp(key)))
+        return self.cache[key]
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    return Build(tmp_path_factory)
+
+
+def _native_driver(d, path):
+    src, flags = PATHS[path]
+    exe = os.path.join(d, "driver")
+    _compile(CC + CFLAGS + flags + ["-DGQA_TEST_TABLE=gqa_kernels_" + path, DRIVER,
+                                       os.path.join(SRC, "kernels_scalar.c"), os.path.join(SRC, src),
+                                       "-o", exe, "-lm"])
+    return [exe]
+
+
+def _neon_qemu_driver(d):
+    exe = os.path.join(d, "driver")
+    _compile(["aarch64-linux-gnu-gcc"] + CFLAGS + ["-static", "-DGQA_TEST_TABLE=gqa_kernels_neon", DRIVER,
+                                                  os.path.join(SRC, "kernels_scalar.c"),
+                                                  os.path.join(SRC, "kernels_neon.c"), "-o", exe, "-lm"])
+    return ["qemu-aarch64", exe]
+
+
+def _avx512_emulated_driver(d):
+    """kernels_avx512.c on SIMDe: AVX2/FMA/F16C only, like AMD Zen 3."""
+    obj = os.path.join(d, "kernels_avx512_emu.o")
+    exe = os.path.join(d, "driver")
+    # -O1: SIMDe's inlined code makes -O2 three times slower to build.
+    flags = [f for f in CFLAGS if f != "-O2"] + ["-O1", "-mavx2", "-mfma", "-mf16c",
+                                                 "-DGQA_EMULATE_AVX512", "-I" + HERE]
+    assert not any(f.startswith("-mavx512") for f in flags)
+    _compile(CC + flags + ["-c", os.path.join(SRC, "kernels_avx512.c"), "-o", obj])
+    if shutil.which("objdump"):
+        bad = _evex_lines(obj)
+        assert not bad, "the emulated AVX-512 unit contains AVX-512 instructions:\n" + "\n".join(bad[:10])
+    _compile(CC + CFLAGS + ["-DGQA_TEST_TABLE=gqa_kernels_avx512", DRIVER,
+                                os.path.join(SRC, "kernels_scalar.c"), obj, "-o", exe, "-lm"])
+    return [exe]
+
+
+def _need(*tools):
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"missing {', '.join(missing)} (Debian: {APT})")
+
+
+def _simde():
+    _need(CC[0])
+    rc, out = _run(CC + ["-E", "-x", "c", "-", "-o", os.devnull], input="#include <simde/x86/avx512.h>\n")
+    if rc != 0:
+        pytest.skip(f"SIMDe headers not found (Debian: libsimde-dev): {out.strip()[:200]}")
+
+
+def _check(cmd, mode):
+    rc, out = _run(cmd + [mode])
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    assert rc == 0 and re.search(r": \d+ checks, 0 failed$", last), out
+    print(out)
+
+
+def _cases():
+    """(id, driver mode, build) for this host: NEON under qemu on other hosts,
+    natively on aarch64; AVX-512 emulated on every x86-64 host, natively too
+    where the CPU has it."""
+    cases = [("neon-native", "exact", "neon-native") if ARM64 else ("neon-qemu", "exact", "neon-qemu")]
+    if X86:
+        cases += [("avx512-emulated", "exact", "avx512-emulated"),
+                  ("avx512vnni-emulated", "approx", "avx512-emulated")]
+        if HAS_AVX512:
+            cases.append(("avx512-native", "exact", "avx512-native"))
+        if HAS_VNNI:
+            cases.append(("avx512vnni-native", "approx", "avx512-native"))
+        if HAS_AVX2:
+            cases.append(("avx2-native", "exact", "avx2-native"))
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("how,mode,build", CASES, ids=[c[0] for c in CASES])
+def test_isa(builds, how, mode, build):
+    if build == "neon-qemu":
+        _need("aarch64-linux-gnu-gcc", "qemu-aarch64")
+        cmd = builds.get(build, _neon_qemu_driver)
+    elif build == "neon-native":
+        cmd = builds.get(build, lambda d: _native_driver(d, "neon"))
+    elif build == "avx512-emulated":
+        _simde()
+        cmd = builds.get(build, _avx512_emulated_driver)
+    elif build == "avx512-native":
+        cmd = builds.get(build, lambda d: _native_driver(d, "avx512"))
+    else:
+        cmd = builds.get(build, lambda d: _native_driver(d, "avx2"))
+    _check(cmd, mode)
