@@ -362,10 +362,10 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             for (size_t n = 0; n < N; n++)
                 c[n] *= beta;
     }
-    /* Codes: key chunks of ~16 KiB stay in L1 while every column block reads them.
-       Float rows (flash tiles, already cache-resident): one pass, no C reloads. */
-    size_t kc = GQA_IS_QUANT(type) ? 16384 / (rb ? rb : 1) : K;
-    kc = kc < 16 ? 16 : kc;
+    /* Codes: chunks of 128 keys (16 KiB of INT8 rows at H = 128) stay in L1 while every
+       column block reads them; float rows (flash tiles, already cache-resident): one pass.
+       The chunk depends on the type only, so C[m, n] does not depend on N. */
+    const size_t kc = GQA_IS_QUANT(type) ? 128 : (K ? K : 1);
     const size_t nfull = N & ~(size_t)7;
     for (size_t k0 = 0; k0 < K; k0 += kc) {
         size_t k1 = K - k0 < kc ? K : k0 + kc;
