@@ -246,3 +246,21 @@ def test_100_decode_steps_inplace_vs_ort(mode, bits):
     rk, rv = ref.caches()
     assert np.array_equal(ours_k.view(np.uint8), rk.view(np.uint8))
     assert np.array_equal(ours_v.view(np.uint8), rv.view(np.uint8))
+
+
+@needs_ort
+@pytest.mark.parametrize("S,past", [(1, 10), (3, 10), (5, 0)], ids=["decode", "subsequent", "prompt"])
+@pytest.mark.parametrize("mode,bits", [("PER_TENSOR", 8), ("PER_CHANNEL", 4), ("NONE", 0)],
+                         ids=["s8pt", "s4pc", "float"])
+def test_shared_kv_mode_vs_ort(kernel_path, S, past, mode, bits):
+    """key/value of sequence length 0: the past already holds all T keys (shared-KV layers);
+    nothing is appended, rotary applies to Q only."""
+    T = past + S
+    inp, a = make_case(seed=3, B=1, S=S, past=max(past, 1), N=4, Nkv=2, H=16, mode=mode,
+                       bits=bits or 8, rotary=True)
+    full, _ = make_case(seed=4, B=1, S=S, past=T, N=4, Nkv=2, H=16, mode=mode, bits=bits or 8)
+    inp.update(past_key=full["past_key"], past_value=full["past_value"], key=inp["key"][:, :0],
+               value=inp["value"][:, :0], seqlens_k=np.array([T - 1], np.int32), total_sequence_length=T)
+    inp["cos_cache"] = np.tile(inp["cos_cache"], (4, 1))
+    inp["sin_cache"] = np.tile(inp["sin_cache"], (4, 1))
+    compare(inp, a)
