@@ -442,52 +442,63 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
             o[i] = o[i] * inv
 
 
-def run(*, int B, int S, int N, int Nkv, int H, int L, int T, int Pres, int Pbuf,
-        q, k, v, size_t q_tok, size_t kv_tok, seqlens, bint first_prompt, bint has_past,
-        bint shared, kc, vc, pk, pv, int ktype, int vtype, size_t k_rb, size_t v_rb,
-        ks, vs, bint k_pc, bint v_pc, float alpha, float softcap, int W, bint causal,
-        cos, sin, int rot_half, bint do_rotary, bint interleaved, pos_ids, int pos_stride,
-        bias, bint bias_bb, bint bias_nb, sink, bint smooth, out, qk_out, int qk_mode,
-        bint round_half, int num_threads, bint flash, int q_block, int kv_block,
-        int decode_chunks):
+cdef class Consts:
+    """The parameters of one input signature (see _operator._static); reused across calls."""
     cdef Params p
+
+    def __init__(self, *, int B, int S, int N, int Nkv, int H, int L, int Pbuf, size_t q_tok,
+                 size_t kv_tok, bint has_past, bint shared, int ktype, int vtype, size_t k_rb,
+                 size_t v_rb, bint k_pc, bint v_pc, float alpha, float softcap, int W, bint causal,
+                 int rot_half, bint do_rotary, bint interleaved, int pos_stride, bint bias_bb,
+                 bint bias_nb, bint smooth, int qk_mode, bint round_half):
+        memset(&self.p, 0, sizeof(Params))
+        self.p.B = B; self.p.S = S; self.p.N = N; self.p.Nkv = Nkv; self.p.G = N // Nkv
+        self.p.H = H; self.p.L = L; self.p.Pbuf = Pbuf
+        self.p.q_tok = q_tok; self.p.kv_tok = kv_tok
+        self.p.has_past = has_past; self.p.shared = shared
+        self.p.ktype = ktype; self.p.vtype = vtype; self.p.k_rb = k_rb; self.p.v_rb = v_rb
+        self.p.k_pc = k_pc; self.p.v_pc = v_pc
+        self.p.alpha = alpha; self.p.softcap = softcap; self.p.W = W; self.p.causal = causal
+        self.p.rot_half = rot_half; self.p.do_rotary = do_rotary; self.p.interleaved = interleaved
+        self.p.pos_stride = pos_stride
+        self.p.bias_bb = bias_bb; self.p.bias_nb = bias_nb
+        self.p.smooth = smooth; self.p.qk_mode = qk_mode; self.p.round_half = round_half
+
+
+def run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
+        out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
+        int q_block, int kv_block, int decode_chunks):
+    """One call: cache write, then attention (naive, tiled flash or flash decoding)."""
+    cdef Params p = c.p
     cdef const gqa_kernels *t = active_table()
     cdef gqa_qk_gemm_fn qk
-    cdef int u, units = B * Nkv, G = N // Nkv, b
+    cdef int B = p.B, S = p.S, Nkv = p.Nkv, G = p.G, H = p.H
+    cdef int u, units = B * Nkv, b
     cdef float *scratch
     cdef size_t scratch_len
-    p.B = B; p.S = S; p.N = N; p.Nkv = Nkv; p.G = G; p.H = H; p.L = L; p.T = T
-    p.Pres = Pres; p.Pbuf = Pbuf
+    cdef int mode = 0, work_units = units, nq = 0
+    p.T = T; p.Pres = Pres; p.first_prompt = first_prompt
     p.q = <const float *>ptr(q); p.k = <const float *>ptr(k); p.v = <const float *>ptr(v)
-    p.q_tok = q_tok; p.kv_tok = kv_tok
     p.seqlens = <const int *>ptr(seqlens)
-    p.first_prompt = first_prompt; p.has_past = has_past; p.shared = shared
     p.kc = <uint8_t *>ptr(kc); p.vc = <uint8_t *>ptr(vc)
     p.pk = <const uint8_t *>ptr(pk); p.pv = <const uint8_t *>ptr(pv)
-    p.ktype = ktype; p.vtype = vtype; p.k_rb = k_rb; p.v_rb = v_rb
     p.ks = <const float *>ptr(ks); p.vs = <const float *>ptr(vs)
-    p.k_pc = k_pc; p.v_pc = v_pc
-    p.alpha = alpha; p.softcap = softcap; p.W = W; p.causal = causal
     p.cos = <const float *>ptr(cos); p.sin = <const float *>ptr(sin)
-    p.rot_half = rot_half; p.do_rotary = do_rotary; p.interleaved = interleaved
-    p.pos_ids = <const int64_t *>ptr(pos_ids); p.pos_stride = pos_stride
-    p.bias = <const float *>ptr(bias); p.bias_bb = bias_bb; p.bias_nb = bias_nb
-    p.sink = <const float *>ptr(sink); p.smooth = smooth
-    p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out); p.qk_mode = qk_mode
-    p.round_half = round_half
+    p.pos_ids = <const int64_t *>ptr(pos_ids)
+    p.bias = <const float *>ptr(bias); p.sink = <const float *>ptr(sink)
+    p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out)
     p.Tmax = 0
     for b in range(B):
         if p.seqlens[b] + 1 > p.Tmax:
             p.Tmax = p.seqlens[b] + 1
-    qk = qk_kernel(t, ktype)
+    qk = qk_kernel(t, p.ktype)
     p.exp_sum = exp_kernel(t)
     # path: naive (per row, whole range), tiled flash (S > 1), or flash decoding (S == 1)
-    cdef int mode = 0, work_units = units, nq = 0
     p.Br = q_block if q_block < S else S
     p.Bc = kv_block
     p.chunks = 1
     p.partials = NULL
-    if flash and not qk_mode:
+    if flash and not p.qk_mode:
         if S > 1:
             mode = 1
             nq = (S + p.Br - 1) // p.Br
@@ -513,23 +524,39 @@ def run(*, int B, int S, int N, int Nkv, int H, int L, int T, int Pres, int Pbuf
         free(scratch)
         free(p.partials)
         raise MemoryError("gqa: cannot allocate attention scratch")
-    with nogil, parallel(num_threads=num_threads):
-        for u in prange(units, schedule='static'):
-            write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
-        if mode == 0:
-            for u in prange(units, schedule='dynamic'):
-                attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
-        elif mode == 1:
-            # the last query blocks (most keys under a causal mask) first
-            for u in prange(work_units, schedule='dynamic'):
-                attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units,
-                             scratch + threadid() * scratch_len)
-        else:
-            for u in prange(work_units, schedule='dynamic'):
-                decode_chunk(&p, t, qk, u // p.chunks // Nkv, (u // p.chunks) % Nkv, u % p.chunks,
-                             scratch + threadid() * scratch_len)
+    if num_threads == 1:
+        with nogil:
+            for u in range(units):
+                write_cache(&p, t, u // Nkv, u % Nkv, scratch)
+            if mode == 0:
+                for u in range(units):
+                    attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch)
+            elif mode == 1:
+                for u in range(work_units):
+                    attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units, scratch)
+            else:
+                for u in range(work_units):
+                    decode_chunk(&p, t, qk, u // p.chunks // Nkv, (u // p.chunks) % Nkv, u % p.chunks, scratch)
+                for u in range(units):
+                    decode_merge(&p, u // Nkv, u % Nkv)
+    else:
+        with nogil, parallel(num_threads=num_threads):
             for u in prange(units, schedule='static'):
-                decode_merge(&p, u // Nkv, u % Nkv)
-    # end: parallel
+                write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
+            if mode == 0:
+                for u in prange(units, schedule='dynamic'):
+                    attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
+            elif mode == 1:
+                # the last query blocks (most keys under a causal mask) first
+                for u in prange(work_units, schedule='dynamic'):
+                    attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units,
+                                 scratch + threadid() * scratch_len)
+            else:
+                for u in prange(work_units, schedule='dynamic'):
+                    decode_chunk(&p, t, qk, u // p.chunks // Nkv, (u // p.chunks) % Nkv, u % p.chunks,
+                                 scratch + threadid() * scratch_len)
+                for u in prange(units, schedule='static'):
+                    decode_merge(&p, u // Nkv, u % Nkv)
+        # end: parallel
     free(scratch)
     free(p.partials)

@@ -100,10 +100,97 @@ class GroupQueryAttention:
                  total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
                  attention_bias=None, head_sink=None, k_scale=None, v_scale=None, *,
                  present_key=None, present_value=None, num_threads=None):
+        # Checks that depend on the inputs' types, dtypes, shapes and identities only are done
+        # once per signature (a decoding loop repeats one); the checks that depend on values
+        # (lengths, positions) run on every call.  Both finish before anything is written.
+        sig = _signature(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                         position_ids, attention_bias, head_sink, k_scale, v_scale, present_key,
+                         present_value)
+        st = self._cached if (sig is not None and sig == self._sig) else None
+        if st is None:
+            st = self._static(query, key, value, past_key, past_value, seqlens_k, cos_cache,
+                              sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+                              present_key, present_value)
+            self._sig, self._cached = sig, st
+        B, S, N, Nkv, H, L = st.B, st.S, self.num_heads, self.kv_num_heads, st.H, st.L
+        Pbuf, has_past, shared = st.Pbuf, st.has_past, st.shared
+
+        T = self._total_length(total_sequence_length)
+        Pres = Pbuf if shared else max(T, Pbuf)
+        if shared and T > Pbuf:
+            raise ValueError(f"total_sequence_length ({T}) exceeds the shared buffer length "
+                             f"past_key.shape[2] = {Pbuf} (in-place mode)")
+        if L == 0 and T > Pbuf:
+            raise ValueError(f"total_sequence_length ({T}) exceeds past buffer size ({Pbuf}) in "
+                             "shared KV mode")
+        first_prompt = (S == T) and L != 0
+        if S > 1 and S != T and B != 1 and has_past:
+            raise ValueError("batch_size must be 1 when sequence_length > 1 and past context is given.")
+        if S != T and not has_past:
+            raise ValueError(f"sequence_length ({S}) < total_sequence_length ({T}) needs past_key and "
+                             "past_value (the earlier tokens' cache)")
+        Tmax = _check_seqlens(seqlens_k, B, S, T, Pres, Pbuf, L, has_past, shared, first_prompt)
+        if st.rot_half:
+            _check_positions(cos_cache.shape[0], position_ids, seqlens_k, B, S, T, first_prompt)
+        if attention_bias is not None and attention_bias.shape[3] != T:
+            raise ValueError(f"attention_bias must have shape (batch_size or 1, num_heads or 1, "
+                             f"sequence_length, total_sequence_length) = ({B} or 1, {N} or 1, {S}, "
+                             f"{T}), got {attention_bias.shape}")
+
+        # outputs
+        pshape = (B, Nkv, Pres, st.Hp)
+        if present_key is None:
+            present_key = np.empty(pshape, st.cache_dt)
+            present_value = np.empty(pshape, st.cache_dt)
+        elif not shared:
+            inputs = (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                      position_ids, attention_bias, head_sink, k_scale, v_scale)
+            v.out_array(present_key, "present_key", pshape, st.cache_dt, *inputs)
+            v.out_array(present_value, "present_value", pshape, st.cache_dt, *inputs)
+            if np.may_share_memory(present_key, present_value):
+                raise ValueError("present_key and present_value must not overlap")
+        nt = _config.effective_num_threads(num_threads)
+        cfg = _config._settings
+        q_block, kv_block, splits = _flash_plan(B, S, Nkv, N // Nkv, H, Tmax)
+
+        # float32 views of the float inputs (float16 is computed in float32)
+        q32 = _f32(query)
+        if st.packed:
+            k32 = q32[..., N * H:]
+            v32 = q32[..., (N + Nkv) * H:]
+        else:
+            k32, v32 = _f32(key), _f32(value)
+        out = np.empty((B, S, N * H), np.float32)
+        qk_out = np.empty((B, N, S, T), np.float32) if self.qk_output else None
+        f16 = st.dt == np.float16
+        _attention.run(
+            st.consts, q32, k32, v32, v.contiguous(seqlens_k), present_key, present_value,
+            None if shared or not has_past else v.contiguous(past_key),
+            None if shared or not has_past else v.contiguous(past_value),
+            st.ks, st.vs,
+            None if not st.rot_half else _f32(cos_cache), None if not st.rot_half else _f32(sin_cache),
+            v.contiguous(position_ids) if st.rot_half and position_ids is not None else None,
+            None if attention_bias is None else _f32(attention_bias),
+            None if head_sink is None else _f32(head_sink),
+            out, qk_out, T, Pres, first_prompt, nt, cfg["flash"], q_block, kv_block, splits)
+
+        if f16:
+            out = out.astype(np.float16)
+            qk_out = qk_out.astype(np.float16) if qk_out is not None else None
+        if qk_out is not None:
+            return out, present_key, present_value, qk_out
+        return out, present_key, present_value
+
+    _sig = None
+    _cached = None
+
+    def _static(self, query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                position_ids, attention_bias, head_sink, k_scale, v_scale, present_key, present_value):
+        """Every check that does not depend on array values or on total_sequence_length."""
         N, Nkv = self.num_heads, self.kv_num_heads
-        G = N // Nkv
+        st = _Static()
         v.array(query, "query", _FLOATS, ndim=3)
-        dt = query.dtype
+        dt = st.dt = query.dtype
         B, S, D = query.shape
         if (key is None) != (value is None):
             raise ValueError("Input 'key' and 'value' shall be both present, or both absent in the "
@@ -156,13 +243,10 @@ class GroupQueryAttention:
             ks = vs = np.ones(1, np.float32)
             k_pc = v_pc = False
             ktype = vtype = _F32 if dt == np.float32 else _F16
-        row_bytes = Hp * cache_dt.itemsize
 
-        # lengths
         v.array(seqlens_k, "seqlens_k", _INT32)
         if seqlens_k.shape != (B,):
             raise ValueError(f"seqlens_k must be shape (batch_size,) = ({B},), got {seqlens_k.shape}")
-        T = self._total_length(total_sequence_length)
 
         # past / present
         if (past_key is None) != (past_value is None):
@@ -181,110 +265,53 @@ class GroupQueryAttention:
                 raise ValueError(f"Input 'past_key' and 'past_value' shall have the same shape; got "
                                  f"{past_key.shape} and {past_value.shape}")
             Pbuf = past_key.shape[2]
-        Pres = max(T, Pbuf)
         shared = (present_key is not None and present_key is past_key) or \
                  (present_value is not None and present_value is past_value)
         if shared and not (present_key is past_key and present_value is past_value):
             raise ValueError("in-place mode needs present_key is past_key and present_value is past_value")
         if shared:
-            Pres = Pbuf
-            if T > Pbuf:
-                raise ValueError(f"total_sequence_length ({T}) exceeds the shared buffer length "
-                                 f"past_key.shape[2] = {Pbuf} (in-place mode)")
             for name, x in (("past_key", past_key), ("past_value", past_value)):
                 if not (x.flags.c_contiguous and x.flags.aligned and x.flags.writeable):
                     raise ValueError(f"{name} must be C-contiguous, aligned and writeable in "
                                      "in-place mode (present is past)")
             if np.may_share_memory(past_key, past_value):
                 raise ValueError("past_key and past_value must not overlap in in-place mode")
+        elif (present_key is None) != (present_value is None):
+            raise ValueError("present_key and present_value must be given together")
         if L == 0 and not has_past:
             raise ValueError("key/value with sequence length 0 (shared KV) need past_key and past_value")
-        if L == 0 and T > Pbuf:
-            raise ValueError(f"total_sequence_length ({T}) exceeds past buffer size ({Pbuf}) in "
-                             "shared KV mode")
-
-        first_prompt = (S == T) and L != 0
-        subsequent = S > 1 and S != T
-        if subsequent and B != 1 and has_past:
-            raise ValueError("batch_size must be 1 when sequence_length > 1 and past context is given.")
-        if S != T and not has_past:
-            raise ValueError(f"sequence_length ({S}) < total_sequence_length ({T}) needs past_key and "
-                             "past_value (the earlier tokens' cache)")
-        self._check_seqlens(seqlens_k, B, S, T, Pres, Pbuf, L, has_past, shared, first_prompt)
 
         # optional inputs
-        rot_half, cos32, sin32, pos = self._rotary(cos_cache, sin_cache, position_ids, dt, B, S, H, T,
-                                                   seqlens_k, first_prompt)
-        bias32, bias_bb, bias_nb = None, False, False
+        rot_half = self._rotary(cos_cache, sin_cache, position_ids, dt, B, S, H)
+        bias_bb = bias_nb = False
         if attention_bias is not None:
             v.array(attention_bias, "attention_bias", (dt,), ndim=4)
-            bb, bn, bs, bt = attention_bias.shape
-            if bb not in (1, B) or bn not in (1, N) or bs != S or bt != T:
+            bb, bn, bs, _ = attention_bias.shape
+            if bb not in (1, B) or bn not in (1, N) or bs != S:
                 raise ValueError(f"attention_bias must have shape (batch_size or 1, num_heads or 1, "
                                  f"sequence_length, total_sequence_length) = ({B} or 1, {N} or 1, {S}, "
-                                 f"{T}), got {attention_bias.shape}")
-            bias32 = _f32(attention_bias)
+                                 f"T), got {attention_bias.shape}")
             bias_bb, bias_nb = bb == 1, bn == 1
-        sink32 = None
         if head_sink is not None:
             v.array(head_sink, "head_sink", (dt,), ndim=1)
             if head_sink.shape != (N,):
                 raise ValueError(f"head_sink must have shape (num_heads,) = ({N},), got {head_sink.shape}")
-            sink32 = _f32(head_sink)
 
-        # outputs
-        pshape = (B, Nkv, Pres, Hp)
-        if present_key is None and present_value is None:
-            present_key = np.empty(pshape, cache_dt)
-            present_value = np.empty(pshape, cache_dt)
-        elif not shared:
-            if present_key is None or present_value is None:
-                raise ValueError("present_key and present_value must be given together")
-            inputs = (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
-                      position_ids, attention_bias, head_sink, k_scale, v_scale)
-            v.out_array(present_key, "present_key", pshape, cache_dt, *inputs)
-            v.out_array(present_value, "present_value", pshape, cache_dt, *inputs)
-            if np.may_share_memory(present_key, present_value):
-                raise ValueError("present_key and present_value must not overlap")
-        nt = _config.effective_num_threads(num_threads)
-
-        # float32 views of the float inputs (float16 is computed in float32)
-        q32 = _f32(query)
-        if packed:
-            k32 = q32[..., N * H:]
-            v32 = q32[..., (N + Nkv) * H:]
-            kv_tok = q_tok = D
-        else:
-            k32, v32 = _f32(key), _f32(value)
-            q_tok, kv_tok = D, Nkv * H
-        out = np.empty((B, S, N * H), np.float32)
-        qk_out = np.empty((B, N, S, T), np.float32) if self.qk_output else None
         alpha = self.scale if self.scale != 0.0 else float(np.float32(1.0) / np.sqrt(np.float32(H)))
-        q_block, kv_block, splits = _flash_plan(B, S, Nkv, G, H, int(seqlens_k.max()) + 1)
-
-        _attention.run(
-            B=B, S=S, N=N, Nkv=Nkv, H=H, L=L, T=T, Pres=Pres, Pbuf=Pbuf,
-            q=q32, k=k32, v=v32, q_tok=q_tok, kv_tok=kv_tok, seqlens=np.ascontiguousarray(seqlens_k),
-            first_prompt=first_prompt, has_past=has_past, shared=shared,
-            kc=present_key, vc=present_value,
-            pk=v.contiguous(past_key) if has_past and not shared else None,
-            pv=v.contiguous(past_value) if has_past and not shared else None,
-            ktype=ktype, vtype=vtype, k_rb=row_bytes, v_rb=row_bytes, ks=ks, vs=vs,
-            k_pc=k_pc, v_pc=v_pc, alpha=alpha, softcap=self.softcap, W=self.local_window_size,
-            causal=bool(self.causal), cos=cos32, sin=sin32, rot_half=rot_half,
-            do_rotary=bool(self.do_rotary == 1), interleaved=bool(self.rotary_interleaved == 1),
-            pos_ids=pos, pos_stride=0 if pos is None else pos.shape[1],
-            bias=bias32, bias_bb=bias_bb, bias_nb=bias_nb, sink=sink32,
-            smooth=self.smooth_softmax == 1, out=out, qk_out=qk_out, qk_mode=self.qk_output,
-            round_half=dt == np.float16, num_threads=nt, flash=_config._settings["flash"],
-            q_block=q_block, kv_block=kv_block, decode_chunks=splits)
-
-        if dt == np.float16:
-            out = out.astype(np.float16)
-            qk_out = qk_out.astype(np.float16) if qk_out is not None else None
-        if qk_out is not None:
-            return out, present_key, present_value, qk_out
-        return out, present_key, present_value
+        st.B, st.S, st.H, st.L, st.Hp, st.Pbuf = B, S, H, L, Hp, Pbuf
+        st.has_past, st.shared, st.packed, st.cache_dt = has_past, shared, packed, cache_dt
+        st.ks, st.vs, st.rot_half = ks, vs, rot_half
+        row_bytes = Hp * cache_dt.itemsize
+        st.consts = _attention.Consts(
+            B=B, S=S, N=N, Nkv=Nkv, H=H, L=L, Pbuf=Pbuf, q_tok=D, kv_tok=D if packed else Nkv * H,
+            has_past=has_past, shared=shared, ktype=ktype, vtype=vtype, k_rb=row_bytes,
+            v_rb=row_bytes, k_pc=k_pc, v_pc=v_pc, alpha=alpha, softcap=self.softcap,
+            W=self.local_window_size, causal=bool(self.causal), rot_half=rot_half,
+            do_rotary=bool(self.do_rotary == 1 and rot_half), interleaved=self.rotary_interleaved == 1,
+            pos_stride=0 if position_ids is None else position_ids.shape[1],
+            bias_bb=bias_bb, bias_nb=bias_nb, smooth=self.smooth_softmax == 1,
+            qk_mode=self.qk_output, round_half=dt == np.float16)
+        return st
 
     # -- helpers ---------------------------------------------------------------------
     @staticmethod
@@ -321,29 +348,16 @@ class GroupQueryAttention:
             raise ValueError(f"total_sequence_length must be >= 1, got {t}")
         return t
 
-    @staticmethod
-    def _check_seqlens(seqlens, B, S, T, Pres, Pbuf, L, has_past, shared, first_prompt):
-        for b in range(B):
-            sk = int(seqlens[b])
-            if sk < 0 or sk >= Pres:
-                raise ValueError(f"seqlens_k[{b}] = {sk} is out of range [0, {Pres})")
-            if sk + 1 > T:
-                raise ValueError(f"seqlens_k[{b}] = {sk} exceeds total_sequence_length - 1 = {T - 1}")
-            if not first_prompt and sk + 1 < S:
-                raise ValueError(f"seqlens_k[{b}] = {sk} is too small for sequence_length {S}")
-            if has_past and not shared and L != 0 and not first_prompt and sk + 1 - S > Pbuf:
-                raise ValueError(f"seqlens_k[{b}] = {sk} requires {sk + 1 - S} past KV rows, which "
-                                 f"exceeds the past buffer sequence length {Pbuf}.")
-
-    def _rotary(self, cos, sin, pos, dt, B, S, H, T, seqlens, first_prompt):
+    def _rotary(self, cos, sin, pos, dt, B, S, H):
+        """Static rotary checks; returns rotary_dim / 2 when rotary applies, else 0."""
         if (cos is None) != (sin is None):
             raise ValueError("Input 'cos_cache' and 'sin_cache' shall be both present or both absent.")
+        if pos is not None:
+            v.array(pos, "position_ids", _INT64, ndim=2)
         if cos is None:
             if self.do_rotary == 1:
                 raise ValueError("cos_cache and sin_cache must be provided when do_rotary is true")
-            if pos is not None:
-                v.array(pos, "position_ids", _INT64, ndim=2)
-            return 0, None, None, None
+            return 0
         v.array(cos, "cos_cache", (dt,), ndim=2)
         v.array(sin, "sin_cache", (dt,), ndim=2)
         if cos.shape != sin.shape:
@@ -351,40 +365,103 @@ class GroupQueryAttention:
         if H % 16:
             raise ValueError(f"head_size shall be a multiple of 16 when rotary caches are given. "
                              f"Got head_size % 16 == {H % 16}")
-        max_pos, half = cos.shape
+        half = cos.shape[1]
         if half > (H // 16) * 8 or half % 8 or half == 0:
             raise ValueError(f"cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8; "
                              f"got {half} (head_size {H})")
-        if max_pos < T:
-            raise ValueError(f"cos_cache dimension 0 shall not be less than total_sequence_length "
-                             f"({max_pos} < {T})")
         if pos is not None:
-            v.array(pos, "position_ids", _INT64, ndim=2)
             if pos.shape[0] != B:
                 raise ValueError(f"position_ids dimension 0 must be equal to the batch size, got {pos.shape[0]}")
             if pos.shape[1] < S:
                 raise ValueError(f"position_ids dimension 1 must be at least sequence length, got {pos.shape[1]}")
-            pos = np.ascontiguousarray(pos)
-        if self.do_rotary != 1:
-            return 0, None, None, None
-        # positions actually read must index rows of the caches
-        if first_prompt:
-            base = int(pos.reshape(-1)[0]) if pos is not None and pos.size else 0
-            if base < 0 or base > max_pos - S:
-                raise ValueError(f"position_ids base value {base} with sequence_length {S} exceeds "
-                                 f"cos/sin cache range [0, {max_pos})")
-        elif pos is not None:
-            used = pos[:, :S]
-            bad = (used < 0) | (used >= max_pos)
-            if bad.any():
-                b, s = np.argwhere(bad)[0]
-                raise ValueError(f"position_ids[{b}, {s}] = {int(used[b, s])} is out of range [0, {max_pos})")
-        else:
-            for b in range(B):
-                if int(seqlens[b]) >= max_pos:
-                    raise ValueError(f"seqlens_k[{b}] = {int(seqlens[b])} is out of range for rotary "
-                                     f"cache dimension 0 ({max_pos})")
-        return half, _f32(cos), _f32(sin), pos
+        return half if self.do_rotary == 1 else 0
+
+
+class _Static:
+    """What _static derived from one input signature."""
+    __slots__ = ("dt", "B", "S", "H", "L", "Hp", "Pbuf", "has_past", "shared", "packed", "cache_dt",
+                 "ks", "vs", "rot_half", "consts")
+
+
+class _NoSignature(Exception):
+    pass
+
+
+def _step_key(x):
+    """Per-step inputs (copied to float32 / contiguous as needed): dtype and shape decide."""
+    if x is None:
+        return None
+    if type(x) is not np.ndarray:
+        raise _NoSignature
+    return (x.dtype.num, x.shape)
+
+
+def _kept_key(x):
+    """Arrays kept across calls and used in place: identity, dtype, shape, strides."""
+    if x is None:
+        return None
+    if type(x) is not np.ndarray:
+        raise _NoSignature
+    return (id(x), x.dtype.num, x.shape, x.strides)
+
+
+def _signature(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+               attention_bias, head_sink, k_scale, v_scale, present_key, present_value):
+    """A key for the checks of _static: dtypes and shapes of every input, plus identity and
+    strides of the arrays kept across calls (caches, scales, rotary caches, head_sink), and
+    whether the caches are writeable; None if an input is not a plain ndarray (the full checks
+    then run and report it)."""
+    try:
+        return (_step_key(query), _step_key(key), _step_key(value), _kept_key(past_key),
+                _kept_key(past_value), _step_key(seqlens_k), _kept_key(cos_cache),
+                _kept_key(sin_cache), _step_key(position_ids),
+                None if attention_bias is None else _step_key(attention_bias)[:1] + attention_bias.shape[:3],
+                _kept_key(head_sink), _kept_key(k_scale), _kept_key(v_scale),
+                _kept_key(present_key), _kept_key(present_value),
+                present_key is not None and present_key.flags.writeable,
+                present_value is not None and present_value.flags.writeable)
+    except _NoSignature:
+        return None
+
+
+def _check_seqlens(seqlens, B, S, T, Pres, Pbuf, L, has_past, shared, first_prompt):
+    """Every seqlens_k[b] keeps reads and writes inside the buffers; returns max T_b."""
+    tmax = 0
+    for b, sk in enumerate(seqlens.tolist()):
+        if sk < 0 or sk >= Pres:
+            raise ValueError(f"seqlens_k[{b}] = {sk} is out of range [0, {Pres})")
+        if sk + 1 > T:
+            raise ValueError(f"seqlens_k[{b}] = {sk} exceeds total_sequence_length - 1 = {T - 1}")
+        if not first_prompt and sk + 1 < S:
+            raise ValueError(f"seqlens_k[{b}] = {sk} is too small for sequence_length {S}")
+        if has_past and not shared and L != 0 and not first_prompt and sk + 1 - S > Pbuf:
+            raise ValueError(f"seqlens_k[{b}] = {sk} requires {sk + 1 - S} past KV rows, which "
+                             f"exceeds the past buffer sequence length {Pbuf}.")
+        tmax = max(tmax, sk + 1)
+    return tmax
+
+
+def _check_positions(max_pos, pos, seqlens, B, S, T, first_prompt):
+    """The rotary rows read must exist in cos/sin (ONNX Runtime's position rules)."""
+    if max_pos < T:
+        raise ValueError(f"cos_cache dimension 0 shall not be less than total_sequence_length "
+                         f"({max_pos} < {T})")
+    if first_prompt:
+        base = int(pos.reshape(-1)[0]) if pos is not None and pos.size else 0
+        if base < 0 or base > max_pos - S:
+            raise ValueError(f"position_ids base value {base} with sequence_length {S} exceeds "
+                             f"cos/sin cache range [0, {max_pos})")
+    elif pos is not None:
+        used = pos[:, :S]
+        bad = (used < 0) | (used >= max_pos)
+        if bad.any():
+            b, s = np.argwhere(bad)[0]
+            raise ValueError(f"position_ids[{b}, {s}] = {int(used[b, s])} is out of range [0, {max_pos})")
+    else:
+        for b, sk in enumerate(seqlens.tolist()):
+            if sk >= max_pos:
+                raise ValueError(f"seqlens_k[{b}] = {sk} is out of range for rotary cache dimension 0 "
+                                 f"({max_pos})")
 
 
 def _flash_plan(B, S, Nkv, G, H, Tmax):
@@ -410,8 +487,9 @@ def _flash_plan(B, S, Nkv, G, H, Tmax):
 
 
 def _f32(x):
-    """float32, C-contiguous copy or view of a float input."""
-    return np.ascontiguousarray(x, dtype=np.float32)
+    """float32, C-contiguous and aligned copy or view of a float input."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x if x.flags.aligned else x.copy()
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,

@@ -211,3 +211,29 @@ def test_attributes_checked_at_construction():
     op = gqa.GroupQueryAttention(num_heads=4, kv_num_heads=2, k_quant_type="per_channel",
                                  v_quant_type="Per_Tensor", kv_cache_bit_width=4)
     assert (op.k_quant_type, op.v_quant_type) == ("PER_CHANNEL", "PER_TENSOR")
+
+
+def test_repeated_calls_recheck_what_can_change():
+    """A GroupQueryAttention object reuses its shape checks across calls with the same input
+    signature; everything that can change between calls is still checked every time."""
+    inp, a = base(buf=8)
+    op = gqa.GroupQueryAttention(**a)
+    pk, pv = inp["past_key"], inp["past_value"]
+    args = dict(inp, present_key=pk, present_value=pv)
+    op(**args)                                            # in place, signature cached
+    with pytest.raises(ValueError, match=r"seqlens_k\[1\]"):   # values: beyond T
+        op(**dict(args, seqlens_k=np.array([2, 7], np.int32), total_sequence_length=7))
+    with pytest.raises(ValueError, match="total_sequence_length"):
+        op(**dict(args, total_sequence_length=9, seqlens_k=np.array([2, 7], np.int32)))
+    before = pk.copy()
+    pk.flags.writeable = False                            # same object, now read-only
+    with pytest.raises(ValueError, match="past_key"):
+        op(**args)
+    assert np.array_equal(pk, before)
+    pk.flags.writeable = True
+    with pytest.raises(ValueError, match="query"):        # new shape -> full checks again
+        op(**dict(args, query=np.zeros((2, 1, 65), np.float32)))
+    with pytest.raises(TypeError, match="query"):         # not an ndarray
+        op(**dict(args, query=inp["query"].tolist()))
+    out = op(**args)[0]                                   # and the valid call still works
+    assert np.isfinite(out).all()
