@@ -1,6 +1,7 @@
 """Kernel throughput table (benchmark figures, not tests): 1 thread, this machine.
 
     python asv_bench/kernel_rates.py [--paths avx2,avx512] [--min-time 0.2] [--repeats 7]
+                                     [--box-limits 13.8,10.9]
 
 For each runnable path, times QK and SV GEMM on the decode shapes of issue 2 and prints
 G elements/s = M * N * K / t (K-elements per second for QK with M = 1), the ratio of
@@ -94,9 +95,10 @@ def run(paths, min_time, repeats, modes):
     return rows
 
 
-def print_table(rows):
+def print_table(rows, box_limits=None):
+    box = f"{'vs box lim':>10}" if box_limits else ""
     hdr = (f"{'path':7} {'op':3} {'mode':6} {'M':>2} {'N':>5} {'K':>5} {'best us':>9} "
-           f"{'median':>9} {'G elem/s':>9} {'target':>7} {'vs tgt':>7} {'vs Zen3 lim':>11} {'M4/M1':>6}")
+           f"{'median':>9} {'G elem/s':>9} {'target':>7} {'vs tgt':>7} {'vs Zen3 lim':>11} {box}{'M4/M1':>6}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -108,9 +110,10 @@ def print_table(rows):
             tgt_s, vs_t = f"{M4_TARGET:.1f}x", f"{r['m4'] / M4_TARGET:.2f}"
         ratio = f"{r['m4']:.2f}" if r["m4"] is not None else ""
         lim = LIMITS_ZEN3[r["bits"]]
+        bl = f"{r['rate'] / box_limits[r['bits']]:>10.2f}" if box_limits else ""
         print(f"{r['path']:7} {r['op']:3} {r['mode']:6} {r['M']:>2} {r['N']:>5} {r['K']:>5} "
               f"{r['us']:>9.2f} {r['us_med']:>9.2f} {r['rate']:>9.2f} {tgt_s:>7} {vs_t:>7} "
-              f"{r['rate'] / lim:>11.2f} {ratio:>6}")
+              f"{r['rate'] / lim:>11.2f} {bl}{ratio:>6}")
 
 
 def main(argv=None):
@@ -119,7 +122,14 @@ def main(argv=None):
     ap.add_argument("--modes", default="s8_pt,s4_pt,s8_pc,s4_pc")
     ap.add_argument("--min-time", type=float, default=0.2)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--box-limits", default=None, metavar="I8,I4",
+                    help="this machine's 1-thread fused-dequant dot limits in G elem/s "
+                         "(from ../shared/tools/roofline.c, L2 column), adds a 'vs box lim' column")
     args = ap.parse_args(argv)
+    box = None
+    if args.box_limits:
+        i8, i4 = (float(v) for v in args.box_limits.split(","))
+        box = {8: i8, 4: i4}
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     gqa = _gqa()
     from gqa import _dispatch
@@ -135,7 +145,9 @@ def main(argv=None):
     print("# rate = M*N*K/t (QK M=1: K-elements/s); targets apply to per-tensor modes; "
           "'vs Zen3 lim' = rate / anchors.md 1-thread limit (20.6 INT8, 14.5 INT4)")
     rows = run(args.paths.split(","), args.min_time, args.repeats, args.modes.split(","))
-    print_table(rows)
+    if box:
+        print(f"# 'vs box lim' = rate / this machine's limits: INT8 {box[8]}, INT4 {box[4]} G elem/s")
+    print_table(rows, box)
     return 0
 
 

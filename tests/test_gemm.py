@@ -258,6 +258,8 @@ def test_noncontiguous_inputs_and_inputs_untouched(kernel_path, mode, rng):
     sa, sb, ss, _ = sv_case(rng, mode, 3, 40, 32)
     want = gqa.sv_gemm(sa, sb, ss, bits=bits)
     assert np.array_equal(gqa.sv_gemm(np.asfortranarray(sa), np.asfortranarray(sb), ss, bits=bits), want)
+    # unaligned float32 inputs are copied, not refused
+    assert np.array_equal(gqa.sv_gemm(unaligned(sa), sb, unaligned(ss), bits=bits), want)
 
 
 def test_tolerance_catches_one_wrong_code():
@@ -336,6 +338,15 @@ def test_qk_bad_args(bits, i):
     assert np.all(out == 7.0), "out was written although the call failed"
 
 
+def unaligned(x):
+    """A writeable copy of x whose data pointer is not aligned for its dtype."""
+    buf = np.zeros(x.nbytes + 1, np.uint8)
+    y = buf[1:].view(x.dtype).reshape(x.shape)
+    y[...] = x
+    assert not y.flags.aligned
+    return y
+
+
 def _bad_outs(shape, overlapping):
     ro = np.zeros(shape, F32)
     ro.flags.writeable = False
@@ -349,6 +360,7 @@ def _bad_outs(shape, overlapping):
     yield "noncontig", big[:, ::2], ValueError
     yield "fortran", np.asfortranarray(np.zeros(shape, F32)), ValueError
     yield "list", np.zeros(shape, F32).tolist(), TypeError
+    yield "unaligned", unaligned(np.zeros(shape, F32)), ValueError
     for j, x in enumerate(overlapping):
         yield f"overlap{j}", x, ValueError
 
