@@ -1,13 +1,18 @@
 """Shared fixtures: which gqa is tested, the ``kernel_path`` parametrization, the header.
 
-Which gqa is imported (see TEST_NOTES.md): the *installed* package is preferred.  When
-pytest runs as ``python -m pytest`` from the repository root, Python puts the root on
-sys.path, and the source tree's ``gqa/`` (which has no compiled extensions after a plain
-``pip install .``) would shadow the installed package.  So the root is taken off sys.path
-while gqa is imported; only if no installed gqa exists is the root used, which is the
-in-place developer build (``python setup.py build_ext --inplace``).  The report header
-says which one was picked.
+Which gqa is imported (TEST_NOTES.md explains the choice):
+
+* the source tree, when it holds an in-place build (``python setup.py build_ext --inplace``
+  put compiled extensions into ``gqa/``): a developer testing this checkout;
+* otherwise the installed package (CI: ``pip install .`` then ``pytest`` from the root).
+  The source tree's ``gqa/`` has no compiled extensions then, and when pytest runs as
+  ``python -m pytest`` Python puts the root on sys.path, where that half package would
+  shadow the installed one: so the root is taken off sys.path for the import.
+
+``GQA_TEST_IMPORT=installed`` or ``=source`` forces one of the two.  The report header
+says which gqa was imported, from where.
 """
+import glob
 import os
 import sys
 
@@ -23,29 +28,29 @@ def _is_root(entry):
         return False
 
 
-def _import_gqa():
-    """Import gqa, preferring an installed package over the source tree."""
-    sys.path[:] = [p for p in sys.path if not _is_root(p)]
-    try:
-        import gqa  # noqa: F401  (the installed package, if there is one)
-        return _origin(gqa)
-    except ImportError:
-        for name in [m for m in sys.modules if m == "gqa" or m.startswith("gqa.")]:
-            del sys.modules[name]
-    sys.path.insert(0, _ROOT)
-    import gqa  # noqa: F401,F811  (the in-place build in the source tree)
-    return _origin(gqa)
-
-
-def _origin(mod):
-    inside = os.path.abspath(mod.__file__).startswith(_ROOT + os.sep)
-    return "source tree" if inside else "installed"
-
-
 def _inplace_build_present():
-    import glob
-    return bool(glob.glob(os.path.join(_ROOT, "gqa", "_dispatch*.so")) +
-                glob.glob(os.path.join(_ROOT, "gqa", "_dispatch*.pyd")))
+    pkg = os.path.join(_ROOT, "gqa")
+    return bool(glob.glob(os.path.join(pkg, "_dispatch*.so")) + glob.glob(os.path.join(pkg, "_dispatch*.pyd")))
+
+
+def _import_gqa():
+    want = os.environ.get("GQA_TEST_IMPORT", "").strip().lower()
+    if want not in ("", "installed", "source"):
+        raise pytest.UsageError(f"GQA_TEST_IMPORT={want!r}: use 'installed' or 'source'")
+    source = want == "source" or (want == "" and _inplace_build_present())
+    sys.path[:] = [p for p in sys.path if not _is_root(p)]
+    if source:
+        sys.path.insert(0, _ROOT)
+    try:
+        import gqa  # noqa: F401
+    except ImportError as e:
+        raise pytest.UsageError(
+            f"cannot import gqa ({e}); build it in place (python setup.py build_ext --inplace) "
+            "or install it (pip install .)") from e
+    inside = os.path.abspath(gqa.__file__).startswith(_ROOT + os.sep)
+    if want == "installed" and inside:
+        raise pytest.UsageError(f"GQA_TEST_IMPORT=installed but gqa came from {gqa.__file__}")
+    return "source tree, in-place build" if inside else "installed"
 
 
 GQA_ORIGIN = _import_gqa()
@@ -81,9 +86,7 @@ SIMD_PATHS = tuple(p for p in ALL_PATHS if p != "scalar")
 
 def pytest_report_header(config):
     return [
-        f"gqa {gqa.__version__} ({GQA_ORIGIN}): {os.path.dirname(gqa.__file__)}"
-        + ("  [note: the source tree also holds an in-place build, not the one tested]"
-           if GQA_ORIGIN == "installed" and _inplace_build_present() else ""),
+        f"gqa {gqa.__version__} ({GQA_ORIGIN}): {os.path.dirname(gqa.__file__)}",
         f"gqa active path: {gqa.active_kernel()}; available: {', '.join(gqa.available_kernels())}; "
         f"compiled: {', '.join(_dispatch.COMPILED_PATHS)}",
         f"gqa CPU features: {', '.join(_dispatch.cpu_features()) or '(none)'}",

@@ -1,0 +1,1 @@
+"""asv benchmarks for gqa (see asv.conf.json at the repository root)."""
