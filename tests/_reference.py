@@ -12,7 +12,6 @@ Nothing here calls gqa: these are the oracles the kernels are compared against.
   present_value of a one-node com.microsoft GroupQueryAttention graph with a
   zero-length past, so present holds exactly the quantized new K / V).
 """
-import functools
 
 import numpy as np
 
@@ -170,77 +169,31 @@ def random_scale(rng, h, per_channel, lo=1e-3, hi=1e-1):
 
 # ---------------------------------------------------------------- onnxruntime
 
-def _ort():
-    import onnxruntime
-    return onnxruntime
-
-
-@functools.lru_cache(maxsize=None)
-def _ort_session(bits, per_channel, num_heads, kv_num_heads, head_size):
-
-    from onnx import TensorProto, helper
-
-    ort = _ort()
-    hp = packed_width(bits, head_size)
-    ct = TensorProto.INT8 if bits == 8 else TensorProto.UINT8
-    vi = helper.make_tensor_value_info
-    inputs = [
-        vi("query", TensorProto.FLOAT, ["B", "S", num_heads * head_size]),
-        vi("key", TensorProto.FLOAT, ["B", "S", kv_num_heads * head_size]),
-        vi("value", TensorProto.FLOAT, ["B", "S", kv_num_heads * head_size]),
-        vi("past_key", ct, ["B", kv_num_heads, "P", hp]),
-        vi("past_value", ct, ["B", kv_num_heads, "P", hp]),
-        vi("seqlens_k", TensorProto.INT32, ["B"]),
-        vi("total_sequence_length", TensorProto.INT32, []),
-        vi("k_scale", TensorProto.FLOAT, ["KS"]),
-        vi("v_scale", TensorProto.FLOAT, ["VS"]),
-    ]
-    outputs = [vi("output", TensorProto.FLOAT, None), vi("present_key", ct, None),
-               vi("present_value", ct, None)]
-    qt = "PER_CHANNEL" if per_channel else "PER_TENSOR"
-    node = helper.make_node(
-        "GroupQueryAttention",
-        ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
-         "", "", "", "", "", "k_scale", "v_scale"],
-        ["output", "present_key", "present_value"],
-        domain="com.microsoft", num_heads=num_heads, kv_num_heads=kv_num_heads,
-        k_quant_type=qt, v_quant_type=qt, kv_cache_bit_width=bits)
-    graph = helper.make_graph([node], "gqa_one_node", inputs, outputs)
-    # The trap (ort-verified-facts.md): ORT 1.31.1 refuses newer IR versions; set IR 10 and
-    # explicit opsets.
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
-                                                    helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = 10
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def ort_present(key, value, k_scale, v_scale, bits, per_channel, num_heads=None):
     """Quantize with onnxruntime: key/value float32 [B, S, Nkv, H] -> (present_key,
     present_value) codes [B, Nkv, S, Hp] (int8 for INT8, packed uint8 for INT4).
     Per-channel scales have Nkv*H elements (head j uses scale[j*H:(j+1)*H])."""
+    import _ort
+
     key = np.asarray(key, F32)
     value = np.asarray(value, F32)
     b, s, nkv, h = key.shape
     n = num_heads or nkv
-    sess = _ort_session(bits, bool(per_channel), n, nkv, h)
     hp = packed_width(bits, h)
     ct = np.int8 if bits == 8 else np.uint8
-    feeds = {
+    qt = "PER_CHANNEL" if per_channel else "PER_TENSOR"
+    inputs = {
         "query": np.zeros((b, s, n * h), F32),
         "key": np.ascontiguousarray(key.reshape(b, s, nkv * h)),
         "value": np.ascontiguousarray(value.reshape(b, s, nkv * h)),
         "past_key": np.zeros((b, nkv, 0, hp), ct),  # zero-length past: present = the new rows
         "past_value": np.zeros((b, nkv, 0, hp), ct),
         "seqlens_k": np.full(b, s - 1, np.int32),
-        "total_sequence_length": np.array(s, np.int32),
+        "total_sequence_length": s,
         "k_scale": np.asarray(k_scale, F32).reshape(-1),
         "v_scale": np.asarray(v_scale, F32).reshape(-1),
     }
-    _, pk, pv = sess.run(None, feeds)
+    attrs = dict(num_heads=n, kv_num_heads=nkv, k_quant_type=qt, v_quant_type=qt, kv_cache_bit_width=bits)
+    _, pk, pv = _ort.run_ort(inputs, attrs)
     assert pk.shape == (b, nkv, s, hp) and pk.dtype == ct, (pk.shape, pk.dtype)
     return pk, pv

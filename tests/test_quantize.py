@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import gqa
-from _reference import (F32, LIMITS, MODES, dequantize_ref, ort_present, pack_int4,
+from _reference import (F32, LIMITS, MODES, dequantize_ref, ort_present,
                         packed_width, quantize_codes_ref, quantize_ref, unpack_int4)
 
 WIDTHS = list(range(1, 34)) + [63, 64, 65, 127, 128, 129, 256]
