@@ -159,7 +159,7 @@ def main(argv=None):
     except OSError:
         pass
     print("# G/s = M*N*K/t; ratios use the kernel time; targets for per-tensor modes; "
-          f"'vs Zen3' = / anchors.md limits (20.6 INT8, 14.5 INT4)"
+          "'vs Zen3' = / anchors.md limits (20.6 INT8, 14.5 INT4)"
           + (f"; 'vs box' = / {box[8]} INT8, {box[4]} INT4" if box else ""))
     print_table(run(args.paths.split(","), args.modes.split(","), args.min_time, args.repeats), box)
     return 0
