@@ -4,6 +4,7 @@ Validation happens here, completely, before any output or caller buffer is
 written; the compute (gqa/_attention.pyx) then runs without the GIL.
 """
 import numbers
+import os
 
 import numpy as np
 
@@ -464,9 +465,13 @@ def _check_positions(max_pos, pos, seqlens, B, S, T, first_prompt):
                                  f"({max_pos})")
 
 
+_UNITS = max(8, os.cpu_count() or 1)
+
+
 def _flash_plan(B, S, Nkv, G, H, Tmax):
     """Tile sizes of the flash path and KV splits of flash decoding.  They depend on the
-    shapes and the L2 size only -- never on the thread count -- so results do not either.
+    shapes, the L2 size and the CPU count only -- never on the thread count -- so results
+    do not either.
     K and V tiles (2 x kv_rows x H float32) take about 1/8 of L2; a query tile holds
     ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times."""
     blocks = _config._settings["flash_blocks"]
@@ -478,11 +483,11 @@ def _flash_plan(B, S, Nkv, G, H, Tmax):
         q_block = max(4, 128 // G)
     splits = _config._settings["decode_splits"]
     if splits is None:
-        # Decode: fewer than 8 (batch, KV head) units leave cores idle; split the keys so
-        # there are at least 8 units, in chunks of at least 256 keys.
+        # Decode: fewer (batch, KV head) units than max(8, CPUs) leave cores idle or unevenly
+        # loaded; split the keys so there are that many units, in chunks of >= 256 keys.
         splits = 1
-        if S == 1 and B * Nkv < 8:
-            splits = max(1, min(-(-8 // (B * Nkv)), Tmax // 256))
+        if S == 1 and B * Nkv < _UNITS:
+            splits = max(1, min(-(-_UNITS // (B * Nkv)), Tmax // 256))
     return q_block, kv_block, splits
 
 
