@@ -18,6 +18,7 @@ from libc.string cimport memset, memcpy
 from libc.math cimport expf, tanhf, fmaf
 from libc.stdint cimport uint8_t, int64_t
 cimport numpy as cnp
+import numpy as np
 
 from gqa._dispatch cimport (active_table, qk_kernel, exp_kernel, gqa_kernels, gqa_qk_gemm_fn,
                             gqa_exp_sum_fn, round_to_half, GQA_F32)
@@ -442,6 +443,45 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
             o[i] = o[i] * inv
 
 
+cdef bint _overlap(object a, object b):
+    if a is None or b is None:
+        return False
+    cdef char *pa = <char *>cnp.PyArray_DATA(<cnp.ndarray>a)
+    cdef char *pb = <char *>cnp.PyArray_DATA(<cnp.ndarray>b)
+    return pa < pb + cnp.PyArray_NBYTES(<cnp.ndarray>b) and pb < pa + cnp.PyArray_NBYTES(<cnp.ndarray>a)
+
+
+def _check_no_alias(kc, vc, inputs):
+    """In-place mode writes the caches before the attention reads its inputs: none may share
+    memory with past_key / past_value."""
+    for name, x in inputs:
+        for cname, c in (("past_key", kc), ("past_value", vc)):
+            if _overlap(x, c):
+                raise ValueError(f"{cname} must not overlap {name} in in-place mode (present is past)")
+
+
+cdef int _check_lengths(Params *p, Py_ssize_t max_pos) except -1:
+    """Re-check, on the copies the compute will use, every length and rotary position that
+    addresses memory (see _operator for the messages users normally get first)."""
+    cdef int b, s, sk
+    cdef int64_t pos
+    for b in range(p.B):
+        sk = p.seqlens[b]
+        if sk < 0 or sk >= p.Pres or sk + 1 > p.T:
+            raise ValueError(f"seqlens_k[{b}] = {sk} is out of range [0, {min(p.Pres, p.T)})")
+        if not p.first_prompt and sk + 1 < p.S:
+            raise ValueError(f"seqlens_k[{b}] = {sk} is too small for sequence_length {p.S}")
+        if p.has_past and not p.shared and p.L != 0 and not p.first_prompt and sk + 1 - p.S > p.Pbuf:
+            raise ValueError(f"seqlens_k[{b}] = {sk} requires more past rows than past_key has")
+        if p.do_rotary:
+            for s in range(p.S):
+                pos = position(p, b, s)
+                if pos < 0 or pos >= max_pos:
+                    raise ValueError(f"rotary position {pos} of batch {b}, token {s} is out of range "
+                                     f"[0, {max_pos}) of cos_cache")
+    return 0
+
+
 cdef class Consts:
     """The parameters of one input signature (see _operator._static); reused across calls."""
     cdef Params p
@@ -487,6 +527,30 @@ def run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, b
     p.pos_ids = <const int64_t *>ptr(pos_ids)
     p.bias = <const float *>ptr(bias); p.sink = <const float *>ptr(sink)
     p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out)
+    if p.shared:
+        _check_no_alias(kc, vc, (("query", q), ("key", k), ("value", v), ("seqlens_k", seqlens),
+                                 ("k_scale", ks), ("v_scale", vs), ("cos_cache", cos),
+                                 ("sin_cache", sin), ("position_ids", pos_ids),
+                                 ("attention_bias", bias), ("head_sink", sink)))
+    # The lengths and positions that drive addressing are copied and checked here, so that
+    # nothing written during the call (an input aliasing a cache) or changed by another
+    # thread since the Python checks can move a read or write outside its buffer.
+    cdef int lens_local[64]
+    cdef int64_t pos_local[256]
+    cdef size_t npos = 0 if pos_ids is None else <size_t>cnp.PyArray_SIZE(<cnp.ndarray>pos_ids)
+    if B > 64 or npos > 256:        # large batches: copies owned by NumPy
+        lens = np.array(seqlens, dtype=np.int32, copy=True)
+        p.seqlens = <const int *>ptr(lens)
+        if pos_ids is not None:
+            pos_ids = np.array(pos_ids, dtype=np.int64, copy=True)
+            p.pos_ids = <const int64_t *>ptr(pos_ids)
+    else:
+        memcpy(lens_local, p.seqlens, B * sizeof(int))
+        p.seqlens = lens_local
+        if npos:
+            memcpy(pos_local, p.pos_ids, npos * sizeof(int64_t))
+            p.pos_ids = pos_local
+    _check_lengths(&p, 0 if cos is None else cnp.PyArray_DIM(<cnp.ndarray>cos, 0))
     p.Tmax = 0
     for b in range(B):
         if p.seqlens[b] + 1 > p.Tmax:

@@ -237,3 +237,22 @@ def test_repeated_calls_recheck_what_can_change():
         op(**dict(args, query=inp["query"].tolist()))
     out = op(**args)[0]                                   # and the valid call still works
     assert np.isfinite(out).all()
+
+
+def test_inplace_inputs_aliasing_the_cache_are_rejected_every_call():
+    """In-place mode writes the cache before reading the inputs; an input living inside the
+    cache is refused (a seqlens_k there could otherwise steer writes out of bounds)."""
+    inp, a = base(mode="NONE", buf=8)
+    op = gqa.GroupQueryAttention(**a)
+    pk, pv = inp["past_key"], inp["past_value"]
+    args = dict(inp, present_key=pk, present_value=pv)
+    op(**args)                                              # cache the signature
+    alias = pk.reshape(-1)[:2].view(np.int32)               # seqlens_k inside past_key
+    alias[:] = inp["seqlens_k"]
+    before = pk.copy()
+    with pytest.raises(ValueError, match="seqlens_k"):
+        op(**dict(args, seqlens_k=alias))
+    assert np.array_equal(pk.view(np.uint8), before.view(np.uint8))
+    q_alias = pv.reshape(-1)[:inp["query"].size].reshape(inp["query"].shape)
+    with pytest.raises(ValueError, match="query"):
+        op(**dict(args, query=q_alias))
