@@ -443,7 +443,7 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
             o[i] = o[i] * inv
 
 
-cdef bint _overlap(object a, object b):
+cdef inline bint _overlap(object a, object b):
     if a is None or b is None:
         return False
     cdef char *pa = <char *>cnp.PyArray_DATA(<cnp.ndarray>a)
@@ -451,13 +451,19 @@ cdef bint _overlap(object a, object b):
     return pa < pb + cnp.PyArray_NBYTES(<cnp.ndarray>b) and pb < pa + cnp.PyArray_NBYTES(<cnp.ndarray>a)
 
 
-def _check_no_alias(kc, vc, inputs):
+cdef int _check_no_alias(kc, vc, list names, list inputs) except -1:
     """In-place mode writes the caches before the attention reads its inputs: none may share
     memory with past_key / past_value."""
-    for name, x in inputs:
-        for cname, c in (("past_key", kc), ("past_value", vc)):
-            if _overlap(x, c):
-                raise ValueError(f"{cname} must not overlap {name} in in-place mode (present is past)")
+    cdef Py_ssize_t i
+    for i in range(len(inputs)):
+        if _overlap(inputs[i], kc) or _overlap(inputs[i], vc):
+            raise ValueError(f"{'past_key' if _overlap(inputs[i], kc) else 'past_value'} must not "
+                             f"overlap {names[i]} in in-place mode (present is past)")
+    return 0
+
+
+_ALIAS_NAMES = ["query", "key", "value", "seqlens_k", "k_scale", "v_scale", "cos_cache", "sin_cache",
+                "position_ids", "attention_bias", "head_sink"]
 
 
 cdef int _check_lengths(Params *p, Py_ssize_t max_pos) except -1:
@@ -528,10 +534,7 @@ def run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, b
     p.bias = <const float *>ptr(bias); p.sink = <const float *>ptr(sink)
     p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out)
     if p.shared:
-        _check_no_alias(kc, vc, (("query", q), ("key", k), ("value", v), ("seqlens_k", seqlens),
-                                 ("k_scale", ks), ("v_scale", vs), ("cos_cache", cos),
-                                 ("sin_cache", sin), ("position_ids", pos_ids),
-                                 ("attention_bias", bias), ("head_sink", sink)))
+        _check_no_alias(kc, vc, _ALIAS_NAMES, [q, k, v, seqlens, ks, vs, cos, sin, pos_ids, bias, sink])
     # The lengths and positions that drive addressing are copied and checked here, so that
     # nothing written during the call (an input aliasing a cache) or changed by another
     # thread since the Python checks can move a read or write outside its buffer.
