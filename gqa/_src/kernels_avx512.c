@@ -13,6 +13,9 @@
  *    INT4: nibbles q+8 paired inside 64-bit lanes and narrowed with vpmovqb;
  *    an odd width's pad nibble is 8.
  *  - dequantize: code * s, one rounding, bit-identical to the scalar path.
+ *    dequantize_t (flash K tiles): 16 x 16 blocks transposed in registers,
+ *    column blocks outer so each pass fills 16 destination rows front to back;
+ *    the ragged edges are the same blocks with masked loads and stores.
  *  - qk_gemm: register blocks of MB (<= 8) rows of A x NB rows of B.  Each
  *    16-element B chunk is converted to float once and used for every row of
  *    the block.  Per-tensor INT8/INT4 defer the scale: (alpha * s) * sum(a * q).
@@ -26,6 +29,7 @@
  *    ignored), beta 1 accumulates, any other beta scales C first.
  *  - qk_gemm_s8_approx: the opt-in approximate INT8 per-tensor QK kernel of
  *    the contract (section 2.7); see the comment above it.
+ *  - exp_sum: the AVX2 path's exp on 16 lanes (identical values), masked tail.
  *
  * The emulation build of tests/isa (GQA_EMULATE_AVX512, never set by setup.py)
  * takes the intrinsics from SIMDe instead of <immintrin.h> so this code can run
@@ -208,20 +212,97 @@ static void dequantize_avx512(const void *src, float *dst, size_t ldd, size_t ro
         deq_rows[type]((const uint8_t *)src + r * rb, dst + r * ldd, cols, s);
 }
 
+/* 16 x 16 transpose of r[0..15] in place: 4 x 4 transposes inside each 128-bit
+   lane (unpack, shuffle), then a 4 x 4 transpose of the 128-bit lanes. */
+INLINE void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16];
+    UNROLL
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4i + c], 128-bit lane j: rows 4i .. 4i+3 of column 4j + c */
+    UNROLL
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    UNROLL
+    for (int c = 0; c < 4; c++) {
+        __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);      /* lanes 0, 2 of rows 0-3, 4-7 */
+        __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);      /* lanes 1, 3 */
+        __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88); /* rows 8-11, 12-15 */
+        __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+        r[4 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+    }
+}
+
+/* Rows r .. r+nr-1, columns c .. c+nc-1 (nr, nc <= 16; c % 16 == 0) of the packed
+   rows, transposed into dst[(c + j) * ldd + r + i].  Missing rows read as 0 and
+   are not stored; missing columns are not read (masked loads) nor stored. */
+INLINE void deqt_block(const uint8_t *B, size_t rb, size_t r, size_t c, size_t nr, size_t nc, const int type,
+                       const float *s, __m512 vps, float *dst, size_t ldd, const int partial)
+{
+    const int pt = type == GQA_S8_PT || type == GQA_S4_PT;
+    __m512 v[16];
+    UNROLL
+    for (int i = 0; i < 16; i++) {
+        if (partial && (size_t)i >= nr) {
+            v[i] = _mm512_setzero_ps();
+            continue;
+        }
+        __m512 x = load16(B + (r + i) * rb, c, type, s, partial, nc);
+        v[i] = pt ? _mm512_mul_ps(x, vps) : x;
+    }
+    transpose16(v);
+    const __mmask16 m = partial ? mask16(nr) : (__mmask16)0xFFFF;
+    UNROLL
+    for (int j = 0; j < 16; j++) {
+        if (partial && (size_t)j >= nc)
+            break;
+        if (partial)
+            _mm512_mask_storeu_ps(dst + (c + j) * ldd + r, m, v[j]);
+        else
+            _mm512_storeu_ps(dst + (c + j) * ldd + r, v[j]);
+    }
+}
+
+#define DEQT_INST(T)                                                                                \
+    static void deqt_##T(const void *src, float *dst, size_t ldd, size_t rows, size_t cols,          \
+                         const float *s)                                                             \
+    {                                                                                                \
+        const uint8_t *B = (const uint8_t *)src;                                                     \
+        const size_t rb = gqa_row_bytes(T, cols);                                                    \
+        const __m512 vps = _mm512_set1_ps(post_scale(T, s));                                         \
+        const size_t rfull = rows & ~(size_t)15, cfull = cols & ~(size_t)15;                         \
+        /* column blocks outer: each pass fills 16 destination rows front to back */                 \
+        for (size_t c = 0; c < cols; c += 16) {                                                      \
+            const size_t nc = cols - c < 16 ? cols - c : 16;                                         \
+            size_t r = 0;                                                                            \
+            if (c < cfull)                                                                           \
+                for (; r < rfull; r += 16)                                                           \
+                    deqt_block(B, rb, r, c, 16, 16, T, s, vps, dst, ldd, 0);                         \
+            for (; r < rows; r += 16)                                                                \
+                deqt_block(B, rb, r, c, rows - r < 16 ? rows - r : 16, nc, T, s, vps, dst, ldd, 1);  \
+        }                                                                                            \
+    }
+DEQT_INST(GQA_S8_PT) DEQT_INST(GQA_S8_PC) DEQT_INST(GQA_S4_PT) DEQT_INST(GQA_S4_PC) DEQT_INST(GQA_F32)
+DEQT_INST(GQA_F16)
+
+typedef void (*deqt_fn)(const void *, float *, size_t, size_t, size_t, const float *);
+static const deqt_fn deqt_fns[6] = {deqt_GQA_S8_PT, deqt_GQA_S8_PC, deqt_GQA_S4_PT,
+                                    deqt_GQA_S4_PC, deqt_GQA_F32, deqt_GQA_F16};
+
 static void dequantize_t_avx512(const void *src, float *dst, size_t ldd, size_t rows,
                                 size_t cols, int type, const float *s)
 {
-    const size_t rb = gqa_row_bytes(type, cols);
-    float tmp[256];
-    for (size_t r = 0; r < rows; r++) {
-        const uint8_t *row = (const uint8_t *)src + r * rb;
-        for (size_t c0 = 0; c0 < cols; c0 += 256) {
-            size_t nc = cols - c0 < 256 ? cols - c0 : 256;
-            deq_rows[type](row + gqa_row_bytes(type, c0), tmp, nc, GQA_IS_PC(type) ? s + c0 : s);
-            for (size_t c = 0; c < nc; c++)
-                dst[(c0 + c) * ldd + r] = tmp[c];
-        }
-    }
+    deqt_fns[type](src, dst, ldd, rows, cols, s);
 }
 
 /* ---- qk_gemm ----------------------------------------------------------------- */
@@ -674,6 +755,56 @@ GQA_TARGET_VNNI static void qk_gemm_s8_approx_avx512(size_t M, size_t N, size_t 
     }
 }
 
+/* ---- exp_sum -------------------------------------------------------------------- */
+
+/* exp(d), the AVX2 path's exp8 on 16 lanes (same operations, so the same values):
+   d = n ln2 + r, |r| <= ln2/2 (two-constant Cody-Waite), exp(r) by the degree-6
+   Cephes expf polynomial (~1 ulp), times 2^n built in the exponent field.  d below
+   GQA_EXP_MIN (and -inf) gives exactly +0; NaN stays NaN (vmaxps / vminps return
+   their second operand when one is NaN, and the compare is false). */
+INLINE __m512 exp16(__m512 d)
+{
+    const __mmask16 keep = _mm512_cmp_ps_mask(d, _mm512_set1_ps(GQA_EXP_MIN), _CMP_NLT_UQ);
+    d = _mm512_max_ps(_mm512_set1_ps(GQA_EXP_MIN), d);
+    d = _mm512_min_ps(_mm512_set1_ps(88.3f), d);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(d, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), d);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
+}
+
+/* x[i] = exp(x[i] - m); the sum in 16 lanes (the tail masked: lanes past n are
+   neither read, written nor summed), then 16 -> 8 and the AVX2 path's tree. */
+static float exp_sum_avx512(float *x, size_t n, float m)
+{
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (i < n) {
+        const __mmask16 k = mask16(n - i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vm));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        acc = _mm512_mask_add_ps(acc, k, acc, e);
+    }
+    float out[8];
+    _mm256_storeu_ps(out, fold256(acc));
+    return ((out[0] + out[1]) + (out[2] + out[3])) + ((out[4] + out[5]) + (out[6] + out[7]));
+}
+
 const gqa_kernels gqa_kernels_avx512 = {
     "avx512",
     quantize_avx512,
@@ -682,5 +813,6 @@ const gqa_kernels gqa_kernels_avx512 = {
     qk_gemm_avx512,
     sv_gemm_avx512,
     qk_gemm_s8_approx_avx512,
+    exp_sum_avx512,
 };
 #endif

@@ -23,6 +23,8 @@
  *    column's value never depends on N or M.  beta 0 overwrites C (NaN in C
  *    ignored), beta 1 accumulates, any other beta scales C first.
  *  - qk_gemm_s8_approx: none (the approximate kernel is AVX-512 VNNI only).
+ *  - exp_sum: the AVX2 path's exp on 4 lanes (same operations), tail through a
+ *    copy padded with -inf.
  * Packed rows have no alignment: every load and store goes through bytes.
  */
 #if defined(__aarch64__)
@@ -432,6 +434,67 @@ static void sv_gemm_neon(size_t M, size_t N, size_t K, const float *A, size_t ld
     }
 }
 
+/* ---- exp_sum ---------------------------------------------------------------------- */
+
+/* exp(d), the AVX2 path's exp8 on 4 lanes (same operations): d = n ln2 + r,
+   |r| <= ln2/2 (two-constant Cody-Waite), exp(r) by the degree-6 Cephes expf
+   polynomial (~1 ulp), times 2^n built in the exponent field.  d below
+   GQA_EXP_MIN (and -inf) gives exactly +0; NaN stays NaN (fmax / fmin propagate
+   it, the compare is false). */
+INLINE float32x4_t exp4(float32x4_t d)
+{
+    const uint32x4_t below = vcltq_f32(d, vdupq_n_f32(GQA_EXP_MIN));
+    d = vmaxq_f32(d, vdupq_n_f32(GQA_EXP_MIN));
+    d = vminq_f32(d, vdupq_n_f32(88.3f));
+    const float32x4_t n = vrndnq_f32(vmulq_f32(d, vdupq_n_f32(1.44269504088896341f)));
+    float32x4_t r = vfmsq_f32(d, n, vdupq_n_f32(0.693359375f)); /* d - n * c, fused */
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r); /* p * r + c, fused */
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    /* n is integral (or NaN: 0 here, and p is NaN anyway) */
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    const float32x4_t y = vmulq_f32(p, vreinterpretq_f32_s32(e));
+    return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), below));
+}
+
+/* x[i] = exp(x[i] - m); the sum in 8 lanes (two vectors, like the AVX2 path's
+   one), the tail through a copy padded with -inf (exp gives +0 there). */
+static float exp_sum_neon(float *x, size_t n, float m)
+{
+    const float32x4_t vm = vdupq_n_f32(m);
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float32x4_t e0 = exp4(vsubq_f32(vld1q_f32(x + i), vm));
+        float32x4_t e1 = exp4(vsubq_f32(vld1q_f32(x + i + 4), vm));
+        vst1q_f32(x + i, e0);
+        vst1q_f32(x + i + 4, e1);
+        acc0 = vaddq_f32(acc0, e0);
+        acc1 = vaddq_f32(acc1, e1);
+    }
+    if (i < n) {
+        float buf[8];
+        const size_t rem = n - i;
+        for (size_t k = 0; k < 8; k++)
+            buf[k] = k < rem ? x[i + k] - m : -INFINITY;
+        float32x4_t e0 = exp4(vld1q_f32(buf)), e1 = exp4(vld1q_f32(buf + 4));
+        vst1q_f32(buf, e0);
+        vst1q_f32(buf + 4, e1);
+        acc0 = vaddq_f32(acc0, e0);
+        acc1 = vaddq_f32(acc1, e1);
+        memcpy(x + i, buf, rem * sizeof(float));
+    }
+    float out[8];
+    vst1q_f32(out, acc0);
+    vst1q_f32(out + 4, acc1);
+    return ((out[0] + out[1]) + (out[2] + out[3])) + ((out[4] + out[5]) + (out[6] + out[7]));
+}
+
 const gqa_kernels gqa_kernels_neon = {
     "neon",
     quantize_neon,
@@ -440,5 +503,6 @@ const gqa_kernels gqa_kernels_neon = {
     qk_gemm_neon,
     sv_gemm_neon,
     NULL,
+    exp_sum_neon,
 };
 #endif

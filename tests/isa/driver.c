@@ -12,7 +12,8 @@
  *   quantize        codes / packed bytes / binary16 bit for bit, all six
  *                   types, specials (ties, NaN, +-inf, zero and tiny scales),
  *                   row strides; bytes past the rows untouched.
- *   dequantize(_t)  bit for bit (NaN-aware), from every byte value.
+ *   dequantize(_t)  bit for bit (NaN-aware), from every byte value; 1 to 35
+ *                   rows (the transposing kernels work in 8 x 8 / 16 x 16 blocks).
  *   qk_gemm         |C - C_scalar| <= 1e-5 (1 + |alpha| sum|a||b|); C prefilled
  *                   with NaN; padding of C untouched.
  *   qk_gemm.split   C bit-identical when computed row by row and column by
@@ -20,6 +21,9 @@
  *   sv_gemm         beta 0 (C prefilled with NaN), 1, 0.5; |C - C_scalar| <=
  *                   1e-5 (1 + |beta C0| + sum|a||b|); padding untouched.
  *   sv_gemm.split   C bit-identical when computed row by row.
+ *   exp_sum         x[i] = exp(x[i] - m) within 4 ulp of libm expf, exactly +0
+ *                   below GQA_EXP_MIN and for -inf, NaN kept, x[n..] untouched;
+ *   exp_sum.sum     the returned sum close to the scalar one (see check_exp).
  *   approx.*        the approximate INT8 QK kernel: bit for bit against the
  *                   contract (oracle below), the integer dot read back exactly,
  *                   the error bound against the exact scalar path, edge rows.
@@ -35,7 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "gqa_kernels.h"
+#include "kernels_common.h" /* gqa_kernels.h, GQA_EXP_MIN */
 
 #ifndef GQA_TEST_TABLE
 #error "define GQA_TEST_TABLE as the kernel table under test, e.g. gqa_kernels_neon"
@@ -236,37 +240,41 @@ static void check_quantize(void)
     end();
 }
 
+/* Row counts for dequantize(_t): below, at and past the 8 x 8 / 16 x 16 transpose blocks. */
+static const size_t DEQ_ROWS[] = {1, 5, 8, 16, 19, 35};
+
 static void check_dequantize(void)
 {
     for (int transposed = 0; transposed < 2; transposed++) {
         begin(transposed ? "dequantize_t" : "dequantize");
         for (int type = 0; type < 6; type++)
-            for (size_t w = 0; w < NW; w++) {
-                const size_t cols = WIDTHS[w], rows = 5, rb = gqa_row_bytes(type, cols);
-                const size_t ldd = transposed ? rows + 2 : cols + 2, n = transposed ? cols * ldd : rows * ldd;
-                float *s = xmalloc(cols * sizeof(float)), *got = xmalloc(n * 4), *want = xmalloc(n * 4);
-                uint8_t *b = xmalloc(rows * rb);
-                make_scales(s, type, cols, (int)w);
-                for (size_t i = 0; i < rows * rb; i++) /* every byte value; F16: any half, NaNs too */
-                    b[i] = (uint8_t)rnd();
-                if ((type == GQA_S4_PT || type == GQA_S4_PC) && (cols & 1))
-                    for (size_t r = 0; r < rows; r++)
-                        b[r * rb + rb - 1] = (uint8_t)((b[r * rb + rb - 1] & 0x0F) | 0x80);
-                for (size_t i = 0; i < n; i++)
-                    got[i] = want[i] = GUARD_F;
-                (transposed ? T->dequantize_t : T->dequantize)(b, got, ldd, rows, cols, type, s);
-                (transposed ? R->dequantize_t : R->dequantize)(b, want, ldd, rows, cols, type, s);
-                int bad = 0;
-                for (size_t i = 0; i < n && !bad; i++)
-                    if (!same_float(got[i], want[i])) {
-                        expect(0, "%s cols=%zu at %zu: got %.9g want %.9g", TYPE_NAMES[type], cols, i,
-                               (double)got[i], (double)want[i]);
-                        bad = 1;
-                    }
-                if (!bad)
-                    expect(1, "");
-                free(s), free(got), free(want), free(b);
-            }
+            for (size_t w = 0; w < NW; w++)
+                for (size_t ri = 0; ri < sizeof(DEQ_ROWS) / sizeof(DEQ_ROWS[0]); ri++) {
+                    const size_t cols = WIDTHS[w], rows = DEQ_ROWS[ri], rb = gqa_row_bytes(type, cols);
+                    const size_t ldd = transposed ? rows + 2 : cols + 2, n = transposed ? cols * ldd : rows * ldd;
+                    float *s = xmalloc(cols * sizeof(float)), *got = xmalloc(n * 4), *want = xmalloc(n * 4);
+                    uint8_t *b = xmalloc(rows * rb);
+                    make_scales(s, type, cols, (int)w);
+                    for (size_t i = 0; i < rows * rb; i++) /* every byte value; F16: any half, NaNs too */
+                        b[i] = (uint8_t)rnd();
+                    if ((type == GQA_S4_PT || type == GQA_S4_PC) && (cols & 1))
+                        for (size_t r = 0; r < rows; r++)
+                            b[r * rb + rb - 1] = (uint8_t)((b[r * rb + rb - 1] & 0x0F) | 0x80);
+                    for (size_t i = 0; i < n; i++)
+                        got[i] = want[i] = GUARD_F;
+                    (transposed ? T->dequantize_t : T->dequantize)(b, got, ldd, rows, cols, type, s);
+                    (transposed ? R->dequantize_t : R->dequantize)(b, want, ldd, rows, cols, type, s);
+                    int bad = 0;
+                    for (size_t i = 0; i < n && !bad; i++)
+                        if (!same_float(got[i], want[i])) {
+                            expect(0, "%s rows=%zu cols=%zu at %zu: got %.9g want %.9g", TYPE_NAMES[type], rows, cols,
+                                   i, (double)got[i], (double)want[i]);
+                            bad = 1;
+                        }
+                    if (!bad)
+                        expect(1, "");
+                    free(s), free(got), free(want), free(b);
+                }
         end();
     }
 }
@@ -405,6 +413,118 @@ static void check_sv(void)
     end();
     begin("sv_gemm.split");
     check_cases = split_cases, check_fails = split_fails;
+    end();
+}
+
+/* ---- exp_sum ------------------------------------------------------------------- */
+
+/* Distance in ulps between two positive finite floats (their bit patterns are ordered). */
+static long ulp_dist(float a, float b)
+{
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x > y ? (long)(x - y) : (long)(y - x);
+}
+
+/* exp_sum(x, n, m) against the scalar path (libm expf), element by element:
+ *   scalar NaN     -> NaN;
+ *   scalar 0       (x - m below GQA_EXP_MIN, or -inf) -> exactly +0;
+ *   otherwise      a positive float within EXP_ULPS ulps of expf (the path's
+ *                  polynomial is ~1 ulp, the range reduction adds < 1 ulp);
+ *   x[n ..]        untouched;
+ *   the sum        NaN when an element is NaN, else within (2 EXP_ULPS + 2n) 2^-24
+ *                  of the scalar sum (element errors plus both summation orders).
+ * Arguments x - m: mostly [-100, 0] (softmax), the knee GQA_EXP_MIN and its float
+ * neighbours, -inf, NaN, +-0, tiny, arguments near (j + 1/2) ln2 (rounding of n),
+ * a few positive up to 60; lengths 0 .. 33, around 64 and 128, and long rows. */
+#define EXP_ULPS 4
+static void check_exp(void)
+{
+    static const size_t NS[] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11,  12,  13,  14,  15,   16,  17,
+                                18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29,  30,  31,  32,   33,  63,  64,
+                                65, 127, 128, 129, 1000, 4099};
+    static const float MSH[] = {0.0f, 1.5f, -2.25f, 30.0f};
+    long sum_cases = 0, sum_fails = 0, worst = 0;
+    begin("exp_sum");
+    if (T->exp_sum == NULL) {
+        expect(0, "the %s table has no exp_sum", T->name);
+        end();
+        return;
+    }
+    for (size_t ni = 0; ni < sizeof(NS) / sizeof(NS[0]); ni++)
+        for (size_t mi = 0; mi < sizeof(MSH) / sizeof(MSH[0]); mi++)
+            for (int rep = 0; rep < 3; rep++) {
+                const size_t n = NS[ni];
+                const float m = MSH[mi];
+                float *got = xmalloc((n + 4) * 4), *want = xmalloc((n + 4) * 4);
+                int has_nan = 0;
+                for (size_t i = 0; i < n; i++) {
+                    float d;
+                    switch (rnd() % 16) {
+                    case 0: d = -INFINITY; break;
+                    case 1: d = NAN; break;
+                    case 2: { /* the knee and its neighbours (exact when m == 0) */
+                        const float knee[3] = {GQA_EXP_MIN, nextafterf(GQA_EXP_MIN, -INFINITY),
+                                               nextafterf(GQA_EXP_MIN, INFINITY)};
+                        d = knee[rnd() % 3];
+                        break;
+                    }
+                    case 3: d = GQA_EXP_MIN + (unif() - 0.5f) * 0.05f; break;
+                    case 4: d = unif() * 60.0f; break;
+                    case 5: {
+                        static const float tiny[4] = {0.0f, -0.0f, 1e-30f, -1e-30f};
+                        d = tiny[rnd() % 4];
+                        break;
+                    }
+                    case 6: d = -((float)(rnd() % 126) + 0.5f) * 0.693147181f; break;
+                    default: d = -unif() * 100.0f;
+                    }
+                    got[i] = want[i] = isinf(d) || isnan(d) ? d : m + d;
+                }
+                for (size_t i = n; i < n + 4; i++)
+                    got[i] = want[i] = GUARD_F;
+                const float sg = T->exp_sum(got, n, m), sw = R->exp_sum(want, n, m);
+                int bad = 0;
+                double ref = 0;
+                for (size_t i = 0; i < n + 4 && !bad; i++) {
+                    const float g = got[i], w = want[i];
+                    int ok;
+                    if (i >= n) {
+                        ok = same_float(g, GUARD_F);
+                    } else if (isnan(w)) {
+                        ok = isnan(g);
+                        has_nan = 1;
+                    } else if (w == 0.0f) {
+                        uint32_t b;
+                        memcpy(&b, &g, 4);
+                        ok = b == 0; /* exactly +0 */
+                    } else {
+                        long u = g > 0.0f && isfinite(g) ? ulp_dist(g, w) : 1L << 30;
+                        worst = u > worst ? u : worst;
+                        ok = u <= EXP_ULPS;
+                        ref += w;
+                    }
+                    if (!ok) {
+                        expect(0, "n=%zu m=%g x[%zu]: got %.9g want %.9g%s", n, (double)m, i, (double)g, (double)w,
+                               i >= n ? " (past n)" : "");
+                        bad = 1;
+                    }
+                }
+                if (!bad)
+                    expect(1, "");
+                sum_cases++;
+                const double tol = (2.0 * EXP_ULPS + 2.0 * (double)n) * ref / 16777216.0;
+                const int sum_ok = has_nan ? isnan(sg) && isnan(sw) : fabs((double)sg - (double)sw) <= tol;
+                if (!sum_ok && sum_fails++ < 5)
+                    printf("  exp_sum.sum mismatch: n=%zu m=%g: got %.9g want %.9g (tol %.3g)\n", n, (double)m,
+                           (double)sg, (double)sw, tol);
+                free(got), free(want);
+            }
+    printf("  exp_sum: worst %ld ulp against libm expf (bound %d)\n", worst, EXP_ULPS);
+    end();
+    begin("exp_sum.sum");
+    check_cases = sum_cases, check_fails = sum_fails;
     end();
 }
 
@@ -595,6 +715,7 @@ int main(int argc, char **argv)
         check_dequantize();
         check_qk();
         check_sv();
+        check_exp();
     }
     if (approx) {
         if (T->qk_gemm_s8_approx == NULL) {

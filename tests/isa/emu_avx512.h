@@ -220,6 +220,19 @@ EMU int emu_mm512_reduce_add_epi32(__m512i a)
     return (int)s;
 }
 
+/* 128-bit lanes: a[imm & 3], a[imm >> 2 & 3], b[imm >> 4 & 3], b[imm >> 6 & 3] */
+EMU __m512 emu_mm512_shuffle_f32x4(__m512 a, __m512 b, int imm)
+{
+    float x[16], y[16], r[16];
+    __m512 v;
+    EMU_TO(x, a);
+    EMU_TO(y, b);
+    for (int l = 0; l < 4; l++)
+        memcpy(r + 4 * l, (l < 2 ? x : y) + 4 * ((imm >> (2 * l)) & 3), 16);
+    EMU_FROM(v, r);
+    return v;
+}
+
 /* (the compiler's headers define some of these as macros without -O) */
 #undef _mm512_cvtps_epi32
 #undef _mm512_cvtps_epu32
@@ -240,6 +253,7 @@ EMU int emu_mm512_reduce_add_epi32(__m512i a)
 #undef _mm512_reduce_add_epi32
 #undef _mm512_mul_round_ps
 #undef _mm512_add_round_ps
+#undef _mm512_shuffle_f32x4
 #define _mm512_cvtps_epi32(a) emu_mm512_cvtps_epi32(a)
 #define _mm512_cvtps_epu32(a) emu_mm512_cvtps_epu32(a)
 #define _mm512_cvtepi32_ps(a) emu_mm512_cvtepi32_ps(a)
@@ -258,6 +272,7 @@ EMU int emu_mm512_reduce_add_epi32(__m512i a)
 #define _mm512_maskz_loadu_epi8(k, p) emu_mm512_maskz_loadu_epi8((k), (p))
 #define _mm512_reduce_max_ps(a) emu_mm512_reduce_max_ps(a)
 #define _mm512_reduce_add_epi32(a) emu_mm512_reduce_add_epi32(a)
+#define _mm512_shuffle_f32x4(a, b, imm) emu_mm512_shuffle_f32x4((a), (b), (imm))
 /* round-to-nearest only; fp-contract must be off in this build (plain * and +) */
 #define _mm512_mul_round_ps(a, b, r) \
     ((r) == (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) ? _mm512_mul_ps(a, b) : (abort(), _mm512_mul_ps(a, b)))
