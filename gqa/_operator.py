@@ -17,6 +17,7 @@ _INT64 = (np.dtype(np.int64),)
 
 # gqa_type_t values (gqa_kernels.h)
 _S8_PT, _S8_PC, _S4_PT, _S4_PC, _F32, _F16 = range(6)
+_INT32_MAX = 2 ** 31 - 1   # sizes and lengths reach the compute as C int
 
 
 def _int_attr(name, value):
@@ -53,6 +54,9 @@ class GroupQueryAttention:
             raise ValueError(f"num_heads must be > 0, got {self.num_heads}")
         if self.kv_num_heads <= 0:
             raise ValueError(f"kv_num_heads must be > 0, got {self.kv_num_heads}")
+        for name in ("num_heads", "kv_num_heads"):
+            if getattr(self, name) > _INT32_MAX:
+                raise ValueError(f"{name} must be <= {_INT32_MAX}, got {getattr(self, name)}")
         if self.num_heads % self.kv_num_heads:
             raise ValueError("num_heads must be a multiple of kv_num_heads. Got num_heads % "
                              f"kv_num_heads == {self.num_heads % self.kv_num_heads}")
@@ -63,6 +67,8 @@ class GroupQueryAttention:
         self.local_window_size = _int_attr("local_window_size", local_window_size)
         if self.local_window_size < -1:
             raise ValueError(f"local_window_size must be -1 (disabled) or >= 0, got {self.local_window_size}")
+        if self.local_window_size > _INT32_MAX:
+            raise ValueError(f"local_window_size must be <= {_INT32_MAX}, got {self.local_window_size}")
         self.causal = _int_attr("causal", causal)
         if self.causal not in (0, 1):
             raise ValueError(f"causal must be 0 or 1, got {self.causal}")
@@ -163,6 +169,9 @@ class GroupQueryAttention:
         if seqlens_k.shape != (B,):
             raise ValueError(f"seqlens_k must be shape (batch_size,) = ({B},), got {seqlens_k.shape}")
         T = self._total_length(total_sequence_length)
+        if S > T:
+            raise ValueError(f"total_sequence_length ({T}) must be >= sequence_length ({S}, query "
+                             "dimension 1): the new tokens are part of the total")
 
         # past / present
         if (past_key is None) != (past_value is None):
@@ -197,6 +206,18 @@ class GroupQueryAttention:
                                      "in-place mode (present is past)")
             if np.may_share_memory(past_key, past_value):
                 raise ValueError("past_key and past_value must not overlap in in-place mode")
+            # the cache is written before the attention reads the inputs: an input sharing
+            # its memory would be overwritten (seqlens_k: then read out of bounds)
+            others = (("query", query), ("key", key), ("value", value), ("seqlens_k", seqlens_k),
+                      ("total_sequence_length", total_sequence_length), ("cos_cache", cos_cache),
+                      ("sin_cache", sin_cache), ("position_ids", position_ids),
+                      ("attention_bias", attention_bias), ("head_sink", head_sink),
+                      ("k_scale", k_scale), ("v_scale", v_scale))
+            for name, x in (("past_key", past_key), ("past_value", past_value)):
+                for other, y in others:
+                    if isinstance(y, np.ndarray) and np.may_share_memory(x, y):
+                        raise ValueError(f"{name} must not overlap {other} in in-place mode "
+                                         "(present is past)")
         if L == 0 and not has_past:
             raise ValueError("key/value with sequence length 0 (shared KV) need past_key and past_value")
         if L == 0 and T > Pbuf:
@@ -319,6 +340,8 @@ class GroupQueryAttention:
                             f"got {type(t).__name__}")
         if t < 1:
             raise ValueError(f"total_sequence_length must be >= 1, got {t}")
+        if t > _INT32_MAX:
+            raise ValueError(f"total_sequence_length must be <= {_INT32_MAX} (int32), got {t}")
         return t
 
     @staticmethod

@@ -184,3 +184,51 @@ def check_flash_vs_naive(spec, naive, flash):
     if spec["dtype"] == "f16":
         tol = max(tol, 1e-3)
     assert_close(flash[0], naive[0], tol, slice(None), "flash vs naive")
+
+
+def random_spec(rng, big=False):
+    """A valid spec from a NumPy generator (the fuzzers' base calls; same space as the
+    hypothesis strategy in _strategies.py, drawn uniformly)."""
+    pick = lambda xs: xs[int(rng.integers(len(xs)))]
+    phase = pick(["prompt", "decode", "decode", "subsequent"])
+    Nkv, G = int(rng.integers(1, 5)), pick([1, 2, 3, 4, 8])
+    rotary = bool(rng.integers(2))
+    H = pick([8, 16, 24, 32, 48, 64, 80, 128] + ([256] if big else []))
+    if rotary and H % 16:
+        H += 8
+    B = 1 if phase == "subsequent" else int(rng.integers(1, 4))
+    past, pasts, prompt_lens = 0, None, None
+    if phase == "prompt":
+        S = int(rng.integers(1, 13))
+        if rng.integers(2):
+            prompt_lens = [int(x) for x in rng.integers(1, S + 1, B)]
+    else:
+        S = 1 if phase == "decode" else int(rng.integers(2, 9))
+        past = int(rng.integers(1, 301 if big else 41))
+        if rng.integers(2):
+            pasts = [int(x) for x in rng.integers(0, past + 1, B)]
+            pasts[int(rng.integers(B))] = past
+    mode, bits = pick([("NONE", 0), ("PER_TENSOR", 8), ("PER_CHANNEL", 8), ("PER_TENSOR", 4),
+                       ("PER_CHANNEL", 4)])
+    v_mode = mode
+    if mode != "NONE" and rng.integers(4) == 0:
+        v_mode = "PER_CHANNEL" if mode == "PER_TENSOR" else "PER_TENSOR"
+    packed = bool(rng.integers(2))
+    causal = bool(rng.integers(6))
+    spec = dict(
+        seed=int(rng.integers(2 ** 16)), phase=phase, B=B, S=S, past=past, pasts=pasts,
+        prompt_lens=prompt_lens, N=Nkv * G, Nkv=Nkv, H=H, mode=mode, v_mode=v_mode, bits=bits,
+        dtype=pick(["f32", "f32", "f16"]),
+        buf_extra=0 if phase == "prompt" else pick([0, 0, 1, 7]),
+        T_extra=0 if phase == "prompt" else pick([0, 0, 0, 2]),
+        packed=packed, shared_kv=phase != "prompt" and not packed and rng.integers(10) == 0,
+        rotary=rotary, interleaved=rotary and bool(rng.integers(2)),
+        rot_dim=pick([None] + list(range(16, H + 1, 16))) if rotary else None,
+        pos_ids=rotary and bool(rng.integers(2)),
+        bias=pick([None, None, "full", "b1", "n1", "both1"]), sink=rng.integers(4) == 0,
+        smooth=rng.integers(4) == 0,
+        window=pick([-1, -1, -1, 0, 1, 2, 3, 5, 8]) if causal else -1,
+        softcap=pick([0.0, 0.0, 0.0, 0.3, 2.0]), qk_output=pick([0, 0, 0, 0, 1, 2]),
+        scale=pick([0.0, 0.0, 0.0, 0.21, 1.5]), causal=causal,
+        inplace=phase != "prompt" and rng.integers(3) == 0, t_array=bool(rng.integers(2)))
+    return {k: bool(v) if isinstance(v, np.bool_) else v for k, v in spec.items()}
