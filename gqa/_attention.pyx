@@ -168,7 +168,8 @@ cdef void softmax_row(const Params *p, float *x, int n, int h) noexcept nogil:
     total = p.exp_sum(x, n, m)
     if smooth:
         total = total + expf(sink - m)
-    inv = 1.0 / total if total > 0 else 0.0   # every score -inf: probabilities 0
+    # every score -inf: total 0, probabilities 0; a NaN total (a NaN score or sink) stays NaN
+    inv = 1.0 / total if total != 0 else 0.0
     for i in range(n):
         x[i] = x[i] * inv
 
@@ -334,7 +335,10 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             for i in range(a0, z0):
                 if row[i] > mx:
                     mx = row[i]
-            mnew = mx if mx > mrow[r] else mrow[r]
+                elif row[i] != row[i]:   # a NaN score makes the row NaN (as on the naive path)
+                    mx = row[i]
+                    break
+            mnew = mx if (mx > mrow[r] or mx != mx) else mrow[r]
             if mnew == -INFINITY:        # every score so far is -inf (masked by the bias)
                 memset(row, 0, nb * sizeof(float))
                 continue
@@ -354,7 +358,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     for r in range(M):
         s = s0 + r // G
         row = p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * G + r % G) * H
-        inv = 1.0 / lrow[r] if lrow[r] > 0 else 0.0
+        inv = 1.0 / lrow[r] if lrow[r] != 0 else 0.0   # NaN stays NaN
         for i in range(H):
             row[i] = O[<size_t>r * H + i] * inv
 
@@ -403,6 +407,9 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
         for i in range(n):
             if row[i] > mx:
                 mx = row[i]
+            elif row[i] != row[i]:       # a NaN score makes the row NaN (as on the naive path)
+                mx = row[i]
+                break
         if mx == -INFINITY:
             memset(row, 0, n * sizeof(float))
             continue
@@ -424,7 +431,7 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
         M = sink_logit(p, h) if (p.smooth or p.sink != NULL) else -INFINITY
         for c in range(p.chunks):
             pr = p.partials + ((slot * p.chunks + c) * G + g) * (H + 2)
-            if pr[0] > M:
+            if pr[0] > M or pr[0] != pr[0]:   # a NaN chunk makes the row NaN
                 M = pr[0]
         memset(o, 0, H * sizeof(float))
         if M == -INFINITY:
@@ -432,12 +439,12 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
         L = expf(sink_logit(p, h) - M) if (p.smooth or p.sink != NULL) else 0.0
         for c in range(p.chunks):
             pr = p.partials + ((slot * p.chunks + c) * G + g) * (H + 2)
-            if pr[1] > 0:
+            if pr[1] != 0:
                 w = expf(pr[0] - M)
                 L = L + w * pr[1]
                 for i in range(H):
                     o[i] = o[i] + w * pr[2 + i]
-        inv = 1.0 / L if L > 0 else 0.0
+        inv = 1.0 / L if L != 0 else 0.0
         for i in range(H):
             o[i] = o[i] * inv
 
