@@ -285,7 +285,7 @@ class GroupQueryAttention:
 
         _attention.run(
             B=B, S=S, N=N, Nkv=Nkv, H=H, L=L, T=T, Pres=Pres, Pbuf=Pbuf,
-            q=q32, k=k32, v=v32, q_tok=q_tok, kv_tok=kv_tok, seqlens=np.ascontiguousarray(seqlens_k),
+            q=q32, k=k32, v=v32, q_tok=q_tok, kv_tok=kv_tok, seqlens=v.contiguous(seqlens_k),
             first_prompt=first_prompt, has_past=has_past, shared=shared,
             kc=present_key, vc=present_value,
             pk=v.contiguous(past_key) if has_past and not shared else None,
@@ -320,7 +320,7 @@ class GroupQueryAttention:
         if s.size != want:
             raise ValueError(f"{name} shape mismatch: expected {want} elements "
                              f"({'kv_num_heads * head_size' if want != 1 else 'per-tensor'}), got {s.size}")
-        return np.ascontiguousarray(s.reshape(-1)), qtype == "PER_CHANNEL"
+        return v.contiguous(s.reshape(-1)), qtype == "PER_CHANNEL"
 
     @staticmethod
     def _total_length(t):
@@ -387,7 +387,7 @@ class GroupQueryAttention:
                 raise ValueError(f"position_ids dimension 0 must be equal to the batch size, got {pos.shape[0]}")
             if pos.shape[1] < S:
                 raise ValueError(f"position_ids dimension 1 must be at least sequence length, got {pos.shape[1]}")
-            pos = np.ascontiguousarray(pos)
+            pos = v.contiguous(pos)
         if self.do_rotary != 1:
             return 0, None, None, None
         # positions actually read must index rows of the caches
@@ -433,8 +433,8 @@ def _flash_plan(B, S, Nkv, G, H, Tmax):
 
 
 def _f32(x):
-    """float32, C-contiguous copy or view of a float input."""
-    return np.ascontiguousarray(x, dtype=np.float32)
+    """float32, C-contiguous, aligned copy or view of a float input."""
+    return v.contiguous(x, np.float32)
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,

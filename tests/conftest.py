@@ -24,7 +24,12 @@ def _is_root(entry):
 
 
 def _import_gqa():
-    """Import gqa, preferring an installed package over the source tree."""
+    """Import gqa, preferring an installed package over the source tree (GQA_TEST_SOURCE=1:
+    the source tree's in-place build, e.g. a sanitizer build, whatever is installed)."""
+    if os.environ.get("GQA_TEST_SOURCE") == "1":
+        sys.path.insert(0, _ROOT)
+        import gqa  # noqa: F401
+        return _origin(gqa)
     sys.path[:] = [p for p in sys.path if not _is_root(p)]
     try:
         import gqa  # noqa: F401  (the installed package, if there is one)
