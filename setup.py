@@ -8,6 +8,7 @@ compile-link-run probe; without it the build still succeeds, single-threaded.
 Environment:
   GQA_NO_OPENMP=1          build without OpenMP
   GQA_SANITIZE=address,undefined   build everything with those sanitizers
+  GQA_SANITIZE_OPT=-O1     extra flags for a sanitizer build (default: none, i.e. -O3)
 """
 import os
 import platform
@@ -81,8 +82,11 @@ class BuildExt(build_ext):
         sanitize = os.environ.get("GQA_SANITIZE", "").strip()
         common = ["-O3", "-std=c99", "-fno-strict-aliasing"] if unix else ["/O2"]
         link_extra = []
+        san = []
         if sanitize and unix:
             san = ["-fsanitize=" + sanitize, "-fno-omit-frame-pointer", "-g"]
+            # e.g. GQA_SANITIZE_OPT=-O1: a 4x faster sanitizer build (the last -O wins)
+            san += os.environ.get("GQA_SANITIZE_OPT", "").split()
             common += san
             link_extra += san
         omp_compile, omp_link = [], []
@@ -113,8 +117,7 @@ class BuildExt(build_ext):
 
         for ext in self.extensions:
             ext.include_dirs += [SRC, np.get_include()]
-            ext.extra_compile_args += (["-O3"] if unix else []) + omp_compile + (
-                ["-fsanitize=" + sanitize, "-fno-omit-frame-pointer", "-g"] if sanitize and unix else [])
+            ext.extra_compile_args += (["-O3"] if unix else []) + omp_compile + san
             ext.extra_link_args += omp_link + link_extra
             if ext.name == "gqa._dispatch":
                 ext.extra_objects = objects

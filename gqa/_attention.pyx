@@ -169,7 +169,8 @@ cdef void softmax_row(const Params *p, float *x, int n, int h) noexcept nogil:
     total = p.exp_sum(x, n, m)
     if smooth:
         total = total + expf(sink - m)
-    inv = 1.0 / total if total > 0 else 0.0   # every score -inf: probabilities 0
+    # every score -inf: total 0, probabilities 0; a NaN total (a NaN score or sink) stays NaN
+    inv = 1.0 / total if total != 0 else 0.0
     for i in range(n):
         x[i] = x[i] * inv
 
@@ -335,7 +336,10 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             for i in range(a0, z0):
                 if row[i] > mx:
                     mx = row[i]
-            mnew = mx if mx > mrow[r] else mrow[r]
+                elif row[i] != row[i]:   # a NaN score makes the row NaN (as on the naive path)
+                    mx = row[i]
+                    break
+            mnew = mx if (mx > mrow[r] or mx != mx) else mrow[r]
             if mnew == -INFINITY:        # every score so far is -inf (masked by the bias)
                 memset(row, 0, nb * sizeof(float))
                 continue
@@ -355,7 +359,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     for r in range(M):
         s = s0 + r // G
         row = p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * G + r % G) * H
-        inv = 1.0 / lrow[r] if lrow[r] > 0 else 0.0
+        inv = 1.0 / lrow[r] if lrow[r] != 0 else 0.0   # NaN stays NaN
         for i in range(H):
             row[i] = O[<size_t>r * H + i] * inv
 
@@ -404,6 +408,9 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
         for i in range(n):
             if row[i] > mx:
                 mx = row[i]
+            elif row[i] != row[i]:       # a NaN score makes the row NaN (as on the naive path)
+                mx = row[i]
+                break
         if mx == -INFINITY:
             memset(row, 0, n * sizeof(float))
             continue
@@ -425,7 +432,7 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
         M = sink_logit(p, h) if (p.smooth or p.sink != NULL) else -INFINITY
         for c in range(p.chunks):
             pr = p.partials + ((slot * p.chunks + c) * G + g) * (H + 2)
-            if pr[0] > M:
+            if pr[0] > M or pr[0] != pr[0]:   # a NaN chunk makes the row NaN
                 M = pr[0]
         memset(o, 0, H * sizeof(float))
         if M == -INFINITY:
@@ -433,12 +440,12 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
         L = expf(sink_logit(p, h) - M) if (p.smooth or p.sink != NULL) else 0.0
         for c in range(p.chunks):
             pr = p.partials + ((slot * p.chunks + c) * G + g) * (H + 2)
-            if pr[1] > 0:
+            if pr[1] != 0:
                 w = expf(pr[0] - M)
                 L = L + w * pr[1]
                 for i in range(H):
                     o[i] = o[i] + w * pr[2 + i]
-        inv = 1.0 / L if L > 0 else 0.0
+        inv = 1.0 / L if L != 0 else 0.0
         for i in range(H):
             o[i] = o[i] * inv
 
@@ -451,9 +458,13 @@ cdef inline bint _overlap(object a, object b):
     return pa < pb + cnp.PyArray_NBYTES(<cnp.ndarray>b) and pb < pa + cnp.PyArray_NBYTES(<cnp.ndarray>a)
 
 
-cdef int _check_no_alias(kc, vc, list names, list inputs) except -1:
+def check_no_alias(kc, vc, list inputs):
     """In-place mode writes the caches before the attention reads its inputs: none may share
-    memory with past_key / past_value."""
+    memory with past_key / past_value.  `inputs` in the order of _ALIAS_NAMES."""
+    _check_no_alias(kc, vc, _ALIAS_NAMES, inputs)
+
+
+cdef int _check_no_alias(kc, vc, list names, list inputs) except -1:
     cdef Py_ssize_t i
     for i in range(len(inputs)):
         if _overlap(inputs[i], kc) or _overlap(inputs[i], vc):
@@ -463,7 +474,7 @@ cdef int _check_no_alias(kc, vc, list names, list inputs) except -1:
 
 
 _ALIAS_NAMES = ["query", "key", "value", "seqlens_k", "k_scale", "v_scale", "cos_cache", "sin_cache",
-                "position_ids", "attention_bias", "head_sink"]
+                "position_ids", "attention_bias", "head_sink", "total_sequence_length"]
 
 
 cdef int _check_lengths(Params *p, Py_ssize_t max_pos) except -1:
@@ -533,8 +544,6 @@ def run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, b
     p.pos_ids = <const int64_t *>ptr(pos_ids)
     p.bias = <const float *>ptr(bias); p.sink = <const float *>ptr(sink)
     p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out)
-    if p.shared:
-        _check_no_alias(kc, vc, _ALIAS_NAMES, [q, k, v, seqlens, ks, vs, cos, sin, pos_ids, bias, sink])
     # The lengths and positions that drive addressing are copied and checked here, so that
     # nothing written during the call (an input aliasing a cache) or changed by another
     # thread since the Python checks can move a read or write outside its buffer.

@@ -48,6 +48,8 @@ def _check_threads(n, source):
         raise TypeError(f"{source} must be a positive int or None, got {type(n).__name__}")
     if n < 1:
         raise ValueError(f"{source} must be >= 1, got {n}")
+    if n > 2 ** 31 - 1:   # passed to the compute as a C int
+        raise ValueError(f"{source} must be <= 2147483647, got {n}")
     return n
 
 

@@ -18,6 +18,7 @@ _INT64 = (np.dtype(np.int64),)
 
 # gqa_type_t values (gqa_kernels.h)
 _S8_PT, _S8_PC, _S4_PT, _S4_PC, _F32, _F16 = range(6)
+_INT32_MAX = 2 ** 31 - 1   # sizes and lengths reach the compute as C int
 
 
 def _int_attr(name, value):
@@ -54,6 +55,9 @@ class GroupQueryAttention:
             raise ValueError(f"num_heads must be > 0, got {self.num_heads}")
         if self.kv_num_heads <= 0:
             raise ValueError(f"kv_num_heads must be > 0, got {self.kv_num_heads}")
+        for name in ("num_heads", "kv_num_heads"):
+            if getattr(self, name) > _INT32_MAX:
+                raise ValueError(f"{name} must be <= {_INT32_MAX}, got {getattr(self, name)}")
         if self.num_heads % self.kv_num_heads:
             raise ValueError("num_heads must be a multiple of kv_num_heads. Got num_heads % "
                              f"kv_num_heads == {self.num_heads % self.kv_num_heads}")
@@ -64,6 +68,8 @@ class GroupQueryAttention:
         self.local_window_size = _int_attr("local_window_size", local_window_size)
         if self.local_window_size < -1:
             raise ValueError(f"local_window_size must be -1 (disabled) or >= 0, got {self.local_window_size}")
+        if self.local_window_size > _INT32_MAX:
+            raise ValueError(f"local_window_size must be <= {_INT32_MAX}, got {self.local_window_size}")
         self.causal = _int_attr("causal", causal)
         if self.causal not in (0, 1):
             raise ValueError(f"causal must be 0 or 1, got {self.causal}")
@@ -117,6 +123,14 @@ class GroupQueryAttention:
         Pbuf, has_past, shared = st.Pbuf, st.has_past, st.shared
 
         T = self._total_length(total_sequence_length)
+        if shared:
+            _attention.check_no_alias(past_key, past_value, [
+                query, key, value, seqlens_k, k_scale, v_scale, cos_cache, sin_cache, position_ids,
+                attention_bias, head_sink,
+                total_sequence_length if isinstance(total_sequence_length, np.ndarray) else None])
+        if S > T:
+            raise ValueError(f"total_sequence_length ({T}) must be >= sequence_length ({S}, query "
+                             "dimension 1): the new tokens are part of the total")
         Pres = Pbuf if shared else max(T, Pbuf)
         if shared and T > Pbuf:
             raise ValueError(f"total_sequence_length ({T}) exceeds the shared buffer length "
@@ -327,7 +341,7 @@ class GroupQueryAttention:
         if s.size != want:
             raise ValueError(f"{name} shape mismatch: expected {want} elements "
                              f"({'kv_num_heads * head_size' if want != 1 else 'per-tensor'}), got {s.size}")
-        return np.ascontiguousarray(s.reshape(-1)), qtype == "PER_CHANNEL"
+        return v.contiguous(s.reshape(-1)), qtype == "PER_CHANNEL"
 
     @staticmethod
     def _total_length(t):
@@ -347,6 +361,8 @@ class GroupQueryAttention:
                             f"got {type(t).__name__}")
         if t < 1:
             raise ValueError(f"total_sequence_length must be >= 1, got {t}")
+        if t > _INT32_MAX:
+            raise ValueError(f"total_sequence_length must be <= {_INT32_MAX} (int32), got {t}")
         return t
 
     def _rotary(self, cos, sin, pos, dt, B, S, H):

@@ -19,9 +19,11 @@ def array(x, name, dtypes, ndim=None, min_ndim=None):
     return x
 
 
-def contiguous(x):
-    """A C-contiguous, aligned view or copy of an input (inputs are never written)."""
-    return x if x.flags.c_contiguous and x.flags.aligned else np.ascontiguousarray(x)
+def contiguous(x, dtype=None):
+    """A C-contiguous, aligned view or copy of an input (inputs are never written).
+    (np.ascontiguousarray alone keeps an unaligned array, e.g. np.frombuffer at an odd
+    offset, and the C kernels must not read misaligned elements.)"""
+    return np.require(x, dtype=dtype, requirements=["C", "A"])
 
 
 def out_array(out, name, shape, dtype, *inputs):
@@ -55,7 +57,7 @@ def scale(s, name, h):
     if s.size != 1 and s.size != h:
         raise ValueError(f"{name} must have 1 element (per-tensor) or {h} elements (per-channel), "
                          f"got {s.size} (shape {s.shape})")
-    return np.ascontiguousarray(s.reshape(-1)), (s.size != 1)
+    return contiguous(s.reshape(-1)), (s.size != 1)
 
 
 def bits(b):

@@ -122,3 +122,20 @@ def rng(request):
 
     import numpy as np
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+# -- hypothesis profiles (tests/hardening): "ci" is the default; select another with
+#    `pytest --hypothesis-profile=long` (or HYPOTHESIS_PROFILE=long).  Tests with their own
+#    @settings keep them; the hardening property tests scale with max_examples.
+try:
+    from hypothesis import HealthCheck, settings as _hsettings
+except ImportError:  # pragma: no cover  (the test extra is not installed)
+    pass
+else:
+    _hsettings.register_profile(
+        "ci", max_examples=500, deadline=None, derandomize=True, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    _hsettings.register_profile(
+        "long", max_examples=3000, deadline=None, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    _hsettings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

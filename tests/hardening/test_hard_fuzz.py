@@ -1,0 +1,50 @@
+"""Hostile and odd-layout calls, thousands of them, in a subprocess (_fuzz_worker.py), so a
+crash is reported with the case that caused it.
+
+* invalid: random valid calls mutated (_mutations.py: wrong dtype, off-by-one shapes, ranks,
+  negative / huge seqlens_k, inconsistent total_sequence_length, scales of the wrong size or
+  dtype, caches of the wrong dtype or packed width, bad present / in-place buffer layouts,
+  present buffers aliasing the inputs or each other, bad attributes and thread counts,
+  non-arrays, missing inputs).  Each must raise ValueError or TypeError naming the argument
+  and leave every caller buffer byte-for-byte unchanged.
+* layout: valid calls with inputs non-contiguous, Fortran-ordered, with negative strides,
+  read-only or unaligned (np.frombuffer at offset 1): results bit-identical to the
+  contiguous call's.
+
+Repro of a reported case: ``python tests/hardening/_fuzz_worker.py invalid --seed S --only I``.
+"""
+import pytest
+
+from _subproc import run_worker, scale
+
+INVALID_CASES = 4000
+LAYOUT_CASES = 600
+
+
+def _report(summary):
+    lines = []
+    for f in summary["failures"]:
+        lines.append(f"case {f['i']} ({f.get('mutation', 'layout')}): {f['problems']}\n"
+                     f"  repro: python tests/hardening/_fuzz_worker.py {summary['kind']} "
+                     f"--seed {summary['seed']} --only {f['i']}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_invalid_calls_raise_and_touch_nothing(tmp_path, seed):
+    n = INVALID_CASES * scale()
+    s = run_worker("_fuzz_worker.py", ["invalid", "--seed", str(seed), "--count", str(n)], tmp_path,
+                   timeout=300)
+    assert s["cases"] == n
+    assert s["n_failures"] == 0, f"{s['n_failures']} of {n} invalid calls misbehaved:\n" + _report(s)
+    # every mutation family was exercised
+    assert len(s["by_mutation"]) >= 14 and min(s["by_mutation"].values()) >= 10, s["by_mutation"]
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_odd_layouts_give_identical_results(tmp_path, seed):
+    n = LAYOUT_CASES * scale()
+    s = run_worker("_fuzz_worker.py", ["layout", "--seed", str(seed), "--count", str(n)], tmp_path,
+                   timeout=300)
+    assert s["cases"] == n
+    assert s["n_failures"] == 0, f"{s['n_failures']} of {n} valid odd-layout calls differed:\n" + _report(s)

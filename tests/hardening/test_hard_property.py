@@ -1,0 +1,84 @@
+"""Property tests: random VALID GroupQueryAttention calls.
+
+Every example runs on the naive path and on the flash path (random tiles / decode splits,
+kernel path, thread count): present caches bit-identical between the two, outputs within
+1e-4 (INT8) / 1e-3 (INT4) / 1e-5 (float caches).  Where onnxruntime 1.31.1 supports the
+combination both are compared with it (caches bit-exact, outputs within 1e-5 f32 / 1e-3
+f16); mixed K/V modes are compared per cache with onnxruntime's single-mode runs and the
+output with the float64 reference.  Inputs are never written; an in-place call writes only
+rows [T_b - S, T_b) of its cache.
+
+Profiles (tests/conftest.py): "ci" (default, derandomized) and "long"
+(``pytest tests/hardening --hypothesis-profile=long``).  Failures found are kept below as
+@example regressions.
+"""
+import numpy as np
+import pytest
+from hypothesis import event, example, given, settings
+
+import _ort
+from _hard_cases import (build, check_flash_vs_naive, check_mixed_vs_ort, check_vs_ort,
+                         fresh_call, ort_supports, run)
+from _strategies import runtimes, specs
+
+
+def _snapshot(inp):
+    return {k: x.copy() for k, x in inp.items() if isinstance(x, np.ndarray)}
+
+
+def check_spec(spec, rt):
+    for k in ("phase", "mode", "dtype"):
+        event(f"{k}={spec[k]}")
+    for k in ("shared_kv", "inplace", "packed", "rotary", "qk_output", "sink", "bias"):
+        if spec[k]:
+            event(k)
+    if spec["v_mode"] != spec["mode"]:
+        event("mixed K/V modes")
+    if spec["window"] >= 0:
+        event("window")
+    inp, a, call = build(spec)
+    before = _snapshot(inp)
+    kw = dict(kernel=rt["kernel"], threads=rt["threads"])
+    i1, c1 = fresh_call(inp, call)
+    naive = run(i1, a, c1, flash=False, **kw)
+    i2, c2 = fresh_call(inp, call)
+    flash = run(i2, a, c2, flash=True, blocks=rt["blocks"], splits=rt["splits"], **kw)
+    for k, old in before.items():     # inputs are read only (fresh_call copied the in-place ones)
+        assert np.array_equal(inp[k].view(np.uint8), old.view(np.uint8)), f"input {k} was written"
+    if call:
+        assert flash[1] is c2["present_key"] and flash[2] is c2["present_value"]
+        S, L = inp["query"].shape[1], (0 if spec["shared_kv"] else inp["query"].shape[1])
+        for name, buf in (("past_key", flash[1]), ("past_value", flash[2])):
+            old = before[name]
+            for b, sk in enumerate(inp["seqlens_k"]):
+                keep = np.ones(old.shape[2], bool)
+                keep[int(sk) + 1 - L:int(sk) + 1] = False
+                assert np.array_equal(buf[b][:, keep].view(np.uint8), old[b][:, keep].view(np.uint8)), \
+                    f"in-place {name}[{b}] changed outside rows [T_b - S, T_b)"
+    check_flash_vs_naive(spec, naive, flash)
+    if ort_supports(spec):
+        if len(_ort._cache) > 200:     # sessions are per signature; keep memory bounded
+            _ort._cache.clear()
+        check_vs_ort(spec, inp, a, call, flash)
+        check_vs_ort(spec, inp, a, call, naive)
+        event("checked against onnxruntime")
+    elif _ort.available():
+        check_mixed_vs_ort(spec, inp, a, call, flash)
+        event("checked against onnxruntime single-mode caches + float64 reference")
+
+
+@given(spec=specs(), rt=runtimes())
+def test_valid_calls(spec, rt):
+    check_spec(spec, rt)
+
+
+@settings(max_examples=max(8, settings.default.max_examples // 12))
+@given(spec=specs(big=True), rt=runtimes())
+def test_valid_calls_multithreaded_sizes(spec, rt):
+    """Longer caches and wider heads, so the compute really splits across threads."""
+    check_spec(spec, rt)
+
+
+def test_profile_is_registered():
+    assert settings.get_profile("ci").deadline is None
+    assert settings.get_profile("long").max_examples > settings.get_profile("ci").max_examples
