@@ -208,6 +208,10 @@ def calibrate(caches, prompt, head_size, bits):
     return out
 
 
+def _fmt_bytes(n):
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 def compare(a, b):
     """Errors of a against the reference b (rows = tokens)."""
     d = np.abs(a.astype(np.float64) - b.astype(np.float64))
@@ -263,7 +267,7 @@ def run(args, out=None):
         r.update(cache_bytes=mem, accuracy=acc)
         label = {"float32": "float32", "int8": "int8 (K per-channel, V per-tensor)",
                  "int4": "int4 (K per-channel, V per-tensor)"}[mode]
-        rows.append([label, f"{mem / 2**20:.1f} MiB", f"{100 * mem / f32_bytes:.1f}%",
+        rows.append([label, _fmt_bytes(mem), f"{100 * mem / f32_bytes:.1f}%",
                      f"{P / r['t_prefill']:.0f}", f"{P / r['attn_prefill']:.0f}",
                      f"{St / r['t_decode']:.0f}", f"{St / r['attn_decode']:.0f}",
                      "-" if acc is None else f"{acc['max_abs']:.2e}",
