@@ -28,8 +28,7 @@ def main(argv=None):
         show_config()
         return 0
     if args.command == "bench":
-        if args.repeats < 0:
-            b.error("--repeats must be >= 0")
+        _bench.check_args(args, b)
         _bench.run(args, argv=argv)
         return 0
     if args.command == "demo":

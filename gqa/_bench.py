@@ -527,7 +527,7 @@ def _peaks(arg, threads):
     return dict(zip(threads, vals))
 
 
-def measure_row(spec, sides, rounds, progress, label):
+def measure_row(spec, sides, rounds, progress, label, gap=0.0):
     """Alternate all sides `rounds` times; -> {name: {"median_us", "min_us", "samples"} or {"error"}}."""
     res, live = {}, []
     for side in sides:
@@ -553,6 +553,8 @@ def measure_row(spec, sides, rounds, progress, label):
         for side, inner, warm, samples in live:
             if side.name in res:
                 continue
+            if gap:  # let the previous side's spinning worker threads go to sleep
+                time.sleep(gap)
             try:
                 samples.append(side.time(inner, warm))
             except Exception as e:  # noqa: BLE001
@@ -605,7 +607,7 @@ def run(args, out=None, argv=None):
         for spec in rows:
             label = f"{spec['phase']} {spec['T']} {spec['mode']} {spec['threads']}t"
             rounds = rounds_dec if spec["phase"] == "decode" else rounds_pre
-            res = measure_row(spec, [ours] + sides, rounds, progress, label)
+            res = measure_row(spec, [ours] + sides, rounds, progress, label, args.gap_ms / 1e3)
             rec = dict(spec, gqa=res.pop("gqa"), peers={})
             o = rec["gqa"].get("median_us")
             for c in columns:
@@ -813,6 +815,10 @@ def add_arguments(p):
     p.add_argument("--repeats", type=int, default=0,
                    help="alternation rounds per row = samples per side (default 15 decode / 5 prefill; "
                         "--quick: 5 / 3); a decode sample times a batch of ~10 ms of calls")
+    p.add_argument("--gap-ms", type=float, default=20.0,
+                   help="idle gap before each timed batch, so that the worker threads of the side "
+                        "before (OpenMP, onnxruntime and torch thread pools spin after a call) are "
+                        "asleep when the next side starts (default 20)")
     p.add_argument("--shape", default=None, help="B,N,Nkv,H (default %s)" % ",".join(map(str, SEED_SHAPE)))
     p.add_argument("--quick", action="store_true",
                    help=f"a short run: threads {QUICK['threads']}, decode T {QUICK['decode_T']}, "
@@ -832,12 +838,18 @@ def add_arguments(p):
     return p
 
 
+def check_args(args, parser):
+    if args.repeats < 0:
+        parser.error("--repeats must be >= 0")
+    if not args.gap_ms >= 0:
+        parser.error("--gap-ms must be >= 0")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m gqa bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)
-    if args.repeats < 0:
-        p.error("--repeats must be >= 0")
+    check_args(args, p)
     run(args, argv=argv)
     return 0

@@ -12,7 +12,7 @@ import gqa
 from gqa import _bench, _ort_peer
 
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__)))
-TINY = ["--shape", "1,4,2,16", "--threads", "1", "--repeats", "2", "--progress", "off"]
+TINY = ["--shape", "1,4,2,16", "--threads", "1", "--repeats", "2", "--gap-ms", "1", "--progress", "off"]
 
 
 def _run(args, tmp_path, code=None, timeout=120):
@@ -23,6 +23,11 @@ def _run(args, tmp_path, code=None, timeout=120):
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"{cmd} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
     return r.stdout
+
+
+def _table_rows(out):
+    return [line for line in out.splitlines()
+            if line.split()[:1] == ["1"] and len(line.split()) > 2 and line.split()[1] in _bench.MODES]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +93,7 @@ def test_bench_missing_peers_are_reported_and_skipped(tmp_path):
     assert "torch-f32  missing: torch not installed" in out
     assert "torch-dq   missing: torch not installed" in out
     assert "ggml       missing: peer script not found" in out
-    row = [line for line in out.splitlines() if " int8-pt " in line]
+    row = _table_rows(out)
     assert len(row) == 1 and row[0].count("missing") == 5     # still measured gqa
     assert "matplotlib is not installed" in out and not png.exists()
 
@@ -100,6 +105,8 @@ def test_bench_rejects_bad_options():
         _bench.main(["--peers", "tensorflow"])
     with pytest.raises(SystemExit):
         _bench.main(["--shape", "1,5,2,16"])
+    with pytest.raises(SystemExit):
+        _bench.main(["--repeats", "-1"])
 
 
 def test_demo_tiny(tmp_path):
@@ -195,5 +202,5 @@ def test_bench_ggml_peer_script_is_driven(tmp_path):
                                    "--peers", "ggml", "--ggml-peer", str(script), "--ggml-libdir", "fake"],
                tmp_path)
     assert "ggml       ok: ggml from fake via" in out
-    rows = [line for line in out.splitlines() if " int8-pt " in line or " float " in line]
+    rows = _table_rows(out)
     assert len(rows) == 4 and all(line.rstrip().endswith("x") for line in rows)
