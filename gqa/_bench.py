@@ -773,6 +773,7 @@ def plot(results, columns, path):
     """A PNG of the ratios (matplotlib, optional)."""
     try:
         import matplotlib
+        import matplotlib.ticker
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -794,6 +795,10 @@ def plot(results, columns, path):
                 ax.bar(x + (k - (len(columns) - 1) / 2) * w, ys, w, label=c)
             ax.axhline(1.0, color="k", lw=0.8)
             ax.set_yscale("log")
+            fmt = matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}x")
+            ax.yaxis.set_major_formatter(fmt)
+            ax.yaxis.set_minor_formatter(fmt)
+            ax.tick_params(axis="y", which="minor", labelsize=7)
             ax.set_xticks(x)
             ax.set_xticklabels(labels, fontsize=7)
             ax.set_title(f"{phase}, {nt} thread{'s' if nt > 1 else ''}: peer time / gqa time")
