@@ -591,6 +591,10 @@ def run(args, out=None, argv=None):
     header = [f"gqa {gqa.__version__} bench: path {cfg['active_kernel']}, "
               f"{platform.machine()}, {os.cpu_count()} CPUs; Python {platform.python_version()}, "
               f"numpy {np.__version__}"]
+    load0 = _loadavg()
+    if load0 is not None:
+        header.append(f"  load average at start: {load0:.2f} on {os.cpu_count()} CPUs"
+                      + ("  (busy: expect noisy numbers)" if load0 > 0.5 else ""))
     for c in columns:
         header.append(f"  {c:10s} {status.get(c, 'not asked')}")
     if not columns:
@@ -632,6 +636,9 @@ def run(args, out=None, argv=None):
                 s.close()
 
     table = format_table(results, columns)
+    load1 = _loadavg()
+    if load1 is not None:
+        table += f"\nload average at the end: {load1:.2f} (1-minute; this run's own work included)"
     print(table, file=out)
     summary = targets(results, columns)
     if summary:
@@ -641,6 +648,7 @@ def run(args, out=None, argv=None):
                        "kernel_path": cfg["active_kernel"], "python": platform.python_version(),
                        "numpy": np.__version__},
            "settings": {"rounds_decode": rounds_dec, "rounds_prefill": rounds_pre, "threads": threads,
+                        "gap_ms": args.gap_ms, "load_average_start": load0, "load_average_end": load1,
                         "peak_gflops": {str(k): v for k, v in peaks.items()}},
            "ratio": "peer median / gqa median (> 1: gqa is faster)",
            "peers": status, "columns": columns, "results": results, "table": table, "targets": summary}
@@ -656,6 +664,13 @@ def run(args, out=None, argv=None):
 
 # ----------------------------------------------------------------------------------------
 # output
+
+def _loadavg():
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
 
 def fmt_time(us):
     if us is None:
