@@ -1,0 +1,206 @@
+"""`python -m gqa` subcommands: bench (table, JSON, missing peers), demo, config; and that the
+bench's peers compute the same attention as gqa on its cases.  Tiny shapes: a few seconds."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gqa
+from gqa import _bench, _ort_peer
+
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__)))
+TINY = ["--shape", "1,4,2,16", "--threads", "1", "--repeats", "2", "--gap-ms", "1", "--progress", "off"]
+
+
+def _run(args, tmp_path, code=None, timeout=120):
+    """Run `python -m gqa ARGS` (or `python -c CODE ARGS`) on the gqa under test, outside the
+    source tree so that exactly that package is imported."""
+    env = dict(os.environ, PYTHONPATH=PKG_PARENT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable] + (["-c", code] if code else ["-m", "gqa"]) + args
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{cmd} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def _table_rows(out):
+    return [line for line in out.splitlines()
+            if line.split()[:1] == ["1"] and len(line.split()) > 2 and line.split()[1] in _bench.MODES]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    path = tmp / "bench.json"
+    out = _run(["bench", "--quick"] + TINY + ["--decode-T", "16,40", "--prefill-S", "24",
+                                              "--peers", "ort,ort-naive", "--json", str(path)], tmp)
+    return out, json.loads(path.read_text())
+
+
+def test_bench_prints_the_table(bench_run):
+    out, _ = bench_run
+    assert "decode: S=1" in out and "prefill: S=T" in out
+    for mode in _bench.MODES:
+        assert f" {mode} " in out
+    assert "GFLOP/s" in out
+    if _ort_peer.importable():
+        assert "ort        ok: onnxruntime" in out
+        assert "ort-naive  ok: onnxruntime" in out
+        assert "x" in out.split("prefill: S=T")[1]          # ratios printed
+        assert "targets (1 thread" in out
+
+
+def test_bench_json(bench_run):
+    _, doc = bench_run
+    for key in ("gqa_version", "argv", "machine", "settings", "peers", "columns", "results", "table", "ratio"):
+        assert key in doc
+    assert doc["gqa_version"] == gqa.__version__
+    assert doc["columns"] == ["ort", "ort-naive"]
+    res = doc["results"]
+    assert len(res) == 3 * len(_bench.MODES)  # decode 16, 40 and prefill 24, every mode
+    for r in res:
+        assert {"phase", "T", "S", "threads", "mode", "B", "N", "Nkv", "H", "gqa", "peers"} <= set(r)
+        assert r["gqa"]["median_us"] > 0 and r["gqa"]["samples"] == 2
+        assert set(r["peers"]) == {"ort", "ort-naive"}
+        if r["phase"] == "prefill":
+            assert r["S"] == r["T"] == 24 and r["gflops"] > 0
+        else:
+            assert r["S"] == 1 and r["T"] in (16, 40)
+        for p in r["peers"].values():
+            if _ort_peer.importable():
+                assert p["median_us"] > 0
+                assert p["ratio"] == pytest.approx(p["median_us"] / r["gqa"]["median_us"])
+            else:
+                assert p == {"missing": True}
+
+
+BLOCK = ("import sys\n"
+         "for m in ('torch', 'onnxruntime', 'matplotlib'): sys.modules[m] = None\n"
+         "from gqa.__main__ import main\n"
+         "sys.exit(main(sys.argv[1:]))\n")
+
+
+def test_bench_missing_peers_are_reported_and_skipped(tmp_path):
+    png = tmp_path / "chart.png"
+    out = _run(["bench"] + TINY + ["--decode-T", "16", "--prefill-S", "", "--modes", "int8-pt",
+                                   "--peers", "ort,ort-naive,torch,ggml",
+                                   "--ggml-peer", str(tmp_path / "nowhere" / "ggml_peer.py"),
+                                   "--png", str(png)], tmp_path, code=BLOCK)
+    assert "ort        missing: onnxruntime/onnx not installed" in out
+    assert "ort-naive  missing: onnxruntime/onnx not installed" in out
+    assert "torch-f32  missing: torch not installed" in out
+    assert "torch-dq   missing: torch not installed" in out
+    assert "ggml       missing: peer script not found" in out
+    row = _table_rows(out)
+    assert len(row) == 1 and row[0].count("missing") == 5     # still measured gqa
+    assert "matplotlib is not installed" in out and not png.exists()
+
+
+def test_bench_rejects_bad_options():
+    with pytest.raises(SystemExit):
+        _bench.main(["--modes", "int3"])
+    with pytest.raises(SystemExit):
+        _bench.main(["--peers", "tensorflow"])
+    with pytest.raises(SystemExit):
+        _bench.main(["--shape", "1,5,2,16"])
+    with pytest.raises(SystemExit):
+        _bench.main(["--repeats", "-1"])
+
+
+def test_demo_tiny(tmp_path):
+    out = _run(["demo", "--layers", "2", "--prompt", "24", "--steps", "8", "--heads", "4", "--kv-heads", "2",
+                "--head-size", "32", "--model-dim", "32", "--threads", "1", "--progress", "off"], tmp_path)
+    assert "tok/s" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split() and line.split()[0] in ("float32", "int8", "int4")}
+    assert set(rows) == {"float32", "int8", "int4"}
+    assert float(rows["int8"][-2]) > 0.99          # cosine against the float32-cache run
+    assert float(rows["int4"][-2]) > 0.9
+    assert rows["int8"][-3] != "-" and float(rows["int8"][-4]) >= 0  # mean / max abs error
+    assert rows["float32"][-2] == "-"
+    share = {k: float(next(c for c in v if c.endswith("%"))[:-1]) for k, v in rows.items()}
+    assert share["float32"] == 100 and share["int8"] < 30 and share["int4"] < share["int8"]
+
+
+def test_no_subcommand_prints_config_then_runs_the_demo(monkeypatch, capsys):
+    from gqa import __main__ as cli
+    from gqa import _demo
+    seen = []
+    monkeypatch.setattr(_demo, "run", lambda args: seen.append(args) or 0)
+    assert cli.main([]) == 0
+    assert "active path" in capsys.readouterr().out
+    assert len(seen) == 1 and seen[0].layers == _demo.DEFAULTS["layers"]
+    assert cli.main(["config"]) == 0
+    assert "available paths" in capsys.readouterr().out
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+@pytest.mark.parametrize("mode", list(_bench.MODES))
+def test_bench_peers_compute_the_same_attention(phase, mode):
+    """The bench times like with like: every peer's call gives gqa's output on its case."""
+    T = 40 if phase == "decode" else 24
+    spec = dict(phase=phase, B=1, N=4, Nkv=2, H=32, S=1 if phase == "decode" else T, T=T, mode=mode,
+                threads=1, seed=3)
+    ours = _bench._ours(spec)()[0]
+    checked = 0
+    if _ort_peer.importable():
+        inp, attrs = _bench.build_inputs(spec)
+        kc, vc = inp.pop("past_key"), inp.pop("past_value")
+        out = np.zeros(inp["query"].shape, np.float32)
+        _ort_peer.OrtInPlace(inp, attrs, kc, vc).bound(inp, out)()
+        np.testing.assert_allclose(out, ours, atol=2e-6, rtol=0)
+        checked += 1
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        torch = None
+    if torch is not None:
+        f = _bench._torch_setup(spec, dequant=True) or _bench._torch_setup(spec, dequant=False)
+        got = f().transpose(1, 2).reshape(ours.shape).numpy()
+        np.testing.assert_allclose(got, ours, atol=2e-6, rtol=0)
+        checked += 1
+    if not checked:
+        pytest.skip("neither onnxruntime nor torch installed")
+
+
+FAKE_GGML = '''
+"""Stands in for ../shared/tools/peers/ggml_peer.py: same names, no llama.cpp."""
+import time
+B = HQ = HKV = D = None
+seen = []
+
+
+def find_libdir(arg):
+    return arg
+
+
+def load(libdir):
+    return "g"
+
+
+class Case:
+    def __init__(self, g, S, T, typ, causal, nthreads, rng):
+        assert (B, HQ, HKV, D) == (1, 4, 2, 16), (B, HQ, HKV, D)
+        assert typ in ("q8_0", "q4_0", "f16") and causal == (S > 1) and nthreads == 1
+        self.dt = 1e-6 * T
+
+    def run(self):
+        time.sleep(self.dt)
+
+    def close(self):
+        pass
+'''
+
+
+def test_bench_ggml_peer_script_is_driven(tmp_path):
+    script = tmp_path / "ggml_peer.py"
+    script.write_text(FAKE_GGML)
+    out = _run(["bench"] + TINY + ["--decode-T", "16", "--prefill-S", "24", "--modes", "int8-pt,float",
+                                   "--peers", "ggml", "--ggml-peer", str(script), "--ggml-libdir", "fake"],
+               tmp_path)
+    assert "ggml       ok: ggml from fake via" in out
+    rows = _table_rows(out)
+    assert len(rows) == 4 and all(line.rstrip().endswith("x") for line in rows)
