@@ -303,6 +303,8 @@ static const float *qk_prep(const float *A, size_t lda, int mb, size_t K, int ty
     return src;
 }
 
+#define QK_PF 4096
+
 /* Rows n0 .. n1-1 of B (n1 - n0 a multiple of NB) against MB rows of A (prepared by
    qk_prep), NB rows at a time (MB * NB <= 12 accumulators).  Per accumulator:
    INT4 16-element steps (dec16) then one in-order 8-element step when K % 16 >= 8,
@@ -317,6 +319,11 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
     const __m128 vm = _mm_set1_ps(mult);
     for (size_t n = n0; n < n1; n += NB) {
         const uint8_t *Bn = B + n * rb;
+        /* B streams from memory in decode: fetch the rows QK_PF bytes ahead (hardware
+           prefetchers stop at page boundaries); prefetches never fault */
+        if (n + 2 * NB <= n1)
+            for (size_t off = 0; off < NB * rb; off += 64)
+                _mm_prefetch((const char *)Bn + QK_PF + off, _MM_HINT_T0);
         __m256 acc[12];
         UNROLL
         for (int i = 0; i < nacc; i++)
@@ -475,7 +482,7 @@ static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float 
    channel) or `vs` (per tensor, 1 for float rows), applied once per key chunk. */
 INLINE void sv_block(const int MB, const int NV, const int kind, const int part, size_t np, size_t k0,
                      size_t k1, const float *A, size_t lda, const uint8_t *B, size_t rb, size_t n0,
-                     int type, const float *spc, __m256 vs, float *C, size_t ldc)
+                     int type, const float *spc, __m256 vs, float *C, size_t ldc, size_t pf)
 {
     __m256 acc[16];
     UNROLL
@@ -483,6 +490,9 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int part,
         acc[i] = _mm256_setzero_ps();
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
+        if (pf) /* the same row of the next key chunk */
+            for (size_t off = 0; off < rb; off += 64)
+                _mm_prefetch((const char *)row + pf + off, _MM_HINT_T0);
         __m256 b[8];
         if (part) {
             b[0] = dec_tail(row, n0, np, type);
@@ -534,19 +544,19 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int part,
 #define SV_INST_(T, MB, NV)                                                                       \
     static void sv_##T##_##MB##x##NV(size_t np, size_t k0, size_t k1, const float *A, size_t lda,  \
                                      const uint8_t *B, size_t rb, size_t n0, int type,            \
-                                     const float *spc, __m256 vs, float *C, size_t ldc)           \
+                                     const float *spc, __m256 vs, float *C, size_t ldc, size_t pf) \
     {                                                                                             \
-        sv_block(MB, NV, T, 0, np, k0, k1, A, lda, B, rb, n0, type, spc, vs, C, ldc);             \
+        sv_block(MB, NV, T, 0, np, k0, k1, A, lda, B, rb, n0, type, spc, vs, C, ldc, pf);         \
     }
 #define SV_PART(T, MB)                                                                            \
     static void svp_##T##_##MB(size_t np, size_t k0, size_t k1, const float *A, size_t lda,        \
                                const uint8_t *B, size_t rb, size_t n0, int type,                  \
-                               const float *spc, __m256 vs, float *C, size_t ldc)                 \
+                               const float *spc, __m256 vs, float *C, size_t ldc, size_t pf)      \
     {                                                                                             \
-        sv_block(MB, 1, T, 1, np, k0, k1, A, lda, B, rb, n0, type, spc, vs, C, ldc);              \
+        sv_block(MB, 1, T, 1, np, k0, k1, A, lda, B, rb, n0, type, spc, vs, C, ldc, pf);          \
     }
 typedef void (*sv_fn)(size_t, size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t, int,
-                      const float *, __m256, float *, size_t);
+                      const float *, __m256, float *, size_t, size_t);
 /* Per row count MB: {wide block, 16-column block, 8-column block, partial block}.
    Wide shapes (rows x 8-column vectors, accumulators <= 12): INT8 / float rows
    1x4 2x4 3x3 4x3 5x2 6x2 7x1 8x1; INT4 (vectors in pairs) 1x8 2x4 3x2 4x2 5x2 6x2. */
@@ -604,15 +614,17 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             const float *a = A + m0 * lda;
             float *c = C + m0 * ldc;
             const size_t step = 8 * (size_t)sv_nvw[kind][mb];
+            /* the first block of each chunk prefetches the next chunk's rows (codes only) */
+            size_t pf = m0 == 0 && k1 < K && kind <= KS4 ? kc * rb : 0;
             size_t n = 0;
-            for (; n + step <= (kind == KS4 ? n16 : n8); n += step)
-                f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc);
-            for (; n + 16 <= n16; n += 16)
-                f[1](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc);
-            for (; n < n8; n += 8)
-                f[2](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc);
+            for (; n + step <= (kind == KS4 ? n16 : n8); n += step, pf = 0)
+                f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
+            for (; n + 16 <= n16; n += 16, pf = 0)
+                f[1](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
+            for (; n < n8; n += 8, pf = 0)
+                f[2](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
             if (n < N)
-                f[3](N - n, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc);
+                f[3](N - n, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
         }
     }
 }
