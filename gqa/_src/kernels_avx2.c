@@ -384,37 +384,21 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
 
 /* One function per (kind, MB, NB): the kind is a compile-time constant inside each,
    so the decode switch disappears from the inner loop. */
-#define QK_INST(T, MB, NB) QK_INST_(T, MB, NB)
-#define QK_INST_(T, MB, NB)                                                                       \
+#define QK_INST(T, MB, NB)                                                                       \
     static void qk_##T##_##MB##x##NB(size_t n0, size_t n1, size_t K, float mult, const float *A,  \
                                      size_t lda, const float *at, const uint8_t *B, size_t rb,    \
                                      int type, float *C, size_t ldc)                              \
     {                                                                                             \
         qk_block(MB, NB, T, n0, n1, K, mult, A, lda, at, B, rb, type, C, ldc);                    \
     }
-#define QK_NAME(T, MB, NB) QK_NAME_(T, MB, NB)
-#define QK_NAME_(T, MB, NB) qk_##T##_##MB##x##NB
-/* Wide shapes (rows of A x rows of B, up to 12 accumulators), then MB x 1 for the
-   last N % NB rows of B. */
-#ifndef QK_NB2
-#define QK_NB2 6
-#endif
-#ifndef QK_NB3
-#define QK_NB3 4
-#endif
-#ifndef QK_NB4
-#define QK_NB4 3
-#endif
-#ifndef QK_MAXMB
-#define QK_MAXMB 8
-#endif
+/* Wide shapes (rows of A x rows of B, up to 12 accumulators): 1x8 2x6 3x4 4x3 5x2
+   6x2 7x1 8x1, then MB x 1 for the last N % NB rows of B. */
 #define QK_KIND(T)                                                                                \
-    QK_INST(T, 1, 8) QK_INST(T, 2, QK_NB2) QK_INST(T, 3, QK_NB3) QK_INST(T, 4, QK_NB4)            \
-    QK_INST(T, 5, 2) QK_INST(T, 6, 2) QK_INST(T, 1, 1) QK_INST(T, 2, 1) QK_INST(T, 3, 1)          \
-    QK_INST(T, 4, 1) QK_INST(T, 5, 1) QK_INST(T, 6, 1) QK_INST(T, 7, 1) QK_INST(T, 8, 1)          \
-    static const qk_fn qk_wide_##T[9] = {0, qk_##T##_1x8, QK_NAME(T, 2, QK_NB2),                 \
-        QK_NAME(T, 3, QK_NB3), QK_NAME(T, 4, QK_NB4), qk_##T##_5x2, qk_##T##_6x2, qk_##T##_7x1,  \
-        qk_##T##_8x1};                                                                            \
+    QK_INST(T, 1, 8) QK_INST(T, 2, 6) QK_INST(T, 3, 4) QK_INST(T, 4, 3) QK_INST(T, 5, 2)          \
+    QK_INST(T, 6, 2) QK_INST(T, 1, 1) QK_INST(T, 2, 1) QK_INST(T, 3, 1) QK_INST(T, 4, 1)          \
+    QK_INST(T, 5, 1) QK_INST(T, 6, 1) QK_INST(T, 7, 1) QK_INST(T, 8, 1)                           \
+    static const qk_fn qk_wide_##T[9] = {0, qk_##T##_1x8, qk_##T##_2x6, qk_##T##_3x4,            \
+        qk_##T##_4x3, qk_##T##_5x2, qk_##T##_6x2, qk_##T##_7x1, qk_##T##_8x1};                    \
     static const qk_fn qk_narrow_##T[9] = {0, qk_##T##_1x1, qk_##T##_2x1, qk_##T##_3x1,          \
         qk_##T##_4x1, qk_##T##_5x1, qk_##T##_6x1, qk_##T##_7x1, qk_##T##_8x1};
 
@@ -423,7 +407,10 @@ typedef void (*qk_fn)(size_t, size_t, size_t, float, const float *, size_t, cons
 QK_KIND(0) QK_KIND(1) QK_KIND(2) QK_KIND(3)
 static const qk_fn *const qk_wide[4] = {qk_wide_0, qk_wide_1, qk_wide_2, qk_wide_3};
 static const qk_fn *const qk_narrow[4] = {qk_narrow_0, qk_narrow_1, qk_narrow_2, qk_narrow_3};
-static const int qk_nbs[9] = {0, 8, QK_NB2, QK_NB3, QK_NB4, 2, 2, 1, 1};
+static const int qk_nbs[9] = {0, 8, 6, 4, 3, 2, 2, 1, 1};
+/* Rows of A per block: INT8 / float rows at most 4 (M = 8 as 4 + 4 beats 8 x 1 by
+   ~20% here), INT4 up to 8 (its decode is the larger cost, shared by more rows). */
+static const size_t qk_maxmb[4] = {4, 8, 4, 4};
 
 /* Rows of A per block: at most 8, as even as possible (M = 9 -> 5 + 4). */
 static inline size_t row_block(size_t M, size_t maxb)
@@ -450,7 +437,7 @@ static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float 
     const uint8_t *Bb = (const uint8_t *)B;
     float stack_buf[QK_STACK_FLOATS], tail[8 * 8];
     float *buf = stack_buf;
-    size_t bm = row_block(M, QK_MAXMB);
+    size_t bm = row_block(M, qk_maxmb[kind]);
     if (prep && bm * K > QK_STACK_FLOATS) {
         if (K <= QK_STACK_FLOATS) {
             bm = QK_STACK_FLOATS / K; /* fewer rows per block: the same values */
