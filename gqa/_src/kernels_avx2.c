@@ -15,6 +15,7 @@
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#include <stdlib.h>
 #include "kernels_common.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -118,14 +119,6 @@ static inline float post_scale(int type, const float *s)
     return (type == GQA_S8_PT || type == GQA_S4_PT) ? s[0] : 1.0f;
 }
 
-/* Element k decoded without the per-tensor scale (matches load8). */
-static inline float decode_unscaled(const uint8_t *row, size_t k, int type, const float *s)
-{
-    static const float one = 1.0f;
-    return (type == GQA_S8_PT || type == GQA_S4_PT) ? gqa_decode(row, k, type, &one)
-                                                    : gqa_decode(row, k, type, s);
-}
-
 static void dequantize_avx2(const void *src, float *dst, size_t ldd, size_t rows,
                             size_t cols, int type, const float *s)
 {
@@ -194,117 +187,309 @@ static void dequantize_t_avx2(const void *src, float *dst, size_t ldd, size_t ro
             dst[c * ldd + r] = gqa_decode(B + r * rb, c, type, s);
 }
 
-/* ---- qk_gemm ------------------------------------------------------------ */
+/* ---- decode for the GEMMs ------------------------------------------------
+ *
+ * The GEMM kernels read B as unscaled codes (per-tensor scales are applied to
+ * the finished dot products, per-channel ones are folded into A for qk_gemm and
+ * applied per column after the key sum for sv_gemm), in one of four kinds: */
+#define KS8 0  /* int8 codes */
+#define KS4 1  /* +8-biased nibbles */
+#define KF32 2 /* float32 */
+#define KF16 3 /* binary16 */
 
-/* Lane i of the result = horizontal sum of v[i], always by the same tree. */
-INLINE __m256 hsum8x8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5,
-                      __m256 v6, __m256 v7)
+static inline int kind_of(int type)
 {
-    __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
-    __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(v4, v5), _mm256_hadd_ps(v6, v7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+    return type <= GQA_S8_PC ? KS8 : type <= GQA_S4_PC ? KS4 : type == GQA_F32 ? KF32 : KF16;
 }
 
-/* Rows n0 .. n1-1 of B (n1 - n0 a multiple of NB) against MB rows of A, NB rows at
-   a time.  The loop over B rows lives here, not in the caller, so one block's
-   reduction overlaps the next block's loads. */
-INLINE void qk_block(const int MB, const int NB, size_t n0, size_t n1, size_t K, float mult,
-                     const float *A, size_t lda, const uint8_t *B, size_t rb, const int type,
-                     const float *s, float *C, size_t ldc)
+/* Elements [k, k + 8) in order (k even), unscaled. */
+INLINE __m256 dec8(const int kind, const uint8_t *row, size_t k)
 {
-    const size_t kfull = K & ~(size_t)7;
+    switch (kind) {
+    case KS8:
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
+    case KS4: {
+        uint32_t w;
+        memcpy(&w, row + k / 2, 4);
+        __m128i v = _mm_cvtsi32_si128((int)w);
+        __m128i m = _mm_set1_epi8(0x0F);
+        __m128i e = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+        return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(e), _mm256_set1_epi32(8)));
+    }
+    case KF32:
+        return _mm256_loadu_ps((const float *)(const void *)row + k);
+    default:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * k)));
+    }
+}
+
+/* Elements [k, k + 16) (k % 16 == 0), unscaled, as two vectors.  INT4: the 16
+   nibbles of one 8-byte load, v0 = the low nibbles (elements k, k+2, .., k+14),
+   v1 = the high ones (k+1, .., k+15) -- three integer operations and a
+   conversion per 8 elements; callers pair them with A or C in the same order.
+   Other kinds: v0 = [k, k + 8), v1 = [k + 8, k + 16) in order. */
+INLINE void dec16(const int kind, const uint8_t *row, size_t k, __m256 *v0, __m256 *v1)
+{
+    if (kind == KS4) {
+        const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k / 2)));
+        const __m256i eight = _mm256_set1_epi32(8);
+        *v0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(z, _mm256_set1_epi32(15)), eight));
+        *v1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(z, 4), eight));
+    } else {
+        *v0 = dec8(kind, row, k);
+        *v1 = dec8(kind, row, k + 8);
+    }
+}
+
+/* Elements [k, k + n) (n < 8) in order, unscaled, zero past n. */
+static __m256 dec_tail(const uint8_t *row, size_t k, size_t n, int type)
+{
+    static const float one = 1.0f;
+    float t[8] = {0};
+    for (size_t i = 0; i < n; i++)
+        t[i] = gqa_decode(row, k + i, type == GQA_S8_PC ? GQA_S8_PT : type == GQA_S4_PC ? GQA_S4_PT : type, &one);
+    return _mm256_loadu_ps(t);
+}
+
+
+/* ---- qk_gemm ------------------------------------------------------------ */
+
+/* Lane i of the result = horizontal sum of v_i (8 lanes), always by the same tree:
+   ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), whatever the slot. */
+INLINE __m128 hsum4(__m256 v0, __m256 v1, __m256 v2, __m256 v3)
+{
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* Rows of A as the qk kernels read them, for one block of rows: per-channel scales
+   folded in (A[m,k] * s[k], one rounding per product like the scalar path's
+   q * s), and for INT4 each 16-element block reordered as its even elements then
+   its odd ones (the order of dec16).  Returns the rows to use (A itself when
+   nothing changes).  `tail` gets A[m, K8 .. K) zero-padded to 8 (K8 = K & ~7). */
+static const float *qk_prep(const float *A, size_t lda, int mb, size_t K, int type, const float *s, float *buf,
+                            float *tail, size_t *ld)
+{
+    const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
+    const size_t K8 = K & ~(size_t)7;
+    const float *src = A;
+    if (pc || s4) {
+        for (int m = 0; m < mb; m++) {
+            const float *a = A + m * lda;
+            float *o = buf + m * K;
+            size_t k = 0;
+            if (s4)
+                for (; k + 16 <= K; k += 16) {
+                    __m256 x0 = _mm256_loadu_ps(a + k), x1 = _mm256_loadu_ps(a + k + 8);
+                    if (pc) {
+                        x0 = _mm256_mul_ps(x0, _mm256_loadu_ps(s + k));
+                        x1 = _mm256_mul_ps(x1, _mm256_loadu_ps(s + k + 8));
+                    }
+                    __m256 ev = _mm256_shuffle_ps(x0, x1, 0x88), od = _mm256_shuffle_ps(x0, x1, 0xDD);
+                    _mm256_storeu_ps(o + k, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8)));
+                    _mm256_storeu_ps(o + k + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8)));
+                }
+            for (; k < K; k++)
+                o[k] = pc ? a[k] * s[k] : a[k];
+        }
+        src = buf;
+        *ld = K;
+    } else {
+        *ld = lda;
+    }
+    for (int m = 0; m < mb; m++)
+        for (size_t i = 0; i < 8; i++)
+            tail[m * 8 + i] = K8 + i < K ? src[m * *ld + K8 + i] : 0.0f;
+    return src;
+}
+
+#define QK_PF 4096
+
+/* Rows n0 .. n1-1 of B (n1 - n0 a multiple of NB) against MB rows of A (prepared by
+   qk_prep), NB rows at a time (MB * NB <= 12 accumulators).  Per accumulator:
+   INT4 16-element steps (dec16) then one in-order 8-element step when K % 16 >= 8,
+   other kinds 8-element steps with the A rows in registers; one zero-padded step
+   for K % 8; then hsum4 and mult -- the same operations for every (m, n). */
+INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size_t n1, size_t K, float mult,
+                     const float *A, size_t lda, const float *at, const uint8_t *B, size_t rb, int type,
+                     float *C, size_t ldc)
+{
+    const size_t K16 = K & ~(size_t)15, K8 = K & ~(size_t)7;
+    const int nacc = (MB * NB + 3) & ~3;
+    const __m128 vm = _mm_set1_ps(mult);
     for (size_t n = n0; n < n1; n += NB) {
         const uint8_t *Bn = B + n * rb;
-        __m256 acc[8];
+        /* B streams from memory in decode: fetch the rows QK_PF bytes ahead (hardware
+           prefetchers stop at page boundaries); prefetches never fault */
+        if (n + 2 * NB <= n1)
+            for (size_t off = 0; off < NB * rb; off += 64)
+                _mm_prefetch((const char *)Bn + QK_PF + off, _MM_HINT_T0);
+        __m256 acc[12];
         UNROLL
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < nacc; i++)
             acc[i] = _mm256_setzero_ps();
-        for (size_t k = 0; k < kfull; k += 8) {
+        size_t k = 0;
+        if (kind == KS4)
+            for (; k < K16; k += 16) {
+                UNROLL
+                for (int nb = 0; nb < NB; nb++) {
+                    __m256 b0, b1;
+                    dec16(kind, Bn + nb * rb, k, &b0, &b1);
+                    UNROLL
+                    for (int mb = 0; mb < MB; mb++) {
+                        acc[mb * NB + nb] = _mm256_fmadd_ps(_mm256_loadu_ps(A + mb * lda + k), b0, acc[mb * NB + nb]);
+                        acc[mb * NB + nb] =
+                            _mm256_fmadd_ps(_mm256_loadu_ps(A + mb * lda + k + 8), b1, acc[mb * NB + nb]);
+                    }
+                }
+            }
+        for (; k < K8; k += 8) { /* other kinds: A rows loaded once per step */
             __m256 a[8];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
                 a[mb] = _mm256_loadu_ps(A + mb * lda + k);
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
-                __m256 b = load8(Bn + nb * rb, k, type, s);
+                __m256 b = dec8(kind, Bn + nb * rb, k);
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
                     acc[mb * NB + nb] = _mm256_fmadd_ps(a[mb], b, acc[mb * NB + nb]);
             }
         }
-        float out[8];
-        _mm256_storeu_ps(out, hsum8x8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
-        UNROLL
-        for (int mb = 0; mb < MB; mb++)
-            UNROLL
+        if (K8 < K) {
             for (int nb = 0; nb < NB; nb++) {
-                float v = out[mb * NB + nb];
-                for (size_t kk = kfull; kk < K; kk++)
-                    v += A[mb * lda + kk] * decode_unscaled(Bn + nb * rb, kk, type, s);
-                C[mb * ldc + n + nb] = v * mult;
+                __m256 b = dec_tail(Bn + nb * rb, K8, K - K8, type);
+                for (int mb = 0; mb < MB; mb++)
+                    acc[mb * NB + nb] = _mm256_fmadd_ps(_mm256_loadu_ps(at + mb * 8), b, acc[mb * NB + nb]);
             }
+        }
+        if (NB % 4 == 0) { /* each group of 4 is 4 outputs of one row */
+            UNROLL
+            for (int g = 0; g < nacc; g += 4)
+                _mm_storeu_ps(C + (g / NB) * ldc + n + g % NB,
+                              _mm_mul_ps(hsum4(acc[g], acc[g + 1], acc[g + 2], acc[g + 3]), vm));
+        } else {
+            float out[12];
+            UNROLL
+            for (int g = 0; g < nacc; g += 4)
+                _mm_storeu_ps(out + g, _mm_mul_ps(hsum4(acc[g], acc[g + 1], acc[g + 2], acc[g + 3]), vm));
+            UNROLL
+            for (int mb = 0; mb < MB; mb++)
+                UNROLL
+                for (int nb = 0; nb < NB; nb++)
+                    C[mb * ldc + n + nb] = out[mb * NB + nb];
+        }
     }
 }
 
-/* One function per (element type, MB, NB): the type is a compile-time constant
-   inside each, so load8's switch disappears from the inner loop. */
-#define QK_INST(T, MB, NB)                                                                        \
+/* One function per (kind, MB, NB): the kind is a compile-time constant inside each,
+   so the decode switch disappears from the inner loop. */
+#define QK_INST(T, MB, NB)                                                                       \
     static void qk_##T##_##MB##x##NB(size_t n0, size_t n1, size_t K, float mult, const float *A,  \
-                                     size_t lda, const uint8_t *B, size_t rb, const float *s,     \
-                                     float *C, size_t ldc)                                        \
+                                     size_t lda, const float *at, const uint8_t *B, size_t rb,    \
+                                     int type, float *C, size_t ldc)                              \
     {                                                                                             \
-        qk_block(MB, NB, n0, n1, K, mult, A, lda, B, rb, T, s, C, ldc);                           \
+        qk_block(MB, NB, T, n0, n1, K, mult, A, lda, at, B, rb, type, C, ldc);                    \
     }
-#define QK_TYPE(T)                                                                                \
-    QK_INST(T, 1, 8) QK_INST(T, 1, 1) QK_INST(T, 2, 4) QK_INST(T, 2, 1) QK_INST(T, 3, 2)          \
-    QK_INST(T, 3, 1) QK_INST(T, 4, 2) QK_INST(T, 4, 1) QK_INST(T, 5, 1) QK_INST(T, 6, 1)          \
-    QK_INST(T, 7, 1) QK_INST(T, 8, 1)                                                             \
-    static const qk_fn qk_wide_##T[9] = {0, qk_##T##_1x8, qk_##T##_2x4, qk_##T##_3x2,            \
-        qk_##T##_4x2, qk_##T##_5x1, qk_##T##_6x1, qk_##T##_7x1, qk_##T##_8x1};                    \
+/* Wide shapes (rows of A x rows of B, up to 12 accumulators): 1x8 2x6 3x4 4x3 5x2
+   6x2 7x1 8x1, then MB x 1 for the last N % NB rows of B. */
+#define QK_KIND(T)                                                                                \
+    QK_INST(T, 1, 8) QK_INST(T, 2, 6) QK_INST(T, 3, 4) QK_INST(T, 4, 3) QK_INST(T, 5, 2)          \
+    QK_INST(T, 6, 2) QK_INST(T, 1, 1) QK_INST(T, 2, 1) QK_INST(T, 3, 1) QK_INST(T, 4, 1)          \
+    QK_INST(T, 5, 1) QK_INST(T, 6, 1) QK_INST(T, 7, 1) QK_INST(T, 8, 1)                           \
+    static const qk_fn qk_wide_##T[9] = {0, qk_##T##_1x8, qk_##T##_2x6, qk_##T##_3x4,            \
+        qk_##T##_4x3, qk_##T##_5x2, qk_##T##_6x2, qk_##T##_7x1, qk_##T##_8x1};                    \
     static const qk_fn qk_narrow_##T[9] = {0, qk_##T##_1x1, qk_##T##_2x1, qk_##T##_3x1,          \
         qk_##T##_4x1, qk_##T##_5x1, qk_##T##_6x1, qk_##T##_7x1, qk_##T##_8x1};
 
-typedef void (*qk_fn)(size_t, size_t, size_t, float, const float *, size_t, const uint8_t *, size_t,
-                      const float *, float *, size_t);
-QK_TYPE(0) QK_TYPE(1) QK_TYPE(2) QK_TYPE(3) QK_TYPE(4) QK_TYPE(5)
-static const qk_fn *const qk_wide[6] = {qk_wide_0, qk_wide_1, qk_wide_2, qk_wide_3, qk_wide_4, qk_wide_5};
-static const qk_fn *const qk_narrow[6] = {qk_narrow_0, qk_narrow_1, qk_narrow_2, qk_narrow_3,
-                                          qk_narrow_4, qk_narrow_5};
+typedef void (*qk_fn)(size_t, size_t, size_t, float, const float *, size_t, const float *, const uint8_t *,
+                      size_t, int, float *, size_t);
+QK_KIND(0) QK_KIND(1) QK_KIND(2) QK_KIND(3)
+static const qk_fn *const qk_wide[4] = {qk_wide_0, qk_wide_1, qk_wide_2, qk_wide_3};
+static const qk_fn *const qk_narrow[4] = {qk_narrow_0, qk_narrow_1, qk_narrow_2, qk_narrow_3};
+static const int qk_nbs[9] = {0, 8, 6, 4, 3, 2, 2, 1, 1};
+/* Rows of A per block: INT8 / float rows at most 4 (M = 8 as 4 + 4 beats 8 x 1 by
+   ~20% here), INT4 up to 8 (its decode is the larger cost, shared by more rows). */
+static const size_t qk_maxmb[4] = {4, 8, 4, 4};
+
+/* Rows of A per block: at most 8, as even as possible (M = 9 -> 5 + 4). */
+static inline size_t row_block(size_t M, size_t maxb)
+{
+    size_t nblk = (M + maxb - 1) / maxb;
+    return (M + nblk - 1) / nblk;
+}
+
+/* Prepared rows of A live on the stack up to this many floats (32 KiB). */
+#define QK_STACK_FLOATS 8192
 
 static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    static const int nbs[9] = {0, 8, 4, 2, 2, 1, 1, 1, 1};
-    const qk_fn *wide = qk_wide[type], *narrow = qk_narrow[type];
+    if (K == 0) { /* contract: C zero-filled */
+        for (size_t m = 0; m < M; m++)
+            memset(C + m * ldc, 0, N * sizeof(float));
+        return;
+    }
+    const int kind = kind_of(type), prep = GQA_IS_PC(type) || GQA_IS_S4(type);
+    const qk_fn *wide = qk_wide[kind], *narrow = qk_narrow[kind];
     const size_t rb = gqa_row_bytes(type, K);
     const float mult = alpha * post_scale(type, s);
     const uint8_t *Bb = (const uint8_t *)B;
-    for (size_t m0 = 0; m0 < M; m0 += 8) {
-        int mb = (int)(M - m0 < 8 ? M - m0 : 8);
-        const float *a = A + m0 * lda;
-        float *c = C + m0 * ldc;
-        size_t nw = N - N % (size_t)nbs[mb];
-        wide[mb](0, nw, K, mult, a, lda, Bb, rb, s, c, ldc);
-        narrow[mb](nw, N, K, mult, a, lda, Bb, rb, s, c, ldc);
+    float stack_buf[QK_STACK_FLOATS], tail[8 * 8];
+    float *buf = stack_buf;
+    size_t bm = row_block(M, qk_maxmb[kind]);
+    if (prep && bm * K > QK_STACK_FLOATS) {
+        if (K <= QK_STACK_FLOATS) {
+            bm = QK_STACK_FLOATS / K; /* fewer rows per block: the same values */
+        } else if ((buf = (float *)malloc(bm * K * sizeof(float))) == NULL) {
+            gqa_kernels_scalar.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc); /* out of memory */
+            return;
+        }
     }
+    for (size_t m0 = 0; m0 < M; m0 += bm) {
+        const int mb = (int)(M - m0 < bm ? M - m0 : bm);
+        size_t ld;
+        const float *a = qk_prep(A + m0 * lda, lda, mb, K, type, s, buf, tail, &ld);
+        float *c = C + m0 * ldc;
+        const size_t nw = N - N % (size_t)qk_nbs[mb];
+        wide[mb](0, nw, K, mult, a, ld, tail, Bb, rb, type, c, ldc);
+        narrow[mb](nw, N, K, mult, a, ld, tail, Bb, rb, type, c, ldc);
+    }
+    if (buf != stack_buf)
+        free(buf);
 }
 
 /* ---- sv_gemm ------------------------------------------------------------ */
 
-INLINE void sv_block(const int MB, const int NV, size_t k0, size_t k1, const float *A, size_t lda,
-                     const uint8_t *B, size_t rb, size_t n0, const int type, const float *s, float mult,
-                     float *C, size_t ldc)
+/* Columns n0 .. n0 + 8 NV of C[mb, .] += scale[col] * sum_{k0 <= k < k1} A[mb, k] * B[k, col]
+   for MB rows.  Pairs of vectors come from dec16 (INT4: the even columns of 16,
+   then the odd ones; put back in order before the store).  `part` (NV == 1):
+   only the first `np` < 8 columns exist, decoded element by element into a
+   zero-padded vector -- the same lane arithmetic.  Scale per column: `spc` (per
+   channel) or `vs` (per tensor, 1 for float rows), applied once per key chunk. */
+INLINE void sv_block(const int MB, const int NV, const int kind, const int part, size_t np, size_t k0,
+                     size_t k1, const float *A, size_t lda, const uint8_t *B, size_t rb, size_t n0,
+                     int type, const float *spc, __m256 vs, float *C, size_t ldc, size_t pf)
 {
-    __m256 acc[12];
+    __m256 acc[16];
     UNROLL
     for (int i = 0; i < MB * NV; i++)
         acc[i] = _mm256_setzero_ps();
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
-        __m256 b[4];
-        UNROLL
-        for (int v = 0; v < NV; v++)
-            b[v] = load8(row, n0 + 8 * v, type, s);
+        if (pf) /* the same row of the next key chunk */
+            for (size_t off = 0; off < rb; off += 64)
+                _mm_prefetch((const char *)row + pf + off, _MM_HINT_T0);
+        __m256 b[8];
+        if (part) {
+            b[0] = dec_tail(row, n0, np, type);
+        } else {
+            UNROLL
+            for (int v = 0; v + 1 < NV; v += 2)
+                dec16(kind, row, n0 + 8 * v, &b[v], &b[v + 1]);
+            if (NV & 1)
+                b[NV - 1] = dec8(kind, row, n0 + 8 * (NV - 1));
+        }
         UNROLL
         for (int mb = 0; mb < MB; mb++) {
             __m256 a = _mm256_broadcast_ss(A + mb * lda + k);
@@ -313,47 +498,87 @@ INLINE void sv_block(const int MB, const int NV, size_t k0, size_t k1, const flo
                 acc[mb * NV + v] = _mm256_fmadd_ps(a, b[v], acc[mb * NV + v]);
         }
     }
-    const __m256 vm = _mm256_set1_ps(mult);
     UNROLL
-    for (int mb = 0; mb < MB; mb++)
+    for (int mb = 0; mb < MB; mb++) {
+        if (kind == KS4 && !part)
+            UNROLL
+            for (int v = 0; v + 1 < NV; v += 2) { /* even | odd columns -> in order */
+                __m256 lo = _mm256_unpacklo_ps(acc[mb * NV + v], acc[mb * NV + v + 1]);
+                __m256 hi = _mm256_unpackhi_ps(acc[mb * NV + v], acc[mb * NV + v + 1]);
+                acc[mb * NV + v] = _mm256_permute2f128_ps(lo, hi, 0x20);
+                acc[mb * NV + v + 1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+            }
         UNROLL
         for (int v = 0; v < NV; v++) {
             float *c = C + mb * ldc + n0 + 8 * v;
-            _mm256_storeu_ps(c, _mm256_fmadd_ps(acc[mb * NV + v], vm, _mm256_loadu_ps(c)));
+            if (part) {
+                float t[8] = {0}, sp[8] = {0};
+                memcpy(t, c, np * sizeof(float));
+                if (spc)
+                    memcpy(sp, spc + n0, np * sizeof(float));
+                __m256 sc = spc ? _mm256_loadu_ps(sp) : vs;
+                _mm256_storeu_ps(t, _mm256_fmadd_ps(acc[mb], sc, _mm256_loadu_ps(t)));
+                memcpy(c, t, np * sizeof(float));
+            } else {
+                __m256 sc = spc ? _mm256_loadu_ps(spc + n0 + 8 * v) : vs;
+                _mm256_storeu_ps(c, _mm256_fmadd_ps(acc[mb * NV + v], sc, _mm256_loadu_ps(c)));
+            }
         }
+    }
 }
 
-#define SV_INST(T, MB, NV)                                                                        \
-    static void sv_##T##_##MB##x##NV(size_t k0, size_t k1, const float *A, size_t lda,            \
-                                     const uint8_t *B, size_t rb, size_t n0, const float *s,      \
-                                     float mult, float *C, size_t ldc)                            \
+#define SV_INST(T, MB, NV) SV_INST_(T, MB, NV)
+#define SV_INST_(T, MB, NV)                                                                       \
+    static void sv_##T##_##MB##x##NV(size_t np, size_t k0, size_t k1, const float *A, size_t lda,  \
+                                     const uint8_t *B, size_t rb, size_t n0, int type,            \
+                                     const float *spc, __m256 vs, float *C, size_t ldc, size_t pf) \
     {                                                                                             \
-        sv_block(MB, NV, k0, k1, A, lda, B, rb, n0, T, s, mult, C, ldc);                          \
+        sv_block(MB, NV, T, 0, np, k0, k1, A, lda, B, rb, n0, type, spc, vs, C, ldc, pf);         \
     }
-#define SV_TYPE(T)                                                                                \
-    SV_INST(T, 1, 4) SV_INST(T, 1, 1) SV_INST(T, 2, 4) SV_INST(T, 2, 1) SV_INST(T, 3, 3)          \
-    SV_INST(T, 3, 1) SV_INST(T, 4, 3) SV_INST(T, 4, 1) SV_INST(T, 5, 2) SV_INST(T, 5, 1)          \
-    SV_INST(T, 6, 2) SV_INST(T, 6, 1)                                                             \
-    static const sv_fn sv_wide_##T[7] = {0, sv_##T##_1x4, sv_##T##_2x4, sv_##T##_3x3,            \
-        sv_##T##_4x3, sv_##T##_5x2, sv_##T##_6x2};                                                \
-    static const sv_fn sv_narrow_##T[7] = {0, sv_##T##_1x1, sv_##T##_2x1, sv_##T##_3x1,          \
-        sv_##T##_4x1, sv_##T##_5x1, sv_##T##_6x1};
-
-typedef void (*sv_fn)(size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t,
-                      const float *, float, float *, size_t);
-SV_TYPE(0) SV_TYPE(1) SV_TYPE(2) SV_TYPE(3) SV_TYPE(4) SV_TYPE(5)
-static const sv_fn *const sv_wide[6] = {sv_wide_0, sv_wide_1, sv_wide_2, sv_wide_3, sv_wide_4, sv_wide_5};
-static const sv_fn *const sv_narrow[6] = {sv_narrow_0, sv_narrow_1, sv_narrow_2, sv_narrow_3,
-                                          sv_narrow_4, sv_narrow_5};
+#define SV_PART(T, MB)                                                                            \
+    static void svp_##T##_##MB(size_t np, size_t k0, size_t k1, const float *A, size_t lda,        \
+                               const uint8_t *B, size_t rb, size_t n0, int type,                  \
+                               const float *spc, __m256 vs, float *C, size_t ldc, size_t pf)      \
+    {                                                                                             \
+        sv_block(MB, 1, T, 1, np, k0, k1, A, lda, B, rb, n0, type, spc, vs, C, ldc, pf);          \
+    }
+typedef void (*sv_fn)(size_t, size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t, int,
+                      const float *, __m256, float *, size_t, size_t);
+/* Per row count MB: {wide block, 16-column block, 8-column block, partial block}.
+   Wide shapes (rows x 8-column vectors, accumulators <= 12): INT8 / float rows
+   1x4 2x4 3x3 4x3 5x2 6x2 7x1 8x1; INT4 (vectors in pairs) 1x8 2x4 3x2 4x2 5x2 6x2. */
+#define SV_SET(T, MB, NVW) SV_SET_(T, MB, NVW)
+#define SV_SET_(T, MB, NVW) {sv_##T##_##MB##x##NVW, sv_##T##_##MB##x2, sv_##T##_##MB##x1, svp_##T##_##MB}
+#define SV_KIND(T)                                                                                \
+    SV_INST(T, 1, 4) SV_INST(T, 2, 4) SV_INST(T, 3, 3) SV_INST(T, 4, 3)                         \
+    SV_INST(T, 1, 2) SV_INST(T, 2, 2) SV_INST(T, 3, 2) SV_INST(T, 4, 2) SV_INST(T, 5, 2)          \
+    SV_INST(T, 6, 2) SV_INST(T, 7, 2) SV_INST(T, 8, 2)                                            \
+    SV_INST(T, 1, 1) SV_INST(T, 2, 1) SV_INST(T, 3, 1) SV_INST(T, 4, 1) SV_INST(T, 5, 1)          \
+    SV_INST(T, 6, 1) SV_INST(T, 7, 1) SV_INST(T, 8, 1)                                            \
+    SV_PART(T, 1) SV_PART(T, 2) SV_PART(T, 3) SV_PART(T, 4) SV_PART(T, 5) SV_PART(T, 6)           \
+    SV_PART(T, 7) SV_PART(T, 8)                                                                   \
+    static const sv_fn sv_fns_##T[9][4] = {{0}, SV_SET(T, 1, 4), SV_SET(T, 2, 4), SV_SET(T, 3, 3),  \
+        SV_SET(T, 4, 3), SV_SET(T, 5, 2), SV_SET(T, 6, 2), SV_SET(T, 7, 1), SV_SET(T, 8, 1)};
+SV_KIND(0) SV_KIND(2) SV_KIND(3)
+SV_INST(1, 1, 8) SV_INST(1, 2, 4)
+SV_INST(1, 1, 2) SV_INST(1, 2, 2) SV_INST(1, 3, 2) SV_INST(1, 4, 2) SV_INST(1, 5, 2) SV_INST(1, 6, 2)
+SV_INST(1, 1, 1) SV_INST(1, 2, 1) SV_INST(1, 3, 1) SV_INST(1, 4, 1) SV_INST(1, 5, 1) SV_INST(1, 6, 1)
+SV_PART(1, 1) SV_PART(1, 2) SV_PART(1, 3) SV_PART(1, 4) SV_PART(1, 5) SV_PART(1, 6)
+static const sv_fn sv_fns_1[9][4] = {{0}, SV_SET(1, 1, 8), SV_SET(1, 2, 4), SV_SET(1, 3, 2), SV_SET(1, 4, 2),
+                                     SV_SET(1, 5, 2), SV_SET(1, 6, 2), {0}, {0}};
+static const sv_fn (*const sv_fns[4])[4] = {sv_fns_0, sv_fns_1, sv_fns_2, sv_fns_3};
+static const int sv_nvw[4][9] = {{0, 4, 4, 3, 3, 2, 2, 1, 1}, {0, 8, 4, 2, 2, 2, 2, 0, 0},
+                                 {0, 4, 4, 3, 3, 2, 2, 1, 1}, {0, 4, 4, 3, 3, 2, 2, 1, 1}};
+static const size_t sv_maxmb[4] = {6, 6, 6, 6};
 
 static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                          int type, const float *s, float *C, size_t ldc, float beta)
 {
-    static const int nvs[7] = {0, 4, 4, 3, 3, 2, 2};
-    const sv_fn *wide = sv_wide[type], *narrow = sv_narrow[type];
+    const int kind = kind_of(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
-    const float mult = post_scale(type, s);
+    const float *spc = GQA_IS_PC(type) ? s : NULL;
+    const __m256 vs = _mm256_set1_ps(post_scale(type, s));
     for (size_t m = 0; m < M; m++) {
         float *c = C + m * ldc;
         if (beta == 0.0f)
@@ -362,30 +587,32 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             for (size_t n = 0; n < N; n++)
                 c[n] *= beta;
     }
-    /* Codes: chunks of 128 keys (16 KiB of INT8 rows at H = 128) stay in L1 while every
-       column block reads them; float rows (flash tiles, already cache-resident): one pass.
-       The chunk depends on the type only, so C[m, n] does not depend on N. */
-    const size_t kc = GQA_IS_QUANT(type) ? 128 : (K ? K : 1);
-    const size_t nfull = N & ~(size_t)7;
+    /* Codes: chunks of keys (16 KiB of rows at H = 128) stay in L1 while every
+       column block reads them; float rows (flash tiles, already cache-resident): one
+       pass.  The chunk depends on the type only, so C[m, n] does not depend on N. */
+    const size_t kc = kind == KS8 ? 128 : kind == KS4 ? 256 : (K ? K : 1);
+    const size_t n16 = kind == KS4 ? N & ~(size_t)15 : 0, n8 = N & ~(size_t)7;
+    const size_t bm = row_block(M, sv_maxmb[kind]);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
-        size_t k1 = K - k0 < kc ? K : k0 + kc;
-        for (size_t m0 = 0; m0 < M; m0 += 6) {
-            int mb = (int)(M - m0 < 6 ? M - m0 : 6);
+        const size_t k1 = K - k0 < kc ? K : k0 + kc;
+        for (size_t m0 = 0; m0 < M; m0 += bm) {
+            const int mb = (int)(M - m0 < bm ? M - m0 : bm);
+            const sv_fn *f = sv_fns[kind][mb];
             const float *a = A + m0 * lda;
             float *c = C + m0 * ldc;
-            size_t n = 0, step = 8 * (size_t)nvs[mb];
-            for (; n + step <= nfull; n += step)
-                wide[mb](k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
-            for (; n < nfull; n += 8)
-                narrow[mb](k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
+            const size_t step = 8 * (size_t)sv_nvw[kind][mb];
+            /* the first block of each chunk prefetches the next chunk's rows (codes only) */
+            size_t pf = m0 == 0 && k1 < K && kind <= KS4 ? kc * rb : 0;
+            size_t n = 0;
+            for (; n + step <= (kind == KS4 ? n16 : n8); n += step, pf = 0)
+                f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
+            for (; n + 16 <= n16; n += 16, pf = 0)
+                f[1](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
+            for (; n < n8; n += 8, pf = 0)
+                f[2](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
+            if (n < N)
+                f[3](N - n, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
         }
-        for (size_t n = nfull; n < N; n++)
-            for (size_t m = 0; m < M; m++) {
-                float v = 0.0f;
-                for (size_t k = k0; k < k1; k++)
-                    v += A[m * lda + k] * gqa_decode(Bb + k * rb, n, type, s);
-                C[m * ldc + n] += v;
-            }
     }
 }
 

@@ -44,6 +44,7 @@
 #define GQA_TARGET_VNNI __attribute__((target("avx512vnni,avx512bw,avx512f,avx512vl")))
 #endif
 #include <float.h>
+#include <stdlib.h>
 #include "kernels_common.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -305,6 +306,64 @@ static void dequantize_t_avx512(const void *src, float *dst, size_t ldd, size_t 
     deqt_fns[type](src, dst, ldd, rows, cols, s);
 }
 
+/* ---- decode for the GEMMs ---------------------------------------------------------
+ *
+ * The GEMM kernels read B as unscaled codes: per-tensor scales are applied to the
+ * finished dot products, per-channel ones are folded into A for qk_gemm and applied
+ * per column after the key sum for sv_gemm.  Four kinds of element: */
+#define KS8 0  /* int8 codes */
+#define KS4 1  /* +8-biased nibbles */
+#define KF32 2 /* float32 */
+#define KF16 3 /* binary16 */
+
+static inline int kind_of(int type)
+{
+    return type <= GQA_S8_PC ? KS8 : type <= GQA_S4_PC ? KS4 : type == GQA_F32 ? KF32 : KF16;
+}
+
+/* Elements [k, k + 16) in order (k even), unscaled; with `masked` only the first
+   n are read and the rest are 0. */
+INLINE __m512 dec16(const int kind, const uint8_t *row, size_t k, const int masked, size_t n)
+{
+    const __mmask16 m = masked ? mask16(n) : (__mmask16)0xFFFF;
+    switch (kind) {
+    case KS8: {
+        __m128i v = masked ? _mm_maskz_loadu_epi8(m, row + k) : _mm_loadu_si128((const __m128i *)(row + k));
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+    }
+    case KS4: {
+        __m128i v = masked ? _mm_maskz_loadu_epi8(mask16((n + 1) / 2), row + k / 2)
+                           : _mm_loadl_epi64((const __m128i *)(row + k / 2));
+        const __m128i lo4 = _mm_set1_epi8(0x0F);
+        __m128i e = _mm_unpacklo_epi8(_mm_and_si128(v, lo4), _mm_and_si128(_mm_srli_epi16(v, 4), lo4));
+        __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(e), _mm512_set1_epi32(8)));
+        return masked ? _mm512_maskz_mov_ps(m, f) : f; /* a pad nibble past n would give -8 */
+    }
+    case KF32: {
+        const float *p = (const float *)(const void *)row + k;
+        return masked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
+    }
+    default: {
+        __m256i h = masked ? _mm256_maskz_loadu_epi16(m, row + 2 * k)
+                           : _mm256_loadu_si256((const __m256i *)(row + 2 * k));
+        return _mm512_cvtph_ps(h);
+    }
+    }
+}
+
+/* INT4 elements [k, k + 32) (k % 32 == 0) from one 16-byte load: v0 = the low
+   nibbles (elements k, k+2, .., k+30), v1 = the high ones (k+1, .., k+31), each
+   looked up in a 16-entry table nib -> nib - 8 (vpermps reads the low 4 bits of
+   each index) -- two table lookups and a shift per 32 elements. */
+INLINE void dec32_s4(const uint8_t *row, size_t k, __m512 *v0, __m512 *v1)
+{
+    const __m512 table = _mm512_setr_ps(-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f, 0.0f, 1.0f, 2.0f,
+                                        3.0f, 4.0f, 5.0f, 6.0f, 7.0f);
+    const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + k / 2)));
+    *v0 = _mm512_permutexvar_ps(z, table);
+    *v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), table);
+}
+
 /* ---- qk_gemm ----------------------------------------------------------------- */
 
 /* 512 -> 256 bits: low half + high half. */
@@ -326,167 +385,314 @@ INLINE __m256 hsum16x8(__m512 v0, __m512 v1, __m512 v2, __m512 v3, __m512 v4, __
     return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
-/* C[mb, nb] = mult * sum_k A[mb, k] * B[nb, k] for an MB x NB block. */
-INLINE void qk_block(const int MB, const int NB, const int type, size_t K, float mult, const float *A,
-                     size_t lda, const uint8_t *B, size_t rb, const float *s, float *C, size_t ldc)
+/* Lane i of the result = horizontal sum of v[i] (i < 16), by the same tree for every
+   slot: 128-bit quarters (Q0 + Q2) + (Q1 + Q3), then the 4 lanes (e0 + e1) + (e2 + e3).
+   Pairs of inputs share each shuffle, so 16 sums cost 46 operations (hsum16x8: 37
+   for 8). */
+INLINE __m512 hsum16x16(const __m512 v[16])
 {
-    __m512 acc[24];
-    const int nacc = (MB * NB + 7) & ~7;
+    __m512 s[8], t[4];
     UNROLL
-    for (int i = 0; i < nacc; i++)
-        acc[i] = _mm512_setzero_ps();
-    size_t k = 0;
-    for (; k + 16 <= K; k += 16)
-        UNROLL
-        for (int nb = 0; nb < NB; nb++) {
-            __m512 b = load16(B + nb * rb, k, type, s, 0, 16);
-            UNROLL
-            for (int mb = 0; mb < MB; mb++)
-                acc[mb * NB + nb] = _mm512_fmadd_ps(_mm512_loadu_ps(A + mb * lda + k), b, acc[mb * NB + nb]);
-        }
-    if (k < K) {
-        const size_t n = K - k;
-        UNROLL
-        for (int nb = 0; nb < NB; nb++) {
-            __m512 b = load16(B + nb * rb, k, type, s, 1, n);
-            UNROLL
-            for (int mb = 0; mb < MB; mb++)
-                acc[mb * NB + nb] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask16(n), A + mb * lda + k), b,
-                                                    acc[mb * NB + nb]);
+    for (int j = 0; j < 8; j++) /* lanes 0-7: v[2j] folded to 256 bits, 8-15: v[2j+1] */
+        s[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+    UNROLL
+    for (int j = 0; j < 4; j++) /* 128-bit lane l: v[4j + l] folded to 128 bits */
+        t[j] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * j], s[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(s[2 * j], s[2 * j + 1], 0xDD));
+    __m512 r01 = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], 0x88), _mm512_shuffle_ps(t[0], t[1], 0xDD));
+    __m512 r23 = _mm512_add_ps(_mm512_shuffle_ps(t[2], t[3], 0x88), _mm512_shuffle_ps(t[2], t[3], 0xDD));
+    __m512 r = _mm512_add_ps(_mm512_shuffle_ps(r01, r23, 0x88), _mm512_shuffle_ps(r01, r23, 0xDD));
+    /* element 4l + j holds the sum of v[4j + l] */
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* Rows of A as the qk kernels read them, for one block of rows: per-channel scales
+   folded in (A[m,k] * s[k], one rounding per product like the scalar path's
+   q * s), and for INT4 each 32-element block reordered as its even elements then
+   its odd ones (the order of dec32_s4).  Returns the rows to use (A itself when
+   nothing changes) and their stride. */
+static const float *qk_prep(const float *A, size_t lda, int mb, size_t K, int type, const float *s, float *buf,
+                            size_t *ld)
+{
+    const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
+    if (!pc && !s4) {
+        *ld = lda;
+        return A;
+    }
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int m = 0; m < mb; m++) {
+        const float *a = A + m * lda;
+        float *o = buf + m * K;
+        size_t k = 0;
+        if (s4)
+            for (; k + 32 <= K; k += 32) {
+                __m512 x0 = _mm512_loadu_ps(a + k), x1 = _mm512_loadu_ps(a + k + 16);
+                if (pc) {
+                    x0 = _mm512_mul_ps(x0, _mm512_loadu_ps(s + k));
+                    x1 = _mm512_mul_ps(x1, _mm512_loadu_ps(s + k + 16));
+                }
+                _mm512_storeu_ps(o + k, _mm512_permutex2var_ps(x0, ev, x1));
+                _mm512_storeu_ps(o + k + 16, _mm512_permutex2var_ps(x0, od, x1));
+            }
+        for (; k < K; k += 16) {
+            const __mmask16 msk = mask16(K - k < 16 ? K - k : 16);
+            __m512 x = _mm512_maskz_loadu_ps(msk, a + k);
+            if (pc)
+                x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(msk, s + k));
+            _mm512_mask_storeu_ps(o + k, msk, x);
         }
     }
-    UNROLL
-    for (int g = 0; g < nacc; g += 8) {
-        float out[8];
-        _mm256_storeu_ps(out, hsum16x8(acc[g], acc[g + 1], acc[g + 2], acc[g + 3], acc[g + 4], acc[g + 5],
-                                       acc[g + 6], acc[g + 7]));
-        for (int i = 0; i < 8 && g + i < MB * NB; i++)
-            C[((g + i) / NB) * ldc + (g + i) % NB] = out[i] * mult;
+    *ld = K;
+    return buf;
+}
+
+#define QK_PF 4096
+
+/* Rows n0 .. n1-1 of B (n1 - n0 a multiple of NB) against MB rows of A (prepared
+   by qk_prep), NB rows at a time (MB * NB <= 24 accumulators).  Per accumulator:
+   INT4 32-element steps (dec32_s4), then in-order 16-element steps, then one
+   masked step for K % 16 (masked-off lanes read 0 from A and B); the fixed
+   hsum16x16 tree and mult -- the same operations for every (m, n). */
+INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size_t n1, size_t K, float mult,
+                     const float *A, size_t lda, const uint8_t *B, size_t rb, float *C, size_t ldc)
+{
+    const size_t K32 = kind == KS4 ? K & ~(size_t)31 : 0, K16 = K & ~(size_t)15;
+    const __mmask16 mt = mask16(K - K16);
+    const __m512 vm = _mm512_set1_ps(mult);
+    for (size_t n = n0; n < n1; n += NB) {
+        const uint8_t *Bn = B + n * rb;
+        /* B streams from memory in decode: fetch the rows QK_PF bytes ahead (hardware
+           prefetchers stop at page boundaries); prefetches never fault */
+        if (n + 2 * NB <= n1)
+            for (size_t off = 0; off < NB * rb; off += 64)
+                _mm_prefetch((const char *)Bn + QK_PF + off, _MM_HINT_T0);
+        __m512 acc[16];
+        UNROLL
+        for (int i = 0; i < 16; i++)
+            acc[i] = _mm512_setzero_ps();
+        size_t k = 0;
+        for (; k < K32; k += 32)
+            UNROLL
+            for (int nb = 0; nb < NB; nb++) {
+                __m512 b0, b1;
+                dec32_s4(Bn + nb * rb, k, &b0, &b1);
+                UNROLL
+                for (int mb = 0; mb < MB; mb++) {
+                    acc[mb * NB + nb] = _mm512_fmadd_ps(_mm512_loadu_ps(A + mb * lda + k), b0, acc[mb * NB + nb]);
+                    acc[mb * NB + nb] =
+                        _mm512_fmadd_ps(_mm512_loadu_ps(A + mb * lda + k + 16), b1, acc[mb * NB + nb]);
+                }
+            }
+        for (; k < K16; k += 16) {
+            __m512 a[8];
+            UNROLL
+            for (int mb = 0; mb < MB; mb++)
+                a[mb] = _mm512_loadu_ps(A + mb * lda + k);
+            UNROLL
+            for (int nb = 0; nb < NB; nb++) {
+                __m512 b = dec16(kind, Bn + nb * rb, k, 0, 16);
+                UNROLL
+                for (int mb = 0; mb < MB; mb++)
+                    acc[mb * NB + nb] = _mm512_fmadd_ps(a[mb], b, acc[mb * NB + nb]);
+            }
+        }
+        if (K16 < K)
+            UNROLL
+            for (int nb = 0; nb < NB; nb++) {
+                __m512 b = dec16(kind, Bn + nb * rb, K16, 1, K - K16);
+                UNROLL
+                for (int mb = 0; mb < MB; mb++)
+                    acc[mb * NB + nb] =
+                        _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, A + mb * lda + K16), b, acc[mb * NB + nb]);
+            }
+        const __m512 h = _mm512_mul_ps(hsum16x16(acc), vm);
+        if (NB == 16) {
+            _mm512_storeu_ps(C + n, h);
+        } else if (NB == 8) {
+            _mm256_storeu_ps(C + n, _mm512_castps512_ps256(h));
+            _mm256_storeu_ps(C + ldc + n, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h), 1)));
+        } else {
+            float out[16];
+            _mm512_storeu_ps(out, h);
+            UNROLL
+            for (int mb = 0; mb < MB; mb++)
+                UNROLL
+                for (int nb = 0; nb < NB; nb++)
+                    C[mb * ldc + n + nb] = out[mb * NB + nb];
+        }
     }
 }
 
-/* Block shapes by rows of A: (1,8) (2,8) (3,4) (4,4) (5,2) (6,2) (7,2) (8,2);
-   the last N % NB rows of B go one at a time (1 x 1, row by row of A). */
+/* One function per (kind, MB, NB): the kind is a compile-time constant inside each.
+   Blocks of at most 4 rows of A (M = 8 runs as 4 + 4: faster than 8 x 2 here).
+   Wide shapes (rows of A x rows of B): 1x16 2x8 3x5 4x4, then MB x 1 for the last
+   N % NB rows of B. */
 #define QK_INST(T, MB, NB)                                                                         \
-    static void qk_##T##_##MB##x##NB(size_t K, float mult, const float *A, size_t lda,             \
-                                     const uint8_t *B, size_t rb, const float *s, float *C,        \
-                                     size_t ldc)                                                   \
+    static void qk_##T##_##MB##x##NB(size_t n0, size_t n1, size_t K, float mult, const float *A,   \
+                                     size_t lda, const uint8_t *B, size_t rb, float *C, size_t ldc) \
     {                                                                                              \
-        qk_block(MB, NB, T, K, mult, A, lda, B, rb, s, C, ldc);                                    \
+        qk_block(MB, NB, T, n0, n1, K, mult, A, lda, B, rb, C, ldc);                               \
     }
-#define QK_TYPE(T)                                                                                  \
-    QK_INST(T, 1, 8) QK_INST(T, 2, 8) QK_INST(T, 3, 4) QK_INST(T, 4, 4) QK_INST(T, 5, 2)            \
-    QK_INST(T, 6, 2) QK_INST(T, 7, 2) QK_INST(T, 8, 2) QK_INST(T, 1, 1)
-#define QK_ROW(T) {qk_##T##_1x1, qk_##T##_1x8, qk_##T##_2x8, qk_##T##_3x4, qk_##T##_4x4,            \
-                   qk_##T##_5x2, qk_##T##_6x2, qk_##T##_7x2, qk_##T##_8x2}
-QK_TYPE(GQA_S8_PT) QK_TYPE(GQA_S8_PC) QK_TYPE(GQA_S4_PT) QK_TYPE(GQA_S4_PC) QK_TYPE(GQA_F32)
-QK_TYPE(GQA_F16)
+#define QK_KIND(T)                                                                                 \
+    QK_INST(T, 1, 16) QK_INST(T, 2, 8) QK_INST(T, 3, 5) QK_INST(T, 4, 4) QK_INST(T, 1, 1)          \
+    QK_INST(T, 2, 1) QK_INST(T, 3, 1) QK_INST(T, 4, 1)                                             \
+    static const qk_fn qk_wide_##T[5] = {0, qk_##T##_1x16, qk_##T##_2x8, qk_##T##_3x5, qk_##T##_4x4}; \
+    static const qk_fn qk_narrow_##T[5] = {0, qk_##T##_1x1, qk_##T##_2x1, qk_##T##_3x1, qk_##T##_4x1};
+typedef void (*qk_fn)(size_t, size_t, size_t, float, const float *, size_t, const uint8_t *, size_t, float *,
+                      size_t);
+QK_KIND(0) QK_KIND(1) QK_KIND(2) QK_KIND(3)
+static const qk_fn *const qk_wide[4] = {qk_wide_0, qk_wide_1, qk_wide_2, qk_wide_3};
+static const qk_fn *const qk_narrow[4] = {qk_narrow_0, qk_narrow_1, qk_narrow_2, qk_narrow_3};
+static const int qk_nbs[5] = {0, 16, 8, 5, 4};
 
-typedef void (*qk_fn)(size_t, float, const float *, size_t, const uint8_t *, size_t, const float *,
-                      float *, size_t);
-/* [type][0] = 1 x 1, [type][mb] = the MB = mb block. */
-static const qk_fn qk_blocks[6][9] = {QK_ROW(GQA_S8_PT), QK_ROW(GQA_S8_PC), QK_ROW(GQA_S4_PT),
-                                      QK_ROW(GQA_S4_PC), QK_ROW(GQA_F32), QK_ROW(GQA_F16)};
-static const int qk_nbs[9] = {1, 8, 8, 4, 4, 2, 2, 2, 2};
+/* Rows of A per block: at most maxb, as even as possible (M = 9 -> 5 + 4). */
+static inline size_t row_block(size_t M, size_t maxb)
+{
+    size_t nblk = (M + maxb - 1) / maxb;
+    return (M + nblk - 1) / nblk;
+}
+
+/* Prepared rows of A live on the stack up to this many floats (32 KiB). */
+#define QK_STACK_FLOATS 8192
 
 static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                            const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    const size_t rb = gqa_row_bytes(type, K);
-    const float mult = alpha * post_scale(type, s);
-    const uint8_t *Bb = (const uint8_t *)B;
-    const qk_fn *fns = qk_blocks[type];
     if (K == 0) { /* contract: C zero-filled */
         for (size_t m = 0; m < M; m++)
             memset(C + m * ldc, 0, N * sizeof(float));
         return;
     }
-    for (size_t m0 = 0; m0 < M; m0 += 8) {
-        const int mb = (int)(M - m0 < 8 ? M - m0 : 8);
-        const size_t nb = (size_t)qk_nbs[mb];
-        const float *a = A + m0 * lda;
-        float *c = C + m0 * ldc;
-        size_t n = 0;
-        for (; n + nb <= N; n += nb)
-            fns[mb](K, mult, a, lda, Bb + n * rb, rb, s, c + n, ldc);
-        for (; n < N; n++)
-            for (int i = 0; i < mb; i++)
-                fns[0](K, mult, a + i * lda, lda, Bb + n * rb, rb, s, c + i * ldc + n, ldc);
+    const int kind = kind_of(type), prep = GQA_IS_PC(type) || GQA_IS_S4(type);
+    const qk_fn *wide = qk_wide[kind], *narrow = qk_narrow[kind];
+    const size_t rb = gqa_row_bytes(type, K);
+    const float mult = alpha * post_scale(type, s);
+    const uint8_t *Bb = (const uint8_t *)B;
+    float stack_buf[QK_STACK_FLOATS];
+    float *buf = stack_buf;
+    size_t bm = row_block(M, 4);
+    if (prep && bm * K > QK_STACK_FLOATS) {
+        if (K <= QK_STACK_FLOATS) {
+            bm = QK_STACK_FLOATS / K; /* fewer rows per block: the same values */
+        } else if ((buf = (float *)malloc(bm * K * sizeof(float))) == NULL) {
+            gqa_kernels_scalar.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc); /* out of memory */
+            return;
+        }
     }
+    for (size_t m0 = 0; m0 < M; m0 += bm) {
+        const int mb = (int)(M - m0 < bm ? M - m0 : bm);
+        size_t ld;
+        const float *a = qk_prep(A + m0 * lda, lda, mb, K, type, s, buf, &ld);
+        float *c = C + m0 * ldc;
+        const size_t nw = N - N % (size_t)qk_nbs[mb];
+        wide[mb](0, nw, K, mult, a, ld, Bb, rb, c, ldc);
+        narrow[mb](nw, N, K, mult, a, ld, Bb, rb, c, ldc);
+    }
+    if (buf != stack_buf)
+        free(buf);
 }
 
 /* ---- sv_gemm ----------------------------------------------------------------- */
 
-/* C[mb, n0 + j] += mult * sum_{k0 <= k < k1} A[mb, k] * B[k, n0 + j] for an
-   MB x (NV * 16) block; with `masked`, NV == 1 and only the first n columns. */
-INLINE void sv_block(const int MB, const int NV, const int type, const int masked, size_t n, size_t k0,
+/* Columns n0 .. n0 + 16 NV of C[mb, .] += scale[col] * sum_{k0 <= k < k1} A[mb, k] * B[k, col]
+   for MB rows.  INT4 vectors come in pairs from dec32_s4 (the even columns of 32,
+   then the odd ones; put back in order before the store).  `masked` (NV == 1):
+   only the first np < 16 columns exist (masked loads and stores, the same lane
+   arithmetic).  Scale per column: `spc` (per channel) or `vs` (per tensor, 1 for
+   float rows), applied once per key chunk.  `pf`: prefetch distance (bytes) for
+   the rows of the next key chunk, 0 for none. */
+INLINE void sv_block(const int MB, const int NV, const int kind, const int masked, size_t np, size_t k0,
                      size_t k1, const float *A, size_t lda, const uint8_t *B, size_t rb, size_t n0,
-                     const float *s, float mult, float *C, size_t ldc)
+                     const float *spc, __m512 vs, float *C, size_t ldc, size_t pf)
 {
-    __m512 acc[32];
+    __m512 acc[24];
     UNROLL
     for (int i = 0; i < MB * NV; i++)
         acc[i] = _mm512_setzero_ps();
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
-        __m512 b[4];
-        UNROLL
-        for (int v = 0; v < NV; v++)
-            b[v] = load16(row, n0 + 16 * v, type, s, masked, n);
+        if (pf)
+            for (size_t off = 0; off < rb; off += 64)
+                _mm_prefetch((const char *)row + pf + off, _MM_HINT_T0);
+        __m512 b[8];
+        if (kind == KS4 && !masked && NV % 2 == 0) {
+            UNROLL
+            for (int v = 0; v < NV; v += 2)
+                dec32_s4(row, n0 + 16 * v, &b[v], &b[v + 1]);
+        } else {
+            UNROLL
+            for (int v = 0; v < NV; v++)
+                b[v] = dec16(kind, row, n0 + 16 * v, masked, np);
+        }
         UNROLL
         for (int mb = 0; mb < MB; mb++) {
-            __m512 a = _mm512_set1_ps(A[mb * lda + k]);
+            const __m512 a = _mm512_set1_ps(A[mb * lda + k]);
             UNROLL
             for (int v = 0; v < NV; v++)
                 acc[mb * NV + v] = _mm512_fmadd_ps(a, b[v], acc[mb * NV + v]);
         }
     }
-    const __m512 vm = _mm512_set1_ps(mult);
-    const __mmask16 m = masked ? mask16(n) : (__mmask16)0xFFFF;
+    const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i hi_idx = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __mmask16 m = masked ? mask16(np) : (__mmask16)0xFFFF;
     UNROLL
-    for (int mb = 0; mb < MB; mb++)
+    for (int mb = 0; mb < MB; mb++) {
+        if (kind == KS4 && !masked && NV % 2 == 0)
+            UNROLL
+            for (int v = 0; v < NV; v += 2) { /* even | odd columns -> in order */
+                __m512 lo = _mm512_unpacklo_ps(acc[mb * NV + v], acc[mb * NV + v + 1]);
+                __m512 hi = _mm512_unpackhi_ps(acc[mb * NV + v], acc[mb * NV + v + 1]);
+                acc[mb * NV + v] = _mm512_permutex2var_ps(lo, lo_idx, hi);
+                acc[mb * NV + v + 1] = _mm512_permutex2var_ps(lo, hi_idx, hi);
+            }
         UNROLL
         for (int v = 0; v < NV; v++) {
             float *c = C + mb * ldc + n0 + 16 * v;
-            if (masked)
-                _mm512_mask_storeu_ps(c, m, _mm512_fmadd_ps(acc[mb * NV + v], vm, _mm512_maskz_loadu_ps(m, c)));
-            else
-                _mm512_storeu_ps(c, _mm512_fmadd_ps(acc[mb * NV + v], vm, _mm512_loadu_ps(c)));
+            if (masked) {
+                __m512 sc = spc ? _mm512_maskz_loadu_ps(m, spc + n0) : vs;
+                _mm512_mask_storeu_ps(c, m, _mm512_fmadd_ps(acc[mb], sc, _mm512_maskz_loadu_ps(m, c)));
+            } else {
+                __m512 sc = spc ? _mm512_loadu_ps(spc + n0 + 16 * v) : vs;
+                _mm512_storeu_ps(c, _mm512_fmadd_ps(acc[mb * NV + v], sc, _mm512_loadu_ps(c)));
+            }
         }
+    }
 }
 
-/* Wide blocks MB x NV: (1..6) x 4, (7, 8) x 3; the remaining columns go in
-   16-column blocks through the masked kernel (the last one partial). */
 #define SV_INST(T, MB, NV)                                                                          \
-    static void sv_##T##_##MB##x##NV(size_t n, size_t k0, size_t k1, const float *A, size_t lda,    \
-                                     const uint8_t *B, size_t rb, size_t n0, const float *s,        \
-                                     float mult, float *C, size_t ldc)                              \
+    static void sv_##T##_##MB##x##NV(size_t np, size_t k0, size_t k1, const float *A, size_t lda,    \
+                                     const uint8_t *B, size_t rb, size_t n0, const float *spc,      \
+                                     __m512 vs, float *C, size_t ldc, size_t pf)                    \
     {                                                                                               \
-        sv_block(MB, NV, T, 0, n, k0, k1, A, lda, B, rb, n0, s, mult, C, ldc);                      \
-    }                                                                                               \
-    static void svm_##T##_##MB(size_t n, size_t k0, size_t k1, const float *A, size_t lda,          \
-                               const uint8_t *B, size_t rb, size_t n0, const float *s, float mult,  \
-                               float *C, size_t ldc)                                                \
-    {                                                                                               \
-        sv_block(MB, 1, T, 1, n, k0, k1, A, lda, B, rb, n0, s, mult, C, ldc);                       \
+        sv_block(MB, NV, T, 0, np, k0, k1, A, lda, B, rb, n0, spc, vs, C, ldc, pf);                 \
     }
-#define SV_TYPE(T)                                                                                  \
-    SV_INST(T, 1, 4) SV_INST(T, 2, 4) SV_INST(T, 3, 4) SV_INST(T, 4, 4) SV_INST(T, 5, 4)            \
-    SV_INST(T, 6, 4) SV_INST(T, 7, 3) SV_INST(T, 8, 3)
-#define SV_WIDE(T) {0, sv_##T##_1x4, sv_##T##_2x4, sv_##T##_3x4, sv_##T##_4x4, sv_##T##_5x4,         \
-                    sv_##T##_6x4, sv_##T##_7x3, sv_##T##_8x3}
-#define SV_MASKED(T) {0, svm_##T##_1, svm_##T##_2, svm_##T##_3, svm_##T##_4, svm_##T##_5,            \
-                      svm_##T##_6, svm_##T##_7, svm_##T##_8}
-SV_TYPE(GQA_S8_PT) SV_TYPE(GQA_S8_PC) SV_TYPE(GQA_S4_PT) SV_TYPE(GQA_S4_PC) SV_TYPE(GQA_F32)
-SV_TYPE(GQA_F16)
-
+#define SV_MASKED(T, MB)                                                                            \
+    static void svm_##T##_##MB(size_t np, size_t k0, size_t k1, const float *A, size_t lda,          \
+                               const uint8_t *B, size_t rb, size_t n0, const float *spc, __m512 vs,  \
+                               float *C, size_t ldc, size_t pf)                                     \
+    {                                                                                               \
+        sv_block(MB, 1, T, 1, np, k0, k1, A, lda, B, rb, n0, spc, vs, C, ldc, pf);                  \
+    }
 typedef void (*sv_fn)(size_t, size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t,
-                      const float *, float, float *, size_t);
-static const sv_fn sv_wide[6][9] = {SV_WIDE(GQA_S8_PT), SV_WIDE(GQA_S8_PC), SV_WIDE(GQA_S4_PT),
-                                    SV_WIDE(GQA_S4_PC), SV_WIDE(GQA_F32), SV_WIDE(GQA_F16)};
-static const sv_fn sv_masked[6][9] = {SV_MASKED(GQA_S8_PT), SV_MASKED(GQA_S8_PC), SV_MASKED(GQA_S4_PT),
-                                      SV_MASKED(GQA_S4_PC), SV_MASKED(GQA_F32), SV_MASKED(GQA_F16)};
-static const int sv_nvs[9] = {0, 4, 4, 4, 4, 4, 4, 3, 3};
+                      const float *, __m512, float *, size_t, size_t);
+/* Per row count MB: {wide block, 32-column block, 16-column block, masked block}.
+   Wide shapes (rows x 16-column vectors, accumulators <= 24): 1x8 2x8 3x6 4x4 5x4
+   6x4 7x2 8x2. */
+#define SV_SET(T, MB, NVW) {sv_##T##_##MB##x##NVW, sv_##T##_##MB##x2, sv_##T##_##MB##x1, svm_##T##_##MB}
+#define SV_KIND(T)                                                                                  \
+    SV_INST(T, 1, 8) SV_INST(T, 2, 8) SV_INST(T, 3, 6) SV_INST(T, 4, 4) SV_INST(T, 5, 4)            \
+    SV_INST(T, 6, 4) SV_INST(T, 1, 2) SV_INST(T, 2, 2) SV_INST(T, 3, 2) SV_INST(T, 4, 2)            \
+    SV_INST(T, 5, 2) SV_INST(T, 6, 2) SV_INST(T, 7, 2) SV_INST(T, 8, 2) SV_INST(T, 1, 1)            \
+    SV_INST(T, 2, 1) SV_INST(T, 3, 1) SV_INST(T, 4, 1) SV_INST(T, 5, 1) SV_INST(T, 6, 1)            \
+    SV_INST(T, 7, 1) SV_INST(T, 8, 1) SV_MASKED(T, 1) SV_MASKED(T, 2) SV_MASKED(T, 3)               \
+    SV_MASKED(T, 4) SV_MASKED(T, 5) SV_MASKED(T, 6) SV_MASKED(T, 7) SV_MASKED(T, 8)                 \
+    static const sv_fn sv_fns_##T[9][4] = {{0}, SV_SET(T, 1, 8), SV_SET(T, 2, 8), SV_SET(T, 3, 6),   \
+        SV_SET(T, 4, 4), SV_SET(T, 5, 4), SV_SET(T, 6, 4), SV_SET(T, 7, 2), SV_SET(T, 8, 2)};
+SV_KIND(0) SV_KIND(1) SV_KIND(2) SV_KIND(3)
+static const sv_fn (*const sv_fns[4])[4] = {sv_fns_0, sv_fns_1, sv_fns_2, sv_fns_3};
+static const int sv_nvw[9] = {0, 8, 8, 6, 4, 4, 4, 2, 2};
 /* Keys per chunk: 16 KiB of B at N = 128; fixed per type so that the chunk
    boundaries (where partial sums meet C) never depend on N. */
 static const size_t sv_kc[6] = {128, 128, 256, 256, 32, 64};
@@ -494,9 +700,11 @@ static const size_t sv_kc[6] = {128, 128, 256, 256, 32, 64};
 static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                            int type, const float *s, float *C, size_t ldc, float beta)
 {
+    const int kind = kind_of(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
-    const float mult = post_scale(type, s);
+    const float *spc = GQA_IS_PC(type) ? s : NULL;
+    const __m512 vs = _mm512_set1_ps(post_scale(type, s));
     const __m512 vb = _mm512_set1_ps(beta);
     for (size_t m = 0; m < M; m++) {
         float *c = C + m * ldc;
@@ -510,19 +718,27 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
         }
     }
     const size_t kc = sv_kc[type];
-    const size_t nfull = N & ~(size_t)15;
+    const size_t n32 = kind == KS4 ? N & ~(size_t)31 : 0, n16 = N & ~(size_t)15;
+    const size_t bm = row_block(M, 8);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
         const size_t k1 = K - k0 < kc ? K : k0 + kc;
-        for (size_t m0 = 0; m0 < M; m0 += 8) {
-            const int mb = (int)(M - m0 < 8 ? M - m0 : 8);
+        for (size_t m0 = 0; m0 < M; m0 += bm) {
+            const int mb = (int)(M - m0 < bm ? M - m0 : bm);
+            const sv_fn *f = sv_fns[kind][mb];
             const float *a = A + m0 * lda;
             float *c = C + m0 * ldc;
-            const size_t step = 16 * (size_t)sv_nvs[mb];
+            const size_t step = 16 * (size_t)sv_nvw[mb];
+            /* the first block of each chunk prefetches the next chunk's rows (codes only) */
+            size_t pf = m0 == 0 && k1 < K && kind <= KS4 ? kc * rb : 0;
             size_t n = 0;
-            for (; n + step <= nfull; n += step)
-                sv_wide[type][mb](16, k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
-            for (; n < N; n += 16)
-                sv_masked[type][mb](N - n < 16 ? N - n : 16, k0, k1, a, lda, Bb, rb, n, s, mult, c, ldc);
+            for (; n + step <= (kind == KS4 ? n32 : n16); n += step, pf = 0)
+                f[0](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
+            for (; n + 32 <= n32; n += 32, pf = 0)
+                f[1](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
+            for (; n < n16; n += 16, pf = 0)
+                f[2](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
+            if (n < N)
+                f[3](N - n, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
         }
     }
 }

@@ -27,7 +27,8 @@
  *   approx.*        the approximate INT8 QK kernel: bit for bit against the
  *                   contract (oracle below), the integer dot read back exactly,
  *                   the error bound against the exact scalar path, edge rows.
- * Widths 1..33, 63, 64, 65, 127, 128, 129, 256 (and K = 0); M 1..9 and 16;
+ * Widths 1..33, 63, 64, 65, 127, 128, 129, 256 (and K = 0; qk_gemm also K 2500,
+ * 9000); M 1..9 and 16;
  * sv_gemm keys 0, 1, 7, 29, 300.
  * The last line is "driver <path>: <n> checks, <f> failed" and the exit
  * status is 1 when anything failed.
@@ -281,14 +282,19 @@ static void check_dequantize(void)
 
 /* ---- qk_gemm ----------------------------------------------------------------- */
 
+static const size_t LONG_K[2] = {2500, 9000};
+
 static void check_qk(void)
 {
     long split_cases = 0, split_fails = 0;
     begin("qk_gemm");
     for (int type = 0; type < 6; type++)
-        for (size_t w = 0; w <= NW; w++) /* w == NW: K = 0 (C zero-filled) */
+        for (size_t w = 0; w < NW + 3; w++) /* w == NW: K = 0 (C zero-filled); then long rows */
             for (size_t mi = 0; mi < NM; mi++) {
-                const size_t K = w < NW ? WIDTHS[w] : 0, M = MS[mi], N = 37, lda = K + 3, ldc = N + 4;
+                if (w > NW && mi % 4) /* long rows (a kernel's A scratch outgrows the stack): M 1, 5, 9 */
+                    continue;
+                const size_t K = w < NW ? WIDTHS[w] : w == NW ? 0 : LONG_K[w - NW - 1];
+                const size_t M = MS[mi], N = 37, lda = K + 3, ldc = N + 4;
                 const size_t rb = gqa_row_bytes(type, K);
                 const float alpha = mi & 1 ? -0.37f : 0.125f;
                 float *s = xmalloc((K + 1) * sizeof(float)), *A = xmalloc(M * lda * 4);
