@@ -234,7 +234,8 @@ def test_python_m_gqa(tmp_path):
     e = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
     e["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__)))
     e["GQA_KERNEL"] = "scalar"
-    r = subprocess.run([sys.executable, "-m", "gqa"], cwd=tmp_path, env=e, capture_output=True,
+    # `python -m gqa` alone also runs the demo (tests/test_cli.py); `config` is the print
+    r = subprocess.run([sys.executable, "-m", "gqa", "config"], cwd=tmp_path, env=e, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     _check_config_text(r.stdout, "scalar")
