@@ -18,7 +18,7 @@ import pytest
 from _subproc import run_worker, scale
 
 INVALID_CASES = 4000
-LAYOUT_CASES = 600
+LAYOUT_CASES = 1000
 
 
 def _report(summary):
