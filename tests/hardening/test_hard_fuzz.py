@@ -17,8 +17,8 @@ import pytest
 
 from _subproc import run_worker, scale
 
-INVALID_CASES = 4000
-LAYOUT_CASES = 1000
+INVALID_CASES = 10000
+LAYOUT_CASES = 2000
 
 
 def _report(summary):
