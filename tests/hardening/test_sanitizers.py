@@ -87,7 +87,7 @@ def sanitized(tmp_path_factory):
     env = dict(os.environ, LD_PRELOAD=libasan, GQA_TEST_SOURCE="1", GQA_IN_SANITIZER_RUN="1",
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1", OMP_NUM_THREADS="2",
-               HYPOTHESIS_PROFILE="ci", PYTHONPATH=tree)
+               HYPOTHESIS_PROFILE="sanitize", PYTHONPATH=tree)
     return tree, env
 
 
