@@ -138,4 +138,7 @@ else:
     _hsettings.register_profile(
         "long", max_examples=3000, deadline=None, print_blob=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    _hsettings.register_profile(   # the sanitizer run (tests/hardening/test_sanitizers.py)
+        "sanitize", max_examples=200, deadline=None, derandomize=True, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     _hsettings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -118,8 +118,54 @@ def _layout(rng, x):
     return _bad_layout(rng, x, how), how
 
 
+def run_layout_kernels(seed, i, progress, rng, verbose=False):
+    """The kernel API (quantize, dequantize, qk_gemm, sv_gemm) with odd-layout inputs."""
+    bits = 8 if rng.integers(2) else 4
+    M, K, Nn = (int(x) for x in rng.integers(1, 40, 3))
+    pc = bool(rng.integers(2))
+    kernel = gqa.available_kernels()[int(rng.integers(len(gqa.available_kernels())))]
+    x = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+    sk = rng.uniform(0.01, 0.1, K if pc else 1).astype(np.float32)
+    sn = rng.uniform(0.01, 0.1, Nn if pc else 1).astype(np.float32)
+    with gqa.config(kernel=kernel):
+        bq = gqa.quantize(rng.uniform(-1, 1, (Nn, K)).astype(np.float32), sk, bits=bits)   # [N, K]
+        bs = gqa.quantize(rng.uniform(-1, 1, (K, Nn)).astype(np.float32), sn, bits=bits)   # [K, N]
+        calls = {
+            "quantize": (gqa.quantize, [x, sk], dict(bits=bits)),
+            "dequantize": (gqa.dequantize, [bq, sk], dict(bits=bits, head_size=K)),
+            "qk_gemm": (gqa.qk_gemm, [x, bq, sk], dict(bits=bits, alpha=0.5)),
+            "sv_gemm": (gqa.sv_gemm, [x, bs, sn], dict(bits=bits, n=Nn)),
+        }
+        name = sorted(calls)[int(rng.integers(4))]
+        fn, args, kw = calls[name]
+        odd, hows = [], []
+        for arg in args:
+            y, how = _layout(rng, arg) if rng.integers(3) else (arg, "contiguous")
+            odd.append(y)
+            hows.append(how)
+        desc = dict(i=i, seed=seed, kind="layout", api=name, kernel=kernel, layouts=hows)
+        progress.write(json.dumps(desc) + "\n")
+        progress.flush()
+        snap = _snap(odd)
+        problems = []
+        want = fn(*args, **kw)
+        try:
+            got = fn(*odd, **kw)
+            if got.tobytes() != want.tobytes():
+                problems.append(f"{name} result differs from the contiguous call's")
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"valid {name} call with {hows} raised {type(e).__name__}: {e}")
+        if _changed(snap):
+            problems.append("an input was written")
+    if verbose:
+        print(json.dumps(desc, indent=1), "\n->", problems)
+    return dict(desc, problems=problems)
+
+
 def run_layout(seed, i, progress, verbose=False):
     rng = np.random.default_rng([seed, i, 7])
+    if rng.integers(4) == 0:
+        return run_layout_kernels(seed, i, progress, rng, verbose)
     spec = random_spec(rng)
     inp, a, call = build(spec)
     kernel = gqa.available_kernels()[int(rng.integers(len(gqa.available_kernels())))]
@@ -179,7 +225,7 @@ def main():
         for i in range(args.start, args.start + args.count):
             r = fn(args.seed, i, progress)
             n += 1
-            key = r.get("mutation", "layout")
+            key = r.get("mutation", r.get("api", "operator"))
             counts[key] = counts.get(key, 0) + 1
             outcomes[r.get("outcome", "ran")] = outcomes.get(r.get("outcome", "ran"), 0) + 1
             if r["problems"]:

@@ -48,11 +48,12 @@ def _last(progress):
         return "(no progress file)"
 
 
-def scale():
-    """How much longer than the default run: the hypothesis profile's max_examples over the
-    "ci" profile's (so `--hypothesis-profile=long` lengthens the fuzzers too)."""
+def scaled(n):
+    """n scaled by the hypothesis profile: its max_examples over the "ci" profile's (so
+    `--hypothesis-profile=long` lengthens the fuzzers too, and "sanitize" shortens them)."""
     try:
         from hypothesis import settings
-        return max(1, settings.default.max_examples // settings.get_profile("ci").max_examples)
+        f = settings.default.max_examples / settings.get_profile("ci").max_examples
     except Exception:  # noqa: BLE001  (no hypothesis, or no "ci" profile)
-        return 1
+        f = 1.0
+    return max(1, int(n * f))

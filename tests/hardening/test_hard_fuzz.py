@@ -15,10 +15,10 @@ Repro of a reported case: ``python tests/hardening/_fuzz_worker.py invalid --see
 """
 import pytest
 
-from _subproc import run_worker, scale
+from _subproc import run_worker, scaled
 
-INVALID_CASES = 4000
-LAYOUT_CASES = 600
+INVALID_CASES = 10000
+LAYOUT_CASES = 2000
 
 
 def _report(summary):
@@ -32,7 +32,7 @@ def _report(summary):
 
 @pytest.mark.parametrize("seed", [1])
 def test_invalid_calls_raise_and_touch_nothing(tmp_path, seed):
-    n = INVALID_CASES * scale()
+    n = scaled(INVALID_CASES)
     s = run_worker("_fuzz_worker.py", ["invalid", "--seed", str(seed), "--count", str(n)], tmp_path,
                    timeout=300)
     assert s["cases"] == n
@@ -43,7 +43,7 @@ def test_invalid_calls_raise_and_touch_nothing(tmp_path, seed):
 
 @pytest.mark.parametrize("seed", [1])
 def test_odd_layouts_give_identical_results(tmp_path, seed):
-    n = LAYOUT_CASES * scale()
+    n = scaled(LAYOUT_CASES)
     s = run_worker("_fuzz_worker.py", ["layout", "--seed", str(seed), "--count", str(n)], tmp_path,
                    timeout=300)
     assert s["cases"] == n
