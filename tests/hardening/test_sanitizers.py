@@ -2,7 +2,7 @@
 
 The extension is rebuilt with ``GQA_SANITIZE=address,undefined`` (``GQA_SANITIZE_OPT=-O1``:
 a 4x faster build than -O3) in a copy of the tree, then the subset below runs against that
-build (``GQA_TEST_SOURCE=1``) with libasan preloaded into the Python host
+build (``GQA_TEST_IMPORT=source``) with libasan preloaded into the Python host
 (``LD_PRELOAD=$(gcc -print-file-name=libasan.so)``, ``ASAN_OPTIONS=detect_leaks=0`` for
 CPython) and every UBSan report fatal.  A canary first checks that ASan really reports an
 out-of-bounds write in this setup, so "clean" means something.
@@ -84,7 +84,7 @@ def sanitized(tmp_path_factory):
                        cwd=tree, env=build_env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, "sanitizer build failed:\n" + (r.stdout + r.stderr)[-4000:]
     assert reuse or "-fsanitize=address,undefined" in r.stdout + r.stderr
-    env = dict(os.environ, LD_PRELOAD=libasan, GQA_TEST_SOURCE="1", GQA_IN_SANITIZER_RUN="1",
+    env = dict(os.environ, LD_PRELOAD=libasan, GQA_TEST_IMPORT="source", GQA_IN_SANITIZER_RUN="1",
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1", OMP_NUM_THREADS="2",
                HYPOTHESIS_PROFILE="sanitize", PYTHONPATH=tree)
