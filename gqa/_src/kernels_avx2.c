@@ -319,11 +319,6 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
     const __m128 vm = _mm_set1_ps(mult);
     for (size_t n = n0; n < n1; n += NB) {
         const uint8_t *Bn = B + n * rb;
-        /* B streams from memory in decode: fetch the rows QK_PF bytes ahead (hardware
-           prefetchers stop at page boundaries); prefetches never fault */
-        if (n + 2 * NB <= n1)
-            for (size_t off = 0; off < NB * rb; off += 64)
-                _mm_prefetch((const char *)Bn + QK_PF + off, _MM_HINT_T0);
         __m256 acc[12];
         UNROLL
         for (int i = 0; i < nacc; i++)
@@ -331,6 +326,10 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
         size_t k = 0;
         if (kind == KS4)
             for (; k < K16; k += 16) {
+                /* B streams from memory in decode: the block's rows QK_PF bytes ahead, spread
+                   over the steps (hardware prefetchers stop at page boundaries; prefetches
+                   never fault) */
+                _mm_prefetch((const char *)Bn + QK_PF + k * NB / 2, _MM_HINT_T0);
                 UNROLL
                 for (int nb = 0; nb < NB; nb++) {
                     __m256 b0, b1;
@@ -344,6 +343,10 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
                 }
             }
         for (; k < K8; k += 8) { /* other kinds: A rows loaded once per step */
+            const int bpe = kind == KS8 ? 1 : kind == KF32 ? 4 : kind == KF16 ? 2 : 0; /* S4: tail only */
+            UNROLL
+            for (int j = 0; j < (8 * NB * bpe + 63) / 64; j++)
+                _mm_prefetch((const char *)Bn + QK_PF + k * NB * bpe + 64 * j, _MM_HINT_T0);
             __m256 a[8];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
@@ -477,9 +480,8 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int part,
         acc[i] = _mm256_setzero_ps();
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
-        if (pf) /* the same row of the next key chunk */
-            for (size_t off = 0; off < rb; off += 64)
-                _mm_prefetch((const char *)row + pf + off, _MM_HINT_T0);
+        if (pf) /* this block's bytes of the same row of the next key chunk (one line) */
+            _mm_prefetch((const char *)row + pf, _MM_HINT_T0);
         __m256 b[8];
         if (part) {
             b[0] = dec_tail(row, n0, np, type);
@@ -601,17 +603,20 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             const float *a = A + m0 * lda;
             float *c = C + m0 * ldc;
             const size_t step = 8 * (size_t)sv_nvw[kind][mb];
-            /* the first block of each chunk prefetches the next chunk's rows (codes only) */
-            size_t pf = m0 == 0 && k1 < K && kind <= KS4 ? kc * rb : 0;
+            /* codes, first block of rows: each column block (<= 32 bytes of a row) that
+               starts a 64-byte line prefetches that line of the next chunk's rows */
+            const int pfc = m0 == 0 && k1 < K && kind <= KS4;
+#define SV_PF(n) (pfc && gqa_row_bytes(type, n) % 64 == 0 ? kc * rb + gqa_row_bytes(type, n) : 0)
             size_t n = 0;
-            for (; n + step <= (kind == KS4 ? n16 : n8); n += step, pf = 0)
-                f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
-            for (; n + 16 <= n16; n += 16, pf = 0)
-                f[1](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
-            for (; n < n8; n += 8, pf = 0)
-                f[2](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
+            for (; n + step <= (kind == KS4 ? n16 : n8); n += step)
+                f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
+            for (; n + 16 <= n16; n += 16)
+                f[1](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
+            for (; n < n8; n += 8)
+                f[2](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
             if (n < N)
-                f[3](N - n, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
+                f[3](N - n, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
+#undef SV_PF
         }
     }
 }
