@@ -4,14 +4,32 @@
  * Same operations and layouts as gqa_kernels.h, 8 float32 lanes at a time:
  *  - quantize: x * (1/s), round-to-nearest-even (vroundps), clamp with
  *    min/max ordered so that NaN -> hi; identical codes to the scalar path.
- *  - qk_gemm: register blocks of MB rows of A x NB rows of B (MB * NB <= 8
- *    accumulators).  Each B row chunk of 8 elements is converted to float once
- *    and used for all MB rows, which is what makes GQA decode (M = group size)
- *    cheap.  Per-tensor INT8/INT4 defer the scale: alpha * s * sum(a * q).
- *    Every accumulator is reduced by the same fixed tree, and the K tail is
- *    added in order afterwards, so C[m,n] does not depend on M, N or blocking.
- *  - sv_gemm: blocks of MB rows of C x NV*8 columns, keys in chunks of ~16 KiB
- *    of B so the chunk stays in L1 while every column block reads it.
+ *  - dequantize(_t): code * s, one rounding, bit-identical to the scalar path;
+ *    the transpose in 8 x 8 register blocks, column blocks outer.
+ *  - GEMMs read B as unscaled codes.  Per-tensor scales multiply the finished
+ *    dot product (alpha * s * sum(a * q)); per-channel scales are folded into A
+ *    for qk_gemm (A[m,k] * s[k], one rounding per product, like the scalar
+ *    path's q * s) and applied per column after each key chunk for sv_gemm.
+ *    INT4 is decoded 16 nibbles per 8-byte load: the low nibbles (even elements)
+ *    and the high nibbles (odd elements) become two vectors, three integer
+ *    operations and one conversion per 8 elements; qk_gemm reorders A to match
+ *    (each 16-element block: even elements, then odd), sv_gemm accumulates the
+ *    even and odd columns apart and restores their order before the store.
+ *  - qk_gemm: register blocks of MB rows of A x NB rows of B (<= 12
+ *    accumulators: 1x8 2x6 3x4 4x3 ..).  Each B chunk is converted once and used
+ *    for all MB rows, which is what makes GQA decode (M = group size) cheap.
+ *    The K tail is one more step on zero-padded copies; every accumulator is
+ *    reduced by the same tree (hsum4), so C[m,n] depends only on row m of A,
+ *    row n of B and K -- never on M, N or the block.
+ *  - sv_gemm: blocks of MB rows of C x NV*8 columns, keys in chunks of a fixed
+ *    size per type (16 KiB of B at H = 128) so the chunk stays in L1 while every
+ *    column block reads it; partial column blocks decode into zero-padded
+ *    vectors (the same lane arithmetic).
+ *  - Decode streams the KV cache from memory: both GEMMs prefetch B (qk 4 KiB
+ *    ahead, sv the next key chunk), one prefetch per cache line, spread over the
+ *    inner loop.
+ *  - exp_sum: range reduction + degree-6 polynomial (exp8), exact zeros below
+ *    GQA_EXP_MIN, NaN kept.
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>

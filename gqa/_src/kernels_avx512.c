@@ -16,17 +16,27 @@
  *    dequantize_t (flash K tiles): 16 x 16 blocks transposed in registers,
  *    column blocks outer so each pass fills 16 destination rows front to back;
  *    the ragged edges are the same blocks with masked loads and stores.
- *  - qk_gemm: register blocks of MB (<= 8) rows of A x NB rows of B.  Each
- *    16-element B chunk is converted to float once and used for every row of
- *    the block.  Per-tensor INT8/INT4 defer the scale: (alpha * s) * sum(a * q).
- *    The K tail is one more masked step of the same loop; every accumulator is
- *    reduced by the same fixed tree (fold 512 -> 256, then hadd), so C[m,n]
- *    depends only on row m of A, row n of B and K -- never on M, N or blocking.
- *  - sv_gemm: blocks of MB (<= 8) rows of C x NV * 16 columns (the last block
- *    masked).  Keys go in chunks of a fixed KC per type (16 KiB of B at a head
- *    size of 128), so a chunk stays in L1 while every column block reads it and
- *    a column's value never depends on N or M.  beta 0 overwrites C (NaN in C
- *    ignored), beta 1 accumulates, any other beta scales C first.
+ *  - GEMMs read B as unscaled codes.  Per-tensor scales multiply the finished
+ *    dot product ((alpha * s) * sum(a * q)); per-channel scales are folded into
+ *    A for qk_gemm (A[m,k] * s[k], one rounding per product) and applied per
+ *    column after each key chunk for sv_gemm.  INT4: 32 nibbles per 16-byte
+ *    load, looked up (vpermps) in a 16-entry table nib -> nib - 8: low nibbles =
+ *    even elements, high nibbles = odd ones; qk_gemm reorders A to match (each
+ *    32-element block: even, then odd), sv_gemm restores the column order
+ *    before the store.
+ *  - qk_gemm: register blocks of MB (<= 4; M = 8 runs as 4 + 4) rows of A x NB
+ *    rows of B, 16 accumulators (1x16 2x8 3x5 4x4).  Each B chunk is converted
+ *    to float once and used for every row of the block.  The K tail is one more
+ *    masked step of the same loop; every accumulator is reduced by the same
+ *    tree (hsum16x16: 16 sums in 46 operations), so C[m,n] depends only on row m
+ *    of A, row n of B and K -- never on M, N or blocking.
+ *  - sv_gemm: blocks of MB (<= 8) rows of C x NV * 16 columns (<= 24
+ *    accumulators, the last block masked).  Keys go in chunks of a fixed KC per
+ *    type (16 KiB of B at a head size of 128), so a chunk stays in L1 while
+ *    every column block reads it and a column's value never depends on N or M.
+ *    beta 0 overwrites C (NaN in C ignored), beta 1 accumulates, any other beta
+ *    scales C first.
+ *  - Both GEMMs prefetch B like the AVX2 path (decode streams the cache).
  *  - qk_gemm_s8_approx: the opt-in approximate INT8 per-tensor QK kernel of
  *    the contract (section 2.7); see the comment above it.
  *  - exp_sum: the AVX2 path's exp on 16 lanes (identical values), masked tail.
