@@ -7,6 +7,8 @@ sv : sv_gemm  M x N=128  x K=2048  (the value pass over the same keys)
      rate = M*N*K / t  in G multiply-adds/s ("G/s"); row rate = rate / M
 deqt: dequantize_t of a 256 x 128 tile (flash K tile), us per call
 Each figure is the best of --reps repeats of a timed loop of ~20 ms (the machine is shared).
+--cold: B streams from memory like a real decode step: each call reads the next slice of
+a --cold-mib ring (default 1024 MiB, past the last-level cache); one sweep per repeat.
 """
 import argparse
 import os
@@ -59,12 +61,16 @@ def main():
     ap.add_argument("--what", default="qk,sv")
     ap.add_argument("--types", default="S8_PT,S8_PC,S4_PT,S4_PC")
     ap.add_argument("--ms", default="1,2,4,8")
+    ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--cold-mib", type=int, default=1024)
     args = ap.parse_args()
     _dispatch._set_path(args.path)
     rng = np.random.default_rng(0)
     what = args.what.split(",")
     ms = [int(m) for m in args.ms.split(",")]
     print(f"path {_dispatch.active_path()}, best of {args.reps}")
+    if args.cold:
+        return cold(args, rng, what, ms)
     for name in args.types.split(","):
         t = TYPES[name]
         if "qk" in what:
@@ -94,6 +100,39 @@ def main():
             out = np.empty((cols, rows), np.float32)
             dt = best_time(lambda: _kernels.dequantize_t(b, out, s, rows, cols, t), args.reps)
             print(f"dequantize_t {name:6s} {rows}x{cols}  {dt * 1e6:8.2f} us")
+
+
+def cold(args, rng, what, ms):
+    ring = rng.integers(0, 256, size=args.cold_mib << 20, dtype=np.uint8)
+    print(f"cold: B from a {args.cold_mib} MiB ring, one slice per call")
+    for name in args.types.split(","):
+        t = TYPES[name]
+        if t > 3:
+            continue
+        dt8 = np.int8 if t in (0, 1) else np.uint8
+        for op in ("qk", "sv"):
+            if op not in what:
+                continue
+            N, K = (2048, 128) if op == "qk" else (128, 2048)
+            rows, cols = (N, K) if op == "qk" else (K, N)
+            width = cols if t in (0, 1) else (cols + 1) // 2
+            nsl = ring.size // (rows * width)
+            slices = ring[: nsl * rows * width].view(dt8).reshape(nsl, rows, width)
+            s = (rng.random(cols if t in (1, 3) else 1) * 0.1 + 0.01).astype(np.float32)
+            for M in ms:
+                a = rng.standard_normal((M, K)).astype(np.float32)
+                out = np.zeros((M, N), np.float32)
+                fn = _kernels.qk_gemm if op == "qk" else _kernels.sv_gemm
+                arg = 0.125 if op == "qk" else 0.0
+                best = float("inf")
+                for _ in range(args.reps):
+                    t0 = time.perf_counter()
+                    for i in range(nsl):
+                        fn(a, slices[i], s, out, M, N, K, arg, t)
+                    best = min(best, (time.perf_counter() - t0) / nsl)
+                g = M * N * K / best / 1e9
+                print(f"{op} {name:6s} M={M}  {best * 1e6:8.2f} us  {g:6.2f} G/s  "
+                      f"({rows * width / best / 1e9:5.1f} GB/s of B)")
 
 
 if __name__ == "__main__":
