@@ -22,6 +22,10 @@
  *              beta == 0 overwrites C (NaN in C is ignored).
  *   A (float32) is never quantized, except by qk_gemm_s8_approx (opt-in,
  *   AVX-512 VNNI only): A rows quantized to u8 with zero point 128.
+ *   Where a scale is applied is the path's choice (the scalar path decodes
+ *   q * s per element; SIMD paths multiply per-tensor scales into the finished
+ *   sum, fold per-channel QK scales into A as A[m,k] * s[k] and apply per-channel
+ *   SV scales per column after the key sum): results agree to float rounding.
  * The value of C[m,n] depends only on row m of A, row/column n of B and K --
  * never on M, N or the position of (m, n) in a register block -- so a caller
  * may split a GEMM into pieces and get identical results.

@@ -4,14 +4,32 @@
  * Same operations and layouts as gqa_kernels.h, 8 float32 lanes at a time:
  *  - quantize: x * (1/s), round-to-nearest-even (vroundps), clamp with
  *    min/max ordered so that NaN -> hi; identical codes to the scalar path.
- *  - qk_gemm: register blocks of MB rows of A x NB rows of B (MB * NB <= 8
- *    accumulators).  Each B row chunk of 8 elements is converted to float once
- *    and used for all MB rows, which is what makes GQA decode (M = group size)
- *    cheap.  Per-tensor INT8/INT4 defer the scale: alpha * s * sum(a * q).
- *    Every accumulator is reduced by the same fixed tree, and the K tail is
- *    added in order afterwards, so C[m,n] does not depend on M, N or blocking.
- *  - sv_gemm: blocks of MB rows of C x NV*8 columns, keys in chunks of ~16 KiB
- *    of B so the chunk stays in L1 while every column block reads it.
+ *  - dequantize(_t): code * s, one rounding, bit-identical to the scalar path;
+ *    the transpose in 8 x 8 register blocks, column blocks outer.
+ *  - GEMMs read B as unscaled codes.  Per-tensor scales multiply the finished
+ *    dot product (alpha * s * sum(a * q)); per-channel scales are folded into A
+ *    for qk_gemm (A[m,k] * s[k], one rounding per product, like the scalar
+ *    path's q * s) and applied per column after each key chunk for sv_gemm.
+ *    INT4 is decoded 16 nibbles per 8-byte load: the low nibbles (even elements)
+ *    and the high nibbles (odd elements) become two vectors, three integer
+ *    operations and one conversion per 8 elements; qk_gemm reorders A to match
+ *    (each 16-element block: even elements, then odd), sv_gemm accumulates the
+ *    even and odd columns apart and restores their order before the store.
+ *  - qk_gemm: register blocks of MB rows of A x NB rows of B (<= 12
+ *    accumulators: 1x8 2x6 3x4 4x3 ..).  Each B chunk is converted once and used
+ *    for all MB rows, which is what makes GQA decode (M = group size) cheap.
+ *    The K tail is one more step on zero-padded copies; every accumulator is
+ *    reduced by the same tree (hsum4), so C[m,n] depends only on row m of A,
+ *    row n of B and K -- never on M, N or the block.
+ *  - sv_gemm: blocks of MB rows of C x NV*8 columns, keys in chunks of a fixed
+ *    size per type (16 KiB of B at H = 128) so the chunk stays in L1 while every
+ *    column block reads it; partial column blocks decode into zero-padded
+ *    vectors (the same lane arithmetic).
+ *  - Decode streams the KV cache from memory: both GEMMs prefetch B (qk 4 KiB
+ *    ahead, sv the next key chunk), one prefetch per cache line, spread over the
+ *    inner loop.
+ *  - exp_sum: range reduction + degree-6 polynomial (exp8), exact zeros below
+ *    GQA_EXP_MIN, NaN kept.
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -319,11 +337,6 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
     const __m128 vm = _mm_set1_ps(mult);
     for (size_t n = n0; n < n1; n += NB) {
         const uint8_t *Bn = B + n * rb;
-        /* B streams from memory in decode: fetch the rows QK_PF bytes ahead (hardware
-           prefetchers stop at page boundaries); prefetches never fault */
-        if (n + 2 * NB <= n1)
-            for (size_t off = 0; off < NB * rb; off += 64)
-                _mm_prefetch((const char *)Bn + QK_PF + off, _MM_HINT_T0);
         __m256 acc[12];
         UNROLL
         for (int i = 0; i < nacc; i++)
@@ -331,6 +344,10 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
         size_t k = 0;
         if (kind == KS4)
             for (; k < K16; k += 16) {
+                /* B streams from memory in decode: the block's rows QK_PF bytes ahead, spread
+                   over the steps (hardware prefetchers stop at page boundaries; prefetches
+                   never fault) */
+                _mm_prefetch((const char *)Bn + QK_PF + k * NB / 2, _MM_HINT_T0);
                 UNROLL
                 for (int nb = 0; nb < NB; nb++) {
                     __m256 b0, b1;
@@ -344,6 +361,10 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
                 }
             }
         for (; k < K8; k += 8) { /* other kinds: A rows loaded once per step */
+            const int bpe = kind == KS8 ? 1 : kind == KF32 ? 4 : kind == KF16 ? 2 : 0; /* S4: tail only */
+            UNROLL
+            for (int j = 0; j < (8 * NB * bpe + 63) / 64; j++)
+                _mm_prefetch((const char *)Bn + QK_PF + k * NB * bpe + 64 * j, _MM_HINT_T0);
             __m256 a[8];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
@@ -477,9 +498,8 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int part,
         acc[i] = _mm256_setzero_ps();
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
-        if (pf) /* the same row of the next key chunk */
-            for (size_t off = 0; off < rb; off += 64)
-                _mm_prefetch((const char *)row + pf + off, _MM_HINT_T0);
+        if (pf) /* this block's bytes of the same row of the next key chunk (one line) */
+            _mm_prefetch((const char *)row + pf, _MM_HINT_T0);
         __m256 b[8];
         if (part) {
             b[0] = dec_tail(row, n0, np, type);
@@ -601,17 +621,20 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             const float *a = A + m0 * lda;
             float *c = C + m0 * ldc;
             const size_t step = 8 * (size_t)sv_nvw[kind][mb];
-            /* the first block of each chunk prefetches the next chunk's rows (codes only) */
-            size_t pf = m0 == 0 && k1 < K && kind <= KS4 ? kc * rb : 0;
+            /* codes, first block of rows: each column block (<= 32 bytes of a row) that
+               starts a 64-byte line prefetches that line of the next chunk's rows */
+            const int pfc = m0 == 0 && k1 < K && kind <= KS4;
+#define SV_PF(n) (pfc && gqa_row_bytes(type, n) % 64 == 0 ? kc * rb + gqa_row_bytes(type, n) : 0)
             size_t n = 0;
-            for (; n + step <= (kind == KS4 ? n16 : n8); n += step, pf = 0)
-                f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
-            for (; n + 16 <= n16; n += 16, pf = 0)
-                f[1](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
-            for (; n < n8; n += 8, pf = 0)
-                f[2](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
+            for (; n + step <= (kind == KS4 ? n16 : n8); n += step)
+                f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
+            for (; n + 16 <= n16; n += 16)
+                f[1](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
+            for (; n < n8; n += 8)
+                f[2](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
             if (n < N)
-                f[3](N - n, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
+                f[3](N - n, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
+#undef SV_PF
         }
     }
 }

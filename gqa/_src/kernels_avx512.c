@@ -16,17 +16,27 @@
  *    dequantize_t (flash K tiles): 16 x 16 blocks transposed in registers,
  *    column blocks outer so each pass fills 16 destination rows front to back;
  *    the ragged edges are the same blocks with masked loads and stores.
- *  - qk_gemm: register blocks of MB (<= 8) rows of A x NB rows of B.  Each
- *    16-element B chunk is converted to float once and used for every row of
- *    the block.  Per-tensor INT8/INT4 defer the scale: (alpha * s) * sum(a * q).
- *    The K tail is one more masked step of the same loop; every accumulator is
- *    reduced by the same fixed tree (fold 512 -> 256, then hadd), so C[m,n]
- *    depends only on row m of A, row n of B and K -- never on M, N or blocking.
- *  - sv_gemm: blocks of MB (<= 8) rows of C x NV * 16 columns (the last block
- *    masked).  Keys go in chunks of a fixed KC per type (16 KiB of B at a head
- *    size of 128), so a chunk stays in L1 while every column block reads it and
- *    a column's value never depends on N or M.  beta 0 overwrites C (NaN in C
- *    ignored), beta 1 accumulates, any other beta scales C first.
+ *  - GEMMs read B as unscaled codes.  Per-tensor scales multiply the finished
+ *    dot product ((alpha * s) * sum(a * q)); per-channel scales are folded into
+ *    A for qk_gemm (A[m,k] * s[k], one rounding per product) and applied per
+ *    column after each key chunk for sv_gemm.  INT4: 32 nibbles per 16-byte
+ *    load, looked up (vpermps) in a 16-entry table nib -> nib - 8: low nibbles =
+ *    even elements, high nibbles = odd ones; qk_gemm reorders A to match (each
+ *    32-element block: even, then odd), sv_gemm restores the column order
+ *    before the store.
+ *  - qk_gemm: register blocks of MB (<= 4; M = 8 runs as 4 + 4) rows of A x NB
+ *    rows of B, 16 accumulators (1x16 2x8 3x5 4x4).  Each B chunk is converted
+ *    to float once and used for every row of the block.  The K tail is one more
+ *    masked step of the same loop; every accumulator is reduced by the same
+ *    tree (hsum16x16: 16 sums in 46 operations), so C[m,n] depends only on row m
+ *    of A, row n of B and K -- never on M, N or blocking.
+ *  - sv_gemm: blocks of MB (<= 8) rows of C x NV * 16 columns (<= 24
+ *    accumulators, the last block masked).  Keys go in chunks of a fixed KC per
+ *    type (16 KiB of B at a head size of 128), so a chunk stays in L1 while
+ *    every column block reads it and a column's value never depends on N or M.
+ *    beta 0 overwrites C (NaN in C ignored), beta 1 accumulates, any other beta
+ *    scales C first.
+ *  - Both GEMMs prefetch B like the AVX2 path (decode streams the cache).
  *  - qk_gemm_s8_approx: the opt-in approximate INT8 per-tensor QK kernel of
  *    the contract (section 2.7); see the comment above it.
  *  - exp_sum: the AVX2 path's exp on 16 lanes (identical values), masked tail.
@@ -463,17 +473,18 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
     const __m512 vm = _mm512_set1_ps(mult);
     for (size_t n = n0; n < n1; n += NB) {
         const uint8_t *Bn = B + n * rb;
-        /* B streams from memory in decode: fetch the rows QK_PF bytes ahead (hardware
-           prefetchers stop at page boundaries); prefetches never fault */
-        if (n + 2 * NB <= n1)
-            for (size_t off = 0; off < NB * rb; off += 64)
-                _mm_prefetch((const char *)Bn + QK_PF + off, _MM_HINT_T0);
         __m512 acc[16];
         UNROLL
         for (int i = 0; i < 16; i++)
             acc[i] = _mm512_setzero_ps();
         size_t k = 0;
-        for (; k < K32; k += 32)
+        /* B streams from memory in decode: the block's rows QK_PF bytes ahead, one
+           prefetch per line spread over the steps (hardware prefetchers stop at page
+           boundaries; prefetches never fault) */
+        for (; k < K32; k += 32) {
+            UNROLL
+            for (int j = 0; j < (16 * NB + 63) / 64; j++)
+                _mm_prefetch((const char *)Bn + QK_PF + k * NB / 2 + 64 * j, _MM_HINT_T0);
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
                 __m512 b0, b1;
@@ -485,7 +496,12 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
                         _mm512_fmadd_ps(_mm512_loadu_ps(A + mb * lda + k + 16), b1, acc[mb * NB + nb]);
                 }
             }
+        }
         for (; k < K16; k += 16) {
+            const int bpe = kind == KS8 ? 1 : kind == KF32 ? 4 : kind == KF16 ? 2 : 0; /* S4: tail only */
+            UNROLL
+            for (int j = 0; j < (16 * NB * bpe + 63) / 64; j++)
+                _mm_prefetch((const char *)Bn + QK_PF + k * NB * bpe + 64 * j, _MM_HINT_T0);
             __m512 a[8];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
@@ -613,9 +629,12 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int maske
         acc[i] = _mm512_setzero_ps();
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
-        if (pf)
-            for (size_t off = 0; off < rb; off += 64)
-                _mm_prefetch((const char *)row + pf + off, _MM_HINT_T0);
+        if (pf) { /* this block's bytes of the same row of the next key chunk */
+            const int bytes = kind == KS4 ? 8 * NV : 16 * NV;
+            UNROLL
+            for (int j = 0; j < (bytes + 63) / 64; j++)
+                _mm_prefetch((const char *)row + pf + 64 * j, _MM_HINT_T0);
+        }
         __m512 b[8];
         if (kind == KS4 && !masked && NV % 2 == 0) {
             UNROLL
@@ -728,17 +747,20 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
             const float *a = A + m0 * lda;
             float *c = C + m0 * ldc;
             const size_t step = 16 * (size_t)sv_nvw[mb];
-            /* the first block of each chunk prefetches the next chunk's rows (codes only) */
-            size_t pf = m0 == 0 && k1 < K && kind <= KS4 ? kc * rb : 0;
+            /* codes, first block of rows: each column block that starts a 64-byte line
+               prefetches its lines of the next chunk's rows */
+            const int pfc = m0 == 0 && k1 < K && kind <= KS4;
+#define SV_PF(n) (pfc && gqa_row_bytes(type, n) % 64 == 0 ? kc * rb + gqa_row_bytes(type, n) : 0)
             size_t n = 0;
-            for (; n + step <= (kind == KS4 ? n32 : n16); n += step, pf = 0)
-                f[0](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
-            for (; n + 32 <= n32; n += 32, pf = 0)
-                f[1](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
-            for (; n < n16; n += 16, pf = 0)
-                f[2](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
+            for (; n + step <= (kind == KS4 ? n32 : n16); n += step)
+                f[0](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
+            for (; n + 32 <= n32; n += 32)
+                f[1](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
+            for (; n < n16; n += 16)
+                f[2](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
             if (n < N)
-                f[3](N - n, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
+                f[3](N - n, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
+#undef SV_PF
         }
     }
 }
