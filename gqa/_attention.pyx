@@ -181,62 +181,6 @@ cdef void write_qk(const Params *p, const float *row, int b, int h, int s, int s
     memcpy(o + start, row, n * sizeof(float))
 
 
-cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
-                       int b, int j, float *scratch) noexcept nogil:
-    """All S query rows of the G heads of KV head j, batch b: scores over the attended
-    range [start, c) only, mask/softcap/bias/softmax per row, then P @ V."""
-    cdef int G = p.G, H = p.H, s, g, h, i, c, e, start, n
-    cdef int Tb = p.seqlens[b] + 1, cpast = causal_past(p, b)
-    cdef size_t slot = <size_t>b * p.Nkv + j
-    cdef const uint8_t *kb = p.kc + slot * p.Pres * p.k_rb
-    cdef const uint8_t *vb = p.vc + slot * p.Pres * p.v_rb
-    cdef const float *ks = p.ks + (j * H if p.k_pc else 0)
-    cdef const float *vs = p.vs + (j * H if p.v_pc else 0)
-    cdef float *qbuf = scratch
-    cdef float *sc = scratch + <size_t>G * H
-    cdef const float *a
-    cdef const float *brow
-    cdef float *row
-    cdef float *orow
-    for s in range(p.S):
-        # keys [start, c): causal end e = position + 1, capped to the valid keys; the window
-        # keeps the W keys ending at e even when e lies past T_b (a right-padding query row)
-        e = cpast + s + 1 if p.causal else Tb
-        c = e if e < Tb else Tb
-        start = e - p.W if (p.W >= 0 and e > p.W) else 0
-        n = c - start if c > start else 0
-        a = p.q + (<size_t>b * p.S + s) * p.q_tok + <size_t>j * G * H
-        if p.do_rotary:
-            for g in range(G):
-                rope(p, a + <size_t>g * H, qbuf + <size_t>g * H, position(p, b, s))
-            a = qbuf
-        orow = p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * G) * H
-        if n == 0:
-            memset(orow, 0, <size_t>G * H * sizeof(float))
-            if p.qk_mode:
-                for g in range(G):
-                    write_qk(p, sc, b, j * G + g, s, 0, 0)
-            continue
-        qk(G, n, H, p.alpha, a, H, kb + <size_t>start * p.k_rb, p.ktype, ks, sc, n)
-        for g in range(G):
-            h = j * G + g
-            row = sc + <size_t>g * n
-            if p.softcap > 0:
-                for i in range(n):
-                    row[i] = p.softcap * tanhf(row[i] / p.softcap)
-            if p.bias != NULL:
-                brow = p.bias + ((<size_t>(0 if p.bias_bb else b) * (1 if p.bias_nb else p.N)
-                                  + (0 if p.bias_nb else h)) * p.S + s) * p.T + start
-                for i in range(n):
-                    row[i] = row[i] + brow[i]
-            if p.qk_mode == 1:
-                write_qk(p, row, b, h, s, start, n)
-            softmax_row(p, row, n, h)
-            if p.qk_mode == 2:
-                write_qk(p, row, b, h, s, start, n)
-        t.sv_gemm(G, H, n, sc, n, vb + <size_t>start * p.v_rb, p.vtype, vs, orow, H, 0.0)
-
-
 cdef inline void key_range(const Params *p, int b, int s, int *start, int *end) noexcept nogil:
     """Keys [start, end) attended by query row s of batch b (end <= start: none).  The
     causal end e is the row's position + 1 (all T_b keys when causal = 0), capped to the
@@ -259,6 +203,49 @@ cdef void score_features(const Params *p, float *row, int n, int b, int h, int s
                           + (0 if p.bias_nb else h)) * p.S + s) * p.T + col0
         for i in range(n):
             row[i] = row[i] + brow[i]
+
+
+cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
+                       int b, int j, float *scratch) noexcept nogil:
+    """All S query rows of the G heads of KV head j, batch b: scores over the attended
+    range [start, c) only, mask/softcap/bias/softmax per row, then P @ V."""
+    cdef int G = p.G, H = p.H, s, g, h, c, start, n
+    cdef size_t slot = <size_t>b * p.Nkv + j
+    cdef const uint8_t *kb = p.kc + slot * p.Pres * p.k_rb
+    cdef const uint8_t *vb = p.vc + slot * p.Pres * p.v_rb
+    cdef const float *ks = p.ks + (j * H if p.k_pc else 0)
+    cdef const float *vs = p.vs + (j * H if p.v_pc else 0)
+    cdef float *qbuf = scratch
+    cdef float *sc = scratch + <size_t>G * H
+    cdef const float *a
+    cdef float *row
+    cdef float *orow
+    for s in range(p.S):
+        key_range(p, b, s, &start, &c)
+        n = c - start if c > start else 0
+        a = p.q + (<size_t>b * p.S + s) * p.q_tok + <size_t>j * G * H
+        if p.do_rotary:
+            for g in range(G):
+                rope(p, a + <size_t>g * H, qbuf + <size_t>g * H, position(p, b, s))
+            a = qbuf
+        orow = p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * G) * H
+        if n == 0:
+            memset(orow, 0, <size_t>G * H * sizeof(float))
+            if p.qk_mode:
+                for g in range(G):
+                    write_qk(p, sc, b, j * G + g, s, 0, 0)
+            continue
+        qk(G, n, H, p.alpha, a, H, kb + <size_t>start * p.k_rb, p.ktype, ks, sc, n)
+        for g in range(G):
+            h = j * G + g
+            row = sc + <size_t>g * n
+            score_features(p, row, n, b, h, s, start)
+            if p.qk_mode == 1:
+                write_qk(p, row, b, h, s, start, n)
+            softmax_row(p, row, n, h)
+            if p.qk_mode == 2:
+                write_qk(p, row, b, h, s, start, n)
+        t.sv_gemm(G, H, n, sc, n, vb + <size_t>start * p.v_rb, p.vtype, vs, orow, H, 0.0)
 
 
 cdef inline float sink_logit(const Params *p, int h) noexcept nogil:
