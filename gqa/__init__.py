@@ -3,7 +3,14 @@
 Re-implements ONNX Runtime's ``com.microsoft.GroupQueryAttention`` (CPU, with
 its quantized KV cache) with per-ISA kernels chosen at runtime.
 """
+import os as _os
 import sys as _sys
+
+# libgomp (loaded with the extensions below) spins 300,000 iterations at every barrier by
+# default: where another process holds a core, a 2-thread call then waits a whole scheduler
+# time slice (measured 20-60x slower).  Spin briefly, then sleep -- unless the user chose.
+if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
+    _os.environ["GOMP_SPINCOUNT"] = "1000"
 
 
 def _installed_copy():
