@@ -647,17 +647,17 @@ INLINE __m256 exp8(__m256 d)
 {
     const __m256 zero_below = _mm256_cmp_ps(d, _mm256_set1_ps(GQA_EXP_MIN), _CMP_LT_OQ);
     d = _mm256_max_ps(_mm256_set1_ps(GQA_EXP_MIN), d); /* operand order keeps NaN */
-    d = _mm256_min_ps(_mm256_set1_ps(88.3f), d);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(d, _mm256_set1_ps(1.44269504088896341f)),
+    d = _mm256_min_ps(_mm256_set1_ps(GQA_EXP_MAX), d);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(d, _mm256_set1_ps(GQA_EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), d);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(GQA_EXP_LN2_HI), d);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(GQA_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(GQA_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GQA_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GQA_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GQA_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GQA_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GQA_EXP_P5));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(zero_below, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));

@@ -103,8 +103,20 @@ static inline float gqa_decode(const uint8_t *row, size_t k, int type, const flo
     }
 }
 
-/* exp(x) for the softmax kernels: exactly 0 below the float32 underflow knee. */
+/* exp(x) for the softmax kernels (every SIMD path, so they agree bit for bit):
+   exactly 0 below the float32 underflow knee; d = n ln2 + r with ln2 split in two,
+   exp(r) = 1 + r + r^2 (P5 + r (P4 + ... r P0)) (Cephes expf coefficients, ~1 ulp). */
 #define GQA_EXP_MIN (-87.3f)
+#define GQA_EXP_MAX 88.3f
+#define GQA_EXP_LOG2E 1.44269504088896341f
+#define GQA_EXP_LN2_HI 0.693359375f
+#define GQA_EXP_LN2_LO (-2.12194440e-4f)
+#define GQA_EXP_P0 1.9875691500e-4f
+#define GQA_EXP_P1 1.3981999507e-3f
+#define GQA_EXP_P2 8.3334519073e-3f
+#define GQA_EXP_P3 4.1665795894e-2f
+#define GQA_EXP_P4 1.6666665459e-1f
+#define GQA_EXP_P5 5.0000001201e-1f
 
 /* One row of the exact quantizer (also the tail of the SIMD quantizers). */
 static inline void gqa_quantize_row_ref(const float *x, uint8_t *dst, size_t c0,

@@ -445,16 +445,16 @@ INLINE float32x4_t exp4(float32x4_t d)
 {
     const uint32x4_t below = vcltq_f32(d, vdupq_n_f32(GQA_EXP_MIN));
     d = vmaxq_f32(d, vdupq_n_f32(GQA_EXP_MIN));
-    d = vminq_f32(d, vdupq_n_f32(88.3f));
-    const float32x4_t n = vrndnq_f32(vmulq_f32(d, vdupq_n_f32(1.44269504088896341f)));
-    float32x4_t r = vfmsq_f32(d, n, vdupq_n_f32(0.693359375f)); /* d - n * c, fused */
-    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
-    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
-    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r); /* p * r + c, fused */
-    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    d = vminq_f32(d, vdupq_n_f32(GQA_EXP_MAX));
+    const float32x4_t n = vrndnq_f32(vmulq_f32(d, vdupq_n_f32(GQA_EXP_LOG2E)));
+    float32x4_t r = vfmsq_f32(d, n, vdupq_n_f32(GQA_EXP_LN2_HI)); /* d - n * c, fused */
+    r = vfmsq_f32(r, n, vdupq_n_f32(GQA_EXP_LN2_LO));
+    float32x4_t p = vdupq_n_f32(GQA_EXP_P0);
+    p = vfmaq_f32(vdupq_n_f32(GQA_EXP_P1), p, r); /* p * r + c, fused */
+    p = vfmaq_f32(vdupq_n_f32(GQA_EXP_P2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GQA_EXP_P3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GQA_EXP_P4), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GQA_EXP_P5), p, r);
     p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
     /* n is integral (or NaN: 0 here, and p is NaN anyway) */
     const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
