@@ -437,12 +437,38 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
             o[i] = o[i] * inv
 
 
-cdef inline bint _overlap(object a, object b):
+cdef inline void _extent(cnp.ndarray a, char **lo, char **hi):
+    """[lo, hi): the bytes an array of any strides (negative included) can address."""
+    cdef char *p = <char *>cnp.PyArray_DATA(a)
+    cdef Py_ssize_t d, step, low = 0, high = cnp.PyArray_ITEMSIZE(a)
+    for d in range(cnp.PyArray_NDIM(a)):
+        if cnp.PyArray_DIM(a, d) == 0:
+            lo[0] = p
+            hi[0] = p
+            return
+        step = cnp.PyArray_STRIDE(a, d) * (cnp.PyArray_DIM(a, d) - 1)
+        if step < 0:
+            low += step
+        else:
+            high += step
+    lo[0] = p + low
+    hi[0] = p + high
+
+
+cdef bint _overlap(object a, object b):
+    """True when a and b share a byte: a bounds test, confirmed exactly (np.shares_memory) only
+    when the bounds meet, so interleaved strided views of one buffer are not refused."""
     if a is None or b is None:
         return False
-    cdef char *pa = <char *>cnp.PyArray_DATA(<cnp.ndarray>a)
-    cdef char *pb = <char *>cnp.PyArray_DATA(<cnp.ndarray>b)
-    return pa < pb + cnp.PyArray_NBYTES(<cnp.ndarray>b) and pb < pa + cnp.PyArray_NBYTES(<cnp.ndarray>a)
+    cdef char *alo
+    cdef char *ahi
+    cdef char *blo
+    cdef char *bhi
+    _extent(<cnp.ndarray>a, &alo, &ahi)
+    _extent(<cnp.ndarray>b, &blo, &bhi)
+    if not (alo < bhi and blo < ahi):
+        return False
+    return bool(np.shares_memory(a, b))
 
 
 def check_no_alias(kc, vc, list inputs):

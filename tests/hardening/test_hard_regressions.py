@@ -116,3 +116,27 @@ def test_d7_nan_never_becomes_zero(phase):
         assert np.isnan(out[0, -1, 0]).all()
         assert np.isnan(out[:, :, 2]).all()
         assert np.isfinite(out[:, :-1, [0, 1, 3]]).all() and np.isfinite(out[:, -1, [1, 3]]).all()
+
+
+def test_d8_negative_stride_input_beside_inplace_cache_is_not_an_overlap():
+    """D8 (CI, fuzz layout case 1787): the in-place alias check took an array's bytes as
+    [data, data + nbytes), but a negative-stride view extends *below* its data pointer, so an
+    input reversed in the bytes just before past_key was refused as overlapping it."""
+    q, k, _, pv, seq, s = _decode_case(H=16, L=8)
+    raw = np.zeros(64 + 8 * 16, np.int8)
+    below = raw[:64].view(np.float32)[::-1]          # data pointer at raw[60]: 4 bytes below pk
+    pk = raw[64:].reshape(1, 1, 8, 16)
+    assert not np.shares_memory(below, pk)
+    attrs = dict(num_heads=1, kv_num_heads=1, **S8)
+    want = gqa.group_query_attention(q, k, k.copy(), pk.copy(), pv.copy(), seq, 7, k_scale=s,
+                                     v_scale=s, **attrs)[0]
+    below[:] = q.ravel()
+    got = gqa.group_query_attention(below.reshape(1, 1, 16), k, k.copy(), pk, pv, seq, 7, k_scale=s,
+                                    v_scale=s, present_key=pk, present_value=pv, **attrs)[0]
+    np.testing.assert_array_equal(got, want)
+    # a reversed view that truly reaches into past_key is still refused
+    into = raw[:128].view(np.float32)[16:][::-1][:16]
+    assert np.shares_memory(into, pk)
+    with pytest.raises(ValueError, match="past_key must not overlap query"):
+        gqa.group_query_attention(into.reshape(1, 1, 16), k, k.copy(), pk, pv, seq, 7, k_scale=s,
+                                  v_scale=s, present_key=pk, present_value=pv, **attrs)
