@@ -21,7 +21,7 @@ cimport numpy as cnp
 import numpy as np
 
 from gqa._dispatch cimport (active_table, qk_kernel, exp_kernel, gqa_kernels, gqa_qk_gemm_fn,
-                            gqa_exp_sum_fn, round_to_half, GQA_F32)
+                            round_to_half, GQA_F32)
 
 cnp.import_array()
 
@@ -30,42 +30,6 @@ cdef extern from "float.h":
 
 cdef extern from "math.h":
     float INFINITY
-
-
-cdef struct Params:
-    int B, S, N, Nkv, G, H, L, T, Pres, Pbuf, Tmax
-    const float *q
-    const float *k
-    const float *v
-    size_t q_tok, kv_tok
-    const int *seqlens
-    int first_prompt, has_past, shared
-    uint8_t *kc
-    uint8_t *vc
-    const uint8_t *pk
-    const uint8_t *pv
-    int ktype, vtype, k_pc, v_pc
-    size_t k_rb, v_rb
-    const float *ks
-    const float *vs
-    float alpha, softcap
-    int W, causal
-    const float *cos
-    const float *sin
-    int rot_half, do_rotary, interleaved
-    const int64_t *pos_ids
-    int pos_stride
-    const float *bias
-    int bias_bb, bias_nb
-    const float *sink
-    int smooth
-    float *out
-    float *qk_out
-    int qk_mode
-    int round_half
-    gqa_exp_sum_fn exp_sum
-    int Br, Bc, chunks, chunk_len
-    float *partials
 
 
 cdef inline void *ptr(object a):
@@ -455,7 +419,7 @@ cdef inline void _extent(cnp.ndarray a, char **lo, char **hi):
     hi[0] = p + high
 
 
-cdef bint _overlap(object a, object b):
+cdef bint overlap(object a, object b):
     """True when a and b share a byte: a bounds test, confirmed exactly (np.shares_memory) only
     when the bounds meet, so interleaved strided views of one buffer are not refused."""
     if a is None or b is None:
@@ -480,8 +444,8 @@ def check_no_alias(kc, vc, list inputs):
 cdef int _check_no_alias(kc, vc, list names, list inputs) except -1:
     cdef Py_ssize_t i
     for i in range(len(inputs)):
-        if _overlap(inputs[i], kc) or _overlap(inputs[i], vc):
-            raise ValueError(f"{'past_key' if _overlap(inputs[i], kc) else 'past_value'} must not "
+        if overlap(inputs[i], kc) or overlap(inputs[i], vc):
+            raise ValueError(f"{'past_key' if overlap(inputs[i], kc) else 'past_value'} must not "
                              f"overlap {names[i]} in in-place mode (present is past)")
     return 0
 
@@ -514,7 +478,6 @@ cdef int _check_lengths(Params *p, Py_ssize_t max_pos) except -1:
 
 cdef class Consts:
     """The parameters of one input signature (see _operator._static); reused across calls."""
-    cdef Params p
 
     def __init__(self, *, int B, int S, int N, int Nkv, int H, int L, int Pbuf, size_t q_tok,
                  size_t kv_tok, bint has_past, bint shared, int ktype, int vtype, size_t k_rb,
@@ -535,9 +498,9 @@ cdef class Consts:
         self.p.smooth = smooth; self.p.qk_mode = qk_mode; self.p.round_half = round_half
 
 
-def run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
-        out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
-        int q_block, int kv_block, int decode_chunks):
+cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
+          out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
+          int q_block, int kv_block, int decode_chunks):
     """One call: cache write, then attention (naive, tiled flash or flash decoding)."""
     cdef Params p = c.p
     cdef const gqa_kernels *t = active_table()

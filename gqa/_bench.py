@@ -835,10 +835,12 @@ def add_arguments(p):
     p.add_argument("--repeats", type=int, default=0,
                    help="alternation rounds per row = samples per side (default 15 decode / 5 prefill; "
                         "--quick: 5 / 3); a decode sample times a batch of ~10 ms of calls")
-    p.add_argument("--gap-ms", type=float, default=20.0,
+    p.add_argument("--gap-ms", type=float, default=100.0,
                    help="idle gap before each timed batch, so that the worker threads of the side "
-                        "before (OpenMP, onnxruntime and torch thread pools spin after a call) are "
-                        "asleep when the next side starts (default 20)")
+                        "before are asleep when the next side starts: onnxruntime's pool spins "
+                        "about 50 ms after its last run (measured: process CPU time keeps rising "
+                        "for 40-60 ms of sleep), which took a core from the side timed next "
+                        "(default 100)")
     p.add_argument("--shape", default=None, help="B,N,Nkv,H (default %s)" % ",".join(map(str, SEED_SHAPE)))
     p.add_argument("--quick", action="store_true",
                    help=f"a short run: threads {QUICK['threads']}, decode T {QUICK['decode_T']}, "

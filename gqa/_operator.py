@@ -4,11 +4,10 @@ Validation happens here, completely, before any output or caller buffer is
 written; the compute (gqa/_attention.pyx) then runs without the GIL.
 """
 import numbers
-import os
 
 import numpy as np
 
-from . import _attention, _config, _dispatch
+from . import _attention, _config, _step
 from . import _validate as v
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
@@ -110,15 +109,28 @@ class GroupQueryAttention:
         # Checks that depend on the inputs' types, dtypes, shapes and identities only are done
         # once per signature (a decoding loop repeats one); the checks that depend on values
         # (lengths, positions) run on every call.  Both finish before anything is written.
-        sig = _signature(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
-                         position_ids, attention_bias, head_sink, k_scale, v_scale, present_key,
-                         present_value)
-        st = self._cached if (sig is not None and sig == self._sig) else None
+        # A repeat of the signature first tries the short path (gqa/_step.pyx), which runs
+        # only when it has proven the call valid; anything else comes down here.
+        step = self._step
+        st = None
+        if step is not None:
+            r = step.call(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+                          cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
+                          v_scale, present_key, present_value, num_threads)
+            if r is not None:
+                return r
+            if step.matches(query, key, value, past_key, past_value, seqlens_k, cos_cache,
+                            sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+                            present_key, present_value):
+                st = self._cached
         if st is None:
             st = self._static(query, key, value, past_key, past_value, seqlens_k, cos_cache,
                               sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
                               present_key, present_value)
-            self._sig, self._cached = sig, st
+            self._cached = st
+            self._step = _step.Step(st, self.qk_output, query, key, value, past_key, past_value,
+                                    seqlens_k, cos_cache, sin_cache, position_ids, attention_bias,
+                                    head_sink, k_scale, v_scale, present_key, present_value)
         B, S, N, Nkv, H, L = st.B, st.S, self.num_heads, self.kv_num_heads, st.H, st.L
         Pbuf, has_past, shared = st.Pbuf, st.has_past, st.shared
 
@@ -166,7 +178,7 @@ class GroupQueryAttention:
                 raise ValueError("present_key and present_value must not overlap")
         nt = _config.effective_num_threads(num_threads)
         cfg = _config._settings
-        q_block, kv_block, splits = _flash_plan(B, S, Nkv, N // Nkv, H, Tmax)
+        q_block, kv_block, splits = _step.flash_plan(B, S, Nkv, N // Nkv, H, Tmax)
 
         # float32 views of the float inputs (float16 is computed in float32)
         q32 = _f32(query)
@@ -196,7 +208,7 @@ class GroupQueryAttention:
             return out, present_key, present_value, qk_out
         return out, present_key, present_value
 
-    _sig = None
+    _step = None
     _cached = None
 
     def _static(self, query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
@@ -400,47 +412,6 @@ class _Static:
                  "ks", "vs", "rot_half", "consts")
 
 
-class _NoSignature(Exception):
-    pass
-
-
-def _step_key(x):
-    """Per-step inputs (copied to float32 / contiguous as needed): dtype and shape decide."""
-    if x is None:
-        return None
-    if type(x) is not np.ndarray:
-        raise _NoSignature
-    return (x.dtype.num, x.shape)
-
-
-def _kept_key(x):
-    """Arrays kept across calls and used in place: identity, dtype, shape, strides."""
-    if x is None:
-        return None
-    if type(x) is not np.ndarray:
-        raise _NoSignature
-    return (id(x), x.dtype.num, x.shape, x.strides)
-
-
-def _signature(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-               attention_bias, head_sink, k_scale, v_scale, present_key, present_value):
-    """A key for the checks of _static: dtypes and shapes of every input, plus identity and
-    strides of the arrays kept across calls (caches, scales, rotary caches, head_sink), and
-    whether the caches are writeable; None if an input is not a plain ndarray (the full checks
-    then run and report it)."""
-    try:
-        return (_step_key(query), _step_key(key), _step_key(value), _kept_key(past_key),
-                _kept_key(past_value), _step_key(seqlens_k), _kept_key(cos_cache),
-                _kept_key(sin_cache), _step_key(position_ids),
-                None if attention_bias is None else _step_key(attention_bias)[:1] + attention_bias.shape[:3],
-                _kept_key(head_sink), _kept_key(k_scale), _kept_key(v_scale),
-                _kept_key(present_key), _kept_key(present_value),
-                present_key is not None and present_key.flags.writeable,
-                present_value is not None and present_value.flags.writeable)
-    except _NoSignature:
-        return None
-
-
 def _check_seqlens(seqlens, B, S, T, Pres, Pbuf, L, has_past, shared, first_prompt):
     """Every seqlens_k[b] keeps reads and writes inside the buffers; returns max T_b."""
     tmax = 0
@@ -479,32 +450,6 @@ def _check_positions(max_pos, pos, seqlens, B, S, T, first_prompt):
             if sk >= max_pos:
                 raise ValueError(f"seqlens_k[{b}] = {sk} is out of range for rotary cache dimension 0 "
                                  f"({max_pos})")
-
-
-_UNITS = max(8, os.cpu_count() or 1)
-
-
-def _flash_plan(B, S, Nkv, G, H, Tmax):
-    """Tile sizes of the flash path and KV splits of flash decoding.  They depend on the
-    shapes, the L2 size and the CPU count only -- never on the thread count -- so results
-    do not either.
-    K and V tiles (2 x kv_rows x H float32) take about 1/8 of L2; a query tile holds
-    ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times."""
-    blocks = _config._settings["flash_blocks"]
-    if blocks is not None:
-        q_block, kv_block = blocks
-    else:
-        l2 = _dispatch.l2_cache_bytes() or 512 * 1024  # unknown: assume a small (Zen 3) L2
-        kv_block = max(16, min(256, l2 // (64 * H)))
-        q_block = max(4, 128 // G)
-    splits = _config._settings["decode_splits"]
-    if splits is None:
-        # Decode: fewer (batch, KV head) units than max(8, CPUs) leave cores idle or unevenly
-        # loaded; split the keys so there are that many units, in chunks of >= 256 keys.
-        splits = 1
-        if S == 1 and B * Nkv < _UNITS:
-            splits = max(1, min(-(-_UNITS // (B * Nkv)), Tmax // 256))
-    return q_block, kv_block, splits
 
 
 def _f32(x):

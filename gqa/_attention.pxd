@@ -1,0 +1,51 @@
+# Declarations shared with gqa/_step.pyx (the repeated-call path).
+from libc.stdint cimport uint8_t, int64_t
+from gqa._dispatch cimport gqa_exp_sum_fn
+
+
+cdef struct Params:
+    int B, S, N, Nkv, G, H, L, T, Pres, Pbuf, Tmax
+    const float *q
+    const float *k
+    const float *v
+    size_t q_tok, kv_tok
+    const int *seqlens
+    int first_prompt, has_past, shared
+    uint8_t *kc
+    uint8_t *vc
+    const uint8_t *pk
+    const uint8_t *pv
+    int ktype, vtype, k_pc, v_pc
+    size_t k_rb, v_rb
+    const float *ks
+    const float *vs
+    float alpha, softcap
+    int W, causal
+    const float *cos
+    const float *sin
+    int rot_half, do_rotary, interleaved
+    const int64_t *pos_ids
+    int pos_stride
+    const float *bias
+    int bias_bb, bias_nb
+    const float *sink
+    int smooth
+    float *out
+    float *qk_out
+    int qk_mode
+    int round_half
+    gqa_exp_sum_fn exp_sum
+    int Br, Bc, chunks, chunk_len
+    float *partials
+
+
+cdef class Consts:
+    cdef Params p
+
+
+# One call: cache write, then attention (see _attention.pyx).
+cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
+          out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
+          int q_block, int kv_block, int decode_chunks)
+# True when arrays a and b (or None) share a byte.
+cdef bint overlap(object a, object b)

@@ -1,0 +1,320 @@
+# cython: language_level=3
+"""The repeated call of a decoding loop, without Python-level work.
+
+GroupQueryAttention (gqa/_operator.py) validates a call in full once per input signature and
+keeps a Step for it.  Step.call proves, in C, that a later call has that signature and passes
+every value-dependent rule of the full path (total length, seqlens_k, rotary positions,
+attention_bias width, in-place aliasing), then runs the compute.  Whenever anything differs or
+would fail it returns None and the operator takes the full path, which raises the error with
+its message: this module never decides an error, it only proves the short path safe.
+
+The signature: for every array kept across calls (caches, scales, rotary caches, head_sink,
+present buffers) its identity, data pointer, dtype, shape, strides and flags; for every
+per-step array (query, key, value, seqlens_k, position_ids, attention_bias) its dtype and
+shape (attention_bias: all but the last dimension), and None-ness of every argument.
+"""
+cimport numpy as cnp
+import numpy as np
+from libc.stdint cimport int64_t, int32_t
+from cpython.object cimport PyObject
+
+from gqa._attention cimport Consts, run, overlap
+from gqa import _config, _dispatch
+
+cnp.import_array()
+
+cdef enum:
+    NARGS = 15          # query .. present_value, in __call__'s order (total_sequence_length apart)
+    MAXD = 4
+    INT32_MAX = 2147483647
+
+# per argument: kept across calls (1) or per step (0)
+cdef int KEPT[NARGS]
+KEPT[:] = [0, 0, 0, 1, 1, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1]
+# per-step arrays the compute reads in place: the dtype the short path needs them in
+cdef int STEP_TYPE[NARGS]
+STEP_TYPE[:] = [cnp.NPY_FLOAT32, cnp.NPY_FLOAT32, cnp.NPY_FLOAT32, -1, -1, cnp.NPY_INT32, -1, -1,
+                cnp.NPY_INT64, cnp.NPY_FLOAT32, -1, -1, -1, -1, -1]
+
+cdef struct Key:
+    int present, type_num, ndim, flags
+    size_t ident
+    void *data
+    Py_ssize_t shape[MAXD]
+    Py_ssize_t strides[MAXD]
+
+cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_ARRAY_WRITEABLE
+
+_L2 = _dispatch.l2_cache_bytes() or 512 * 1024   # unknown: assume a small (Zen 3) L2
+_UNITS = max(8, __import__("os").cpu_count() or 1)
+
+
+cpdef tuple flash_plan(int B, int S, int Nkv, int G, int H, int Tmax):
+    """Tile sizes of the flash path and KV splits of flash decoding.  They depend on the
+    shapes, the L2 size and the CPU count only -- never on the thread count -- so results
+    do not either.
+    K and V tiles (2 x kv_rows x H float32) take about 1/8 of L2; a query tile holds
+    ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times."""
+    cdef dict cfg = _config._settings
+    cdef int q_block, kv_block, splits
+    blocks = cfg["flash_blocks"]
+    if blocks is not None:
+        q_block, kv_block = blocks
+    else:
+        kv_block = max(16, min(256, <int>(_L2 // (64 * H))))
+        q_block = max(4, 128 // G)
+    sp = cfg["decode_splits"]
+    if sp is not None:
+        splits = sp
+    else:
+        # Decode: fewer (batch, KV head) units than max(8, CPUs) leave cores idle or unevenly
+        # loaded; split the keys so there are that many units, in chunks of >= 256 keys.
+        splits = 1
+        if S == 1 and B * Nkv < _UNITS:
+            splits = max(1, min(-(-_UNITS // (B * Nkv)), Tmax // 256))
+    return q_block, kv_block, splits
+
+
+cdef inline bint _key(Key *k, object x, bint kept):
+    """Fill k from x (None or an ndarray); False if x is neither or has ndim > MAXD."""
+    cdef cnp.ndarray a
+    cdef int d
+    k.present = x is not None
+    if not k.present:
+        return True
+    if type(x) is not cnp.ndarray:
+        return False
+    a = <cnp.ndarray>x
+    k.ndim = cnp.PyArray_NDIM(a)
+    if k.ndim > MAXD:
+        return False
+    k.type_num = cnp.PyArray_TYPE(a)
+    k.flags = cnp.PyArray_FLAGS(a) & FLAGS
+    k.ident = <size_t><PyObject *>x
+    k.data = cnp.PyArray_DATA(a)
+    for d in range(k.ndim):
+        k.shape[d] = cnp.PyArray_DIM(a, d)
+        k.strides[d] = cnp.PyArray_STRIDE(a, d)
+    return True
+
+
+cdef inline bint _same(const Key *k, object x, bint kept, int ndims) noexcept:
+    """x has the signature recorded in k (ndims: how many leading dimensions must match)."""
+    cdef cnp.ndarray a
+    cdef int d
+    if x is None:
+        return not k.present
+    if not k.present or type(x) is not cnp.ndarray:
+        return False
+    a = <cnp.ndarray>x
+    if cnp.PyArray_NDIM(a) != k.ndim or cnp.PyArray_TYPE(a) != k.type_num:
+        return False
+    for d in range(ndims if ndims < k.ndim else k.ndim):
+        if cnp.PyArray_DIM(a, d) != k.shape[d]:
+            return False
+    if kept:
+        if (<size_t><PyObject *>x != k.ident or cnp.PyArray_DATA(a) != k.data
+                or (cnp.PyArray_FLAGS(a) & FLAGS) != k.flags):
+            return False
+        for d in range(k.ndim):
+            if cnp.PyArray_STRIDE(a, d) != k.strides[d]:
+                return False
+    return True
+
+
+cdef inline bint _in_place_ready(object x, int type_num) noexcept:
+    """A per-step array the compute can read as it is: that dtype, C-contiguous, aligned."""
+    if x is None:
+        return True
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    return (cnp.PyArray_TYPE(a) == type_num and
+            (cnp.PyArray_FLAGS(a) & (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED)) ==
+            (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED))
+
+
+cdef class Step:
+    """The short path of one input signature (see the module docstring)."""
+    cdef Key keys[NARGS]
+    cdef bint valid        # every argument was None or an ndarray: the signature exists
+    cdef bint short        # the short path applies to this signature at all
+    cdef Consts consts
+    cdef object ks, vs     # scales as the full path prepared them
+    cdef int cache_type, Hp, rot_half, N, H, qk_mode, packed
+    cdef int has_past, shared, B, S, L, Pbuf, Nkv, G
+
+    def __init__(self, st, int qk_mode, query, key, value, past_key, past_value, seqlens_k,
+                 cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+                 present_key, present_value):
+        cdef list args = [query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                          position_ids, attention_bias, head_sink, k_scale, v_scale, present_key,
+                          present_value]
+        cdef int i
+        self.valid = True
+        for i in range(NARGS):
+            if not _key(&self.keys[i], args[i], KEPT[i]):
+                self.valid = False
+        self.consts = st.consts
+        self.ks, self.vs = st.ks, st.vs
+        self.cache_type = np.dtype(st.cache_dt).num
+        self.Hp, self.rot_half, self.H, self.packed = st.Hp, st.rot_half, st.H, st.packed
+        self.has_past, self.shared, self.B, self.S, self.L, self.Pbuf = (
+            st.has_past, st.shared, st.B, st.S, st.L, st.Pbuf)
+        self.N, self.Nkv = self.consts.p.N, self.consts.p.Nkv
+        self.G = self.N // self.Nkv
+        self.qk_mode = qk_mode
+        # The short path: float32 inputs; kept arrays the compute reads in place as they are
+        # (rotary caches, head_sink, a past buffer it copies from); present buffers either
+        # the past (in place) or allocated per call.
+        self.short = self.valid and st.dt == np.float32 and (
+            self.shared or present_key is None)
+        for x in (cos_cache, sin_cache, head_sink) + (
+                (past_key, past_value) if self.has_past and not self.shared else ()):
+            if x is not None and not _in_place_ready(x, cnp.PyArray_TYPE(<cnp.ndarray>x)):
+                self.short = False
+
+    def matches(self, query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                position_ids, attention_bias, head_sink, k_scale, v_scale, present_key,
+                present_value):
+        """The call has this signature (the full path may reuse its static checks)."""
+        return self.valid and self._matches(
+            query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+            attention_bias, head_sink, k_scale, v_scale, present_key, present_value)
+
+    cdef bint _matches(self, query, key, value, past_key, past_value, seqlens_k, cos_cache,
+                       sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+                       present_key, present_value):
+        return (_same(&self.keys[0], query, False, MAXD) and _same(&self.keys[1], key, False, MAXD)
+                and _same(&self.keys[2], value, False, MAXD)
+                and _same(&self.keys[3], past_key, True, MAXD)
+                and _same(&self.keys[4], past_value, True, MAXD)
+                and _same(&self.keys[5], seqlens_k, False, MAXD)
+                and _same(&self.keys[6], cos_cache, True, MAXD)
+                and _same(&self.keys[7], sin_cache, True, MAXD)
+                and _same(&self.keys[8], position_ids, False, MAXD)
+                and _same(&self.keys[9], attention_bias, False, 3)
+                and _same(&self.keys[10], head_sink, True, MAXD)
+                and _same(&self.keys[11], k_scale, True, MAXD)
+                and _same(&self.keys[12], v_scale, True, MAXD)
+                and _same(&self.keys[13], present_key, True, MAXD)
+                and _same(&self.keys[14], present_value, True, MAXD))
+
+    def call(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+             cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+             present_key, present_value, num_threads):
+        """The call's result, or None: take the full path."""
+        cdef long long T, n
+        cdef int b, s, sk, Pres, Tmax, nt, max_pos
+        cdef bint first_prompt
+        cdef int B = self.B, S = self.S, L = self.L, Pbuf = self.Pbuf
+        cdef const int32_t *lens
+        cdef const int64_t *pos
+        cdef cnp.npy_intp dims[4]
+        if not self.short or not self._matches(
+                query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                position_ids, attention_bias, head_sink, k_scale, v_scale, present_key,
+                present_value):
+            return None
+        if not (_in_place_ready(query, cnp.NPY_FLOAT32) and _in_place_ready(key, cnp.NPY_FLOAT32)
+                and _in_place_ready(value, cnp.NPY_FLOAT32)
+                and _in_place_ready(seqlens_k, cnp.NPY_INT32)
+                and _in_place_ready(position_ids, cnp.NPY_INT64)
+                and _in_place_ready(attention_bias, cnp.NPY_FLOAT32)):
+            return None
+        # total_sequence_length: a Python int or a one-element int32 array
+        if type(total_sequence_length) is int:
+            if not 1 <= total_sequence_length <= INT32_MAX:
+                return None
+            T = total_sequence_length
+        elif (type(total_sequence_length) is cnp.ndarray
+              and cnp.PyArray_TYPE(<cnp.ndarray>total_sequence_length) == cnp.NPY_INT32
+              and cnp.PyArray_SIZE(<cnp.ndarray>total_sequence_length) == 1):
+            T = (<int32_t *>cnp.PyArray_DATA(<cnp.ndarray>total_sequence_length))[0]
+        else:
+            return None
+        if T < 1 or T > INT32_MAX or S > T:
+            return None
+        if self.shared:
+            if T > Pbuf:
+                return None
+            for x in (query, key, value, seqlens_k, k_scale, v_scale, cos_cache, sin_cache,
+                      position_ids, attention_bias, head_sink,
+                      total_sequence_length if type(total_sequence_length) is cnp.ndarray else None):
+                if overlap(x, past_key) or overlap(x, past_value):
+                    return None
+            Pres = Pbuf
+        else:
+            Pres = <int>(T if T > Pbuf else Pbuf)
+        if L == 0 and T > Pbuf:
+            return None
+        first_prompt = S == T and L != 0
+        if (S > 1 and S != T and B != 1 and self.has_past) or (S != T and not self.has_past):
+            return None
+        lens = <const int32_t *>cnp.PyArray_DATA(<cnp.ndarray>seqlens_k)
+        Tmax = 0
+        for b in range(B):
+            sk = lens[b]
+            if sk < 0 or sk >= Pres or sk + 1 > T or (not first_prompt and sk + 1 < S):
+                return None
+            if (self.has_past and not self.shared and L != 0 and not first_prompt
+                    and sk + 1 - S > Pbuf):
+                return None
+            if sk + 1 > Tmax:
+                Tmax = sk + 1
+        if self.rot_half:
+            max_pos = <int>cnp.PyArray_DIM(<cnp.ndarray>cos_cache, 0)
+            if max_pos < T:
+                return None
+            if position_ids is not None:
+                pos = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>position_ids)
+                n = cnp.PyArray_DIM(<cnp.ndarray>position_ids, 1)
+            if first_prompt:
+                if position_ids is not None and cnp.PyArray_SIZE(<cnp.ndarray>position_ids):
+                    if pos[0] < 0 or pos[0] > max_pos - S:
+                        return None
+            elif position_ids is not None:
+                for b in range(B):
+                    for s in range(S):
+                        if pos[b * n + s] < 0 or pos[b * n + s] >= max_pos:
+                            return None
+            else:
+                for b in range(B):
+                    if lens[b] >= max_pos:
+                        return None
+        if attention_bias is not None and cnp.PyArray_DIM(<cnp.ndarray>attention_bias, 3) != T:
+            return None
+        # threads and plan
+        if num_threads is None:
+            nt_set = _config._settings["num_threads"]
+            nt = nt_set if nt_set is not None else max(1, _dispatch.openmp_max_threads())
+        elif type(num_threads) is int and 1 <= num_threads <= INT32_MAX:
+            nt = num_threads
+        else:
+            return None
+        q_block, kv_block, splits = flash_plan(B, S, self.Nkv, self.G, self.H, Tmax)
+        # outputs
+        if self.shared:
+            present_key, present_value = past_key, past_value
+        else:
+            dims[0] = B; dims[1] = self.Nkv; dims[2] = Pres; dims[3] = self.Hp
+            present_key = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+            present_value = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+        dims[0] = B; dims[1] = S; dims[2] = self.N * self.H
+        out = cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT32, 0)
+        qk_out = None
+        if self.qk_mode:
+            dims[0] = B; dims[1] = self.N; dims[2] = S; dims[3] = T
+            qk_out = cnp.PyArray_EMPTY(4, dims, cnp.NPY_FLOAT32, 0)
+        if self.packed:
+            key = query[..., self.N * self.H:]
+            value = query[..., (self.N + self.Nkv) * self.H:]
+        run(self.consts, query, key, value, seqlens_k, present_key, present_value,
+            None if self.shared or not self.has_past else past_key,
+            None if self.shared or not self.has_past else past_value,
+            self.ks, self.vs, cos_cache if self.rot_half else None,
+            sin_cache if self.rot_half else None,
+            position_ids if self.rot_half else None, attention_bias, head_sink,
+            out, qk_out, <int>T, Pres, first_prompt, nt, _config._settings["flash"],
+            q_block, kv_block, splits)
+        if qk_out is not None:
+            return out, present_key, present_value, qk_out
+        return out, present_key, present_value

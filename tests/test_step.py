@@ -1,0 +1,183 @@
+"""The short path of a repeated call (gqa/_step.pyx): same results as the full path, and
+every value the full path would refuse makes it step aside, so the error (and its message)
+is the full path's."""
+import numpy as np
+import pytest
+
+import gqa
+from _cases import make_case
+
+ARGS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+        "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale",
+        "v_scale", "present_key", "present_value")
+
+
+def _short(op, inp, num_threads=None):
+    """What the short path returns for this call (None: it stepped aside)."""
+    return op._step.call(*(inp.get(n) for n in ARGS), num_threads)
+
+
+FEATURES = {
+    "int8": dict(mode="PER_TENSOR", bits=8),
+    "int4-pc": dict(mode="PER_CHANNEL", bits=4),
+    "float": dict(mode="NONE"),
+    "rotary-pos": dict(mode="PER_TENSOR", bits=8, rotary=True, pos_ids=True),
+    "rotary": dict(mode="PER_TENSOR", bits=4, rotary=True, interleaved=1),
+    "packed-bias-sink": dict(mode="PER_TENSOR", bits=8, packed=True, bias="n1", sink=True,
+                             smooth_softmax=1),
+    "softcap-window": dict(mode="PER_CHANNEL", bits=8, softcap=3.0, local_window_size=5),
+    "qk-output": dict(mode="PER_TENSOR", bits=8, qk_output=1),
+}
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "fresh-present"])
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_decode_loop_short_path_equals_full_path(feature, in_place):
+    """Four decode steps through one operator, steps 2-4 through the short path, against a
+    new operator per step (always the full path): outputs and caches bit for bit.  In place
+    the loop advances one token a step; with fresh present buffers it repeats one step on the
+    same past buffers (a new past each step would be a new signature)."""
+    inp, a = make_case(seed=5, B=2, S=1, past=9, N=4, Nkv=2, H=16, buf=16 if in_place else None,
+                       ragged=[7, 10], **FEATURES[feature])
+    reused = gqa.GroupQueryAttention(**a)
+    caches = {w: (inp["past_key"].copy(), inp["past_value"].copy()) for w in ("short", "full")}
+    rng = np.random.default_rng(7)
+    for step in range(4):
+        adv = step if in_place else 0
+        x = {n: (rng.uniform(-0.5, 0.5, v.shape).astype(np.float32)
+                 if n in ("query", "key", "value") else v) for n, v in inp.items()}
+        x["seqlens_k"] = inp["seqlens_k"] + adv
+        x["total_sequence_length"] = inp["total_sequence_length"] + adv
+        if "position_ids" in inp:
+            x["position_ids"] = inp["position_ids"] + adv
+        if "attention_bias" in inp:
+            x["attention_bias"] = rng.uniform(-1, 1, inp["attention_bias"].shape[:3] + (
+                x["total_sequence_length"],)).astype(np.float32)
+        res = {}
+        for who in ("short", "full"):
+            pk, pv = caches[who]
+            call = dict(x, past_key=pk, past_value=pv)
+            if in_place:
+                call.update(present_key=pk, present_value=pv)
+            if who == "full":
+                res[who] = gqa.GroupQueryAttention(**a)(**call)
+            elif step == 0:
+                res[who] = reused(**call)
+            else:
+                res[who] = _short(reused, call)
+                assert res[who] is not None, "the short path stepped aside from a valid repeat"
+        assert len(res["short"]) == len(res["full"])
+        for got, want in zip(res["short"], res["full"]):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(caches["short"][0], caches["full"][0])
+        np.testing.assert_array_equal(caches["short"][1], caches["full"][1])
+
+
+def _bad(name, x, buf):
+    """One invalid (or not short-path-ready) variation of a valid in-place decode call."""
+    T = x["total_sequence_length"]
+    kw = {}
+    if name == "T_below_seqlens":
+        x["total_sequence_length"] = T - 1
+    elif name == "T_beyond_buffer":
+        x["total_sequence_length"] = buf + 1
+        x["seqlens_k"] = x["seqlens_k"] * 0 + buf
+    elif name == "T_zero":
+        x["total_sequence_length"] = 0
+    elif name == "T_huge":
+        x["total_sequence_length"] = 2 ** 40
+    elif name == "T_bool":
+        x["total_sequence_length"] = True
+    elif name == "T_float":
+        x["total_sequence_length"] = float(T)
+    elif name == "T_int64_array":
+        x["total_sequence_length"] = np.array([T], np.int64)
+    elif name == "T_two_elements":
+        x["total_sequence_length"] = np.array([T, T], np.int32)
+    elif name == "seqlens_negative":
+        x["seqlens_k"] = np.array([-1], np.int32)
+    elif name == "seqlens_too_small_for_S":       # S = 2 needs seqlens_k >= 1
+        x["seqlens_k"] = np.array([0], np.int32)
+    elif name == "pos_negative":
+        x["position_ids"] = x["position_ids"].copy()
+        x["position_ids"][0, 0] = -1
+    elif name == "pos_beyond_cos":
+        x["position_ids"] = x["position_ids"].copy()
+        x["position_ids"][0, 1] = x["cos_cache"].shape[0]
+    elif name == "rotary_row_beyond_cos":            # no position_ids: the row is seqlens_k
+        x["cos_cache"], x["sin_cache"] = x["cos_cache"][:T - 1], x["sin_cache"][:T - 1]
+    elif name == "bias_width":
+        x["attention_bias"] = np.zeros(x["attention_bias"].shape[:3] + (T + 1,), np.float32)
+    elif name == "query_in_cache":
+        x["query"] = x["past_key"].reshape(-1)[:x["query"].size].view(np.float32).reshape(
+            x["query"].shape) if x["past_key"].dtype == np.float32 else None
+    elif name == "seqlens_in_cache":
+        s = x["past_value"].reshape(-1).view(np.uint8)[:4].view(np.int32)
+        s[:] = x["seqlens_k"]
+        x["seqlens_k"] = s
+    elif name == "threads_zero":
+        kw["num_threads"] = 0
+    elif name == "threads_bool":
+        kw["num_threads"] = True
+    elif name == "threads_float":
+        kw["num_threads"] = 2.0
+    elif name == "query_float64":
+        x["query"] = x["query"].astype(np.float64)
+    else:
+        raise AssertionError(name)
+    return x, kw
+
+
+BAD = ["T_below_seqlens", "T_beyond_buffer", "T_zero", "T_huge", "T_bool", "T_float",
+       "T_int64_array", "T_two_elements", "seqlens_negative", "seqlens_too_small_for_S",
+       "pos_negative", "pos_beyond_cos", "rotary_row_beyond_cos", "bias_width", "query_in_cache",
+       "seqlens_in_cache", "threads_zero", "threads_bool", "threads_float", "query_float64"]
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_short_path_steps_aside_for_every_invalid_repeat(bad):
+    """After a valid call cached the signature, each invalid variation is declined by the
+    short path and raises exactly what a fresh operator (full path only) raises, before any
+    caller buffer changes."""
+    mode = "NONE" if bad == "query_in_cache" else "PER_TENSOR"
+    pos = bad != "rotary_row_beyond_cos"
+    inp, a = make_case(seed=9, B=1, S=2, past=6, N=4, Nkv=2, H=16, mode=mode, bits=8, buf=12,
+                       rotary=True, pos_ids=pos, bias="full")
+    op = gqa.GroupQueryAttention(**a)
+    pk, pv = inp["past_key"], inp["past_value"]
+    call = dict(inp, present_key=pk, present_value=pv)
+    op(**call)
+    assert _short(op, call) is not None            # the valid repeat takes the short path
+    x, kw = _bad(bad, dict(call), 12)
+    assert x.get("query") is not None
+    assert _short(op, x, kw.get("num_threads")) is None
+    before = (pk.copy(), pv.copy())
+    with pytest.raises((ValueError, TypeError)) as want:
+        gqa.GroupQueryAttention(**a)(**x, **kw)
+    np.testing.assert_array_equal(pk, before[0])
+    with pytest.raises(want.type, match="^" + __import__("re").escape(str(want.value)) + "$"):
+        op(**x, **kw)
+    np.testing.assert_array_equal(pk, before[0])
+    np.testing.assert_array_equal(pv, before[1])
+
+
+def test_short_path_declines_layouts_it_would_have_to_copy():
+    """A valid repeat whose per-step input is not C-contiguous goes the full path (which
+    copies it) and gives the same result."""
+    inp, a = make_case(seed=3, B=1, S=1, past=5, N=4, Nkv=2, H=16, buf=8)
+    op = gqa.GroupQueryAttention(**a)
+    pk, pv = inp["past_key"], inp["past_value"]
+    call = dict(inp, present_key=pk, present_value=pv)
+    op(**dict(call, past_key=pk.copy(), past_value=pv.copy(), present_key=None, present_value=None))
+    wide = np.zeros((1, 1, 2 * inp["query"].shape[2]), np.float32)
+    wide[..., ::2] = inp["query"]
+    strided = dict(call, query=wide[..., ::2])
+    op(**call)
+    assert _short(op, dict(call, past_key=pk.copy(), past_value=pv.copy(), present_key=None,
+                           present_value=None)) is None   # new past objects: a new signature
+    assert _short(op, strided) is None
+    got = op(**strided)[0]
+    want = gqa.GroupQueryAttention(**a)(**dict(call, past_key=pk.copy(), past_value=pv.copy(),
+                                               present_key=None, present_value=None))[0]
+    np.testing.assert_array_equal(got, want)
