@@ -140,3 +140,20 @@ def test_d8_negative_stride_input_beside_inplace_cache_is_not_an_overlap():
     with pytest.raises(ValueError, match="past_key must not overlap query"):
         gqa.group_query_attention(into.reshape(1, 1, 16), k, k.copy(), pk, pv, seq, 7, k_scale=s,
                                   v_scale=s, present_key=pk, present_value=pv, **attrs)
+
+
+@pytest.mark.parametrize("phase", ["prompt", "decode", "decode_splits"])
+def test_d9_one_nan_score_among_masked_ones_makes_the_row_nan(phase):
+    """A row whose scores are one NaN and otherwise -inf (bias): the running maximum skips
+    NaN, so the row would look fully masked (output 0); it must come out NaN on every path."""
+    from _cases import make_case
+    kw = dict(B=1, S=6, past=0) if phase == "prompt" else dict(B=1, S=1, past=600)
+    for flash in (False, True):
+        inp, a = make_case(seed=4, N=4, Nkv=2, H=16, mode="PER_TENSOR", bits=8, bias="full", **kw)
+        bias = inp["attention_bias"]
+        bias[0, 1, -1, :] = -np.inf
+        bias[0, 1, -1, 0] = np.nan
+        with gqa.config(flash=flash, decode_splits=4 if (flash and phase == "decode_splits") else None):
+            out = gqa.group_query_attention(**inp, **a)[0].reshape(inp["query"].shape[:2] + (4, 16))
+        assert np.isnan(out[0, -1, 1]).all(), (flash, out[0, -1, 1])
+        assert np.isfinite(out[0, -1, [0, 2, 3]]).all() and np.isfinite(out[0, :-1]).all()
