@@ -605,34 +605,38 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         free(scratch)
         free(p.partials)
         raise MemoryError("gqa: cannot allocate attention scratch")
+    # A naive unit (b, j) reads only the cache rows of (b, j), which its own write_cache has
+    # just written: one loop, no barrier between.  The tiled and split units of one (b, j)
+    # run on several threads, so they wait for the whole write.
     if num_threads == 1:
         with nogil:
             for u in range(units):
                 write_cache(&p, t, u // Nkv, u % Nkv, scratch)
-            if mode == 0:
-                for u in range(units):
+                if mode == 0:
                     attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch)
-            elif mode == 1:
+            if mode == 1:
                 for u in range(work_units):
                     attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units, scratch)
-            else:
+            elif mode == 2:
                 for u in range(work_units):
                     decode_chunk(&p, t, qk, u // p.chunks // Nkv, (u // p.chunks) % Nkv, u % p.chunks, scratch)
                 for u in range(units):
                     decode_merge(&p, u // Nkv, u % Nkv)
     else:
         with nogil, parallel(num_threads=num_threads):
-            for u in prange(units, schedule='static'):
-                write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
             if mode == 0:
                 for u in prange(units, schedule='dynamic'):
+                    write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
                     attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
-            elif mode == 1:
+            else:
+                for u in prange(units, schedule='static'):
+                    write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
+            if mode == 1:
                 # the last query blocks (most keys under a causal mask) first
                 for u in prange(work_units, schedule='dynamic'):
                     attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units,
                                  scratch + threadid() * scratch_len)
-            else:
+            elif mode == 2:
                 for u in prange(work_units, schedule='dynamic'):
                     decode_chunk(&p, t, qk, u // p.chunks // Nkv, (u // p.chunks) % Nkv, u % p.chunks,
                                  scratch + threadid() * scratch_len)
