@@ -1,6 +1,6 @@
 # Declarations shared with gqa/_step.pyx (the repeated-call path).
 from libc.stdint cimport uint8_t, int64_t
-from gqa._dispatch cimport gqa_exp_sum_fn
+from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn
 
 
 cdef struct Params:
@@ -35,6 +35,7 @@ cdef struct Params:
     int qk_mode
     int round_half
     gqa_exp_sum_fn exp_sum
+    gqa_row_max_fn row_max
     int Br, Bc, chunks, chunk_len
     float *partials
 

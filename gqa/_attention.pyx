@@ -117,39 +117,11 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
                vd + <size_t>pb * p.v_rb, p.L, p.H, p.vtype, vs)
 
 
-cdef float row_max(const float *x, int n) noexcept nogil:
-    """The largest of x[0:n] (-inf when n == 0), NaN elements skipped.  Eight independent
-    running maxima: one chain would wait a max latency per element."""
-    cdef float m0 = -INFINITY, m1 = -INFINITY, m2 = -INFINITY, m3 = -INFINITY
-    cdef float m4 = -INFINITY, m5 = -INFINITY, m6 = -INFINITY, m7 = -INFINITY
-    cdef int i = 0
-    while i + 8 <= n:
-        m0 = x[i] if x[i] > m0 else m0
-        m1 = x[i + 1] if x[i + 1] > m1 else m1
-        m2 = x[i + 2] if x[i + 2] > m2 else m2
-        m3 = x[i + 3] if x[i + 3] > m3 else m3
-        m4 = x[i + 4] if x[i + 4] > m4 else m4
-        m5 = x[i + 5] if x[i + 5] > m5 else m5
-        m6 = x[i + 6] if x[i + 6] > m6 else m6
-        m7 = x[i + 7] if x[i + 7] > m7 else m7
-        i = i + 8
-    while i < n:
-        m0 = x[i] if x[i] > m0 else m0
-        i = i + 1
-    m0 = m1 if m1 > m0 else m0
-    m2 = m3 if m3 > m2 else m2
-    m4 = m5 if m5 > m4 else m4
-    m6 = m7 if m7 > m6 else m6
-    m0 = m2 if m2 > m0 else m0
-    m4 = m6 if m6 > m4 else m4
-    return m4 if m4 > m0 else m0
-
-
-cdef float nan_or_max(const float *x, int n) noexcept nogil:
-    """row_max, but NaN when any of x[0:n] is NaN (a NaN score makes its row NaN, as on the
-    naive path); the NaN scan runs only when the maximum is -inf, where exp_sum could not
-    carry the NaN on."""
-    cdef float m = row_max(x, n)
+cdef float nan_or_max(const Params *p, const float *x, int n) noexcept nogil:
+    """The row maximum (the table's row_max skips NaN), but NaN when any of x[0:n] is NaN
+    (a NaN score makes its row NaN, as on the naive path); the NaN scan runs only when the
+    maximum is -inf, where exp_sum could not carry the NaN on."""
+    cdef float m = p.row_max(x, n)
     cdef int i
     if m == -INFINITY:
         for i in range(n):
@@ -163,7 +135,7 @@ cdef void softmax_row(const Params *p, float *x, int n, int h) noexcept nogil:
     cdef int i
     cdef float m = -FLT_MAX, total = 0.0, sink = 0.0, inv
     cdef bint smooth = p.smooth or p.sink != NULL
-    m = row_max(x, n)        # a NaN score is skipped here and makes the total NaN below
+    m = p.row_max(x, n)      # a NaN score is skipped here and makes the total NaN below
     if m < -FLT_MAX:
         m = -FLT_MAX
     if smooth:
@@ -324,7 +296,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 memset(row, 0, nb * sizeof(float))
                 continue
             score_features(p, row + a0, z0 - a0, b, h, s, k0 + a0)
-            mx = nan_or_max(row + a0, z0 - a0)
+            mx = nan_or_max(p, row + a0, z0 - a0)
             mnew = mx if (mx > mrow[r] or mx != mx) else mrow[r]
             if mnew == -INFINITY:        # every score so far is -inf (masked by the bias)
                 memset(row, 0, nb * sizeof(float))
@@ -390,7 +362,7 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
         row = sc + <size_t>g * n
         pr = part + g * (H + 2)
         score_features(p, row, n, b, h, 0, a0)
-        mx = nan_or_max(row, n)
+        mx = nan_or_max(p, row, n)
         if mx == -INFINITY:
             memset(row, 0, n * sizeof(float))
             continue
@@ -574,6 +546,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             p.Tmax = p.seqlens[b] + 1
     qk = qk_kernel(t, p.ktype)
     p.exp_sum = exp_kernel(t)
+    p.row_max = t.row_max
     # path: naive (per row, whole range), tiled flash (S > 1), or flash decoding (S == 1)
     p.Br = q_block if q_block < S else S
     p.Bc = kv_block

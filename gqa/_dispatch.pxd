@@ -21,6 +21,7 @@ cdef extern from "gqa_kernels.h" nogil:
                                     const void *B, int type, const float *scales, float *C,
                                     size_t ldc, float beta) noexcept nogil
     ctypedef float (*gqa_exp_sum_fn)(float *x, size_t n, float m) noexcept nogil
+    ctypedef float (*gqa_row_max_fn)(const float *x, size_t n) noexcept nogil
     ctypedef struct gqa_kernels:
         const char *name
         gqa_quantize_fn quantize
@@ -30,6 +31,7 @@ cdef extern from "gqa_kernels.h" nogil:
         gqa_sv_gemm_fn sv_gemm
         gqa_qk_gemm_fn qk_gemm_s8_approx
         gqa_exp_sum_fn exp_sum
+        gqa_row_max_fn row_max
     size_t gqa_row_bytes(int type, size_t cols)
 
 # The active table (set by gqa.config / GQA_KERNEL).

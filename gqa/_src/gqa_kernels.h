@@ -84,6 +84,7 @@ typedef void (*gqa_sv_gemm_fn)(size_t M, size_t N, size_t K,
                                float *C, size_t ldc, float beta);
 
 typedef float (*gqa_exp_sum_fn)(float *x, size_t n, float m);
+typedef float (*gqa_row_max_fn)(const float *x, size_t n);
 
 typedef struct gqa_kernels {
     const char *name;
@@ -102,6 +103,10 @@ typedef struct gqa_kernels {
        an argument x[i] - m below -87.3 (including -inf) gives exactly 0, NaN stays NaN.
        NULL in a table: callers use the scalar path's. */
     gqa_exp_sum_fn exp_sum;
+    /* The largest of x[0:n], NaN elements skipped (a softmax row's maximum; a NaN score
+       reaches the row through exp_sum); -inf when n == 0 or no element is larger.  Exact:
+       every path returns the same value (+0 and -0 may differ). */
+    gqa_row_max_fn row_max;
 } gqa_kernels;
 
 /* Tables, one per compiled path (dispatch.c knows which exist). */

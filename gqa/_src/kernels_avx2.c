@@ -30,6 +30,7 @@
  *    inner loop.
  *  - exp_sum: range reduction + degree-6 polynomial (exp8), exact zeros below
  *    GQA_EXP_MIN, NaN kept.
+ *  - row_max: 8-lane maxima, NaN skipped (exact).
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -689,6 +690,33 @@ static float exp_sum_avx2(float *x, size_t n, float m)
     return ((out[0] + out[1]) + (out[2] + out[3])) + ((out[4] + out[5]) + (out[6] + out[7]));
 }
 
+/* ---- row_max ------------------------------------------------------------ */
+
+/* max_ps(x, m) is x > m ? x : m: a NaN x leaves m.  Four independent maxima (one
+   chain would wait a max latency per vector); the tail blended with -inf. */
+static float row_max_avx2(const float *x, size_t n)
+{
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+        m2 = _mm256_max_ps(_mm256_loadu_ps(x + i + 16), m2);
+        m3 = _mm256_max_ps(_mm256_loadu_ps(x + i + 24), m3);
+    }
+    for (; i + 8 <= n; i += 8)
+        m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+    float buf[8];
+    _mm256_storeu_ps(buf, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+    float m = -INFINITY;
+    for (int k = 0; k < 8; k++)
+        m = buf[k] > m ? buf[k] : m;
+    for (; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+
 const gqa_kernels gqa_kernels_avx2 = {
     "avx2",
     quantize_avx2,
@@ -698,5 +726,6 @@ const gqa_kernels gqa_kernels_avx2 = {
     sv_gemm_avx2,
     NULL,
     exp_sum_avx2,
+    row_max_avx2,
 };
 #endif

@@ -40,6 +40,7 @@
  *  - qk_gemm_s8_approx: the opt-in approximate INT8 per-tensor QK kernel of
  *    the contract (section 2.7); see the comment above it.
  *  - exp_sum: the AVX2 path's exp on 16 lanes (identical values), masked tail.
+ *  - row_max: 16-lane maxima, NaN skipped (exact), masked tail.
  *
  * The emulation build of tests/isa (GQA_EMULATE_AVX512, never set by setup.py)
  * takes the intrinsics from SIMDe instead of <immintrin.h> so this code can run
@@ -1043,6 +1044,33 @@ static float exp_sum_avx512(float *x, size_t n, float m)
     return ((out[0] + out[1]) + (out[2] + out[3])) + ((out[4] + out[5]) + (out[6] + out[7]));
 }
 
+/* max_ps(x, m) is x > m ? x : m: a NaN x leaves m.  Four independent maxima; the
+   tail under a mask. */
+static float row_max_avx512(const float *x, size_t n)
+{
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
+        m1 = _mm512_max_ps(_mm512_loadu_ps(x + i + 16), m1);
+        m2 = _mm512_max_ps(_mm512_loadu_ps(x + i + 32), m2);
+        m3 = _mm512_max_ps(_mm512_loadu_ps(x + i + 48), m3);
+    }
+    for (; i + 16 <= n; i += 16)
+        m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
+    if (i < n) { /* lanes past n keep m1 */
+        const __mmask16 k = mask16(n - i);
+        m1 = _mm512_mask_max_ps(m1, k, _mm512_maskz_loadu_ps(k, x + i), m1);
+    }
+    float buf[16];
+    _mm512_storeu_ps(buf, _mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+    float m = -INFINITY;
+    for (int k = 0; k < 16; k++)
+        m = buf[k] > m ? buf[k] : m;
+    return m;
+}
+
 const gqa_kernels gqa_kernels_avx512 = {
     "avx512",
     quantize_avx512,
@@ -1052,5 +1080,6 @@ const gqa_kernels gqa_kernels_avx512 = {
     sv_gemm_avx512,
     qk_gemm_s8_approx_avx512,
     exp_sum_avx512,
+    row_max_avx512,
 };
 #endif

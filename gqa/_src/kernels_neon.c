@@ -25,6 +25,7 @@
  *  - qk_gemm_s8_approx: none (the approximate kernel is AVX-512 VNNI only).
  *  - exp_sum: the AVX2 path's exp on 4 lanes (same operations), tail through a
  *    copy padded with -inf.
+ *  - row_max: 4-lane compare-and-select maxima, NaN skipped (exact).
  * Packed rows have no alignment: every load and store goes through bytes.
  */
 #if defined(__aarch64__)
@@ -495,6 +496,38 @@ static float exp_sum_neon(float *x, size_t n, float m)
     return ((out[0] + out[1]) + (out[2] + out[3])) + ((out[4] + out[5]) + (out[6] + out[7]));
 }
 
+/* ---- row_max ---------------------------------------------------------------------- */
+
+/* m = x > m ? x : m lane by lane (compare and select: vmaxq would propagate NaN);
+   four independent maxima, the tail in scalar. */
+static float row_max_neon(const float *x, size_t n)
+{
+    const float32x4_t ninf = vdupq_n_f32(-INFINITY);
+    float32x4_t m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+    size_t i = 0;
+#define GQA_MAX4(m, p) do { float32x4_t v_ = vld1q_f32(p); m = vbslq_f32(vcgtq_f32(v_, m), v_, m); } while (0)
+    for (; i + 16 <= n; i += 16) {
+        GQA_MAX4(m0, x + i);
+        GQA_MAX4(m1, x + i + 4);
+        GQA_MAX4(m2, x + i + 8);
+        GQA_MAX4(m3, x + i + 12);
+    }
+    for (; i + 4 <= n; i += 4)
+        GQA_MAX4(m0, x + i);
+#undef GQA_MAX4
+    float buf[16];
+    vst1q_f32(buf, m0);
+    vst1q_f32(buf + 4, m1);
+    vst1q_f32(buf + 8, m2);
+    vst1q_f32(buf + 12, m3);
+    float m = -INFINITY;
+    for (int k = 0; k < 16; k++)
+        m = buf[k] > m ? buf[k] : m;
+    for (; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+
 const gqa_kernels gqa_kernels_neon = {
     "neon",
     quantize_neon,
@@ -504,5 +537,6 @@ const gqa_kernels gqa_kernels_neon = {
     sv_gemm_neon,
     NULL,
     exp_sum_neon,
+    row_max_neon,
 };
 #endif

@@ -106,6 +106,14 @@ static float exp_sum_scalar(float *x, size_t n, float m)
     return total;
 }
 
+static float row_max_scalar(const float *x, size_t n)
+{
+    float m = -INFINITY;
+    for (size_t i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+
 const gqa_kernels gqa_kernels_scalar = {
     "scalar",
     quantize_scalar,
@@ -115,4 +123,5 @@ const gqa_kernels gqa_kernels_scalar = {
     sv_gemm_scalar,
     NULL,
     exp_sum_scalar,
+    row_max_scalar,
 };

@@ -24,6 +24,8 @@
  *   exp_sum         x[i] = exp(x[i] - m) within 4 ulp of libm expf, exactly +0
  *                   below GQA_EXP_MIN and for -inf, NaN kept, x[n..] untouched;
  *   exp_sum.sum     the returned sum close to the scalar one (see check_exp).
+ *   row_max         the same value as a plain loop (NaN skipped, -inf for n = 0),
+ *                   rows of NaN, +-inf, +-0 and finite values, lengths 0 .. 4099.
  *   approx.*        the approximate INT8 QK kernel: bit for bit against the
  *                   contract (oracle below), the integer dot read back exactly,
  *                   the error bound against the exact scalar path, edge rows.
@@ -534,6 +536,51 @@ static void check_exp(void)
     end();
 }
 
+/* ---- row_max ------------------------------------------------------------------- */
+
+/* row_max(x, n) == the largest non-NaN x[i] (-inf when there is none), by value
+   (+0 and -0 compare equal); x is not written.  The maximum is placed at every
+   position class (first, last, in the vector tail, in each of the unrolled lanes). */
+static void check_row_max(void)
+{
+    static const size_t NS[] = {0,  1,  2,  3,  4,  5,  7,  8,  9,  15, 16, 17, 31,  32,  33,
+                                47, 63, 64, 65, 79, 127, 128, 129, 255, 256, 257, 1000, 4099};
+    begin("row_max");
+    if (T->row_max == NULL) {
+        expect(0, "the %s table has no row_max", T->name);
+        end();
+        return;
+    }
+    for (size_t ni = 0; ni < sizeof(NS) / sizeof(NS[0]); ni++)
+        for (int rep = 0; rep < 12; rep++) {
+            const size_t n = NS[ni];
+            float *x = xmalloc((n + 1) * 4), *copy = xmalloc((n + 1) * 4);
+            for (size_t i = 0; i < n; i++) {
+                switch (rep < 4 ? rep : (int)(rnd() % 8)) {
+                case 0: x[i] = NAN; break;                        /* rep 0: all NaN */
+                case 1: x[i] = -INFINITY; break;                  /* rep 1: all -inf */
+                case 2: x[i] = i % 2 ? NAN : -INFINITY; break;
+                case 3: x[i] = (rnd() % 2) ? 0.0f : -0.0f; break;
+                case 4: x[i] = NAN; break;
+                case 5: x[i] = -INFINITY; break;
+                default: x[i] = (unif() - 0.5f) * 200.0f;
+                }
+            }
+            if (rep >= 4 && n > 0) /* a unique maximum at a chosen position */
+                x[rep == 4 ? 0 : rep == 5 ? n - 1 : rnd() % n] = rep == 6 ? INFINITY : 150.0f;
+            memcpy(copy, x, n * 4);
+            float want = -INFINITY;
+            for (size_t i = 0; i < n; i++)
+                want = x[i] > want ? x[i] : want;
+            const float got = T->row_max(x, n), ref = R->row_max(x, n);
+            const int ok = got == want && ref == want && memcmp(copy, x, n * 4) == 0;
+            expect(ok, "n=%zu rep=%d: got %.9g, scalar %.9g, want %.9g", n, rep, (double)got, (double)ref,
+                   (double)want);
+            free(x), free(copy);
+        }
+    end();
+}
+
 /* ---- approximate INT8 QK ------------------------------------------------------ */
 
 /* The contract of qk_gemm_s8_approx (gqa-contract.md 2.7, kernels_avx512.c),
@@ -722,6 +769,7 @@ int main(int argc, char **argv)
         check_qk();
         check_sv();
         check_exp();
+        check_row_max();
     }
     if (approx) {
         if (T->qk_gemm_s8_approx == NULL) {
