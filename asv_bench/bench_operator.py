@@ -67,6 +67,27 @@ class Decode:
         self.op(*self.args, **self.kw)
 
 
+class CallOverhead:
+    """A decode step at T = 16 (the attention itself is ~1 us): what a call costs beyond the
+    kernels -- the short path of a repeated signature (gqa/_step.pyx) against the full checks
+    of a first call (a new operator each time)."""
+    params = (["short", "full"],)
+    param_names = ["path"]
+    timer = timeit.default_timer
+
+    def setup(self, path):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        self.op, self.args, self.kw = _case("s8_pt", 1, 16, 16)
+        self.attrs = dict(num_heads=N, kv_num_heads=NKV, k_quant_type="PER_TENSOR",
+                          v_quant_type="PER_TENSOR", kv_cache_bit_width=8)
+        self.op(*self.args, **self.kw)
+
+    def time_call(self, path):
+        op = self.op if path == "short" else gqa.GroupQueryAttention(**self.attrs)
+        op(*self.args, **self.kw)
+
+
 class Prefill:
     """A first prompt S = T (causal)."""
     params = (PATHS, list(MODES), [512, 2048])

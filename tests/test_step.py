@@ -1,6 +1,8 @@
 """The short path of a repeated call (gqa/_step.pyx): same results as the full path, and
 every value the full path would refuse makes it step aside, so the error (and its message)
 is the full path's."""
+import re
+
 import numpy as np
 import pytest
 
@@ -156,7 +158,7 @@ def test_short_path_steps_aside_for_every_invalid_repeat(bad):
     with pytest.raises((ValueError, TypeError)) as want:
         gqa.GroupQueryAttention(**a)(**x, **kw)
     np.testing.assert_array_equal(pk, before[0])
-    with pytest.raises(want.type, match="^" + __import__("re").escape(str(want.value)) + "$"):
+    with pytest.raises(want.type, match="^" + re.escape(str(want.value)) + "$"):
         op(**x, **kw)
     np.testing.assert_array_equal(pk, before[0])
     np.testing.assert_array_equal(pv, before[1])
@@ -181,3 +183,93 @@ def test_short_path_declines_layouts_it_would_have_to_copy():
     want = gqa.GroupQueryAttention(**a)(**dict(call, past_key=pk.copy(), past_value=pv.copy(),
                                                present_key=None, present_value=None))[0]
     np.testing.assert_array_equal(got, want)
+
+
+def _other_signature(name, x):
+    """x with one argument of a different signature (dtype, shape, rank, identity, flags)."""
+    q = x["query"]
+    if name == "query_f64":
+        x["query"] = q.astype(np.float64)
+    elif name == "query_f16":
+        x["query"] = q.astype(np.float16)
+    elif name == "query_wider":
+        x["query"] = np.zeros(q.shape[:2] + (q.shape[2] + 16,), np.float32)
+    elif name == "query_rank":
+        x["query"] = q[0]
+    elif name == "key_missing":
+        x["key"] = None
+    elif name == "key_list":
+        x["key"] = x["key"].tolist()
+    elif name == "seqlens_int64":
+        x["seqlens_k"] = x["seqlens_k"].astype(np.int64)
+    elif name == "seqlens_2d":
+        x["seqlens_k"] = x["seqlens_k"][:, None]
+    elif name == "pos_int32":
+        x["position_ids"] = x["position_ids"].astype(np.int32)
+    elif name == "bias_heads":
+        x["attention_bias"] = np.ascontiguousarray(x["attention_bias"][:, :1])
+    elif name == "past_copy":                      # same values, another array
+        x["past_key"] = x["past_key"].copy()
+    elif name == "past_view":                      # the same memory through another view
+        x["past_key"] = x["past_key"][:, :, :]
+    elif name == "scale_copy":
+        x["k_scale"] = x["k_scale"].copy()
+    elif name == "cos_copy":
+        x["cos_cache"] = x["cos_cache"].copy()
+    elif name == "sink_added":
+        x["head_sink"] = np.zeros(4, np.float32)
+    elif name == "present_readonly":
+        x["present_key"].flags.writeable = False
+    elif name == "present_dropped":
+        x["present_key"] = x["present_value"] = None
+    else:
+        raise AssertionError(name)
+    return x
+
+
+OTHER = ["query_f64", "query_f16", "query_wider", "query_rank", "key_missing", "key_list",
+         "seqlens_int64", "seqlens_2d", "pos_int32", "bias_heads", "past_copy", "past_view",
+         "scale_copy", "cos_copy", "sink_added", "present_readonly", "present_dropped"]
+
+
+@pytest.mark.parametrize("other", OTHER)
+def test_another_signature_never_takes_the_short_path(other):
+    """Any argument whose dtype, shape, rank, identity or flags differ from the cached call's
+    makes the short path step aside; the full path then decides (and a valid call's result
+    equals a fresh operator's)."""
+    inp, a = make_case(seed=11, B=1, S=1, past=6, N=4, Nkv=2, H=16, mode="PER_TENSOR", bits=8,
+                       buf=12, rotary=True, pos_ids=True, bias="full")
+    op = gqa.GroupQueryAttention(**a)
+    pk, pv = inp["past_key"], inp["past_value"]
+    call = dict(inp, present_key=pk, present_value=pv)
+    op(**call)
+    assert _short(op, call) is not None
+    x = _other_signature(other, dict(call))
+    try:
+        assert _short(op, x) is None
+        twin = _clone(x)
+        try:
+            want = gqa.GroupQueryAttention(**a)(**twin)
+        except (ValueError, TypeError) as e:
+            with pytest.raises(type(e), match="^" + re.escape(str(e)) + "$"):
+                op(**x)
+            return
+        got = op(**x)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    finally:
+        pk.flags.writeable = True
+
+
+def _clone(x):
+    """Copies of every array of a call, in-place buffers still the past ones (and flags kept)."""
+    memo = {}
+    def cp(v):
+        if not isinstance(v, np.ndarray):
+            return v
+        if id(v) not in memo:
+            c = v.copy()
+            c.flags.writeable = v.flags.writeable
+            memo[id(v)] = c
+        return memo[id(v)]
+    return {k: cp(v) for k, v in x.items()}
