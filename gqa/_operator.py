@@ -122,12 +122,13 @@ class GroupQueryAttention:
             if step.matches(query, key, value, past_key, past_value, seqlens_k, cos_cache,
                             sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
                             present_key, present_value):
-                st = self._cached
+                st = step.st
         if st is None:
             st = self._static(query, key, value, past_key, past_value, seqlens_k, cos_cache,
                               sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
                               present_key, present_value)
-            self._cached = st
+            # one attribute holds the signature and its checks together (threads may share
+            # the operator)
             self._step = _step.Step(st, self.qk_output, query, key, value, past_key, past_value,
                                     seqlens_k, cos_cache, sin_cache, position_ids, attention_bias,
                                     head_sink, k_scale, v_scale, present_key, present_value)
@@ -209,7 +210,6 @@ class GroupQueryAttention:
         return out, present_key, present_value
 
     _step = None
-    _cached = None
 
     def _static(self, query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
                 position_ids, attention_bias, head_sink, k_scale, v_scale, present_key, present_value):

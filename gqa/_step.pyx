@@ -137,6 +137,7 @@ cdef class Step:
     cdef Key keys[NARGS]
     cdef bint valid        # every argument was None or an ndarray: the signature exists
     cdef bint short        # the short path applies to this signature at all
+    cdef readonly object st  # what the full path derived from the signature (_operator._Static)
     cdef Consts consts
     cdef object ks, vs     # scales as the full path prepared them
     cdef int cache_type, Hp, rot_half, N, H, qk_mode, packed
@@ -153,6 +154,7 @@ cdef class Step:
         for i in range(NARGS):
             if not _key(&self.keys[i], args[i], KEPT[i]):
                 self.valid = False
+        self.st = st
         self.consts = st.consts
         self.ks, self.vs = st.ks, st.vs
         self.cache_type = np.dtype(st.cache_dt).num

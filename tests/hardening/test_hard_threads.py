@@ -74,6 +74,42 @@ def test_shared_readonly_cache_matches_serial():
     assert (pk.tobytes(), pv.tobytes()) == before
 
 
+def test_one_operator_shared_by_threads_with_different_signatures():
+    """One operator, 8 threads, each with its own in-place cache and shapes (so each call
+    replaces the operator's cached signature under the others' feet): every result equals
+    the serial one.  The signature and its derived checks live in one attribute (a Step),
+    never in two that a racing thread could pair wrongly."""
+    rng = np.random.default_rng(8)
+    N, Nkv, H = 4, 2, 32
+    op = gqa.GroupQueryAttention(num_heads=N, kv_num_heads=Nkv, k_quant_type="PER_TENSOR",
+                                 v_quant_type="PER_TENSOR", kv_cache_bit_width=8)
+    s = np.array([0.01], np.float32)
+    cases = []
+    for i in range(THREADS):
+        B, P = 1 + i % 3, 40 + 8 * i
+        cases.append((rng.uniform(-1, 1, (B, 1, N * H)).astype(np.float32),
+                      rng.uniform(-1, 1, (B, 1, Nkv * H)).astype(np.float32),
+                      rng.integers(-128, 128, (B, Nkv, P, H)).astype(np.int8),
+                      rng.integers(-128, 128, (B, Nkv, P, H)).astype(np.int8),
+                      np.full(B, P - 1 - i, np.int32), P - i))
+
+    def one(i, rounds=1):
+        q, kv, pk0, pv0, seq, T = cases[i]
+        pk, pv = pk0.copy(), pv0.copy()       # this thread's cache, restored every round:
+        for _ in range(rounds):               # repeats take the short path unless another
+            pk[...], pv[...] = pk0, pv0       # thread's call replaced the signature
+            r = op(q, kv, kv, pk, pv, seq, T, k_scale=s, v_scale=s, present_key=pk,
+                   present_value=pv, num_threads=1)
+        return r[0], pk, pv
+
+    serial = [one(i) for i in range(THREADS)]
+    with ThreadPoolExecutor(THREADS) as ex:
+        for _ in range(ROUNDS):
+            got = list(ex.map(lambda i: one(i, 20), range(THREADS)))
+            for i in range(THREADS):
+                assert _same(serial[i], got[i]), f"thread {i} differs"
+
+
 def test_gil_is_released_during_compute():
     """Another Python thread keeps running while one long call computes."""
     rng = np.random.default_rng(0)
