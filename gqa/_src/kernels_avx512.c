@@ -713,9 +713,11 @@ typedef void (*sv_fn)(size_t, size_t, size_t, const float *, size_t, const uint8
 SV_KIND(0) SV_KIND(1) SV_KIND(2) SV_KIND(3)
 static const sv_fn (*const sv_fns[4])[4] = {sv_fns_0, sv_fns_1, sv_fns_2, sv_fns_3};
 static const int sv_nvw[9] = {0, 8, 8, 6, 4, 4, 4, 2, 2};
-/* Keys per chunk: 16 KiB of B at N = 128; fixed per type so that the chunk
-   boundaries (where partial sums meet C) never depend on N. */
-static const size_t sv_kc[6] = {128, 128, 256, 256, 32, 64};
+/* Keys per chunk, fixed per type so that the chunk boundaries (where partial sums
+   meet C) never depend on M or N.  Codes: 16 KiB of B at N = 128.  float32 rows
+   (the flash path's tiles, K <= 256): the whole tile, so C is read and written once
+   (32 keys cost ~10% of the tile GEMM in C round trips). */
+static const size_t sv_kc[6] = {128, 128, 256, 256, 256, 64};
 
 static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                            int type, const float *s, float *C, size_t ldc, float beta)
@@ -739,7 +741,9 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
     }
     const size_t kc = sv_kc[type];
     const size_t n32 = kind == KS4 ? N & ~(size_t)31 : 0, n16 = N & ~(size_t)15;
-    const size_t bm = row_block(M, 8);
+    /* float32 tiles with many rows (flash): 6 x 64-column blocks, 24 accumulators for
+       10 loads per key (8 x 32 columns: 16 for 10), ~10% faster measured here */
+    const size_t bm = row_block(M, kind == KF32 && M >= 16 ? 6 : 8);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
         const size_t k1 = K - k0 < kc ? K : k0 + kc;
         for (size_t m0 = 0; m0 < M; m0 += bm) {
