@@ -154,6 +154,12 @@ cdef class Step:
         for i in range(NARGS):
             if not _key(&self.keys[i], args[i], KEPT[i]):
                 self.valid = False
+        # The scales are read through st.ks / st.vs: a view keeps the caller's array alive
+        # (so no other array can take its identity and address), but a copy (a strided
+        # scale) would go stale if the caller rewrote or replaced the array: no reuse then.
+        for given, used in ((k_scale, st.ks), (v_scale, st.vs)):
+            if given is not None and not np.shares_memory(given, used):
+                self.valid = False
         self.st = st
         self.consts = st.consts
         self.ks, self.vs = st.ks, st.vs

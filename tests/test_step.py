@@ -273,3 +273,29 @@ def _clone(x):
             memo[id(v)] = c
         return memo[id(v)]
     return {k: cp(v) for k, v in x.items()}
+
+
+def test_scales_rewritten_in_place_are_seen_even_when_strided():
+    """The operator reads the scales through what the full path prepared: a view of a
+    C-contiguous scale, but a copy of a strided one.  A caller who rewrites a strided scale
+    between calls must get the new values (the copy is never reused)."""
+    for strided in (False, True):
+        inp, a = make_case(seed=13, B=1, S=1, past=6, N=4, Nkv=2, H=16, mode="PER_CHANNEL", bits=8,
+                           buf=12)
+        if strided:
+            wide = np.zeros(2 * inp["k_scale"].size, np.float32)
+            wide[::2] = inp["k_scale"]
+            inp["k_scale"] = wide[::2]
+        op = gqa.GroupQueryAttention(**a)
+        pk, pv = inp["past_key"], inp["past_value"]
+        call = dict(inp, present_key=pk, present_value=pv)
+        start = (pk.copy(), pv.copy())
+        op(**call)
+        inp["k_scale"][...] = inp["k_scale"] * 3       # the same array, new values
+        pk[...], pv[...] = start
+        got = op(**call)[0]
+        fresh = dict(call, past_key=start[0].copy(), past_value=start[1].copy(),
+                     k_scale=np.ascontiguousarray(inp["k_scale"]))
+        fresh.update(present_key=fresh["past_key"], present_value=fresh["past_value"])
+        want = gqa.GroupQueryAttention(**a)(**fresh)[0]
+        np.testing.assert_array_equal(got, want)
