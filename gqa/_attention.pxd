@@ -48,5 +48,8 @@ cdef class Consts:
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks)
+# The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
+# or the number of the broken rule, where = {b, s} (see _attention.pyx).
+cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil
 # True when arrays a and b (or None) share a byte.
 cdef bint overlap(object a, object b)

@@ -53,13 +53,14 @@ cdef inline int causal_past(const Params *p, int b) noexcept nogil:
     return p.seqlens[b] + 1 - p.S
 
 
-cdef inline int position(const Params *p, int b, int s) noexcept nogil:
+cdef inline int64_t position(const Params *p, int b, int s) noexcept nogil:
     """Rotary position of token s of batch b (ONNX Runtime's rules: a first prompt
-    uses position_ids[0, 0] + s, other calls position_ids[b, s] or past + s)."""
+    uses position_ids[0, 0] + s, other calls position_ids[b, s] or past + s); in
+    int64, as given, so that length_error sees a position no int can hold."""
     if p.first_prompt:
-        return <int>(p.pos_ids[0] + s) if p.pos_ids != NULL else s
+        return p.pos_ids[0] + s if p.pos_ids != NULL else s
     if p.pos_ids != NULL:
-        return <int>p.pos_ids[<size_t>b * p.pos_stride + s]
+        return p.pos_ids[<size_t>b * p.pos_stride + s]
     return causal_past(p, b) + s
 
 
@@ -455,25 +456,53 @@ _ALIAS_NAMES = ["query", "key", "value", "seqlens_k", "k_scale", "v_scale", "cos
                 "position_ids", "attention_bias", "head_sink", "total_sequence_length"]
 
 
-cdef int _check_lengths(Params *p, Py_ssize_t max_pos) except -1:
-    """Re-check, on the copies the compute will use, every length and rotary position that
-    addresses memory (see _operator for the messages users normally get first)."""
+cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil:
+    """The rules on seqlens_k and rotary positions that keep every read and write inside
+    its buffer, stated once for both callers (run, and the short path of gqa/_step.pyx):
+    0 when all hold, with p.Tmax = max_b T_b; else the broken rule -- 1 seqlens_k[b] out
+    of [0, min(Pres, T)), 2 too small for S, 3 more past rows than past_key has, 4 rotary
+    position of (b, s) outside [0, max_pos) -- with where = {b, s}."""
     cdef int b, s, sk
     cdef int64_t pos
+    p.Tmax = 0
     for b in range(p.B):
+        where[0] = b
+        where[1] = 0
         sk = p.seqlens[b]
         if sk < 0 or sk >= p.Pres or sk + 1 > p.T:
-            raise ValueError(f"seqlens_k[{b}] = {sk} is out of range [0, {min(p.Pres, p.T)})")
+            return 1
         if not p.first_prompt and sk + 1 < p.S:
-            raise ValueError(f"seqlens_k[{b}] = {sk} is too small for sequence_length {p.S}")
+            return 2
         if p.has_past and not p.shared and p.L != 0 and not p.first_prompt and sk + 1 - p.S > p.Pbuf:
-            raise ValueError(f"seqlens_k[{b}] = {sk} requires more past rows than past_key has")
+            return 3
         if p.do_rotary:
             for s in range(p.S):
+                where[1] = s
                 pos = position(p, b, s)
                 if pos < 0 or pos >= max_pos:
-                    raise ValueError(f"rotary position {pos} of batch {b}, token {s} is out of range "
-                                     f"[0, {max_pos}) of cos_cache")
+                    return 4
+        if sk + 1 > p.Tmax:
+            p.Tmax = sk + 1
+    return 0
+
+
+cdef int _check_lengths(Params *p, int64_t max_pos) except -1:
+    """length_error on the copies the compute will use, as an exception (see _operator for
+    the messages users normally get first)."""
+    cdef int where[2]
+    where[0] = 0
+    where[1] = 0
+    cdef int e = length_error(p, max_pos, where)
+    cdef int b = where[0], sk = p.seqlens[where[0]] if e else 0
+    if e == 1:
+        raise ValueError(f"seqlens_k[{b}] = {sk} is out of range [0, {min(p.Pres, p.T)})")
+    if e == 2:
+        raise ValueError(f"seqlens_k[{b}] = {sk} is too small for sequence_length {p.S}")
+    if e == 3:
+        raise ValueError(f"seqlens_k[{b}] = {sk} requires more past rows than past_key has")
+    if e == 4:
+        raise ValueError(f"rotary position {position(p, b, where[1])} of batch {b}, token "
+                         f"{where[1]} is out of range [0, {max_pos}) of cos_cache")
     return 0
 
 
@@ -539,11 +568,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         if npos:
             memcpy(pos_local, p.pos_ids, npos * sizeof(int64_t))
             p.pos_ids = pos_local
-    _check_lengths(&p, 0 if cos is None else cnp.PyArray_DIM(<cnp.ndarray>cos, 0))
-    p.Tmax = 0
-    for b in range(B):
-        if p.seqlens[b] + 1 > p.Tmax:
-            p.Tmax = p.seqlens[b] + 1
+    _check_lengths(&p, 0 if cos is None else cnp.PyArray_DIM(<cnp.ndarray>cos, 0))  # sets p.Tmax
     qk = qk_kernel(t, p.ktype)
     p.exp_sum = exp_kernel(t)
     p.row_max = t.row_max

@@ -18,7 +18,7 @@ import numpy as np
 from libc.stdint cimport int64_t, int32_t
 from cpython.object cimport PyObject
 
-from gqa._attention cimport Consts, run, overlap
+from gqa._attention cimport Consts, Params, run, overlap, length_error
 from gqa import _config, _dispatch
 
 cnp.import_array()
@@ -210,12 +210,13 @@ cdef class Step:
              cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
              present_key, present_value, num_threads):
         """The call's result, or None: take the full path."""
-        cdef long long T, n
-        cdef int b, s, sk, Pres, Tmax, nt, max_pos
+        cdef long long T
+        cdef int Pres, Tmax, nt
+        cdef int64_t max_pos
+        cdef int where[2]
+        cdef Params q
         cdef bint first_prompt
         cdef int B = self.B, S = self.S, L = self.L, Pbuf = self.Pbuf
-        cdef const int32_t *lens
-        cdef const int64_t *pos
         cdef cnp.npy_intp dims[4]
         if not self.short or not self._matches(
                 query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
@@ -257,37 +258,18 @@ cdef class Step:
         first_prompt = S == T and L != 0
         if (S > 1 and S != T and B != 1 and self.has_past) or (S != T and not self.has_past):
             return None
-        lens = <const int32_t *>cnp.PyArray_DATA(<cnp.ndarray>seqlens_k)
-        Tmax = 0
-        for b in range(B):
-            sk = lens[b]
-            if sk < 0 or sk >= Pres or sk + 1 > T or (not first_prompt and sk + 1 < S):
-                return None
-            if (self.has_past and not self.shared and L != 0 and not first_prompt
-                    and sk + 1 - S > Pbuf):
-                return None
-            if sk + 1 > Tmax:
-                Tmax = sk + 1
-        if self.rot_half:
-            max_pos = <int>cnp.PyArray_DIM(<cnp.ndarray>cos_cache, 0)
-            if max_pos < T:
-                return None
-            if position_ids is not None:
-                pos = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>position_ids)
-                n = cnp.PyArray_DIM(<cnp.ndarray>position_ids, 1)
-            if first_prompt:
-                if position_ids is not None and cnp.PyArray_SIZE(<cnp.ndarray>position_ids):
-                    if pos[0] < 0 or pos[0] > max_pos - S:
-                        return None
-            elif position_ids is not None:
-                for b in range(B):
-                    for s in range(S):
-                        if pos[b * n + s] < 0 or pos[b * n + s] >= max_pos:
-                            return None
-            else:
-                for b in range(B):
-                    if lens[b] >= max_pos:
-                        return None
+        # seqlens_k and rotary positions: the compute's own rules (one statement of them)
+        max_pos = cnp.PyArray_DIM(<cnp.ndarray>cos_cache, 0) if self.rot_half else 0
+        if self.rot_half and max_pos < T:
+            return None
+        q = self.consts.p
+        q.T = <int>T; q.Pres = Pres; q.first_prompt = first_prompt
+        q.seqlens = <const int *>cnp.PyArray_DATA(<cnp.ndarray>seqlens_k)
+        q.pos_ids = (<const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>position_ids)
+                     if self.rot_half and position_ids is not None else NULL)
+        if length_error(&q, max_pos, where):
+            return None
+        Tmax = q.Tmax
         if attention_bias is not None and cnp.PyArray_DIM(<cnp.ndarray>attention_bias, 3) != T:
             return None
         # threads and plan

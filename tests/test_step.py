@@ -107,6 +107,9 @@ def _bad(name, x, buf):
     elif name == "pos_beyond_cos":
         x["position_ids"] = x["position_ids"].copy()
         x["position_ids"][0, 1] = x["cos_cache"].shape[0]
+    elif name == "pos_beyond_int32":              # low 32 bits in range: must not wrap
+        x["position_ids"] = x["position_ids"].copy()
+        x["position_ids"][0, 0] += 2 ** 32
     elif name == "rotary_row_beyond_cos":            # no position_ids: the row is seqlens_k
         x["cos_cache"], x["sin_cache"] = x["cos_cache"][:T - 1], x["sin_cache"][:T - 1]
     elif name == "bias_width":
@@ -133,7 +136,7 @@ def _bad(name, x, buf):
 
 BAD = ["T_below_seqlens", "T_beyond_buffer", "T_zero", "T_huge", "T_bool", "T_float",
        "T_int64_array", "T_two_elements", "seqlens_negative", "seqlens_too_small_for_S",
-       "pos_negative", "pos_beyond_cos", "rotary_row_beyond_cos", "bias_width", "query_in_cache",
+       "pos_negative", "pos_beyond_cos", "pos_beyond_int32", "rotary_row_beyond_cos", "bias_width", "query_in_cache",
        "seqlens_in_cache", "threads_zero", "threads_bool", "threads_float", "query_float64"]
 
 
