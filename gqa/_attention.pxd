@@ -51,5 +51,5 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
 # The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
 # or the number of the broken rule, where = {b, s} (see _attention.pyx).
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil
-# True when arrays a and b (or None) share a byte.
-cdef bint overlap(object a, object b)
+# Index of the first of `inputs` sharing memory with kc or vc, else -1 (in-place mode).
+cdef Py_ssize_t first_alias(kc, vc, tuple inputs)

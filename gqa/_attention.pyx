@@ -422,9 +422,10 @@ cdef inline void _extent(cnp.ndarray a, char **lo, char **hi):
 
 
 cdef bint overlap(object a, object b):
-    """True when a and b share a byte: a bounds test, confirmed exactly (np.shares_memory) only
-    when the bounds meet, so interleaved strided views of one buffer are not refused."""
-    if a is None or b is None:
+    """True when arrays a and b share a byte (anything else -- None, an int -- shares none):
+    a bounds test, confirmed exactly (np.shares_memory) only when the bounds meet, so
+    interleaved strided views of one buffer are not refused."""
+    if not isinstance(a, cnp.ndarray) or not isinstance(b, cnp.ndarray):
         return False
     cdef char *alo
     cdef char *ahi
@@ -437,19 +438,22 @@ cdef bint overlap(object a, object b):
     return bool(np.shares_memory(a, b))
 
 
-def check_no_alias(kc, vc, list inputs):
-    """In-place mode writes the caches before the attention reads its inputs: none may share
-    memory with past_key / past_value.  `inputs` in the order of _ALIAS_NAMES."""
-    _check_no_alias(kc, vc, _ALIAS_NAMES, inputs)
-
-
-cdef int _check_no_alias(kc, vc, list names, list inputs) except -1:
+cdef Py_ssize_t first_alias(kc, vc, tuple inputs):
+    """Index of the first of `inputs` sharing memory with kc or vc, else -1."""
     cdef Py_ssize_t i
     for i in range(len(inputs)):
         if overlap(inputs[i], kc) or overlap(inputs[i], vc):
-            raise ValueError(f"{'past_key' if overlap(inputs[i], kc) else 'past_value'} must not "
-                             f"overlap {names[i]} in in-place mode (present is past)")
-    return 0
+            return i
+    return -1
+
+
+def check_no_alias(kc, vc, *inputs):
+    """In-place mode writes the caches before the attention reads its inputs: none may share
+    memory with past_key / past_value.  `inputs` in the order of _ALIAS_NAMES."""
+    cdef Py_ssize_t i = first_alias(kc, vc, inputs)
+    if i >= 0:
+        raise ValueError(f"{'past_key' if overlap(inputs[i], kc) else 'past_value'} must not "
+                         f"overlap {_ALIAS_NAMES[i]} in in-place mode (present is past)")
 
 
 _ALIAS_NAMES = ["query", "key", "value", "seqlens_k", "k_scale", "v_scale", "cos_cache", "sin_cache",

@@ -137,10 +137,9 @@ class GroupQueryAttention:
 
         T = self._total_length(total_sequence_length)
         if shared:
-            _attention.check_no_alias(past_key, past_value, [
-                query, key, value, seqlens_k, k_scale, v_scale, cos_cache, sin_cache, position_ids,
-                attention_bias, head_sink,
-                total_sequence_length if isinstance(total_sequence_length, np.ndarray) else None])
+            _attention.check_no_alias(past_key, past_value, query, key, value, seqlens_k, k_scale,
+                                      v_scale, cos_cache, sin_cache, position_ids, attention_bias,
+                                      head_sink, total_sequence_length)
         if S > T:
             raise ValueError(f"total_sequence_length ({T}) must be >= sequence_length ({S}, query "
                              "dimension 1): the new tokens are part of the total")

@@ -18,7 +18,7 @@ import numpy as np
 from libc.stdint cimport int64_t, int32_t
 from cpython.object cimport PyObject
 
-from gqa._attention cimport Consts, Params, run, overlap, length_error
+from gqa._attention cimport Consts, Params, run, first_alias, length_error
 from gqa import _config, _dispatch
 
 cnp.import_array()
@@ -245,11 +245,10 @@ cdef class Step:
         if self.shared:
             if T > Pbuf:
                 return None
-            for x in (query, key, value, seqlens_k, k_scale, v_scale, cos_cache, sin_cache,
-                      position_ids, attention_bias, head_sink,
-                      total_sequence_length if type(total_sequence_length) is cnp.ndarray else None):
-                if overlap(x, past_key) or overlap(x, past_value):
-                    return None
+            if first_alias(past_key, past_value, (
+                    query, key, value, seqlens_k, k_scale, v_scale, cos_cache, sin_cache,
+                    position_ids, attention_bias, head_sink, total_sequence_length)) >= 0:
+                return None
             Pres = Pbuf
         else:
             Pres = <int>(T if T > Pbuf else Pbuf)
