@@ -28,14 +28,6 @@ cdef enum:
     MAXD = 4
     INT32_MAX = 2147483647
 
-# per argument: kept across calls (1) or per step (0)
-cdef int KEPT[NARGS]
-KEPT[:] = [0, 0, 0, 1, 1, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1]
-# per-step arrays the compute reads in place: the dtype the short path needs them in
-cdef int STEP_TYPE[NARGS]
-STEP_TYPE[:] = [cnp.NPY_FLOAT32, cnp.NPY_FLOAT32, cnp.NPY_FLOAT32, -1, -1, cnp.NPY_INT32, -1, -1,
-                cnp.NPY_INT64, cnp.NPY_FLOAT32, -1, -1, -1, -1, -1]
-
 cdef struct Key:
     int present, type_num, ndim, flags
     size_t ident
@@ -75,7 +67,7 @@ cpdef tuple flash_plan(int B, int S, int Nkv, int G, int H, int Tmax):
     return q_block, kv_block, splits
 
 
-cdef inline bint _key(Key *k, object x, bint kept):
+cdef inline bint _key(Key *k, object x):
     """Fill k from x (None or an ndarray); False if x is neither or has ndim > MAXD."""
     cdef cnp.ndarray a
     cdef int d
@@ -139,9 +131,8 @@ cdef class Step:
     cdef bint short        # the short path applies to this signature at all
     cdef readonly object st  # what the full path derived from the signature (_operator._Static)
     cdef Consts consts
-    cdef object ks, vs     # scales as the full path prepared them
-    cdef int cache_type, Hp, rot_half, N, H, qk_mode, packed
-    cdef int has_past, shared, B, S, L, Pbuf, Nkv, G
+    cdef object ks, vs     # st.ks, st.vs: the scales as the full path prepared them
+    cdef int cache_type, Hp, qk_mode, packed   # the rest of the shapes: consts.p
 
     def __init__(self, st, int qk_mode, query, key, value, past_key, past_value, seqlens_k,
                  cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
@@ -152,7 +143,7 @@ cdef class Step:
         cdef int i
         self.valid = True
         for i in range(NARGS):
-            if not _key(&self.keys[i], args[i], KEPT[i]):
+            if not _key(&self.keys[i], args[i]):
                 self.valid = False
         # The scales are read through st.ks / st.vs: a view keeps the caller's array alive
         # (so no other array can take its identity and address), but a copy (a strided
@@ -164,19 +155,14 @@ cdef class Step:
         self.consts = st.consts
         self.ks, self.vs = st.ks, st.vs
         self.cache_type = np.dtype(st.cache_dt).num
-        self.Hp, self.rot_half, self.H, self.packed = st.Hp, st.rot_half, st.H, st.packed
-        self.has_past, self.shared, self.B, self.S, self.L, self.Pbuf = (
-            st.has_past, st.shared, st.B, st.S, st.L, st.Pbuf)
-        self.N, self.Nkv = self.consts.p.N, self.consts.p.Nkv
-        self.G = self.N // self.Nkv
+        self.Hp, self.packed = st.Hp, st.packed
         self.qk_mode = qk_mode
         # The short path: float32 inputs; kept arrays the compute reads in place as they are
         # (rotary caches, head_sink, a past buffer it copies from); present buffers either
         # the past (in place) or allocated per call.
-        self.short = self.valid and st.dt == np.float32 and (
-            self.shared or present_key is None)
+        self.short = self.valid and st.dt == np.float32 and (st.shared or present_key is None)
         for x in (cos_cache, sin_cache, head_sink) + (
-                (past_key, past_value) if self.has_past and not self.shared else ()):
+                (past_key, past_value) if st.has_past and not st.shared else ()):
             if x is not None and not _in_place_ready(x, cnp.PyArray_TYPE(<cnp.ndarray>x)):
                 self.short = False
 
@@ -188,6 +174,8 @@ cdef class Step:
             query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
             attention_bias, head_sink, k_scale, v_scale, present_key, present_value)
 
+    # which arguments are kept across calls (identity, address, strides, flags compared) and
+    # which are per step (dtype and shape): stated here only
     cdef bint _matches(self, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                        sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
                        present_key, present_value):
@@ -216,7 +204,8 @@ cdef class Step:
         cdef int where[2]
         cdef Params q
         cdef bint first_prompt
-        cdef int B = self.B, S = self.S, L = self.L, Pbuf = self.Pbuf
+        cdef const Params *p = &self.consts.p
+        cdef int B = p.B, S = p.S, L = p.L, Pbuf = p.Pbuf
         cdef cnp.npy_intp dims[4]
         if not self.short or not self._matches(
                 query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
@@ -240,9 +229,9 @@ cdef class Step:
             T = (<int32_t *>cnp.PyArray_DATA(<cnp.ndarray>total_sequence_length))[0]
         else:
             return None
-        if T < 1 or T > INT32_MAX or S > T:
+        if T < 1 or S > T:
             return None
-        if self.shared:
+        if p.shared:
             if T > Pbuf:
                 return None
             if first_alias(past_key, past_value, (
@@ -255,17 +244,17 @@ cdef class Step:
         if L == 0 and T > Pbuf:
             return None
         first_prompt = S == T and L != 0
-        if (S > 1 and S != T and B != 1 and self.has_past) or (S != T and not self.has_past):
+        if (S > 1 and S != T and B != 1 and p.has_past) or (S != T and not p.has_past):
             return None
         # seqlens_k and rotary positions: the compute's own rules (one statement of them)
-        max_pos = cnp.PyArray_DIM(<cnp.ndarray>cos_cache, 0) if self.rot_half else 0
-        if self.rot_half and max_pos < T:
+        max_pos = cnp.PyArray_DIM(<cnp.ndarray>cos_cache, 0) if p.rot_half else 0
+        if p.rot_half and max_pos < T:
             return None
-        q = self.consts.p
+        q = p[0]
         q.T = <int>T; q.Pres = Pres; q.first_prompt = first_prompt
         q.seqlens = <const int *>cnp.PyArray_DATA(<cnp.ndarray>seqlens_k)
         q.pos_ids = (<const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>position_ids)
-                     if self.rot_half and position_ids is not None else NULL)
+                     if p.rot_half and position_ids is not None else NULL)
         if length_error(&q, max_pos, where):
             return None
         Tmax = q.Tmax
@@ -279,29 +268,29 @@ cdef class Step:
             nt = num_threads
         else:
             return None
-        q_block, kv_block, splits = flash_plan(B, S, self.Nkv, self.G, self.H, Tmax)
+        q_block, kv_block, splits = flash_plan(B, S, p.Nkv, p.G, p.H, Tmax)
         # outputs
-        if self.shared:
+        if p.shared:
             present_key, present_value = past_key, past_value
         else:
-            dims[0] = B; dims[1] = self.Nkv; dims[2] = Pres; dims[3] = self.Hp
+            dims[0] = B; dims[1] = p.Nkv; dims[2] = Pres; dims[3] = self.Hp
             present_key = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
             present_value = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
-        dims[0] = B; dims[1] = S; dims[2] = self.N * self.H
+        dims[0] = B; dims[1] = S; dims[2] = p.N * p.H
         out = cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT32, 0)
         qk_out = None
         if self.qk_mode:
-            dims[0] = B; dims[1] = self.N; dims[2] = S; dims[3] = T
+            dims[0] = B; dims[1] = p.N; dims[2] = S; dims[3] = T
             qk_out = cnp.PyArray_EMPTY(4, dims, cnp.NPY_FLOAT32, 0)
         if self.packed:
-            key = query[..., self.N * self.H:]
-            value = query[..., (self.N + self.Nkv) * self.H:]
+            key = query[..., p.N * p.H:]
+            value = query[..., (p.N + p.Nkv) * p.H:]
         run(self.consts, query, key, value, seqlens_k, present_key, present_value,
-            None if self.shared or not self.has_past else past_key,
-            None if self.shared or not self.has_past else past_value,
-            self.ks, self.vs, cos_cache if self.rot_half else None,
-            sin_cache if self.rot_half else None,
-            position_ids if self.rot_half else None, attention_bias, head_sink,
+            None if p.shared or not p.has_past else past_key,
+            None if p.shared or not p.has_past else past_value,
+            self.ks, self.vs, cos_cache if p.rot_half else None,
+            sin_cache if p.rot_half else None,
+            position_ids if p.rot_half else None, attention_bias, head_sink,
             out, qk_out, <int>T, Pres, first_prompt, nt, _config._settings["flash"],
             q_block, kv_block, splits)
         if qk_out is not None:
