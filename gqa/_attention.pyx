@@ -540,7 +540,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     cdef const gqa_kernels *t = active_table()
     cdef gqa_qk_gemm_fn qk
     cdef int B = p.B, S = p.S, Nkv = p.Nkv, G = p.G, H = p.H
-    cdef int u, units = B * Nkv, b
+    cdef int u, units = B * Nkv
     cdef float *scratch
     cdef size_t scratch_len
     cdef int mode = 0, work_units = units, nq = 0

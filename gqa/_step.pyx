@@ -14,9 +14,11 @@ per-step array (query, key, value, seqlens_k, position_ids, attention_bias) its 
 shape (attention_bias: all but the last dimension), and None-ness of every argument.
 """
 cimport numpy as cnp
-import numpy as np
 from libc.stdint cimport int64_t, int32_t
 from cpython.object cimport PyObject
+import os
+
+import numpy as np
 
 from gqa._attention cimport Consts, Params, run, first_alias, length_error
 from gqa import _config, _dispatch
@@ -38,7 +40,7 @@ cdef struct Key:
 cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_ARRAY_WRITEABLE
 
 _L2 = _dispatch.l2_cache_bytes() or 512 * 1024   # unknown: assume a small (Zen 3) L2
-_UNITS = max(8, __import__("os").cpu_count() or 1)
+_UNITS = max(8, os.cpu_count() or 1)
 
 
 cpdef tuple flash_plan(int B, int S, int Nkv, int G, int H, int Tmax):
