@@ -131,8 +131,10 @@ cdef float nan_or_max(const Params *p, const float *x, int n) noexcept nogil:
     return m
 
 
-cdef void softmax_row(const Params *p, float *x, int n, int h) noexcept nogil:
-    """Softmax over x[0:n] in place; smooth softmax / head sink adds a virtual logit."""
+cdef float softmax_row(const Params *p, float *x, int n, int h, bint normalise) noexcept nogil:
+    """x[0:n] -> exp(x - max) in place, divided by their total when `normalise`; returns
+    1 / total (0 when every score is -inf, NaN when a score or the sink is NaN).  Smooth
+    softmax / head sink adds a virtual logit to the total."""
     cdef int i
     cdef float m = -FLT_MAX, total = 0.0, sink = 0.0, inv
     cdef bint smooth = p.smooth or p.sink != NULL
@@ -149,8 +151,10 @@ cdef void softmax_row(const Params *p, float *x, int n, int h) noexcept nogil:
         total = total + expf(sink - m)
     # every score -inf: total 0, probabilities 0; a NaN total (a NaN score or sink) stays NaN
     inv = 1.0 / total if total != 0 else 0.0
-    for i in range(n):
-        x[i] = x[i] * inv
+    if normalise:
+        for i in range(n):
+            x[i] = x[i] * inv
+    return inv
 
 
 cdef void write_qk(const Params *p, const float *row, int b, int h, int s, int start, int n) noexcept nogil:
@@ -195,9 +199,11 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
     cdef const float *vs = p.vs + (j * H if p.v_pc else 0)
     cdef float *qbuf = scratch
     cdef float *sc = scratch + <size_t>G * H
+    cdef float *inv = sc + <size_t>G * (p.Tmax if p.Tmax > 0 else 1)
     cdef const float *a
     cdef float *row
     cdef float *orow
+    cdef int i
     for s in range(p.S):
         key_range(p, b, s, &start, &c)
         n = c - start if c > start else 0
@@ -220,10 +226,14 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
             score_features(p, row, n, b, h, s, start)
             if p.qk_mode == 1:
                 write_qk(p, row, b, h, s, start, n)
-            softmax_row(p, row, n, h)
+            inv[g] = softmax_row(p, row, n, h, p.qk_mode == 2)
             if p.qk_mode == 2:
                 write_qk(p, row, b, h, s, start, n)
         t.sv_gemm(G, H, n, sc, n, vb + <size_t>start * p.v_rb, p.vtype, vs, orow, H, 0.0)
+        if p.qk_mode != 2:     # P @ V of the unnormalised row, then the row's 1 / total
+            for g in range(G):
+                for i in range(H):
+                    orow[<size_t>g * H + i] = orow[<size_t>g * H + i] * inv[g]
 
 
 cdef inline float sink_logit(const Params *p, int h) noexcept nogil:
@@ -591,7 +601,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             p.chunk_len = (p.Tmax + decode_chunks - 1) // decode_chunks
             p.chunks = (p.Tmax + p.chunk_len - 1) // p.chunk_len
             work_units = units * p.chunks
-    scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H
+    scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H + G
     if mode == 1:
         scratch_len = (<size_t>p.Br * G * (2 * H + p.Bc + 2) + <size_t>2 * H * p.Bc + 2 * p.Br + 16)
     # Below ~2^17 multiply-adds the team's wake-up costs more than it saves (results do

@@ -28,7 +28,7 @@
  *    rows of B, 16 accumulators (1x16 2x8 3x5 4x4).  Each B chunk is converted
  *    to float once and used for every row of the block.  The K tail is one more
  *    masked step of the same loop; every accumulator is reduced by the same
- *    tree (hsum16x16: 16 sums in 46 operations), so C[m,n] depends only on row m
+ *    tree (hsum16x16: 16 sums in 45 operations, 15 of them shuffles), so C[m,n] depends only on row m
  *    of A, row n of B and K -- never on M, N or blocking.
  *  - sv_gemm: blocks of MB (<= 8) rows of C x NV * 16 columns (<= 24
  *    accumulators, the last block masked).  Keys go in chunks of a fixed KC per
@@ -398,24 +398,34 @@ INLINE __m256 hsum16x8(__m512 v0, __m512 v1, __m512 v2, __m512 v3, __m512 v4, __
 
 /* Lane i of the result = horizontal sum of v[i] (i < 16), by the same tree for every
    slot: 128-bit quarters (Q0 + Q2) + (Q1 + Q3), then the 4 lanes (e0 + e1) + (e2 + e3).
-   Pairs of inputs share each shuffle, so 16 sums cost 46 operations (hsum16x8: 37
-   for 8). */
-INLINE __m512 hsum16x16(const __m512 v[16])
+   Each step merges two vectors a, b into one with one permute, one blend and one add
+   (out[p] = src(p)[p] + src(p)[partner(p)], src(p) = a or b), so only 15 of the 45
+   operations are shuffles (port 5 alone on AVX-512 cores).  The tree leaves v[4e + w(l)]
+   in element 4l + e, w = (0 2 1 3); the inputs are taken in that order, so lane i of the
+   result is the sum of in[i]. */
+INLINE __m512 hsum16x16(const __m512 in[16])
 {
-    __m512 s[8], t[4];
+    __m512 v[16], s[8], t[4], r[2];
+    UNROLL
+    for (int k = 0; k < 16; k++) {
+        const int l = (k & 3) == 1 ? 2 : (k & 3) == 2 ? 1 : (k & 3), e = k >> 2;
+        v[k] = in[4 * l + e];
+    }
     UNROLL
     for (int j = 0; j < 8; j++) /* lanes 0-7: v[2j] folded to 256 bits, 8-15: v[2j+1] */
-        s[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
-                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+        s[j] = _mm512_add_ps(_mm512_mask_blend_ps(0xFF00, v[2 * j], v[2 * j + 1]),
+                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x4E));
+    const __m512i q2 = _mm512_setr_epi32(4, 5, 6, 7, 16, 17, 18, 19, 12, 13, 14, 15, 24, 25, 26, 27);
     UNROLL
-    for (int j = 0; j < 4; j++) /* 128-bit lane l: v[4j + l] folded to 128 bits */
-        t[j] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * j], s[2 * j + 1], 0x88),
-                             _mm512_shuffle_f32x4(s[2 * j], s[2 * j + 1], 0xDD));
-    __m512 r01 = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], 0x88), _mm512_shuffle_ps(t[0], t[1], 0xDD));
-    __m512 r23 = _mm512_add_ps(_mm512_shuffle_ps(t[2], t[3], 0x88), _mm512_shuffle_ps(t[2], t[3], 0xDD));
-    __m512 r = _mm512_add_ps(_mm512_shuffle_ps(r01, r23, 0x88), _mm512_shuffle_ps(r01, r23, 0xDD));
-    /* element 4l + j holds the sum of v[4j + l] */
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+    for (int j = 0; j < 4; j++) /* 128-bit lane l: v[4j + w(l)] folded to 128 bits */
+        t[j] = _mm512_add_ps(_mm512_mask_blend_ps(0xF0F0, s[2 * j], s[2 * j + 1]),
+                             _mm512_permutex2var_ps(s[2 * j], q2, s[2 * j + 1]));
+    const __m512i e2 = _mm512_setr_epi32(1, 16, 3, 18, 5, 20, 7, 22, 9, 24, 11, 26, 13, 28, 15, 30);
+    UNROLL
+    for (int j = 0; j < 2; j++) /* per lane: e0 + e1 of t[2j], of t[2j+1], then e2 + e3 of each */
+        r[j] = _mm512_add_ps(_mm512_mask_blend_ps(0xAAAA, t[2 * j], t[2 * j + 1]),
+                             _mm512_permutex2var_ps(t[2 * j], e2, t[2 * j + 1]));
+    return _mm512_add_ps(_mm512_mask_blend_ps(0xCCCC, r[0], r[1]), _mm512_shuffle_ps(r[0], r[1], 0x4E));
 }
 
 /* Rows of A as the qk kernels read them, for one block of rows: per-channel scales
@@ -1000,18 +1010,20 @@ GQA_TARGET_VNNI static void qk_gemm_s8_approx_avx512(size_t M, size_t N, size_t 
 
 /* ---- exp_sum -------------------------------------------------------------------- */
 
-/* exp(d), the AVX2 path's exp8 on 16 lanes (same operations, so the same values):
-   d = n ln2 + r, |r| <= ln2/2 (two-constant Cody-Waite), exp(r) by the degree-6
-   Cephes expf polynomial (~1 ulp), times 2^n built in the exponent field.  d below
+/* exp(d), the same values as the AVX2 path's exp8: d = n ln2 + r, |r| <= ln2/2
+   (two-constant Cody-Waite), exp(r) by the degree-6 Cephes expf polynomial (~1 ulp),
+   times 2^n.  n = rint(d log2e) by the 1.5 * 2^23 shift (exact for |n| < 2^22, the
+   value vroundps gives) and p * 2^n by vscalefps (one rounding, the value of p times
+   2^n built in the exponent field), fewer operations than exp8's.  d below
    GQA_EXP_MIN (and -inf) gives exactly +0; NaN stays NaN (vmaxps / vminps return
    their second operand when one is NaN, and the compare is false). */
 INLINE __m512 exp16(__m512 d)
 {
     const __mmask16 keep = _mm512_cmp_ps_mask(d, _mm512_set1_ps(GQA_EXP_MIN), _CMP_NLT_UQ);
+    const __m512 magic = _mm512_set1_ps(12582912.0f); /* 1.5 * 2^23: x + magic - magic = rint(x), |x| < 2^22 */
     d = _mm512_max_ps(_mm512_set1_ps(GQA_EXP_MIN), d);
     d = _mm512_min_ps(_mm512_set1_ps(GQA_EXP_MAX), d);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(d, _mm512_set1_ps(GQA_EXP_LOG2E)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(d, _mm512_set1_ps(GQA_EXP_LOG2E)), magic), magic);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(GQA_EXP_LN2_HI), d);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(GQA_EXP_LN2_LO), r);
     __m512 p = _mm512_set1_ps(GQA_EXP_P0);
@@ -1021,8 +1033,7 @@ INLINE __m512 exp16(__m512 d)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GQA_EXP_P4));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GQA_EXP_P5));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
+    return _mm512_maskz_scalef_ps(keep, p, n); /* p * 2^n, one rounding, as p * (float)2^n */
 }
 
 /* x[i] = exp(x[i] - m); the sum in 16 lanes (the tail masked: lanes past n are

@@ -233,6 +233,20 @@ EMU __m512 emu_mm512_shuffle_f32x4(__m512 a, __m512 b, int imm)
     return v;
 }
 
+/* a * 2^floor(b) per lane, one rounding (ldexpf is exact but for that rounding); lanes
+   outside k are 0.  Integral b within the normal exponent range: all the kernel uses. */
+EMU __m512 emu_mm512_maskz_scalef_ps(__mmask16 k, __m512 a, __m512 b)
+{
+    float x[16], y[16], r[16];
+    __m512 v;
+    EMU_TO(x, a);
+    EMU_TO(y, b);
+    for (int i = 0; i < 16; i++)
+        r[i] = ((k >> i) & 1) ? (y[i] != y[i] ? y[i] + x[i] : ldexpf(x[i], (int)floorf(y[i]))) : 0.0f;
+    EMU_FROM(v, r);
+    return v;
+}
+
 /* (the compiler's headers define some of these as macros without -O) */
 #undef _mm512_cvtps_epi32
 #undef _mm512_cvtps_epu32
@@ -254,6 +268,7 @@ EMU __m512 emu_mm512_shuffle_f32x4(__m512 a, __m512 b, int imm)
 #undef _mm512_mul_round_ps
 #undef _mm512_add_round_ps
 #undef _mm512_shuffle_f32x4
+#undef _mm512_maskz_scalef_ps
 #define _mm512_cvtps_epi32(a) emu_mm512_cvtps_epi32(a)
 #define _mm512_cvtps_epu32(a) emu_mm512_cvtps_epu32(a)
 #define _mm512_cvtepi32_ps(a) emu_mm512_cvtepi32_ps(a)
@@ -273,6 +288,7 @@ EMU __m512 emu_mm512_shuffle_f32x4(__m512 a, __m512 b, int imm)
 #define _mm512_reduce_max_ps(a) emu_mm512_reduce_max_ps(a)
 #define _mm512_reduce_add_epi32(a) emu_mm512_reduce_add_epi32(a)
 #define _mm512_shuffle_f32x4(a, b, imm) emu_mm512_shuffle_f32x4((a), (b), (imm))
+#define _mm512_maskz_scalef_ps(k, a, b) emu_mm512_maskz_scalef_ps((k), (a), (b))
 /* round-to-nearest only; fp-contract must be off in this build (plain * and +) */
 #define _mm512_mul_round_ps(a, b, r) \
     ((r) == (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) ? _mm512_mul_ps(a, b) : (abort(), _mm512_mul_ps(a, b)))
