@@ -212,6 +212,9 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
             for g in range(G):
                 rope(p, a + <size_t>g * H, qbuf + <size_t>g * H, position(p, b, s))
             a = qbuf
+        elif (<size_t>a) & 63:    # whole-line loads of the rows the QK kernel reads for every key
+            memcpy(qbuf, a, <size_t>G * H * sizeof(float))
+            a = qbuf
         orow = p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * G) * H
         if n == 0:
             memset(orow, 0, <size_t>G * H * sizeof(float))
@@ -366,6 +369,9 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
     if p.do_rotary:
         for g in range(G):
             rope(p, a + <size_t>g * H, qbuf + <size_t>g * H, position(p, b, 0))
+        a = qbuf
+    elif (<size_t>a) & 63:
+        memcpy(qbuf, a, <size_t>G * H * sizeof(float))
         a = qbuf
     qk(G, n, H, p.alpha, a, H, kb + <size_t>a0 * p.k_rb, p.ktype, ks, sc, n)
     for g in range(G):
@@ -552,6 +558,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     cdef int B = p.B, S = p.S, Nkv = p.Nkv, G = p.G, H = p.H
     cdef int u, units = B * Nkv
     cdef float *scratch
+    cdef void *scratch_raw
     cdef size_t scratch_len
     cdef int mode = 0, work_units = units, nq = 0
     p.T = T; p.Pres = Pres; p.first_prompt = first_prompt
@@ -610,11 +617,14 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         num_threads = 1
     if num_threads > work_units:
         num_threads = work_units if work_units > 0 else 1
-    scratch = <float *>malloc(scratch_len * num_threads * sizeof(float))
+    # each thread's scratch starts on a 64-byte line (whole-line vector loads and stores)
+    scratch_len = (scratch_len + 15) & ~(<size_t>15)
+    scratch_raw = malloc(scratch_len * num_threads * sizeof(float) + 64)
+    scratch = <float *>((<size_t>scratch_raw + 63) & ~(<size_t>63))
     if mode == 2:
         p.partials = <float *>malloc(<size_t>work_units * G * (H + 2) * sizeof(float))
-    if scratch == NULL or (mode == 2 and p.partials == NULL):
-        free(scratch)
+    if scratch_raw == NULL or (mode == 2 and p.partials == NULL):
+        free(scratch_raw)
         free(p.partials)
         raise MemoryError("gqa: cannot allocate attention scratch")
     # A naive unit (b, j) reads only the cache rows of (b, j), which its own write_cache has
@@ -655,5 +665,5 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                 for u in prange(units, schedule='static'):
                     decode_merge(&p, u // Nkv, u % Nkv)
         # end: parallel
-    free(scratch)
+    free(scratch_raw)
     free(p.partials)
