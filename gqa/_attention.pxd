@@ -38,6 +38,7 @@ cdef struct Params:
     gqa_row_max_fn row_max
     int Br, Bc, chunks, chunk_len
     float *partials
+    int v_finite          # every dequantized V value is finite (quantized, moderate scales)
 
 
 cdef class Consts:

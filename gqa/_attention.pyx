@@ -15,13 +15,13 @@ cached K/V element is converted once per query row for the whole group.
 from cython.parallel cimport prange, parallel, threadid
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset, memcpy
-from libc.math cimport expf, tanhf, fmaf
-from libc.stdint cimport uint8_t, int64_t
+from libc.math cimport expf, tanhf, fmaf, fabsf
+from libc.stdint cimport uint8_t, uint32_t, int64_t
 cimport numpy as cnp
 import numpy as np
 
 from gqa._dispatch cimport (active_table, qk_kernel, exp_kernel, gqa_kernels, gqa_qk_gemm_fn,
-                            round_to_half, GQA_F32)
+                            round_to_half, GQA_F32, GQA_F16)
 
 cnp.import_array()
 
@@ -90,15 +90,31 @@ cdef void rope(const Params *p, const float *x, float *o, int pos) noexcept nogi
         round_to_half(o, p.H)
 
 
+cdef inline uint8_t *k_row(const Params *p, int b, int j, size_t r) noexcept nogil:
+    """Row r of the K cache slice of batch b, KV head j (rows of p.k_rb bytes, Pres per slice)."""
+    return p.kc + ((<size_t>b * p.Nkv + j) * p.Pres + r) * p.k_rb
+
+
+cdef inline uint8_t *v_row(const Params *p, int b, int j, size_t r) noexcept nogil:
+    return p.vc + ((<size_t>b * p.Nkv + j) * p.Pres + r) * p.v_rb
+
+
+cdef inline const float *k_scales(const Params *p, int j) noexcept nogil:
+    """The scales of KV head j: its H channels (per channel) or the one scale (per tensor)."""
+    return p.ks + (<size_t>j * p.H if p.k_pc else 0)
+
+
+cdef inline const float *v_scales(const Params *p, int j) noexcept nogil:
+    return p.vs + (<size_t>j * p.H if p.v_pc else 0)
+
+
 cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float *tmp) noexcept nogil:
     """present[b, j]: zero-fill and copy past rows unless sharing the past buffer,
     then quantize the L new rows (K after rotary) at row past_len(b)."""
     cdef int s, pb = past_len(p, b)
     cdef size_t slot = <size_t>b * p.Nkv + j
-    cdef uint8_t *kd = p.kc + slot * p.Pres * p.k_rb
-    cdef uint8_t *vd = p.vc + slot * p.Pres * p.v_rb
-    cdef const float *ks = p.ks + (j * p.H if p.k_pc else 0)
-    cdef const float *vs = p.vs + (j * p.H if p.v_pc else 0)
+    cdef uint8_t *kd = k_row(p, b, j, 0)
+    cdef uint8_t *vd = v_row(p, b, j, 0)
     cdef const float *src
     if not p.shared:
         memset(kd, 0, p.Pres * p.k_rb)
@@ -113,9 +129,9 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
         if p.do_rotary:
             rope(p, src, tmp, position(p, b, s))
             src = tmp
-        t.quantize(src, p.H, kd + <size_t>(pb + s) * p.k_rb, 1, p.H, p.ktype, ks)
+        t.quantize(src, p.H, k_row(p, b, j, pb + s), 1, p.H, p.ktype, k_scales(p, j))
     t.quantize(p.v + <size_t>b * p.L * p.kv_tok + <size_t>j * p.H, p.kv_tok,
-               vd + <size_t>pb * p.v_rb, p.L, p.H, p.vtype, vs)
+               v_row(p, b, j, pb), p.L, p.H, p.vtype, v_scales(p, j))
 
 
 cdef float nan_or_max(const Params *p, const float *x, int n) noexcept nogil:
@@ -192,11 +208,6 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
     """All S query rows of the G heads of KV head j, batch b: scores over the attended
     range [start, c) only, mask/softcap/bias/softmax per row, then P @ V."""
     cdef int G = p.G, H = p.H, s, g, h, c, start, n
-    cdef size_t slot = <size_t>b * p.Nkv + j
-    cdef const uint8_t *kb = p.kc + slot * p.Pres * p.k_rb
-    cdef const uint8_t *vb = p.vc + slot * p.Pres * p.v_rb
-    cdef const float *ks = p.ks + (j * H if p.k_pc else 0)
-    cdef const float *vs = p.vs + (j * H if p.v_pc else 0)
     cdef float *qbuf = scratch
     cdef float *sc = scratch + <size_t>G * H
     cdef float *inv = sc + <size_t>G * (p.Tmax if p.Tmax > 0 else 1)
@@ -222,7 +233,7 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
                 for g in range(G):
                     write_qk(p, sc, b, j * G + g, s, 0, 0)
             continue
-        qk(G, n, H, p.alpha, a, H, kb + <size_t>start * p.k_rb, p.ktype, ks, sc, n)
+        qk(G, n, H, p.alpha, a, H, k_row(p, b, j, start), p.ktype, k_scales(p, j), sc, n)
         for g in range(G):
             h = j * G + g
             row = sc + <size_t>g * n
@@ -232,11 +243,21 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
             inv[g] = softmax_row(p, row, n, h, p.qk_mode == 2)
             if p.qk_mode == 2:
                 write_qk(p, row, b, h, s, start, n)
-        t.sv_gemm(G, H, n, sc, n, vb + <size_t>start * p.v_rb, p.vtype, vs, orow, H, 0.0)
+        t.sv_gemm(G, H, n, sc, n, v_row(p, b, j, start), p.vtype, v_scales(p, j), orow, H, 0.0)
         if p.qk_mode != 2:     # P @ V of the unnormalised row, then the row's 1 / total
             for g in range(G):
                 for i in range(H):
                     orow[<size_t>g * H + i] = orow[<size_t>g * H + i] * inv[g]
+
+
+cdef bint all_finite(const float *x, size_t n) noexcept nogil:
+    """No NaN or infinity in x[0:n] (an exponent field of all ones carries into bit 31)."""
+    cdef const uint32_t *u = <const uint32_t *>x
+    cdef uint32_t m = 0
+    cdef size_t i
+    for i in range(n):
+        m = m | ((u[i] & 0x7f800000u) + 0x00800000u)
+    return (m & 0x80000000u) == 0
 
 
 cdef inline float sink_logit(const Params *p, int h) noexcept nogil:
@@ -250,11 +271,6 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     M = rows x G query rows; scores and P @ V are float32 GEMMs; online softmax (m, l)."""
     cdef int G = p.G, H = p.H, Bc = p.Bc, Mmax = p.Br * G
     cdef int s0 = qb * p.Br, s1, R, M, r, s, g, h, i, k0, nb, lo, hi, a0, z0, kv_lo, kv_hi
-    cdef size_t slot = <size_t>b * p.Nkv + j
-    cdef const uint8_t *kb = p.kc + slot * p.Pres * p.k_rb
-    cdef const uint8_t *vb = p.vc + slot * p.Pres * p.v_rb
-    cdef const float *ks = p.ks + (j * H if p.k_pc else 0)
-    cdef const float *vs = p.vs + (j * H if p.v_pc else 0)
     cdef float *Qt = scratch
     cdef float *Sx = Qt + <size_t>Mmax * H
     cdef float *O = Sx + <size_t>Mmax * Bc
@@ -268,6 +284,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef float *row
     cdef float mx, mnew, corr, total, inv
     cdef bint smooth = p.smooth or p.sink != NULL
+    cdef bint partial
     s1 = s0 + p.Br if s0 + p.Br < p.S else p.S
     R = s1 - s0
     M = R * G
@@ -295,9 +312,10 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
-        t.dequantize_t(kb + <size_t>k0 * p.k_rb, Kt, nb, nb, H, p.ktype, ks)
+        t.dequantize_t(k_row(p, b, j, k0), Kt, nb, nb, H, p.ktype, k_scales(p, j))
         t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
-        t.dequantize(vb + <size_t>k0 * p.v_rb, Vt, H, nb, H, p.vtype, vs)
+        t.dequantize(v_row(p, b, j, k0), Vt, H, nb, H, p.vtype, v_scales(p, j))
+        partial = False
         for r in range(M):
             s = s0 + r // G
             h = j * G + r % G
@@ -306,6 +324,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             hi = rhi[s - s0] - k0
             a0 = lo if lo > 0 else 0
             z0 = hi if hi < nb else nb
+            if a0 > 0 or z0 < nb:
+                partial = True
             if z0 <= a0:
                 memset(row, 0, nb * sizeof(float))
                 continue
@@ -326,7 +346,19 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                     O[<size_t>r * H + i] = O[<size_t>r * H + i] * corr
             lrow[r] = lrow[r] * corr + total
             mrow[r] = mnew
-        t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)
+        if partial and not p.v_finite and not all_finite(Vt, <size_t>nb * H):
+            # a key masked for some rows of the tile has a NaN / inf value: 0 * inf is NaN,
+            # so each row takes P @ V over its own keys only (as the naive path does)
+            for r in range(M):
+                lo = rlo[r // G] - k0
+                hi = rhi[r // G] - k0
+                a0 = lo if lo > 0 else 0
+                z0 = hi if hi < nb else nb
+                if z0 > a0:
+                    t.sv_gemm(1, H, z0 - a0, Sx + <size_t>r * nb + a0, nb, Vt + <size_t>a0 * H,
+                              GQA_F32, NULL, O + <size_t>r * H, H, 1.0)
+        else:
+            t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)
         k0 = k0 + nb
     for r in range(M):
         s = s0 + r // G
@@ -342,10 +374,6 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
     of the G heads of KV head j -> per head (m, l, unnormalised P @ V) in p.partials."""
     cdef int G = p.G, H = p.H, g, h, start, end, a0, z0, n
     cdef size_t slot = <size_t>b * p.Nkv + j
-    cdef const uint8_t *kb = p.kc + slot * p.Pres * p.k_rb
-    cdef const uint8_t *vb = p.vc + slot * p.Pres * p.v_rb
-    cdef const float *ks = p.ks + (j * H if p.k_pc else 0)
-    cdef const float *vs = p.vs + (j * H if p.v_pc else 0)
     cdef float *part = p.partials + (slot * p.chunks + c) * G * (H + 2)
     cdef float *qbuf = scratch
     cdef float *sc = scratch + <size_t>G * H
@@ -373,7 +401,7 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
     elif (<size_t>a) & 63:
         memcpy(qbuf, a, <size_t>G * H * sizeof(float))
         a = qbuf
-    qk(G, n, H, p.alpha, a, H, kb + <size_t>a0 * p.k_rb, p.ktype, ks, sc, n)
+    qk(G, n, H, p.alpha, a, H, k_row(p, b, j, a0), p.ktype, k_scales(p, j), sc, n)
     for g in range(G):
         h = j * G + g
         row = sc + <size_t>g * n
@@ -385,7 +413,7 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
             continue
         pr[0] = mx
         pr[1] = p.exp_sum(row, n, mx)
-    t.sv_gemm(G, H, n, sc, n, vb + <size_t>a0 * p.v_rb, p.vtype, vs, part + 2, H + 2, 0.0)
+    t.sv_gemm(G, H, n, sc, n, v_row(p, b, j, a0), p.vtype, v_scales(p, j), part + 2, H + 2, 0.0)
 
 
 cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
@@ -591,6 +619,11 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             p.pos_ids = pos_local
     _check_lengths(&p, 0 if cos is None else cnp.PyArray_DIM(<cnp.ndarray>cos, 0))  # sets p.Tmax
     qk = qk_kernel(t, p.ktype)
+    # quantized V with scales below 2^100 dequantizes to finite values only (attend_tiled)
+    p.v_finite = p.vtype != GQA_F32 and p.vtype != GQA_F16
+    for u in range(Nkv * H if p.v_pc else 1):
+        if p.v_finite and not fabsf(p.vs[u]) < 1e30:
+            p.v_finite = 0
     p.exp_sum = exp_kernel(t)
     p.row_max = t.row_max
     # path: naive (per row, whole range), tiled flash (S > 1), or flash decoding (S == 1)

@@ -81,6 +81,28 @@ def test_bias_minus_inf_rows():
     np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("feature", ["plain", "window3"])
+@pytest.mark.parametrize("blocks", [(2, 8), (3, 5), None], ids=["b2x8", "b3x5", "auto"])
+def test_nonfinite_value_of_a_masked_key_stays_masked(kernel_path, bad, feature, blocks):
+    """A float cache whose value row t is NaN / inf: rows that cannot see key t (causal, or
+    outside their window) stay finite on the flash path -- a key tile shared with rows that
+    do see it must not carry 0 * inf into them -- and every row equals the naive path's."""
+    extra = {"local_window_size": 3} if feature == "window3" else {}
+    inp, a = make_case(seed=31, B=1, S=12, past=0, N=4, Nkv=2, H=32, mode="NONE", bits=8, **extra)
+    t = 6
+    inp["value"][0, t, :32] = bad            # KV head 0 of token t
+    outs = []
+    for flash in (False, True):
+        with gqa.config(flash=flash, flash_blocks=blocks):
+            outs.append(gqa.group_query_attention(**inp, **a)[0].reshape(12, 4, 32))
+    naive, flash = outs
+    sees_t = np.array([s >= t and (not extra or s - 3 < t) for s in range(12)])
+    assert np.isfinite(naive[~sees_t]).all() and np.isfinite(naive[:, 2:]).all()
+    assert not np.isfinite(naive[sees_t, :2]).any()    # heads 0, 1 of the rows that see it
+    np.testing.assert_allclose(flash, naive, atol=1e-5, rtol=0)   # NaN where naive has NaN
+
+
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_flash_results_do_not_depend_on_threads(threads):
     inp, a = make_case(seed=5, B=1, S=300, past=0, N=8, Nkv=2, H=64, mode="PER_TENSOR", bits=8, rotary=True)
