@@ -52,7 +52,8 @@ DEFAULTS = dict(threads="1,2", decode_T="16,512,2048,8192", prefill_S="512,1024,
 QUICK = dict(threads=str(min(2, os.cpu_count() or 1)), decode_T="16,512", prefill_S="512",
              modes="int8-pt,int4-pt,int8-pc,float")
 BATCH_S = 0.010        # a timed batch of short calls lasts about this long
-WARM_BELOW_S = 0.020   # calls shorter than this get one untimed call before each batch
+WARM_BELOW_S = 0.020   # calls shorter than this get untimed calls before each batch ...
+WARM_S = 0.003         # ... for this long
 GGML_SCRIPT = os.path.join("shared", "tools", "peers", "ggml_peer.py")
 
 
@@ -201,9 +202,14 @@ def _dequant_cache(dequantize, codes, scale, bits, H):
 # timing
 
 def time_batch(fn, inner, warm):
-    """Seconds per call over `inner` back-to-back calls (after one untimed call if `warm`)."""
+    """Seconds per call over `inner` back-to-back calls.  With `warm`, untimed calls first
+    for WARM_S (at least one): after the idle gap the core needs a few milliseconds to
+    return to its running clock, which a decoding loop never leaves."""
     if warm:
+        t0 = time.perf_counter()
         fn()
+        while time.perf_counter() - t0 < WARM_S:
+            fn()
     t0 = time.perf_counter()
     for _ in range(inner):
         fn()
