@@ -206,7 +206,8 @@ cdef void score_features(const Params *p, float *row, int n, int b, int h, int s
 cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
                        int b, int j, float *scratch) noexcept nogil:
     """All S query rows of the G heads of KV head j, batch b: scores over the attended
-    range [start, c) only, mask/softcap/bias/softmax per row, then P @ V."""
+    range [start, c) only, softcap/bias and exp(x - max) per row, P @ V, then each output
+    row divided by its row's total (normalised probabilities only for qk_output = 2)."""
     cdef int G = p.G, H = p.H, s, g, h, c, start, n
     cdef float *qbuf = scratch
     cdef float *sc = scratch + <size_t>G * H
