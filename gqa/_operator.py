@@ -102,27 +102,27 @@ class GroupQueryAttention:
                 f"kv_cache_bit_width={self.kv_cache_bit_width})")
 
     # -- the call ------------------------------------------------------------------
-    def __call__(self, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
-                 total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
-                 attention_bias=None, head_sink=None, k_scale=None, v_scale=None, *,
-                 present_key=None, present_value=None, num_threads=None):
+    # op(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+    #    total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
+    #    attention_bias=None, head_sink=None, k_scale=None, v_scale=None, *,
+    #    present_key=None, present_value=None, num_threads=None):
+    # a repeat of the signature whose short path (gqa/_step.pyx) proves it valid runs there;
+    # every other call comes down to _call.
+    __call__ = _step.op_call
+
+    def _call(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+              cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+              present_key, present_value, num_threads):
         # Checks that depend on the inputs' types, dtypes, shapes and identities only are done
         # once per signature (a decoding loop repeats one); the checks that depend on values
         # (lengths, positions) run on every call.  Both finish before anything is written.
-        # A repeat of the signature first tries the short path (gqa/_step.pyx), which runs
-        # only when it has proven the call valid; anything else comes down here.
+        # A repeat of the signature the short path declined keeps the signature's checks.
         step = self._step
         st = None
-        if step is not None:
-            r = step.call(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-                          cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
-                          v_scale, present_key, present_value, num_threads)
-            if r is not None:
-                return r
-            if step.matches(query, key, value, past_key, past_value, seqlens_k, cos_cache,
-                            sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                            present_key, present_value):
-                st = step.st
+        if step is not None and step.matches(query, key, value, past_key, past_value, seqlens_k,
+                                             cos_cache, sin_cache, position_ids, attention_bias,
+                                             head_sink, k_scale, v_scale, present_key, present_value):
+            st = step.st
         if st is None:
             st = self._static(query, key, value, past_key, past_value, seqlens_k, cos_cache,
                               sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,

@@ -13,6 +13,7 @@ present buffers) its identity, data pointer, dtype, shape, strides and flags; fo
 per-step array (query, key, value, seqlens_k, position_ids, attention_bias) its dtype and
 shape (attention_bias: all but the last dimension), and None-ness of every argument.
 """
+cimport cython
 cimport numpy as cnp
 from libc.stdint cimport int64_t, int32_t
 from cpython.object cimport PyObject
@@ -126,6 +127,7 @@ cdef inline bint _in_place_ready(object x, int type_num) noexcept:
             (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED))
 
 
+@cython.final
 cdef class Step:
     """The short path of one input signature (see the module docstring)."""
     cdef Key keys[NARGS]
@@ -196,9 +198,9 @@ cdef class Step:
                 and _same(&self.keys[13], present_key, True, MAXD)
                 and _same(&self.keys[14], present_value, True, MAXD))
 
-    def call(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-             cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-             present_key, present_value, num_threads):
+    cpdef call(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+               cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+               present_key, present_value, num_threads):
         """The call's result, or None: take the full path."""
         cdef long long T
         cdef int Pres, Tmax, nt
@@ -298,3 +300,24 @@ cdef class Step:
         if qk_out is not None:
             return out, present_key, present_value, qk_out
         return out, present_key, present_value
+
+
+def op_call(self, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+            total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
+            attention_bias=None, head_sink=None, k_scale=None, v_scale=None, *,
+            present_key=None, present_value=None, num_threads=None):
+    """GroupQueryAttention.__call__ (gqa/_operator.py): a repeat of the operator's input
+    signature runs from here, without a Python frame, when Step.call proves it valid; any
+    other call goes to the operator's full path (_call), which owns every check and error."""
+    cdef object step = self._step
+    cdef object r
+    if step is not None:
+        r = (<Step?>step).call(query, key, value, past_key, past_value, seqlens_k,
+                               total_sequence_length, cos_cache, sin_cache, position_ids,
+                               attention_bias, head_sink, k_scale, v_scale, present_key,
+                               present_value, num_threads)
+        if r is not None:
+            return r
+    return self._call(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+                      cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
+                      v_scale, present_key, present_value, num_threads)
