@@ -261,6 +261,13 @@ cdef bint all_finite(const float *x, size_t n) noexcept nogil:
     return (m & 0x80000000u) == 0
 
 
+cdef inline void tile_keys(int lo, int hi, int k0, int nb, int *a0, int *z0) noexcept nogil:
+    """[a0, z0): the part of key tile [k0, k0 + nb) inside a row's keys [lo, hi), relative to
+    k0 (z0 <= a0: none)."""
+    a0[0] = lo - k0 if lo > k0 else 0
+    z0[0] = hi - k0 if hi - k0 < nb else nb
+
+
 cdef inline float sink_logit(const Params *p, int h) noexcept nogil:
     return p.sink[h] if p.sink != NULL else 0.0
 
@@ -271,7 +278,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     each K/V block is dequantized once into float32 tiles (K transposed) shared by all
     M = rows x G query rows; scores and P @ V are float32 GEMMs; online softmax (m, l)."""
     cdef int G = p.G, H = p.H, Bc = p.Bc, Mmax = p.Br * G
-    cdef int s0 = qb * p.Br, s1, R, M, r, s, g, h, i, k0, nb, lo, hi, a0, z0, kv_lo, kv_hi
+    cdef int s0 = qb * p.Br, s1, R, M, r, s, g, h, i, k0, nb, a0, z0, kv_lo, kv_hi
     cdef float *Qt = scratch
     cdef float *Sx = Qt + <size_t>Mmax * H
     cdef float *O = Sx + <size_t>Mmax * Bc
@@ -321,10 +328,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             s = s0 + r // G
             h = j * G + r % G
             row = Sx + <size_t>r * nb
-            lo = rlo[s - s0] - k0
-            hi = rhi[s - s0] - k0
-            a0 = lo if lo > 0 else 0
-            z0 = hi if hi < nb else nb
+            tile_keys(rlo[s - s0], rhi[s - s0], k0, nb, &a0, &z0)
             if a0 > 0 or z0 < nb:
                 partial = True
             if z0 <= a0:
@@ -351,10 +355,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             # a key masked for some rows of the tile has a NaN / inf value: 0 * inf is NaN,
             # so each row takes P @ V over its own keys only (as the naive path does)
             for r in range(M):
-                lo = rlo[r // G] - k0
-                hi = rhi[r // G] - k0
-                a0 = lo if lo > 0 else 0
-                z0 = hi if hi < nb else nb
+                tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
                 if z0 > a0:
                     t.sv_gemm(1, H, z0 - a0, Sx + <size_t>r * nb + a0, nb, Vt + <size_t>a0 * H,
                               GQA_F32, NULL, O + <size_t>r * H, H, 1.0)
@@ -624,11 +625,6 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         if p.seqlens[u] != p.seqlens[0]:
             even = False
     qk = qk_kernel(t, p.ktype)
-    # quantized V with scales below 2^100 dequantizes to finite values only (attend_tiled)
-    p.v_finite = p.vtype != GQA_F32 and p.vtype != GQA_F16
-    for u in range(Nkv * H if p.v_pc else 1):
-        if p.v_finite and not fabsf(p.vs[u]) < 1e30:
-            p.v_finite = 0
     p.exp_sum = exp_kernel(t)
     p.row_max = t.row_max
     # path: naive (per row, whole range), tiled flash (S > 1), or flash decoding (S == 1)
@@ -649,6 +645,11 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H + G
     if mode == 1:
         scratch_len = (<size_t>p.Br * G * (2 * H + p.Bc + 2) + <size_t>2 * H * p.Bc + 2 * p.Br + 16)
+        # quantized V with scales below 1e30 dequantizes to finite values only (attend_tiled)
+        p.v_finite = p.vtype != GQA_F32 and p.vtype != GQA_F16
+        for u in range(Nkv * H if p.v_pc else 1):
+            if p.v_finite and not fabsf(p.vs[u]) < 1e30:
+                p.v_finite = 0
     # Below ~2^17 multiply-adds the team's wake-up costs more than it saves (results do
     # not depend on the thread count, so this is only a speed decision).
     if num_threads < 1 or <size_t>p.Tmax * B * Nkv * H * S < (1 << 17):

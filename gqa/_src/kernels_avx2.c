@@ -693,7 +693,7 @@ static float exp_sum_avx2(float *x, size_t n, float m)
 /* ---- row_max ------------------------------------------------------------ */
 
 /* max_ps(x, m) is x > m ? x : m: a NaN x leaves m.  Four independent maxima (one
-   chain would wait a max latency per vector); the tail blended with -inf. */
+   chain would wait a max latency per vector); the last n % 8 elements one by one. */
 static float row_max_avx2(const float *x, size_t n)
 {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);

@@ -384,18 +384,6 @@ INLINE __m256 fold256(__m512 v)
                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
-/* Lane i of the result = horizontal sum of v[i]; every input goes through the
-   same tree whatever its slot (hadd pairs lanes of one source only). */
-INLINE __m256 hsum16x8(__m512 v0, __m512 v1, __m512 v2, __m512 v3, __m512 v4, __m512 v5, __m512 v6,
-                       __m512 v7)
-{
-    __m256 f0 = fold256(v0), f1 = fold256(v1), f2 = fold256(v2), f3 = fold256(v3);
-    __m256 f4 = fold256(v4), f5 = fold256(v5), f6 = fold256(v6), f7 = fold256(v7);
-    __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(f0, f1), _mm256_hadd_ps(f2, f3));
-    __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(f4, f5), _mm256_hadd_ps(f6, f7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
-}
-
 /* Lane i of the result = horizontal sum of v[i] (i < 16), by the same tree for every
    slot: 128-bit quarters (Q0 + Q2) + (Q1 + Q3), then the 4 lanes (e0 + e1) + (e2 + e3).
    Each step merges two vectors a, b into one with one permute, one blend and one add
