@@ -24,7 +24,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SRC = os.path.join("gqa", "_src")
-HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h")]
+HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "work_ranges.h")]
 
 # path name -> (source, gcc/clang flags, a snippet using one intrinsic of the tier)
 X86_PATHS = {
@@ -131,7 +131,7 @@ class BuildExt(build_ext):
 
 
 def ext(name, *extra_sources):
-    return Extension(f"gqa.{name}", [f"gqa/{name}.pyx", *extra_sources],
+    return Extension(f"gqa.{name}", [f"gqa/{name}.pyx", *extra_sources], depends=list(HEADERS),
                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
 
 

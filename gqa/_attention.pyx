@@ -25,6 +25,12 @@ from gqa._dispatch cimport (active_table, qk_kernel, exp_kernel, gqa_kernels, gq
 
 cnp.import_array()
 
+cdef extern from "work_ranges.h" nogil:
+    ctypedef struct gqa_work_range:
+        pass
+    void gqa_work_ranges_init(gqa_work_range *r, int n, int nt)
+    int gqa_work_next(gqa_work_range *r, int nt, int me)
+
 cdef extern from "float.h":
     float FLT_MAX
 
@@ -587,7 +593,9 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     cdef gqa_qk_gemm_fn qk
     cdef int B = p.B, S = p.S, Nkv = p.Nkv, G = p.G, H = p.H
     cdef int u, units = B * Nkv
-    cdef bint even = True
+    cdef int me, w
+    cdef gqa_work_range *ranges = NULL
+    cdef void *ranges_raw = NULL
     cdef float *scratch
     cdef void *scratch_raw
     cdef size_t scratch_len
@@ -621,9 +629,6 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             memcpy(pos_local, p.pos_ids, npos * sizeof(int64_t))
             p.pos_ids = pos_local
     _check_lengths(&p, 0 if cos is None else cnp.PyArray_DIM(<cnp.ndarray>cos, 0))  # sets p.Tmax
-    for u in range(B):          # every (batch, KV head) unit the same work
-        if p.seqlens[u] != p.seqlens[0]:
-            even = False
     qk = qk_kernel(t, p.ktype)
     p.exp_sum = exp_kernel(t)
     p.row_max = t.row_max
@@ -662,10 +667,17 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     scratch = <float *>((<size_t>scratch_raw + 63) & ~(<size_t>63))
     if mode == 2:
         p.partials = <float *>malloc(<size_t>work_units * G * (H + 2) * sizeof(float))
-    if scratch_raw == NULL or (mode == 2 and p.partials == NULL):
+    if mode == 0 and num_threads > 1:
+        ranges_raw = malloc(<size_t>num_threads * sizeof(gqa_work_range) + 64)
+        ranges = <gqa_work_range *>((<size_t>ranges_raw + 63) & ~(<size_t>63))
+    if (scratch_raw == NULL or (mode == 2 and p.partials == NULL)
+            or (mode == 0 and num_threads > 1 and ranges_raw == NULL)):
         free(scratch_raw)
         free(p.partials)
+        free(ranges_raw)
         raise MemoryError("gqa: cannot allocate attention scratch")
+    if ranges != NULL:
+        gqa_work_ranges_init(ranges, units, num_threads)
     # A naive unit (b, j) reads only the cache rows of (b, j), which its own write_cache has
     # just written: one loop, no barrier between.  The tiled and split units of one (b, j)
     # run on several threads, so they wait for the whole write.
@@ -685,17 +697,16 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                     decode_merge(&p, u // Nkv, u % Nkv)
     else:
         with nogil, parallel(num_threads=num_threads):
-            if mode == 0 and even:
-                # equal units: each thread takes the same block of them on every call, so
-                # its cache slices are still in its own L2 from the call before (5-8%
-                # faster decode than handing units out dynamically, same-process A/B)
-                for u in prange(units, schedule='static'):
-                    write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
-                    attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
-            elif mode == 0:
-                for u in prange(units, schedule='dynamic'):
-                    write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
-                    attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
+            if mode == 0:
+                # home ranges with stealing (work_ranges.h): a thread computes the same
+                # units on every call, so its cache slices are still in its own L2 from the
+                # call before, and a slower core hands its last units to a faster one
+                me = threadid()
+                w = gqa_work_next(ranges, num_threads, me)
+                while w >= 0:
+                    write_cache(&p, t, w // Nkv, w % Nkv, scratch + me * scratch_len)
+                    attend_naive(&p, t, qk, w // Nkv, w % Nkv, scratch + me * scratch_len)
+                    w = gqa_work_next(ranges, num_threads, me)
             else:
                 for u in prange(units, schedule='static'):
                     write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
@@ -713,3 +724,4 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         # end: parallel
     free(scratch_raw)
     free(p.partials)
+    free(ranges_raw)

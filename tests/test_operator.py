@@ -194,6 +194,35 @@ def test_thread_count_does_not_change_results(threads):
         assert np.array_equal(x, y)
 
 
+STOLEN_RANGES = """
+import sys, numpy as np, gqa
+sys.path.insert(0, sys.argv[1])
+from _cases import make_case
+inp, a = make_case(seed=12, B=2, S=1, past=900, N=8, Nkv=4, H=64, mode="PER_TENSOR", bits=8,
+                   ragged=[901, 40])
+base = gqa.group_query_attention(**inp, **a, num_threads=1)
+for nt in (2, 3, 8):
+    other = gqa.group_query_attention(**inp, **a, num_threads=nt)
+    assert all(np.array_equal(x, y) for x, y in zip(base, other)), nt
+print("ok")
+"""
+
+
+def test_units_of_threads_the_runtime_did_not_start_are_still_computed(tmp_path):
+    """Decode units are split into one home range per requested thread (work_ranges.h);
+    with OMP_THREAD_LIMIT=1 the team has one thread, which must take every other range too
+    (an untaken unit would leave its rows of the uninitialised output as garbage)."""
+    import os
+    import subprocess
+    import sys
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, OMP_THREAD_LIMIT="1",
+               PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__))))
+    r = subprocess.run([sys.executable, "-c", STOLEN_RANGES, tests], env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
 # -- in-place (shared buffer) mode ---------------------------------------------------------------
 @pytest.mark.parametrize("mode,bits", MODES, ids=MODE_IDS)
 def test_inplace_writes_only_new_rows(kernel_path, mode, bits):
