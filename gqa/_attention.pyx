@@ -491,10 +491,29 @@ cdef bint overlap(object a, object b):
 
 
 cdef Py_ssize_t first_alias(kc, vc, tuple inputs):
-    """Index of the first of `inputs` sharing memory with kc or vc, else -1."""
+    """Index of the first of `inputs` sharing memory with kc or vc, else -1 (overlap, with
+    the two caches' byte ranges taken once)."""
     cdef Py_ssize_t i
+    cdef char *lo
+    cdef char *hi
+    cdef char *klo
+    cdef char *khi
+    cdef char *vlo
+    cdef char *vhi
+    if not isinstance(kc, cnp.ndarray) or not isinstance(vc, cnp.ndarray):
+        for i in range(len(inputs)):
+            if overlap(inputs[i], kc) or overlap(inputs[i], vc):
+                return i
+        return -1
+    _extent(<cnp.ndarray>kc, &klo, &khi)
+    _extent(<cnp.ndarray>vc, &vlo, &vhi)
     for i in range(len(inputs)):
-        if overlap(inputs[i], kc) or overlap(inputs[i], vc):
+        x = inputs[i]
+        if not isinstance(x, cnp.ndarray):
+            continue
+        _extent(<cnp.ndarray>x, &lo, &hi)
+        if ((lo < khi and klo < hi and np.shares_memory(x, kc))
+                or (lo < vhi and vlo < hi and np.shares_memory(x, vc))):
             return i
     return -1
 

@@ -39,6 +39,8 @@ cdef const gqa_kernels *active_table() noexcept nogil
 # The QK kernel for `type` under the active settings (approximate VNNI only
 # when opted in, runnable, and type == GQA_S8_PT).
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type) noexcept nogil
+# OpenMP's default team size (omp_get_max_threads), 1 in a build without OpenMP.
+cdef int omp_max_threads() noexcept nogil
 # The table's exp_sum, or the scalar path's where the table has none.
 cdef gqa_exp_sum_fn exp_kernel(const gqa_kernels *t) noexcept nogil
 

@@ -26,10 +26,13 @@ cdef extern from *:
     #endif
     """
     int gqa_openmp_enabled()
-    int gqa_openmp_max_threads()
+    int gqa_openmp_max_threads() nogil
 
 cdef const gqa_kernels *_active = gqa_path_table(0)
 cdef bint _approx = False
+
+cdef int omp_max_threads() noexcept nogil:
+    return gqa_openmp_max_threads()
 
 cdef const gqa_kernels *active_table() noexcept nogil:
     return _active

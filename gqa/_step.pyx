@@ -22,6 +22,7 @@ import os
 import numpy as np
 
 from gqa._attention cimport Consts, Params, run, first_alias, length_error
+from gqa._dispatch cimport omp_max_threads
 from gqa import _config, _dispatch
 
 cnp.import_array()
@@ -40,33 +41,39 @@ cdef struct Key:
 
 cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_ARRAY_WRITEABLE
 
-_L2 = _dispatch.l2_cache_bytes() or 512 * 1024   # unknown: assume a small (Zen 3) L2
-_UNITS = max(8, os.cpu_count() or 1)
+cdef dict _SETTINGS = _config._settings   # updated in place by gqa.config
+cdef size_t _L2 = _dispatch.l2_cache_bytes() or 512 * 1024   # unknown: assume a small (Zen 3) L2
+cdef int _UNITS = max(8, os.cpu_count() or 1)
 
 
-cpdef tuple flash_plan(int B, int S, int Nkv, int G, int H, int Tmax):
+cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int *q_block, int *kv_block,
+                int *splits):
     """Tile sizes of the flash path and KV splits of flash decoding.  They depend on the
     shapes, the L2 size and the CPU count only -- never on the thread count -- so results
     do not either.
     K and V tiles (2 x kv_rows x H float32) take about 1/8 of L2; a query tile holds
     ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times."""
-    cdef dict cfg = _config._settings
-    cdef int q_block, kv_block, splits
-    blocks = cfg["flash_blocks"]
+    blocks = _SETTINGS["flash_blocks"]
     if blocks is not None:
-        q_block, kv_block = blocks
+        q_block[0], kv_block[0] = blocks
     else:
-        kv_block = max(16, min(256, <int>(_L2 // (64 * H))))
-        q_block = max(4, 128 // G)
-    sp = cfg["decode_splits"]
+        kv_block[0] = max(16, min(256, <int>(_L2 // (64 * H))))
+        q_block[0] = max(4, 128 // G)
+    sp = _SETTINGS["decode_splits"]
     if sp is not None:
-        splits = sp
+        splits[0] = sp
     else:
         # Decode: fewer (batch, KV head) units than max(8, CPUs) leave cores idle or unevenly
         # loaded; split the keys so there are that many units, in chunks of >= 256 keys.
-        splits = 1
+        splits[0] = 1
         if S == 1 and B * Nkv < _UNITS:
-            splits = max(1, min(-(-_UNITS // (B * Nkv)), Tmax // 256))
+            splits[0] = max(1, min(-(-_UNITS // (B * Nkv)), Tmax // 256))
+
+
+def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax):
+    """(q_block, kv_block, splits) of a call: see _plan."""
+    cdef int q_block, kv_block, splits
+    _plan(B, S, Nkv, G, H, Tmax, &q_block, &kv_block, &splits)
     return q_block, kv_block, splits
 
 
@@ -169,6 +176,12 @@ cdef class Step:
                 (past_key, past_value) if st.has_past and not st.shared else ()):
             if x is not None and not _in_place_ready(x, cnp.PyArray_TYPE(<cnp.ndarray>x)):
                 self.short = False
+        # in place: call() checks only the per-step inputs against the past buffers, since
+        # the kept ones cannot move; a kept one that overlaps them (an error of the full
+        # path, which made this Step before checking) keeps every repeat on the full path
+        if self.short and st.shared and first_alias(past_key, past_value, (
+                k_scale, v_scale, cos_cache, sin_cache, head_sink)) >= 0:
+            self.short = False
 
     def matches(self, query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
                 position_ids, attention_bias, head_sink, k_scale, v_scale, present_key,
@@ -203,7 +216,7 @@ cdef class Step:
                present_key, present_value, num_threads):
         """The call's result, or None: take the full path."""
         cdef long long T
-        cdef int Pres, Tmax, nt
+        cdef int Pres, Tmax, nt, q_block, kv_block, splits
         cdef int64_t max_pos
         cdef int where[2]
         cdef Params q
@@ -238,9 +251,12 @@ cdef class Step:
         if p.shared:
             if T > Pbuf:
                 return None
+            # only the per-step inputs: the kept ones (scales, rotary caches, head_sink)
+            # have the address, shape and strides __init__ checked against these same
+            # past buffers
             if first_alias(past_key, past_value, (
-                    query, key, value, seqlens_k, k_scale, v_scale, cos_cache, sin_cache,
-                    position_ids, attention_bias, head_sink, total_sequence_length)) >= 0:
+                    query, key, value, seqlens_k, position_ids, attention_bias,
+                    total_sequence_length)) >= 0:
                 return None
             Pres = Pbuf
         else:
@@ -266,13 +282,13 @@ cdef class Step:
             return None
         # threads and plan
         if num_threads is None:
-            nt_set = _config._settings["num_threads"]
-            nt = nt_set if nt_set is not None else max(1, _dispatch.openmp_max_threads())
+            nt_set = _SETTINGS["num_threads"]
+            nt = nt_set if nt_set is not None else max(1, omp_max_threads())
         elif type(num_threads) is int and 1 <= num_threads <= INT32_MAX:
             nt = num_threads
         else:
             return None
-        q_block, kv_block, splits = flash_plan(B, S, p.Nkv, p.G, p.H, Tmax)
+        _plan(B, S, p.Nkv, p.G, p.H, Tmax, &q_block, &kv_block, &splits)
         # outputs
         if p.shared:
             present_key, present_value = past_key, past_value
@@ -295,7 +311,7 @@ cdef class Step:
             self.ks, self.vs, cos_cache if p.rot_half else None,
             sin_cache if p.rot_half else None,
             position_ids if p.rot_half else None, attention_bias, head_sink,
-            out, qk_out, <int>T, Pres, first_prompt, nt, _config._settings["flash"],
+            out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
             q_block, kv_block, splits)
         if qk_out is not None:
             return out, present_key, present_value, qk_out

@@ -302,3 +302,26 @@ def test_scales_rewritten_in_place_are_seen_even_when_strided():
         fresh.update(present_key=fresh["past_key"], present_value=fresh["past_value"])
         want = gqa.GroupQueryAttention(**a)(**fresh)[0]
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kept", ["cos_cache", "head_sink", "k_scale"])
+def test_kept_input_inside_the_cache_fails_on_every_repeat(kept):
+    """In place, a kept input (rotary cache, head_sink, scale) overlapping past_key is an
+    error.  The operator keeps the signature of the failed call, so the repeat must be
+    declined by the short path (which checks only the per-step inputs for overlap) and
+    raise the same error again, with the buffers untouched."""
+    mode = "PER_TENSOR" if kept == "k_scale" else "NONE"
+    inp, a = make_case(seed=10, B=1, S=1, past=6, N=4, Nkv=2, H=16, mode=mode, bits=8, buf=12,
+                       rotary=kept == "cos_cache", sink=kept == "head_sink")
+    pk, pv = inp["past_key"], inp["past_value"]
+    n = inp[kept].size
+    inp[kept] = pk.reshape(-1).view(np.uint8)[:4 * n].view(np.float32).reshape(inp[kept].shape)
+    call = dict(inp, present_key=pk, present_value=pv)
+    op = gqa.GroupQueryAttention(**a)
+    before = (pk.copy(), pv.copy())
+    for _ in range(3):
+        with pytest.raises(ValueError, match=f"past_key must not overlap {kept}"):
+            op(**call)
+        assert _short(op, call) is None
+        np.testing.assert_array_equal(pk, before[0])
+        np.testing.assert_array_equal(pv, before[1])
