@@ -8,6 +8,7 @@ import os
 
 from . import _dispatch
 
+# changed only in place (_apply): gqa/_step.pyx keeps a reference to this dict
 _settings = {"kernel": "auto", "flash": True, "approx_vnni": False, "num_threads": None,
              "flash_blocks": None, "decode_splits": None}
 
