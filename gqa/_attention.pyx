@@ -473,47 +473,42 @@ cdef inline void _extent(cnp.ndarray a, char **lo, char **hi):
     hi[0] = p + high
 
 
+cdef bint _meets(object x, char *lo, char *hi, object c):
+    """x shares a byte with array c, whose bytes span [lo, hi) (see _extent): a bounds test,
+    confirmed exactly (np.shares_memory) only when the bounds meet, so interleaved strided
+    views of one buffer are not refused.  Anything but an ndarray shares none."""
+    cdef char *xlo
+    cdef char *xhi
+    if not isinstance(x, cnp.ndarray):
+        return False
+    _extent(<cnp.ndarray>x, &xlo, &xhi)
+    return xlo < hi and lo < xhi and bool(np.shares_memory(x, c))
+
+
 cdef bint overlap(object a, object b):
-    """True when arrays a and b share a byte (anything else -- None, an int -- shares none):
-    a bounds test, confirmed exactly (np.shares_memory) only when the bounds meet, so
-    interleaved strided views of one buffer are not refused."""
-    if not isinstance(a, cnp.ndarray) or not isinstance(b, cnp.ndarray):
+    """True when arrays a and b share a byte (anything else -- None, an int -- shares none)."""
+    cdef char *lo
+    cdef char *hi
+    if not isinstance(b, cnp.ndarray):
         return False
-    cdef char *alo
-    cdef char *ahi
-    cdef char *blo
-    cdef char *bhi
-    _extent(<cnp.ndarray>a, &alo, &ahi)
-    _extent(<cnp.ndarray>b, &blo, &bhi)
-    if not (alo < bhi and blo < ahi):
-        return False
-    return bool(np.shares_memory(a, b))
+    _extent(<cnp.ndarray>b, &lo, &hi)
+    return _meets(a, lo, hi, b)
 
 
 cdef Py_ssize_t first_alias(kc, vc, tuple inputs):
     """Index of the first of `inputs` sharing memory with kc or vc, else -1 (overlap, with
     the two caches' byte ranges taken once)."""
     cdef Py_ssize_t i
-    cdef char *lo
-    cdef char *hi
-    cdef char *klo
-    cdef char *khi
-    cdef char *vlo
-    cdef char *vhi
-    if not isinstance(kc, cnp.ndarray) or not isinstance(vc, cnp.ndarray):
-        for i in range(len(inputs)):
-            if overlap(inputs[i], kc) or overlap(inputs[i], vc):
-                return i
-        return -1
-    _extent(<cnp.ndarray>kc, &klo, &khi)
-    _extent(<cnp.ndarray>vc, &vlo, &vhi)
+    cdef char *klo = NULL
+    cdef char *khi = NULL
+    cdef char *vlo = NULL
+    cdef char *vhi = NULL
+    if isinstance(kc, cnp.ndarray):     # else an empty range: nothing meets it
+        _extent(<cnp.ndarray>kc, &klo, &khi)
+    if isinstance(vc, cnp.ndarray):
+        _extent(<cnp.ndarray>vc, &vlo, &vhi)
     for i in range(len(inputs)):
-        x = inputs[i]
-        if not isinstance(x, cnp.ndarray):
-            continue
-        _extent(<cnp.ndarray>x, &lo, &hi)
-        if ((lo < khi and klo < hi and np.shares_memory(x, kc))
-                or (lo < vhi and vlo < hi and np.shares_memory(x, vc))):
+        if _meets(inputs[i], klo, khi, kc) or _meets(inputs[i], vlo, vhi, vc):
             return i
     return -1
 
