@@ -37,7 +37,10 @@ cdef struct Params:
     gqa_exp_sum_fn exp_sum
     gqa_row_max_fn row_max
     int Br, Bc, chunks, chunk_len
-    float *partials
+    float *partials       # split decode units: chunks x G x (m, l, P @ V[H]) per split unit
+    int *items            # decode work item -> unit * (chunks + 1) + chunk + 1 (0: whole unit)
+    int *split            # unit -> its index among the split units, or -1
+    int *merged           # unit -> chunks finished so far
     int v_finite          # every dequantized V value is finite (quantized, moderate scales)
 
 
@@ -48,7 +51,7 @@ cdef class Consts:
 # One call: cache write, then attention (see _attention.pyx).
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
-          int q_block, int kv_block, int decode_chunks)
+          int q_block, int kv_block, int decode_chunks, int decode_ranges)
 # The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
 # or the number of the broken rule, where = {b, s} (see _attention.pyx).
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil

@@ -30,6 +30,8 @@ cdef extern from "work_ranges.h" nogil:
         pass
     void gqa_work_ranges_init(gqa_work_range *r, int n, int nt)
     int gqa_work_next(gqa_work_range *r, int nt, int me)
+    int gqa_work_done(int *count)
+    void gqa_team_barrier()
 
 cdef extern from "float.h":
     float FLT_MAX
@@ -377,12 +379,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
 
 
 cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j,
-                       int c, float *scratch) noexcept nogil:
+                       int c, float *parts, float *scratch) noexcept nogil:
     """Flash decoding, phase 1: keys [c*chunk_len, (c+1)*chunk_len) of the single query row
-    of the G heads of KV head j -> per head (m, l, unnormalised P @ V) in p.partials."""
+    of the G heads of KV head j -> per head (m, l, unnormalised P @ V) in chunk c of the
+    unit's partials `parts`."""
     cdef int G = p.G, H = p.H, g, h, start, end, a0, z0, n
-    cdef size_t slot = <size_t>b * p.Nkv + j
-    cdef float *part = p.partials + (slot * p.chunks + c) * G * (H + 2)
+    cdef float *part = parts + <size_t>c * G * (H + 2)
     cdef float *qbuf = scratch
     cdef float *sc = scratch + <size_t>G * H
     cdef float *row
@@ -424,11 +426,11 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
     t.sv_gemm(G, H, n, sc, n, v_row(p, b, j, a0), p.vtype, v_scales(p, j), part + 2, H + 2, 0.0)
 
 
-cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
-    """Flash decoding, phase 2: log-sum-exp merge of the chunks of (b, j) into the output."""
+cdef void decode_merge(const Params *p, int b, int j, const float *parts) noexcept nogil:
+    """Flash decoding, phase 2: log-sum-exp merge of the unit's chunks, in chunk order (the
+    same bits whichever threads computed them), into the output of (b, j)."""
     cdef int G = p.G, H = p.H, g, c, i, h
-    cdef size_t slot = <size_t>b * p.Nkv + j
-    cdef float *pr
+    cdef const float *pr
     cdef float *o
     cdef float M, L, w, inv
     for g in range(G):
@@ -436,7 +438,7 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
         o = p.out + (<size_t>b * p.N + h) * H
         M = sink_logit(p, h) if (p.smooth or p.sink != NULL) else -INFINITY
         for c in range(p.chunks):
-            pr = p.partials + ((slot * p.chunks + c) * G + g) * (H + 2)
+            pr = parts + (<size_t>c * G + g) * (H + 2)
             if pr[0] > M or pr[0] != pr[0]:   # a NaN chunk makes the row NaN
                 M = pr[0]
         memset(o, 0, H * sizeof(float))
@@ -444,7 +446,7 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
             continue
         L = expf(sink_logit(p, h) - M) if (p.smooth or p.sink != NULL) else 0.0
         for c in range(p.chunks):
-            pr = p.partials + ((slot * p.chunks + c) * G + g) * (H + 2)
+            pr = parts + (<size_t>c * G + g) * (H + 2)
             if pr[1] != 0:
                 w = expf(pr[0] - M)
                 L = L + w * pr[1]
@@ -453,6 +455,33 @@ cdef void decode_merge(const Params *p, int b, int j) noexcept nogil:
         inv = 1.0 / L if L != 0 else 0.0
         for i in range(H):
             o[i] = o[i] * inv
+
+
+cdef void decode_item(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int item,
+                      bint write, float *scratch) noexcept nogil:
+    """Decode work item `item`: a whole (b, j) unit -- its cache write (when `write`), then
+    attend_naive -- or one key chunk of a split unit.  A chunk writes the unit's new rows
+    (when `write`: in place, nothing else of the unit is written) if it holds them, since no
+    other chunk reads them; the thread that finishes a unit's last chunk merges them."""
+    cdef int u = item, c = -1, b, j, pb
+    cdef float *parts
+    if p.items != NULL:
+        u = p.items[item] // (p.chunks + 1)
+        c = p.items[item] % (p.chunks + 1) - 1
+    b = u // p.Nkv
+    j = u % p.Nkv
+    if c < 0:
+        if write:
+            write_cache(p, t, b, j, scratch)
+        attend_naive(p, t, qk, b, j, scratch)
+        return
+    parts = p.partials + <size_t>p.split[u] * p.chunks * p.G * (p.H + 2)
+    pb = past_len(p, b)
+    if write and c * p.chunk_len <= pb < (c + 1) * p.chunk_len:
+        write_cache(p, t, b, j, scratch)
+    decode_chunk(p, t, qk, b, j, c, parts, scratch)
+    if gqa_work_done(&p.merged[u]) == p.chunks:
+        decode_merge(p, b, j, parts)
 
 
 cdef inline void _extent(cnp.ndarray a, char **lo, char **hi):
@@ -600,20 +629,26 @@ cdef class Consts:
 
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
-          int q_block, int kv_block, int decode_chunks):
-    """One call: cache write, then attention (naive, tiled flash or flash decoding)."""
+          int q_block, int kv_block, int decode_chunks, int decode_ranges):
+    """One call: cache write, then attention (naive, tiled flash or decode work items).
+    Decode (S == 1, flash): the units are split into `decode_ranges` contiguous ranges and
+    the last unit of each is split into `decode_chunks` key chunks (flash decoding; every
+    unit when decode_ranges >= units), so a thread that runs out of work can take a chunk
+    of another's last unit."""
     cdef Params p = c.p
     cdef const gqa_kernels *t = active_table()
     cdef gqa_qk_gemm_fn qk
     cdef int B = p.B, S = p.S, Nkv = p.Nkv, G = p.G, H = p.H
     cdef int u, units = B * Nkv
-    cdef int me, w
+    cdef int me = 0, w = 0
     cdef gqa_work_range *ranges = NULL
     cdef void *ranges_raw = NULL
     cdef float *scratch
     cdef void *scratch_raw
     cdef size_t scratch_len
-    cdef int mode = 0, work_units = units, nq = 0
+    cdef int mode = 0, work_units = units, nq = 0, nsplit = 0, i, r
+    cdef void *items_raw = NULL
+    cdef bint item_write = True
     p.T = T; p.Pres = Pres; p.first_prompt = first_prompt
     p.q = <const float *>ptr(q); p.k = <const float *>ptr(k); p.v = <const float *>ptr(v)
     p.seqlens = <const int *>ptr(seqlens)
@@ -651,16 +686,21 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.Bc = kv_block
     p.chunks = 1
     p.partials = NULL
+    p.items = NULL
     if flash and not p.qk_mode:
         if S > 1:
             mode = 1
             nq = (S + p.Br - 1) // p.Br
             work_units = units * nq
-        elif decode_chunks > 1:
-            mode = 2
+        elif decode_chunks > 1 and p.Tmax > 1:
             p.chunk_len = (p.Tmax + decode_chunks - 1) // decode_chunks
             p.chunks = (p.Tmax + p.chunk_len - 1) // p.chunk_len
-            work_units = units * p.chunks
+            nsplit = decode_ranges if decode_ranges < units else units
+            if p.chunks > 1 and nsplit > 0:
+                mode = 2
+                work_units = units + nsplit * (p.chunks - 1)
+            else:
+                p.chunks = 1
     scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H + G
     if mode == 1:
         scratch_len = (<size_t>p.Br * G * (2 * H + p.Bc + 2) + <size_t>2 * H * p.Bc + 2 * p.Br + 16)
@@ -680,62 +720,78 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     scratch_raw = malloc(scratch_len * num_threads * sizeof(float) + 64)
     scratch = <float *>((<size_t>scratch_raw + 63) & ~(<size_t>63))
     if mode == 2:
-        p.partials = <float *>malloc(<size_t>work_units * G * (H + 2) * sizeof(float))
-    if mode == 0 and num_threads > 1:
+        p.partials = <float *>malloc(<size_t>nsplit * p.chunks * G * (H + 2) * sizeof(float))
+        items_raw = malloc((<size_t>work_units + 2 * <size_t>units) * sizeof(int))
+    if mode != 1 and num_threads > 1:
         ranges_raw = malloc(<size_t>num_threads * sizeof(gqa_work_range) + 64)
         ranges = <gqa_work_range *>((<size_t>ranges_raw + 63) & ~(<size_t>63))
-    if (scratch_raw == NULL or (mode == 2 and p.partials == NULL)
-            or (mode == 0 and num_threads > 1 and ranges_raw == NULL)):
+    if (scratch_raw == NULL or (mode == 2 and (p.partials == NULL or items_raw == NULL))
+            or (mode != 1 and num_threads > 1 and ranges_raw == NULL)):
         free(scratch_raw)
         free(p.partials)
+        free(items_raw)
         free(ranges_raw)
         raise MemoryError("gqa: cannot allocate attention scratch")
+    if mode == 2:
+        # items in unit order; unit `u` is split when it ends range r of nsplit ranges
+        p.items = <int *>items_raw
+        p.split = p.items + work_units
+        p.merged = p.split + units
+        i = 0
+        r = 0
+        for u in range(units):
+            p.merged[u] = 0
+            if r < nsplit and u == <int>((<long long>units * (r + 1)) // nsplit) - 1:
+                p.split[u] = r
+                for w in range(p.chunks):
+                    p.items[i + w] = u * (p.chunks + 1) + w + 1
+                i = i + p.chunks
+                r = r + 1
+            else:
+                p.split[u] = -1
+                p.items[i] = u * (p.chunks + 1)
+                i = i + 1
+        # copying caches: a chunk reads rows that other units' items would copy, so every
+        # unit is written first (in place, each item writes what it alone reads)
+        item_write = p.shared
     if ranges != NULL:
-        gqa_work_ranges_init(ranges, units, num_threads)
-    # A naive unit (b, j) reads only the cache rows of (b, j), which its own write_cache has
-    # just written: one loop, no barrier between.  The tiled and split units of one (b, j)
-    # run on several threads, so they wait for the whole write.
+        gqa_work_ranges_init(ranges, work_units, num_threads)
+    # Decode items (mode 0 / 2) read only cache rows that they write themselves or that no
+    # one writes (see decode_item), so they need no barrier unless item_write is off.  The
+    # tiled units of one (b, j) run on several threads, so they wait for the whole write.
     if num_threads == 1:
         with nogil:
-            for u in range(units):
-                write_cache(&p, t, u // Nkv, u % Nkv, scratch)
-                if mode == 0:
-                    attend_naive(&p, t, qk, u // Nkv, u % Nkv, scratch)
+            if mode == 1 or not item_write:
+                for u in range(units):
+                    write_cache(&p, t, u // Nkv, u % Nkv, scratch)
             if mode == 1:
                 for u in range(work_units):
                     attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units, scratch)
-            elif mode == 2:
+            else:
                 for u in range(work_units):
-                    decode_chunk(&p, t, qk, u // p.chunks // Nkv, (u // p.chunks) % Nkv, u % p.chunks, scratch)
-                for u in range(units):
-                    decode_merge(&p, u // Nkv, u % Nkv)
+                    decode_item(&p, t, qk, u, item_write, scratch)
     else:
         with nogil, parallel(num_threads=num_threads):
-            if mode == 0:
-                # home ranges with stealing (work_ranges.h): a thread computes the same
-                # units on every call, so its cache slices are still in its own L2 from the
-                # call before, and a slower core hands its last units to a faster one
-                me = threadid()
-                w = gqa_work_next(ranges, num_threads, me)
-                while w >= 0:
-                    write_cache(&p, t, w // Nkv, w % Nkv, scratch + me * scratch_len)
-                    attend_naive(&p, t, qk, w // Nkv, w % Nkv, scratch + me * scratch_len)
-                    w = gqa_work_next(ranges, num_threads, me)
-            else:
+            if mode == 1 or not item_write:
                 for u in prange(units, schedule='static'):
                     write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
+                gqa_team_barrier()      # the loop is `omp for nowait`: wait for every write
             if mode == 1:
                 # the last query blocks (most keys under a causal mask) first
                 for u in prange(work_units, schedule='dynamic'):
                     attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units,
                                  scratch + threadid() * scratch_len)
-            elif mode == 2:
-                for u in prange(work_units, schedule='dynamic'):
-                    decode_chunk(&p, t, qk, u // p.chunks // Nkv, (u // p.chunks) % Nkv, u % p.chunks,
-                                 scratch + threadid() * scratch_len)
-                for u in prange(units, schedule='static'):
-                    decode_merge(&p, u // Nkv, u % Nkv)
+            else:
+                # home ranges with stealing (work_ranges.h): a thread computes the same
+                # items on every call, so their cache slices are still in its own L2 from the
+                # call before, and a slower core hands its last items to a faster one
+                me = threadid()
+                w = gqa_work_next(ranges, num_threads, me)
+                while w >= 0:
+                    decode_item(&p, t, qk, w, item_write, scratch + me * scratch_len)
+                    w = gqa_work_next(ranges, num_threads, me)
         # end: parallel
     free(scratch_raw)
     free(p.partials)
+    free(items_raw)
     free(ranges_raw)

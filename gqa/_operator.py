@@ -178,7 +178,7 @@ class GroupQueryAttention:
                 raise ValueError("present_key and present_value must not overlap")
         nt = _config.effective_num_threads(num_threads)
         cfg = _config._settings
-        q_block, kv_block, splits = _step.flash_plan(B, S, Nkv, N // Nkv, H, Tmax)
+        q_block, kv_block, splits, ranges = _step.flash_plan(B, S, Nkv, N // Nkv, H, Tmax)
 
         # float32 views of the float inputs (float16 is computed in float32)
         q32 = _f32(query)
@@ -199,7 +199,7 @@ class GroupQueryAttention:
             v.contiguous(position_ids) if st.rot_half and position_ids is not None else None,
             None if attention_bias is None else _f32(attention_bias),
             None if head_sink is None else _f32(head_sink),
-            out, qk_out, T, Pres, first_prompt, nt, cfg["flash"], q_block, kv_block, splits)
+            out, qk_out, T, Pres, first_prompt, nt, cfg["flash"], q_block, kv_block, splits, ranges)
 
         if f16:
             out = out.astype(np.float16)

@@ -43,16 +43,19 @@ cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_AR
 
 cdef dict _SETTINGS = _config._settings   # updated in place by gqa.config
 cdef size_t _L2 = _dispatch.l2_cache_bytes() or 512 * 1024   # unknown: assume a small (Zen 3) L2
-cdef int _UNITS = max(8, os.cpu_count() or 1)
+cdef int _CPUS = os.cpu_count() or 1
+cdef int _UNITS = max(8, _CPUS)
 
 
 cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int *q_block, int *kv_block,
-                int *splits):
-    """Tile sizes of the flash path and KV splits of flash decoding.  They depend on the
-    shapes, the L2 size and the CPU count only -- never on the thread count -- so results
-    do not either.
+                int *splits, int *ranges):
+    """Tile sizes of the flash path and the split of decode work (see _attention.run: the
+    (batch, KV head) units form `ranges` contiguous ranges and the last unit of each range is
+    cut into `splits` key chunks).  They depend on the shapes, the L2 size and the CPU count
+    only -- never on the thread count -- so results do not either.
     K and V tiles (2 x kv_rows x H float32) take about 1/8 of L2; a query tile holds
     ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times."""
+    cdef int units = B * Nkv
     blocks = _SETTINGS["flash_blocks"]
     if blocks is not None:
         q_block[0], kv_block[0] = blocks
@@ -60,21 +63,27 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int *q_block, int
         kv_block[0] = max(16, min(256, <int>(_L2 // (64 * H))))
         q_block[0] = max(4, 128 // G)
     sp = _SETTINGS["decode_splits"]
+    splits[0] = 1
+    ranges[0] = units
     if sp is not None:
         splits[0] = sp
-    else:
-        # Decode: fewer (batch, KV head) units than max(8, CPUs) leave cores idle or unevenly
-        # loaded; split the keys so there are that many units, in chunks of >= 256 keys.
-        splits[0] = 1
-        if S == 1 and B * Nkv < _UNITS:
-            splits[0] = max(1, min(-(-_UNITS // (B * Nkv)), Tmax // 256))
+    elif S == 1 and units < _UNITS:
+        # fewer units than max(8, CPUs) leave cores idle or unevenly loaded: split every
+        # unit's keys so there are that many pieces, in chunks of >= 256 keys
+        splits[0] = max(1, min(-(-_UNITS // units), Tmax // 256))
+    elif S == 1 and units >= 2 * _CPUS:
+        # one range per CPU, and each range's last unit in up to 4 chunks of >= 512 keys:
+        # whole units keep their cache rows in one core's L2 from call to call, and the
+        # chunks let the cores finish together when one runs slower (shared machines)
+        splits[0] = max(1, min(4, Tmax // 512))
+        ranges[0] = _CPUS
 
 
 def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax):
-    """(q_block, kv_block, splits) of a call: see _plan."""
-    cdef int q_block, kv_block, splits
-    _plan(B, S, Nkv, G, H, Tmax, &q_block, &kv_block, &splits)
-    return q_block, kv_block, splits
+    """(q_block, kv_block, splits, ranges) of a call: see _plan."""
+    cdef int q_block, kv_block, splits, ranges
+    _plan(B, S, Nkv, G, H, Tmax, &q_block, &kv_block, &splits, &ranges)
+    return q_block, kv_block, splits, ranges
 
 
 cdef inline bint _key(Key *k, object x):
@@ -216,7 +225,7 @@ cdef class Step:
                present_key, present_value, num_threads):
         """The call's result, or None: take the full path."""
         cdef long long T
-        cdef int Pres, Tmax, nt, q_block, kv_block, splits
+        cdef int Pres, Tmax, nt, q_block, kv_block, splits, ranges
         cdef int64_t max_pos
         cdef int where[2]
         cdef Params q
@@ -288,7 +297,7 @@ cdef class Step:
             nt = num_threads
         else:
             return None
-        _plan(B, S, p.Nkv, p.G, p.H, Tmax, &q_block, &kv_block, &splits)
+        _plan(B, S, p.Nkv, p.G, p.H, Tmax, &q_block, &kv_block, &splits, &ranges)
         # outputs
         if p.shared:
             present_key, present_value = past_key, past_value
@@ -312,7 +321,7 @@ cdef class Step:
             sin_cache if p.rot_half else None,
             position_ids if p.rot_half else None, attention_bias, head_sink,
             out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
-            q_block, kv_block, splits)
+            q_block, kv_block, splits, ranges)
         if qk_out is not None:
             return out, present_key, present_value, qk_out
         return out, present_key, present_value

@@ -76,4 +76,21 @@ static inline int gqa_work_next(gqa_work_range *r, int nt, int me)
     return u;
 }
 
+/* Adds 1 to *count and returns the new value.  Acquire-release: the thread that sees the
+ * final count also sees everything the other threads wrote before their increments. */
+static inline int gqa_work_done(int *count)
+{
+    return __atomic_add_fetch(count, 1, __ATOMIC_ACQ_REL);
+}
+
+/* Every thread of the current team waits here until all have arrived (an orphaned OpenMP
+ * barrier: call it at the same point on every thread of a parallel region).  Cython's prange
+ * inside a parallel block is `omp for nowait`, so a loop that others depend on needs this. */
+static inline void gqa_team_barrier(void)
+{
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+}
+
 #endif
