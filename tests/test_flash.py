@@ -1,10 +1,13 @@
 """The flash path (tiled online softmax; split-KV flash decoding) against the naive path,
 on every kernel path: within 1e-4 (INT8), 1e-3 (INT4), 1e-5 (float caches)."""
+import os
+
 import numpy as np
 import pytest
 
 import gqa
 from _cases import make_case
+from gqa._step import flash_plan
 
 TOL = {("PER_TENSOR", 8): 1e-4, ("PER_CHANNEL", 8): 1e-4, ("PER_TENSOR", 4): 1e-3,
        ("PER_CHANNEL", 4): 1e-3, ("NONE", 0): 1e-5}
@@ -56,6 +59,70 @@ def test_flash_decoding_matches_naive(kernel_path, splits, mode, bits, feature):
     inp, a = make_case(seed=splits, B=3, S=1, past=60, ragged=[3, 61, 40], N=4, Nkv=1, H=32,
                        mode=mode, bits=bits or 8, **FEATURES[feature])
     flash_vs_naive(inp, a, TOL[(mode, bits)], splits=splits)
+
+
+CPUS = os.cpu_count() or 1
+
+
+def tail_case(mode, bits, feature, seed=41):
+    """A decode case whose automatic plan splits the last unit of each CPU's home range:
+    B x 2 KV heads = 2 x max(4, CPUs) units (>= 8, so no flash decoding of every unit), 1100+
+    keys (chunks of >= 512); batch row 1 has
+    5 keys only, so most of its chunks are empty."""
+    B = max(4, CPUS)
+    ragged = [1100 + 37 * b for b in range(B)]
+    ragged[1] = 5
+    inp, a = make_case(seed=seed, B=B, S=1, past=1, ragged=ragged, N=4, Nkv=2, H=16, mode=mode,
+                       bits=bits or 8, **FEATURES[feature])
+    q_block, kv_block, splits, ranges = flash_plan(B, 1, 2, 2, 16, max(ragged))
+    assert (splits, ranges) == (2, CPUS), "the automatic plan no longer splits these units"
+    return inp, a
+
+
+@pytest.mark.parametrize("mode,bits", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("feature", ["plain", "rotary", "window5", "sink", "softcap", "bias", "combo"])
+def test_decode_with_split_range_ends_matches_naive(kernel_path, mode, bits, feature):
+    """Decode whose plan splits each range's last unit into key chunks: caches bit for bit and
+    outputs within the flash tolerance against the naive path (whole rows)."""
+    inp, a = tail_case(mode, bits, feature)
+    flash_vs_naive(inp, a, TOL[(mode, bits)])
+
+
+@pytest.mark.parametrize("feature", ["plain", "combo"])
+def test_decode_with_split_range_ends_same_bits_everywhere(feature):
+    """Split units give the same bits for 1-4 threads, repeated (the chunks of a unit land on
+    different threads from call to call), and in place as with fresh present buffers
+    (in place, the chunk holding the new row writes it; copying, every unit is copied first)."""
+    inp, a = tail_case("PER_TENSOR", 8, feature)
+    want = gqa.group_query_attention(**inp, **a, num_threads=1)
+    for threads in (2, 3, 4, 2, 2):
+        got = gqa.group_query_attention(**inp, **a, num_threads=threads)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    T = inp["total_sequence_length"]
+    for threads in (1, 2, 3):
+        bufs = []
+        for name in ("past_key", "past_value"):   # the same past rows in buffers of T rows
+            c = np.zeros(inp[name].shape[:2] + (T,) + inp[name].shape[3:], inp[name].dtype)
+            c[:, :, :inp[name].shape[2]] = inp[name]
+            bufs.append(c)
+        got = gqa.group_query_attention(**dict(inp, past_key=bufs[0], past_value=bufs[1]), **a,
+                                        present_key=bufs[0], present_value=bufs[1], num_threads=threads)
+        np.testing.assert_array_equal(got[0], want[0])
+        for g, w in zip(got[1:], want[1:]):     # rows past a batch row's length differ by design
+            for b, n in enumerate(inp["seqlens_k"] + 1):
+                np.testing.assert_array_equal(g[b, :, :n], w[b, :, :n])
+
+
+def test_copying_split_decode_waits_for_the_copy():
+    """One unit in 8 chunks with fresh present buffers: every chunk reads rows that one
+    thread copies from the past buffer first.  Found racing (a thread reading the far end of
+    the cache before it was copied) in 36 of 40 two-thread calls; the same bits every time."""
+    inp, a = make_case(seed=6, B=1, S=1, past=3000, N=4, Nkv=1, H=64, mode="PER_TENSOR", bits=4)
+    assert flash_plan(1, 1, 1, 4, 64, 3001)[2:] == (min(max(8, CPUS), 3001 // 256), 1)
+    want = gqa.group_query_attention(**inp, **a, num_threads=1)[0]
+    for _ in range(20):
+        np.testing.assert_array_equal(gqa.group_query_attention(**inp, **a, num_threads=2)[0], want)
 
 
 def test_fully_masked_rows_give_zero():
