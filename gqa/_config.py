@@ -66,7 +66,8 @@ class config:
     kernel        : "auto" | "scalar" | "avx2" | "avx512" | "neon"
     flash         : bool; False forces the naive attention path
     flash_blocks  : (query_rows, kv_rows) tile sizes of the flash path, or None (from the L2 size)
-    decode_splits : KV chunks per (batch, KV head) in decode (flash decoding), or None (automatic)
+    decode_splits : KV chunks of every (batch, KV head) unit in decode (flash decoding; 1: whole
+                    units), or None (automatic)
     approx_vnni : bool, opt in to the approximate INT8 per-tensor QK kernel (AVX-512 VNNI)
     num_threads : int >= 1, or None for GQA_NUM_THREADS / OpenMP's default
     """
