@@ -692,9 +692,13 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             mode = 1
             nq = (S + p.Br - 1) // p.Br
             work_units = units * nq
-        elif decode_chunks > 1 and p.Tmax > 1:
-            p.chunk_len = (p.Tmax + decode_chunks - 1) // decode_chunks
-            p.chunks = (p.Tmax + p.chunk_len - 1) // p.chunk_len
+        elif decode_chunks > 1 and p.Tmax > 1 and units > 0:
+            # item codes unit * (chunks + 1) + chunk + 1 stay below 2^31
+            if <long long>units * (decode_chunks + 1) > 0x7fffffff:
+                decode_chunks = 0x7fffffff // units - 1
+            if decode_chunks > 1:
+                p.chunk_len = (p.Tmax + decode_chunks - 1) // decode_chunks
+                p.chunks = (p.Tmax + p.chunk_len - 1) // p.chunk_len
             nsplit = decode_ranges if decode_ranges < units else units
             if p.chunks > 1 and nsplit > 0:
                 mode = 2
