@@ -459,10 +459,11 @@ cdef void decode_merge(const Params *p, int b, int j, const float *parts) noexce
 
 cdef void decode_item(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int item,
                       bint write, float *scratch) noexcept nogil:
-    """Decode work item `item`: a whole (b, j) unit -- its cache write (when `write`), then
-    attend_naive -- or one key chunk of a split unit.  A chunk writes the unit's new rows
-    (when `write`: in place, nothing else of the unit is written) if it holds them, since no
-    other chunk reads them; the thread that finishes a unit's last chunk merges them."""
+    """Decode work item `item`: a whole (b, j) unit (its cache write when `write`, then
+    attend_naive) or key chunk c of a split unit.  A split unit is written by its items only
+    in place, where the write is the new row alone: the chunk holding that row writes it
+    before reading it, and no other chunk reads it.  The thread that finishes a unit's last
+    chunk merges the unit's chunks."""
     cdef int u = item, c = -1, b, j, pb
     cdef float *parts
     if p.items != NULL:
