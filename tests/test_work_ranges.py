@@ -1,7 +1,9 @@
 """gqa/_src/work_ranges.h, the decode scheduler, on its own: a C program built with the
 system compiler takes units from the ranges on real OpenMP threads and checks that every
-unit is taken exactly once (any range count, team size, unit count), and that one thread
-alone takes its home range front to back and then every other range back to front."""
+unit is taken exactly once (any range count, team size, unit count), that one thread
+alone takes its home range front to back and then every other range back to front, that
+one thread finishes each group of parts (gqa_work_done) and sees all their results, and
+that gqa_team_barrier holds every thread until all have arrived."""
 import os
 import shutil
 import subprocess
@@ -64,6 +66,51 @@ int main(void)
                     if (order[want] != (t == 0 ? lo + i : hi - 1 - i))
                         return fail("order", n, nt, 1, want);
             }
+        }
+    /* gqa_work_done: of a group's P parts, taken on any threads, exactly one taker sees the
+       count reach P, and it sees every part's plain store; gqa_team_barrier: a slot each
+       thread stores before the barrier is seen by every thread after it */
+    enum { NG = 8, NP = 5 };
+    static int val[NG][NP], count[NG], finals[NG], marks[4];
+    for (int rep = 0; rep < 400; rep++)
+        for (int team = 1; team <= 4; team++) {
+            int bad = 0;
+            for (int g = 0; g < NG; g++) {
+                count[g] = finals[g] = 0;
+                for (int q = 0; q < NP; q++)
+                    val[g][q] = 0;
+            }
+            gqa_work_ranges_init(r, NG * NP, team);
+#pragma omp parallel num_threads(team)
+            {
+                int me = omp_get_thread_num(), t = omp_get_num_threads(), u;
+                while ((u = gqa_work_next(r, team, me)) >= 0) {
+                    int g = u % NG, q = u / NG;   /* a group's parts lie in every range */
+                    val[g][q] = rep + u + 1;
+                    if (gqa_work_done(&count[g]) == NP) {
+                        finals[g]++;
+                        for (q = 0; q < NP; q++)
+                            if (val[g][q] != rep + q * NG + g + 1) {
+#pragma omp atomic write
+                                bad = 1;
+                            }
+                    }
+                }
+                for (volatile int spin = 0; spin < 3000 * me; spin++)
+                    ;   /* thread 0 reaches the barrier first */
+                marks[me] = rep + 1;
+                gqa_team_barrier();
+                for (int i = 0; i < t; i++)
+                    if (marks[i] != rep + 1) {
+#pragma omp atomic write
+                        bad = 2;
+                    }
+            }
+            if (bad)
+                return fail(bad == 1 ? "work_done sees every part" : "team_barrier", NG * NP, team, team, rep);
+            for (int g = 0; g < NG; g++)
+                if (finals[g] != 1)
+                    return fail("one finisher", NG * NP, team, team, g);
         }
     printf("ok\n");
     return 0;
