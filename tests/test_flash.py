@@ -67,7 +67,7 @@ CPUS = os.cpu_count() or 1
 def tail_case(mode, bits, feature, seed=41):
     """A decode case whose automatic plan splits the last unit of each CPU's home range:
     B x 2 KV heads = 2 x max(4, CPUs) units (>= 8, so no flash decoding of every unit), 1100+
-    keys (chunks of >= 512); batch row 1 has 5 keys only, so its second chunk is empty."""
+    keys (chunks of >= 512); batch row 1 has 5 keys only (a split unit of it: empty chunk)."""
     B = max(4, CPUS)
     ragged = [1100 + 37 * b for b in range(B)]
     ragged[1] = 5
