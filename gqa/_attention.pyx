@@ -429,8 +429,10 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
 cdef void decode_merge(const Params *p, int b, int j, const float *parts) noexcept nogil:
     """Flash decoding, phase 2: log-sum-exp merge of the unit's chunks, in chunk order (the
     same bits whichever threads computed them), into the output of (b, j)."""
-    cdef int G = p.G, H = p.H, g, c, i, h
+    cdef int G = p.G, H = p.H, g, c, h
+    cdef size_t i
     cdef const float *pr
+    cdef const float *pv
     cdef float *o
     cdef float M, L, w, inv
     for g in range(G):
@@ -450,10 +452,11 @@ cdef void decode_merge(const Params *p, int b, int j, const float *parts) noexce
             if pr[1] != 0:
                 w = expf(pr[0] - M)
                 L = L + w * pr[1]
-                for i in range(H):
-                    o[i] = o[i] + w * pr[2 + i]
+                pv = pr + 2     # unsigned index, no offset: a loop the compiler vectorises
+                for i in range(<size_t>H):
+                    o[i] = o[i] + w * pv[i]
         inv = 1.0 / L if L != 0 else 0.0
-        for i in range(H):
+        for i in range(<size_t>H):
             o[i] = o[i] * inv
 
 
