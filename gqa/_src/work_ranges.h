@@ -78,10 +78,17 @@ static inline int gqa_work_next(gqa_work_range *r, int nt, int me)
 
 /* Adds 1 to *count and returns the new value.  Acquire-release: the thread that sees the
  * final count also sees everything the other threads wrote before their increments. */
+#if defined(_MSC_VER) && !defined(__clang__)
+static __inline int gqa_work_done(int *count)
+{
+    return (int)_InterlockedIncrement((volatile long *)count); /* long is 32-bit here; full fence */
+}
+#else
 static inline int gqa_work_done(int *count)
 {
     return __atomic_add_fetch(count, 1, __ATOMIC_ACQ_REL);
 }
+#endif
 
 /* Every thread of the current team waits here until all have arrived (an orphaned OpenMP
  * barrier: call it at the same point on every thread of a parallel region).  Cython's prange
