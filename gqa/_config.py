@@ -8,6 +8,19 @@ import os
 
 from . import _dispatch
 
+
+def _process_cpus():
+    """CPUs this process may run on: its affinity mask where the OS has one (a container's
+    or taskset's CPU set, as OpenMP's default thread count also counts), else all of them."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+# The CPU count the decode plan is made for (gqa/_step.pyx), read once at import.
+PLAN_CPUS = _process_cpus()
+
 # changed only in place (_apply): gqa/_step.pyx keeps a reference to this dict
 _settings = {"kernel": "auto", "flash": True, "approx_vnni": False, "num_threads": None,
              "flash_blocks": None, "decode_splits": None}
@@ -104,11 +117,13 @@ class config:
 
 
 def get_config():
-    """The active settings, with the resolved path and thread count."""
+    """The active settings, with the resolved path and thread count, and the CPU count the
+    decode plan is made for (`plan_cpus`)."""
     out = dict(_settings)
     out["active_kernel"] = active_kernel()
     out["approx_vnni_effective"] = _dispatch.approx_vnni_effective()
     out["effective_num_threads"] = effective_num_threads()
+    out["plan_cpus"] = PLAN_CPUS
     return out
 
 

@@ -17,7 +17,6 @@ cimport cython
 cimport numpy as cnp
 from libc.stdint cimport int64_t, int32_t
 from cpython.object cimport PyObject
-import os
 
 import numpy as np
 
@@ -43,7 +42,7 @@ cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_AR
 
 cdef dict _SETTINGS = _config._settings   # updated in place by gqa.config
 cdef size_t _L2 = _dispatch.l2_cache_bytes() or 512 * 1024   # unknown: assume a small (Zen 3) L2
-cdef int _CPUS = os.cpu_count() or 1
+cdef int _CPUS = _config.PLAN_CPUS       # CPUs this process may run on (affinity mask)
 cdef int _UNITS = max(8, _CPUS)
 
 

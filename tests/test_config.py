@@ -69,10 +69,26 @@ def test_default_path_is_best_available(tmp_path):
 
 def test_get_config_keys():
     cfg = gqa.get_config()
-    for key in ("kernel", "active_kernel", "approx_vnni", "approx_vnni_effective"):
+    for key in ("kernel", "active_kernel", "approx_vnni", "approx_vnni_effective", "plan_cpus"):
         assert key in cfg, key
     assert cfg["active_kernel"] == gqa.active_kernel()
     assert cfg["kernel"] in ("auto",) + tuple(_dispatch.PATH_NAMES)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this OS")
+def test_decode_plan_counts_the_cpus_this_process_may_use(tmp_path):
+    """The decode plan is made for the CPUs of the process's affinity mask (a container's or
+    taskset's CPU set), not for every CPU of the host: a process started on k CPUs plans the
+    seed shape's 8 units (2048 keys) as k home ranges, each ending in a unit cut in 4."""
+    assert gqa.get_config()["plan_cpus"] == len(os.sched_getaffinity(0))
+    cpus = sorted(os.sched_getaffinity(0))
+    for k in sorted({1, min(2, len(cpus))}):
+        code = (f"import os; os.sched_setaffinity(0, {cpus[:k]}); "
+                "import gqa; from gqa._step import flash_plan; "
+                "print(gqa.get_config()['plan_cpus'], *flash_plan(1, 1, 8, 2, 128, 2048)[2:])")
+        r = run_python(code, tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [str(k), "4", str(k)], (k, r.stdout)
 
 
 # ---------------------------------------------------------------- gqa.config
