@@ -66,9 +66,10 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int *q_block, int
     ranges[0] = units
     if sp is not None:
         splits[0] = sp
-    elif S == 1 and units < _UNITS:
+    elif S == 1 and 0 < units < _UNITS:
         # fewer units than max(8, CPUs) leave cores idle or unevenly loaded: split every
-        # unit's keys so there are that many pieces, in chunks of >= 256 keys
+        # unit's keys so there are that many pieces, in chunks of >= 256 keys (no units, an
+        # empty batch: nothing to split)
         splits[0] = max(1, min(-(-_UNITS // units), Tmax // 256))
     elif S == 1 and units >= 2 * _CPUS:
         # one range per CPU, and each range's last unit in up to 4 chunks of >= 512 keys:

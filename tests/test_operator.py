@@ -194,6 +194,26 @@ def test_thread_count_does_not_change_results(threads):
         assert np.array_equal(x, y)
 
 
+@pytest.mark.parametrize("flash", [True, False])
+@pytest.mark.parametrize("S,past", [(1, 8), (4, 0)], ids=["decode", "prompt"])
+def test_empty_batch_gives_empty_outputs(flash, S, past):
+    """batch_size 0: empty outputs, twice (the full path, then the repeat's short path).
+    The decode plan once divided by the unit count here (SIGFPE)."""
+    B, H = 0, 16
+    op = gqa.GroupQueryAttention(num_heads=4, kv_num_heads=2, k_quant_type="PER_TENSOR",
+                                 v_quant_type="PER_TENSOR", kv_cache_bit_width=8)
+    q = np.zeros((B, S, 4 * H), np.float32)
+    k = np.zeros((B, S, 2 * H), np.float32)
+    cache = np.zeros((B, 2, past, H), np.int8) if past else None
+    one = np.ones(1, np.float32)
+    with gqa.config(flash=flash):
+        for _ in range(2):
+            out, pk, pv = op(q, k, k.copy(), cache, None if cache is None else cache.copy(),
+                             np.zeros(B, np.int32), past + (S if not past else 0),
+                             k_scale=one, v_scale=one)
+            assert out.shape == (0, S, 4 * H) and pk.shape == pv.shape == (0, 2, past or S, H)
+
+
 STOLEN_RANGES = """
 import sys, numpy as np, gqa
 sys.path.insert(0, sys.argv[1])
