@@ -11,7 +11,7 @@ from . import _dispatch
 
 def _process_cpus():
     """CPUs this process may run on: its affinity mask where the OS has one (a container's
-    or taskset's CPU set, as OpenMP's default thread count also counts), else all of them."""
+    or taskset's CPU set, which OpenMP's default thread count also follows), else all of them."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):

@@ -209,7 +209,7 @@ def test_empty_batch_gives_empty_outputs(flash, S, past):
     with gqa.config(flash=flash):
         for _ in range(2):
             out, pk, pv = op(q, k, k.copy(), cache, None if cache is None else cache.copy(),
-                             np.zeros(B, np.int32), past + (S if not past else 0),
+                             np.zeros(B, np.int32), past or S,
                              k_scale=one, v_scale=one)
             assert out.shape == (0, S, 4 * H) and pk.shape == pv.shape == (0, 2, past or S, H)
 
