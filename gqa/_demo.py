@@ -28,7 +28,7 @@ CALIBRATION_TOKENS = 512
 def _fmt_bytes(n):
     for unit, k in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if n >= k:
-            return f"{n / k:.1f} {unit}"
+            return f"{n / k:.2f} {unit}"
     return f"{n} B"
 
 
@@ -85,7 +85,7 @@ def run_model(args, out):
                            on_layer=lambda i, mode=mode: bar.update(1, f"{mode} prefill"))
         bar.close()
         print("", file=out)
-        r.update(cache_bytes=cache.nbytes, per_position=cache.nbytes // cache.max_length)
+        r.update(cache_bytes=cache.nbytes, per_position=cache.bytes_per_position)
         results[mode] = r
     ref = results["float"]["ids"]
     rows = []

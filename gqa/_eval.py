@@ -61,6 +61,8 @@ def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE
 def _sides(model, args, calibration):
     from ._model_peers import NumpyAttention, OrtAttention
     from . import _ort_peer
+    import gqa
+    ort_threads = args.threads or gqa.get_config()["effective_num_threads"]
     sides = {}
     for mode in args.speed_modes:
         kw = {} if mode == "float" else dict(calibration=calibration)
@@ -81,7 +83,7 @@ def _sides(model, args, calibration):
             if mode == "float" or "/" in mode:
                 continue
             sides[f"{peer} {mode}"] = lambda M, mode=mode, spin=spin: model.new_cache(
-                M, mode, cls=OrtAttention, calibration=calibration, threads=args.threads, spinning=spin)
+                M, mode, cls=OrtAttention, calibration=calibration, threads=ort_threads, spinning=spin)
     return sides, skipped
 
 

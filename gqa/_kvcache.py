@@ -13,7 +13,9 @@ Layout and bookkeeping (the contract):
   layout").  Rows ``[0, length)`` hold the sequence; rows past it are never read.
 - ``length`` is the number of positions every layer holds.  A step gives each layer the same
   S tokens once, in any layer order; the length advances by S when the last layer has had
-  them.  Every batch entry has the same length (no ragged batches here).
+  them.  Every batch entry has the same length (no ragged batches here); after the first
+  step a batch of more than one sequence takes one token per step (the operator's contract:
+  a multi-token step over a past needs batch size 1).
 - Calibration rule (``calibration()`` on a float cache after a calibration run): per layer and
   per channel, the absolute maximum of the cached K (after rotary, as the cache stores it)
   and V over rows ``[0, length)``.  A quantized cache built from it takes, per tensor, the
@@ -241,6 +243,11 @@ class KVCache:
         """Bytes of all K/V caches and scales."""
         scales = sum(s.nbytes for s in self.k_scales + self.v_scales if s is not None)
         return sum(a.nbytes for a in self.key + self.value) + scales
+
+    @property
+    def bytes_per_position(self):
+        """Bytes of K and V codes (or floats) one position takes over all layers (no scales)."""
+        return sum(a.nbytes for a in self.key + self.value) // self.max_length
 
     def reset(self):
         """Start a new sequence (the buffers are kept; old rows are never read again)."""

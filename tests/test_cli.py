@@ -110,7 +110,7 @@ def test_bench_rejects_bad_options():
 
 
 def test_demo_tiny(tmp_path):
-    out = _run(["demo", "--layers", "2", "--prompt", "24", "--steps", "8", "--heads", "4", "--kv-heads", "2",
+    out = _run(["demo", "--synthetic", "--layers", "2", "--prompt-tokens", "24", "--steps", "8", "--heads", "4", "--kv-heads", "2",
                 "--head-size", "32", "--model-dim", "32", "--threads", "1", "--progress", "off"], tmp_path)
     assert "tok/s" in out
     rows = {line.split()[0]: line.split() for line in out.splitlines()
@@ -124,14 +124,30 @@ def test_demo_tiny(tmp_path):
     assert share["float32"] == 100 and share["int8"] < 30 and share["int4"] < share["int8"]
 
 
+def test_demo_without_the_model_says_how_to_get_it(monkeypatch):
+    """No demo extra: the install line, then the synthetic loop."""
+    import io
+    from gqa import __main__ as cli, _demo, _gguf
+    monkeypatch.setattr(_gguf, "available", lambda: False)
+    seen = []
+    monkeypatch.setattr(_demo._synthetic_demo, "run", lambda args, out: seen.append(args) or 0)
+    out = io.StringIO()
+    p = cli.argparse.ArgumentParser()
+    _demo.add_arguments(p)
+    assert _demo.run(p.parse_args(["--layers", "2"]), out) == 0
+    assert _gguf.INSTALL_HINT in out.getvalue() and "synthetic" in out.getvalue()
+    assert len(seen) == 1 and seen[0].layers == 2
+
+
 def test_no_subcommand_prints_config_then_runs_the_demo(monkeypatch, capsys):
     from gqa import __main__ as cli
-    from gqa import _demo
+    from gqa import _demo, _synthetic_demo
     seen = []
     monkeypatch.setattr(_demo, "run", lambda args: seen.append(args) or 0)
     assert cli.main([]) == 0
     assert "active path" in capsys.readouterr().out
-    assert len(seen) == 1 and seen[0].layers == _demo.DEFAULTS["layers"]
+    assert len(seen) == 1 and seen[0].layers == _synthetic_demo.DEFAULTS["layers"]
+    assert not seen[0].synthetic and seen[0].prompt == _demo.PROMPT
     assert cli.main(["config"]) == 0
     assert "available paths" in capsys.readouterr().out
     assert len(seen) == 1

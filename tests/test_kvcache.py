@@ -1,0 +1,257 @@
+"""gqa.KVCache, the decoding-loop API: the same bits as a hand-written loop over the operator,
+the calibration rule, copy_from against the NumPy quantizer, rollback, and its errors (each a
+ValueError/TypeError naming the problem, nothing written, the length unchanged).  Small
+synthetic shapes: no model needed."""
+import numpy as np
+import pytest
+
+import gqa
+from gqa._kvcache import parse_mode, mode_name
+
+from _reference import quantize_ref
+
+L, B, N, NKV, H, M = 3, 1, 6, 2, 16, 40
+MODES = ["float", "int8-pt", "int8-pc", "int4-pt", "int4-pc", "int8-pc/pt", "int4-pt/pc"]
+
+
+def _steps(seed, sizes=(7, 1, 1, 3, 1), B=B):
+    """Per step and layer (q, k, v) float32, drawn once."""
+    rng = np.random.default_rng(seed)
+    return [[(rng.standard_normal((B, S, N * H), np.float32), rng.standard_normal((B, S, NKV * H), np.float32),
+              rng.standard_normal((B, S, NKV * H), np.float32)) for _ in range(L)] for S in sizes]
+
+
+def _scales(mode, seed=1):
+    rng = np.random.default_rng(seed)
+    k_mode, v_mode = parse_mode(mode)
+    if k_mode == "float":
+        return None, None
+    size = lambda m: NKV * H if m.endswith("pc") else 1  # noqa: E731
+    return ([rng.uniform(0.01, 0.05, size(k_mode)).astype(np.float32) for _ in range(L)],
+            [rng.uniform(0.01, 0.05, size(v_mode)).astype(np.float32) for _ in range(L)])
+
+
+def _cache(mode="float", rotary=True, B=B, **kw):
+    if "k_scales" not in kw and "calibration" not in kw and mode != "float":
+        kw["k_scales"], kw["v_scales"] = _scales(mode)
+    return gqa.KVCache(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=M,
+                       batch_size=B, mode=mode, rotary=gqa.rotary_caches(M, H) if rotary else None, **kw)
+
+
+@pytest.mark.parametrize("B, sizes", [(1, (7, 1, 1, 3, 1)), (3, (5, 1, 1))], ids=["B1", "B3"])
+@pytest.mark.parametrize("mode", MODES)
+def test_loop_equals_the_hand_written_operator_loop(mode, B, sizes):
+    """The same outputs and caches, bit for bit, as per-layer buffers, seqlens_k / total
+    bookkeeping and group_query_attention calls written by hand; layers in any order.
+    (A batch takes one token per step after its prompt: the operator's contract.)"""
+    cache = _cache(mode, B=B)
+    k_mode, v_mode = parse_mode(mode)
+    ks, vs = _scales(mode)
+    attrs = dict(num_heads=N, kv_num_heads=NKV, do_rotary=1)
+    if k_mode != "float":
+        attrs.update(k_quant_type="PER_CHANNEL" if k_mode.endswith("pc") else "PER_TENSOR",
+                     v_quant_type="PER_CHANNEL" if v_mode.endswith("pc") else "PER_TENSOR",
+                     kv_cache_bit_width=int(k_mode[3]))
+    kc = [np.zeros_like(a) for a in cache.key]
+    vc = [np.zeros_like(a) for a in cache.value]
+    cos, sin = gqa.rotary_caches(M, H)
+    T = 0
+    for i, step in enumerate(_steps(0, sizes, B)):
+        S = step[0][0].shape[1]
+        T += S
+        order = range(L) if i % 2 else reversed(range(L))
+        for li in order:
+            q, k, v = step[li]
+            got = cache.attend(li, q, k, v)
+            want = gqa.group_query_attention(
+                q, k, v, kc[li], vc[li], np.full(B, T - 1, np.int32), T, cos, sin,
+                k_scale=None if ks is None else ks[li], v_scale=None if vs is None else vs[li],
+                present_key=kc[li], present_value=vc[li], **attrs)[0]
+            np.testing.assert_array_equal(got, want)
+        assert cache.length == T
+    for li in range(L):
+        np.testing.assert_array_equal(cache.key[li][:, :, :T], kc[li][:, :, :T])
+        np.testing.assert_array_equal(cache.value[li][:, :, :T], vc[li][:, :, :T])
+
+
+def test_packed_qkv_and_layout():
+    cache = _cache("int4-pc/pt")
+    assert cache.key[0].shape == (B, NKV, M, H // 2) and cache.key[0].dtype == np.uint8
+    assert _cache("int8-pt").value[1].dtype == np.int8 and _cache().key[0].dtype == np.float32
+    (q, k, v), = _steps(3, (2,))[0][:1]
+    a = cache.attend(0, np.concatenate([q, k, v], -1), None, None)
+    ref = _cache("int4-pc/pt")
+    np.testing.assert_array_equal(a, ref.attend(0, q, k, v))
+    np.testing.assert_array_equal(cache.key[0], ref.key[0])
+    per_pos = L * 2 * B * NKV * (H // 2)
+    assert cache.nbytes == per_pos * M + sum(s.nbytes for s in cache.k_scales + cache.v_scales)
+
+
+def test_calibration_rule():
+    """Per channel: absmax over the calibration rows (and batch) / top code; per tensor: the
+    maximum over channels; margin multiplies; the floor keeps an all-zero channel quantizable."""
+    f = _cache(rotary=False, B=2)
+    steps = _steps(5, (6, 1, 1), B=2)
+    kin = [[] for _ in range(L)]
+    vin = [[] for _ in range(L)]
+    for step in steps:
+        for li, (q, k, v) in enumerate(step):
+            k = k.copy()
+            k[..., 3] = 0.0                       # channel 3 of KV head 0 never moves
+            f.attend(li, q, k, v)
+            kin[li].append(k)
+            vin[li].append(v)
+    cal = f.calibration()
+    assert cal.tokens == 2 * f.length
+    for li in range(L):
+        ka = np.abs(np.concatenate(kin[li], 1)).max(axis=(0, 1))      # [Nkv*H], element j*H + c
+        va = np.abs(np.concatenate(vin[li], 1)).max(axis=(0, 1))
+        np.testing.assert_array_equal(cal.k_absmax[li], ka)
+        q = _cache("int8-pc/pt", rotary=False, calibration=cal, B=2)
+        np.testing.assert_allclose(q.k_scales[li], np.maximum(ka / 127, 1e-6), rtol=1e-7)
+        assert q.k_scales[li][3] == np.float32(1e-6)
+        np.testing.assert_allclose(q.v_scales[li], [va.max() / 127], rtol=1e-7)
+        q4 = _cache("int4-pt", rotary=False, calibration=cal, margin=1.5, B=2)
+        np.testing.assert_allclose(q4.k_scales[li], [ka.max() * 1.5 / 7], rtol=1e-7)
+    both = cal.combined(f.calibration())
+    np.testing.assert_array_equal(both.k_absmax[0], cal.k_absmax[0])
+    assert both.tokens == 2 * cal.tokens
+
+
+@pytest.mark.parametrize("mode", ["int8-pc/pt", "int4-pc", "int4-pt"])
+def test_copy_from_quantizes_as_the_operator_writes(mode):
+    """A float cache copied into a quantized one: codes equal the NumPy quantizer's of the
+    float rows, and equal the cache the operator wrote itself from the same steps."""
+    src, direct = _cache(), _cache(mode)
+    for step in _steps(7):
+        for li, (q, k, v) in enumerate(step):
+            src.attend(li, q, k, v)
+            direct.attend(li, q, k, v)
+    dst = _cache(mode)
+    dst.copy_from(src, 10)
+    assert dst.length == 10
+    bits = int(mode[3])
+    for li in range(L):
+        for got, rows, scale, m in ((dst.key, src.key, dst.k_scales, parse_mode(mode)[0]),
+                                    (dst.value, src.value, dst.v_scales, parse_mode(mode)[1])):
+            for h in range(NKV):
+                s = scale[li][h * H:(h + 1) * H] if m.endswith("pc") else scale[li]
+                np.testing.assert_array_equal(got[li][:, h, :10], quantize_ref(rows[li][:, h, :10], s, bits))
+        np.testing.assert_array_equal(dst.key[li][:, :, :10], direct.key[li][:, :, :10])
+        np.testing.assert_array_equal(dst.value[li][:, :, :10], direct.value[li][:, :, :10])
+    with pytest.raises(ValueError, match="float cache or one of this mode"):
+        _cache("int8-pt").copy_from(dst)
+
+
+def test_truncate_rolls_back_exactly():
+    steps = _steps(9)
+    a = _cache("int8-pc")
+    for step in steps[:3]:
+        for li, (q, k, v) in enumerate(step):
+            a.attend(li, q, k, v)
+    n = a.length
+    for li, (q, k, v) in enumerate(steps[3]):     # a speculative step, then rejected
+        a.attend(li, q, k, v)
+    a.truncate(n)
+    b = _cache("int8-pc")
+    for step in steps[:3]:
+        for li, (q, k, v) in enumerate(step):
+            b.attend(li, q, k, v)
+    for li, (q, k, v) in enumerate(steps[4]):
+        np.testing.assert_array_equal(a.attend(li, q, k, v), b.attend(li, q, k, v))
+    a.reset()
+    assert a.length == 0
+
+
+def _snapshot(c):
+    return [x.copy() for x in c.key + c.value], c.length
+
+
+def _unchanged(c, snap):
+    arrays, length = snap
+    assert c.length == length
+    for x, y in zip(c.key + c.value, arrays):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_errors_name_the_problem_and_write_nothing():
+    c = _cache("int8-pt")
+    q, k, v = _steps(11, (1,))[0][0]
+    c.attend(0, q, k, v)
+    snap = _snapshot(c)
+    for layer, exc, msg in ((3, ValueError, r"layer must be in \[0, 3\)"), (-1, ValueError, "layer must be"),
+                            (1.0, TypeError, "layer must be an int"),
+                            (0, ValueError, "layer 0 already holds this step")):
+        with pytest.raises(exc, match=msg):
+            c.attend(layer, q, k, v)
+        _unchanged(c, snap)
+    q2, k2, v2 = _steps(12, (2,))[0][0]
+    with pytest.raises(ValueError, match="this step gives 1 tokens to the other layers; layer 1 got 2"):
+        c.attend(1, q2, k2, v2)
+    with pytest.raises(ValueError, match="query"):        # the operator's own check
+        c.attend(1, q[:, :, :-1], k, v)
+    _unchanged(c, snap)
+    full = _cache()
+    qf, kf, vf = _steps(13, (M,))[0][0]
+    for li in range(L):
+        full.attend(li, qf, kf, vf)
+    snap = _snapshot(full)
+    with pytest.raises(ValueError, match=f"KVCache is full: {M} \\+ 1 positions exceed max_length \\({M}\\)"):
+        full.attend(0, q, k, v)
+    _unchanged(full, snap)
+
+
+@pytest.mark.parametrize("kw, exc, msg", [
+    (dict(mode="int3"), ValueError, "mode='int3' is not a cache mode"),
+    (dict(mode="int8-pc/pq"), ValueError, "is not a cache mode"),
+    (dict(mode=8), TypeError, "mode must be a str"),
+    (dict(k_mode="int8-pt", v_mode="int4-pt"), ValueError, "same bit width"),
+    (dict(k_mode="float", v_mode="int8-pt"), ValueError, "must both be float or both quantized"),
+    (dict(k_mode="int8-pt"), ValueError, "k_mode and v_mode go together"),
+    (dict(mode="int8-pt", k_scales=None, v_scales=None), ValueError, "give k_scales and v_scales, or a calibration"),
+    (dict(mode="float", k_scales=[np.ones(1, np.float32)] * L), ValueError, "float cache: it takes no k_scales"),
+    (dict(mode="int8-pc", k_scales=[np.ones(3, np.float32)] * L, v_scales=[np.ones(32, np.float32)] * L),
+     ValueError, r"k_scales\[0\] must have 32 elements for int8-pc, got 3"),
+    (dict(mode="int8-pt", k_scales=[np.ones(1, np.float32)] * 2, v_scales=np.ones(1, np.float32)),
+     ValueError, r"k_scales must hold one array per layer \(3\), got 2"),
+    (dict(mode="int8-pt", k_scales=np.array([np.nan], np.float32), v_scales=np.ones(1, np.float32)),
+     ValueError, r"k_scales\[0\] holds a non-finite scale"),
+    (dict(max_length=0), ValueError, "max_length must be >= 1"),
+    (dict(num_layers=2.5), TypeError, "num_layers must be an int"),
+    (dict(dtype=np.float64), TypeError, "dtype must be float32 or float16"),
+    (dict(rotary=gqa.rotary_caches(M - 1, H)), ValueError, "P >= max_length"),
+])
+def test_construction_errors(kw, exc, msg):
+    args = dict(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=M)
+    args.update(kw)
+    with pytest.raises(exc, match=msg):
+        gqa.KVCache(**args)
+
+
+def test_calibration_errors():
+    f = _cache()
+    with pytest.raises(ValueError, match="needs a cache holding a whole calibration run"):
+        f.calibration()
+    with pytest.raises(ValueError, match="calibration\\(\\) reads a float cache"):
+        _cache("int8-pt").calibration()
+    q, k, v = _steps(14, (2,))[0][0]
+    for li in range(L):
+        f.attend(li, q, k, v)
+    cal = f.calibration()
+    other = gqa.KVCache(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=2 * H, max_length=M)
+    with pytest.raises(ValueError, match="calibration is for another model shape"):
+        gqa.KVCache(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=2 * H, max_length=M,
+                    mode="int8-pt", calibration=cal)
+    with pytest.raises(ValueError, match="margin must be a finite number > 0"):
+        _cache("int8-pt", calibration=cal, margin=0)
+    with pytest.raises(ValueError, match="either calibration or k_scales"):
+        _cache("int8-pt", calibration=cal, k_scales=[np.ones(1, np.float32)] * L)
+    with pytest.raises(TypeError, match="calibration must be a gqa.Calibration"):
+        _cache("int8-pt", calibration={"k": 1})
+    assert other.length == 0
+
+
+def test_mode_names_round_trip():
+    for m in MODES:
+        assert mode_name(*parse_mode(m)) == m
+    assert parse_mode("int4-pc/pt") == ("int4-pc", "int4-pt")
