@@ -10,9 +10,9 @@ the KVCache calibration rule: absolute maximum per channel / per tensor, margin 
 cache mode: perplexity, its change against the float cache, and top-1 agreement (the share of
 positions whose most likely next token equals the float cache's).
 
-Speed: decode at total lengths ``--decode-T``: the caches hold T - 1 positions of the evaluation
-text (one float prefill, copied and quantized into every side's cache), then ``--steps``
-teacher-forced decode tokens; whole-token time (projections, MLP and logits in NumPy included)
+Speed: decode at total lengths ``--decode-T``: the caches hold T - steps - 1 positions of the
+evaluation text (one float prefill, copied and quantized into every side's cache), then one
+warm-up and ``--steps`` timed teacher-forced decode tokens, the last at total length T; whole-token time (projections, MLP and logits in NumPy included)
 and attention time per token.  Sides: gqa (``--speed-modes``, default INT8 per tensor, and its
 float cache), NumPy float attention (``numpy``), and onnxruntime 1.31.1's GroupQueryAttention
 on the same cache buffers in place (one session, one IOBinding per layer) with its default
@@ -88,33 +88,37 @@ def _sides(model, args, calibration):
 
 
 def decode_speed(model, tokens, Ts, sides, steps, rounds, gap_s, progress=None):
-    """{T: {side: dict(token_ms, attention_ms)}}: medians over rounds of per-token times."""
+    """{T: {side: dict(token_ms, attention_ms)}}: medians over rounds of the per-token median.
+    Each round rolls the cache back to T - steps - 1 positions, runs one untimed warm-up step
+    and then ``steps`` timed ones, so the last timed step is at total length T."""
     tokens = np.asarray(tokens)
-    src = model.new_cache(max(Ts) - 1)
-    for pos in range(0, max(Ts) - 1, 512):
-        model.forward(tokens[None, pos:min(pos + 512, max(Ts) - 1)], src)
+    fill = {T: T - steps - 1 for T in Ts}
+    src = model.new_cache(max(fill.values()))
+    for pos in range(0, src.max_length, 512):
+        model.forward(tokens[None, pos:min(pos + 512, src.max_length)], src)
         if progress:
             progress("fill")
     out = {}
     names = list(sides)
     for T in Ts:
+        n = fill[T]
         caches = {}
         for name in names:
-            c = sides[name](T + steps)
-            c.copy_from(src, T - 1)
+            c = sides[name](T)
+            c.copy_from(src, n)
             caches[name] = c
-        times = {n: ([], []) for n in names}
+        times = {name: ([], []) for name in names}
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 c = caches[name]
-                c.truncate(T - 1)
+                c.truncate(n)
                 time.sleep(gap_s)
                 tok, att = [], []
                 for i in range(steps + 1):          # the first step warms up, not counted
                     a0 = model.attention_seconds
                     t0 = time.perf_counter()
-                    model.logits(model.forward(tokens[None, T - 1 + i:T + i], c)[0, -1])
+                    model.logits(model.forward(tokens[None, n + i:n + i + 1], c)[0, -1])
                     if i:
                         tok.append(time.perf_counter() - t0)
                         att.append(model.attention_seconds - a0)
@@ -122,8 +126,8 @@ def decode_speed(model, tokens, Ts, sides, steps, rounds, gap_s, progress=None):
                 times[name][1].append(np.median(att))
                 if progress:
                     progress(f"T={T} {name}")
-        out[T] = {n: dict(token_ms=1e3 * float(np.median(times[n][0])),
-                          attention_ms=1e3 * float(np.median(times[n][1]))) for n in names}
+        out[T] = {name: dict(token_ms=1e3 * float(np.median(times[name][0])),
+                             attention_ms=1e3 * float(np.median(times[name][1]))) for name in names}
         del caches
     return out
 
@@ -240,11 +244,13 @@ def run(args, out=None):
         return 1
     model = Llama.load()
     threads = args.threads or gqa.get_config()["effective_num_threads"]
-    need = max(args.contexts + [t + args.steps + 1 for t in args.decode_T])
+    need = max(args.contexts + args.decode_T)
     if need > model.context_length:
         raise SystemExit(f"gqa eval: lengths up to {need} exceed the model's context ({model.context_length})")
     ev = np.array(model.encode(_texts.evaluation_text()))
     cal_ids = np.array(model.encode(_texts.calibration_text()))[:args.calib_tokens]
+    if min(args.decode_T) <= args.steps + 1:
+        raise SystemExit(f"gqa eval: every --decode-T must exceed --steps + 1 ({args.steps + 1})")
     if len(ev) < need:
         raise SystemExit(f"gqa eval: the evaluation text has {len(ev)} tokens, {need} needed")
     res = dict(model=model.name, kernel=gqa.active_kernel(), threads=threads,
@@ -266,7 +272,7 @@ def run(args, out=None):
                 bar.close()
         if "speed" in what:
             sides, res["skipped"] = _sides(model, args, calibration)
-            n = -(-(max(args.decode_T) - 1) // 512) + len(args.decode_T) * len(sides) * args.rounds
+            n = -(-(max(args.decode_T) - args.steps - 1) // 512) + len(args.decode_T) * len(sides) * args.rounds
             bar = Progress(n, enabled)
             res["speed"] = decode_speed(model, ev, args.decode_T, sides, args.steps, args.rounds,
                                         args.gap_ms / 1e3, progress=lambda s: bar.update(1, s))

@@ -255,3 +255,43 @@ def test_mode_names_round_trip():
     for m in MODES:
         assert mode_name(*parse_mode(m)) == m
     assert parse_mode("int4-pc/pt") == ("int4-pc", "int4-pt")
+
+
+def test_readme_decoding_loop_runs(capsys):
+    """The README's first decoding loop, as a user copies it."""
+    import os
+    import re
+    readme = open(os.path.join(os.path.dirname(__file__), os.pardir, "README.md"), encoding="utf-8").read()
+    code = re.search(r"A decoding loop .*?```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.startswith("48 KVCache(layers=4, B=1, N=8, Nkv=2, H=64, mode='int8-pc/pt'")
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_calibration_takes_rotary_pair_norms(interleaved):
+    """With rotary, K's channel pairs (2i, 2i+1) interleaved, (i, i + r/2) otherwise, both take
+    the largest norm of the pair over the rows (rotation keeps the norm; computed here from the
+    unrotated inputs); the channels past a partial rotary width and V keep plain maxima."""
+    H, rot = 32, 16                                   # partial rotary: half the head
+    cos, sin = gqa.rotary_caches(M, rot)
+    f = gqa.KVCache(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=M,
+                    rotary=(cos, sin), rotary_interleaved=interleaved)
+    rng = np.random.default_rng(15)
+    ks = []
+    for S in (9, 1, 1):
+        for li in range(L):
+            q = rng.standard_normal((1, S, N * H), np.float32)
+            k, v = (rng.standard_normal((1, S, NKV * H), np.float32) for _ in range(2))
+            f.attend(li, q, k, v)
+            if li == 0:
+                ks.append(k.reshape(1, -1, NKV, H))
+    k = np.concatenate(ks, 1).astype(np.float64)       # [1, T, Nkv, H] before rotary
+    a, b = (np.arange(0, rot, 2), np.arange(1, rot, 2)) if interleaved else (
+        np.arange(rot // 2), np.arange(rot // 2, rot))
+    norm = np.sqrt(k[..., a] ** 2 + k[..., b] ** 2).max(axis=(0, 1))      # [Nkv, rot/2]
+    want = np.abs(k).max(axis=(0, 1))
+    want[:, a], want[:, b] = norm, norm
+    cal = f.calibration()
+    np.testing.assert_allclose(cal.k_absmax[0], want.reshape(-1), rtol=1e-6)
+    rotated_k = f.key[0][0, :, :f.length].astype(np.float64)               # [Nkv, T, H]
+    assert (np.abs(rotated_k).max(axis=1).reshape(-1) <= cal.k_absmax[0] * (1 + 1e-6)).all()
