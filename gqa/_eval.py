@@ -6,7 +6,8 @@ Llama-family GGUF file), run by gqa's NumPy forward (gqa/_llama.py).
 Perplexity: the first C tokens of the evaluation text (for each ``--contexts`` C), the first
 ``C - 1 - 32`` positions prefilled in chunks of 512 and the last 32 one decode step each, with
 scales calibrated on the first ``--calib-tokens`` tokens of a different text (gqa/_texts.py;
-the KVCache calibration rule: absolute maximum per channel / per tensor, margin 1).  For each
+the KVCache calibration rule: absolute maximum per channel / per tensor, K's rotary pairs by
+their norm, ``--margin`` 1; ``--plain-k-maxima`` for plain K maxima).  For each
 cache mode: perplexity, its change against the float cache, and top-1 agreement (the share of
 positions whose most likely next token equals the float cache's).
 
@@ -35,12 +36,13 @@ PPL_MODES = ("float", "int8-pt", "int8-pc", "int8-pc/pt", "int4-pt", "int4-pc/pt
 DECODE_TAIL = 32
 
 
-def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE_TAIL, progress=None):
+def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE_TAIL, progress=None,
+                 margin=1.0):
     """{mode: dict(ppl, nll_mean, top1_agreement, rel_change)} over ``tokens`` (1-D); "float" is
     always run (the reference)."""
     runs = {}
     for mode in ("float",) + tuple(m for m in modes if m != "float"):
-        kw = {} if mode == "float" else dict(calibration=calibration)
+        kw = {} if mode == "float" else dict(calibration=calibration, margin=margin)
         cache = model.new_cache(len(tokens), mode, **kw)
         nll, top = model.score(tokens, cache, decode_tail=decode_tail)
         runs[mode] = dict(nll=nll, top=top)
@@ -134,7 +136,7 @@ def decode_speed(model, tokens, Ts, sides, steps, rounds, gap_s, progress=None):
 
 def report_text(res):
     parts = [f"model: {res['model']}; evaluation text: {res['texts']['evaluation']}; calibration text: "
-             f"{res['texts']['calibration']} (first {res['calibration_tokens']} tokens); path "
+             f"{res['texts']['calibration']} (first {res['calibration_tokens']} tokens, margin {res['margin']}, K by {res['k_calibration']}); path "
              f"{res['kernel']}, {res['threads']} threads"]
     for C, modes in res.get("perplexity", {}).items():
         rows = [[m, f"{r['ppl']:.3f}", "-" if m == "float" else f"{100 * r['rel_change']:+.2f}%",
@@ -200,6 +202,9 @@ def add_arguments(p):
     p.add_argument("--contexts", type=_ints, default=[1024, 4096], help="perplexity contexts (default 1024,4096)")
     p.add_argument("--modes", default=",".join(PPL_MODES), help="cache modes of the perplexity table")
     p.add_argument("--calib-tokens", type=int, default=1024, help="calibration tokens (default 1024)")
+    p.add_argument("--margin", type=float, default=1.0, help="calibration margin (KVCache; default 1)")
+    p.add_argument("--plain-k-maxima", action="store_true",
+                   help="calibrate K by plain per-channel maxima, not rotary pair norms")
     p.add_argument("--decode-T", type=_ints, default=[512, 2048, 8192], help="decode total lengths")
     p.add_argument("--speed-modes", default="int8-pt", help="gqa cache modes timed (default int8-pt)")
     p.add_argument("--peers", default="numpy,ort,ort-nospin", help="numpy, ort, ort-nospin")
@@ -256,18 +261,19 @@ def run(args, out=None):
     res = dict(model=model.name, kernel=gqa.active_kernel(), threads=threads,
                texts=dict(evaluation=_texts.describe(_texts.EVAL_TOPIC),
                           calibration=_texts.describe(_texts.CALIBRATION_TOPIC)),
-               calibration_tokens=int(len(cal_ids)), skipped=[])
+               calibration_tokens=int(len(cal_ids)), margin=args.margin,
+               k_calibration="plain maxima" if args.plain_k_maxima else "rotary pair norms", skipped=[])
     enabled = sys.stderr.isatty()
     blas = blas_threads(args.blas_threads) if args.blas_threads else None
     if blas:
         blas.__enter__()
     try:
-        calibration = model.calibration(cal_ids)
+        calibration = model.calibration(cal_ids, rotary_pairs=not args.plain_k_maxima)
         if "ppl" in what:
             res["perplexity"] = {}
             for C in args.contexts:
                 bar = Progress(len(modes) + 1, enabled)
-                res["perplexity"][C] = perplexities(model, ev[:C], calibration, modes,
+                res["perplexity"][C] = perplexities(model, ev[:C], calibration, modes, margin=args.margin,
                                                     progress=lambda m: bar.update(1, f"ppl C={C} {m}"))
                 bar.close()
         if "speed" in what:

@@ -267,8 +267,11 @@ class KVCache:
         self._layer_length[:] = length
         self._step_size = 0
 
-    def calibration(self):
-        """A :class:`Calibration` from rows ``[0, length)`` of this float cache (after rotary)."""
+    def calibration(self, rotary_pairs=True):
+        """A :class:`Calibration` from rows ``[0, length)`` of this float cache (after rotary).
+        ``rotary_pairs=False``: plain per-channel maxima of K too, tighter for contexts no longer
+        than the calibration run (INT4 gains from it there) and too small beyond (module
+        docstring)."""
         if self.bits != 0:
             raise ValueError(f"calibration() reads a float cache; this one is {self.mode!r}")
         if self._length == 0 or self._step_size:
@@ -276,7 +279,7 @@ class KVCache:
                              "no step in progress)")
         n, c = self._length, self.kv_num_heads * self.head_size
         pairs = None
-        if self.cos_cache is not None:
+        if self.cos_cache is not None and rotary_pairs:
             r = 2 * self.cos_cache.shape[1]
             pairs = ((slice(0, r, 2), slice(1, r, 2)) if self.ops[0].rotary_interleaved
                      else (slice(0, r // 2), slice(r // 2, r)))

@@ -108,14 +108,14 @@ class Llama:
     def logits(self, hidden):
         return hidden @ self.output.T
 
-    def calibration(self, tokens, chunk=512):
+    def calibration(self, tokens, chunk=512, rotary_pairs=True):
         """A Calibration (gqa/_kvcache.py) from a float-cache run over ``tokens`` (1-D),
         prefilled in chunks of ``chunk``."""
         tokens = np.asarray(tokens)
         cache = self.new_cache(len(tokens))
         for pos in range(0, len(tokens), chunk):
             self.forward(tokens[None, pos:pos + chunk], cache)
-        return cache.calibration()
+        return cache.calibration(rotary_pairs)
 
     # -- uses -----------------------------------------------------------------------------
     def encode(self, text):

@@ -295,3 +295,6 @@ def test_calibration_takes_rotary_pair_norms(interleaved):
     np.testing.assert_allclose(cal.k_absmax[0], want.reshape(-1), rtol=1e-6)
     rotated_k = f.key[0][0, :, :f.length].astype(np.float64)               # [Nkv, T, H]
     assert (np.abs(rotated_k).max(axis=1).reshape(-1) <= cal.k_absmax[0] * (1 + 1e-6)).all()
+    plain = f.calibration(rotary_pairs=False)
+    np.testing.assert_array_equal(plain.k_absmax[0], np.abs(rotated_k).max(axis=1).reshape(-1))
+    np.testing.assert_array_equal(plain.v_absmax[0], cal.v_absmax[0])
