@@ -68,7 +68,8 @@ def run_model(args, out):
     cal_ids = model.encode(_texts.calibration_text())[:CALIBRATION_TOKENS]
     calibration = model.calibration(cal_ids)
     print(f"scales of the quantized caches: calibrated on {len(cal_ids)} tokens of "
-          f"{_texts.describe(_texts.CALIBRATION_TOPIC)} (absolute maximum per channel / per tensor)",
+          f"{_texts.describe(_texts.CALIBRATION_TOPIC)} (absolute maximum per channel / per tensor, K's "
+          "rotary pairs by their norm)",
           file=out)
     prompt = model.chat_prompt(args.prompt)
     print(f"\nprompt ({len(prompt)} tokens with the chat template): {args.prompt}", file=out)

@@ -42,7 +42,7 @@ class NumpyAttention(KVCache):
     def __init__(self, **kwargs):
         kwargs.setdefault("mode", "float")
         super().__init__(**kwargs)
-        if self.bits != 0 or self.ops[0].rotary_interleaved not in (0, 1):
+        if self.bits != 0:
             raise ValueError("NumpyAttention is a float cache")
         if self.cos_cache is not None and not self.ops[0].rotary_interleaved:
             raise ValueError("NumpyAttention implements the interleaved rotary only")
