@@ -18,18 +18,11 @@ import sys
 import numpy as np
 
 from . import _synthetic_demo
-from ._show import format_table
+from ._show import format_bytes, format_table
 
 PROMPT = "What is the capital of France, and what is the city known for?"
 MODES = ("float", "int8-pc/pt", "int4-pc/pt")
 CALIBRATION_TOKENS = 512
-
-
-def _fmt_bytes(n):
-    for unit, k in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= k:
-            return f"{n / k:.2f} {unit}"
-    return f"{n} B"
 
 
 class _Stream:
@@ -98,7 +91,7 @@ def run_model(args, out):
         rows.append([mode, f"{len(prompt) / r['prefill_s']:.0f}",
                      f"{r['decode_steps'] / r['decode_s']:.1f}" if r["decode_steps"] else "-",
                      f"{100 * r['decode_attention_s'] / r['decode_s']:.1f}%" if r["decode_steps"] else "-",
-                     _fmt_bytes(r["per_position"]), _fmt_bytes(r["cache_bytes"]),
+                     format_bytes(r["per_position"]), format_bytes(r["cache_bytes"]),
                      "reference" if mode == "float" else ("yes" if same else verdict)])
     head = ["KV cache", "prefill tok/s", "decode tok/s", "attention share", "KV bytes/position",
             f"KV allocated ({cap} pos.)", "answer = float"]

@@ -187,10 +187,15 @@ class KVCache:
         shape = (self.batch_size, self.kv_num_heads, self.max_length, width)
         self.key = [np.zeros(shape, cdt) for _ in range(self.num_layers)]
         self.value = [np.zeros(shape, cdt) for _ in range(self.num_layers)]
-        self._layer_length = np.zeros(self.num_layers, np.int64)
-        self._length = 0
-        self._step_size = 0
         self._seqlens = np.zeros(self.batch_size, np.int32)
+        self._set_length(0)
+
+    def _set_length(self, length):
+        """Every layer holds `length` positions; no step in progress."""
+        self._length = length
+        self._step_size = 0                       # S of the step in progress (0: none)
+        self._in_step = [False] * self.num_layers  # layers that have had the step
+        self._step_layers = 0
 
     def _scales(self, k_scales, v_scales, calibration, margin):
         if self.bits == 0:
@@ -263,9 +268,7 @@ class KVCache:
         length = _positive_int("length", length, minimum=0)
         if length > self._length:
             raise ValueError(f"length must be <= the cache's length ({self._length}), got {length}")
-        self._length = length
-        self._layer_length[:] = length
-        self._step_size = 0
+        self._set_length(length)
 
     def calibration(self, rotary_pairs=True):
         """A :class:`Calibration` from rows ``[0, length)`` of this float cache (after rotary).
@@ -325,9 +328,7 @@ class KVCache:
                 for h in range(self.kv_num_heads):
                     s = scales[li][h * H:(h + 1) * H] if per_channel else scales[li]
                     dst[li][:, h, :length] = quantize(rows[:, h], s, bits=self.bits)
-        self._length = length
-        self._layer_length[:] = length
-        self._step_size = 0
+        self._set_length(length)
 
     # -- the step -------------------------------------------------------------------------
     def attend(self, layer, query, key, value):
@@ -343,7 +344,7 @@ class KVCache:
         if S is None or S < 1:
             raise ValueError(f"query must be [B, S, {self.num_heads * self.head_size}] with S >= 1, "
                              f"got shape {np.shape(query)}")
-        if self._layer_length[layer] != self._length:
+        if self._in_step[layer]:
             raise ValueError(f"layer {layer} already holds this step's tokens: give every layer the "
                              "step once (length advances when the last layer has it)")
         if self._step_size and S != self._step_size:
@@ -355,10 +356,11 @@ class KVCache:
                              f"({self.max_length}); reset() or truncate() it, or allocate more")
         self._seqlens.fill(T - 1)
         out = self._run(layer, query, key, value, T)
-        self._layer_length[layer] = T
+        self._in_step[layer] = True
         self._step_size = S
-        if (self._layer_length == T).all():
-            self._length, self._step_size = T, 0
+        self._step_layers += 1
+        if self._step_layers == self.num_layers:
+            self._set_length(T)
         return out
 
     def _run(self, layer, query, key, value, T):

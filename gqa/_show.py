@@ -36,3 +36,11 @@ def format_table(head, rows):
     def line(cells):
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join([line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def format_bytes(n):
+    """n bytes as MiB / KiB (two decimals) or B."""
+    for unit, k in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= k:
+            return f"{n / k:.2f} {unit}"
+    return f"{n} B"

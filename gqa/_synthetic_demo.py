@@ -4,8 +4,8 @@ defaults (what ``python -m gqa demo`` runs when the real model is not installed)
 A stack of ``--layers`` GroupQueryAttention layers (Llama-class shape by default: N=32 query
 heads, Nkv=8 KV heads, head size 128, rotary embeddings from cos/sin caches computed here) runs
 a prompt of ``--prompt-tokens`` tokens in one call per layer, then ``--steps`` decode steps of one token.
-Each layer has one ``gqa.GroupQueryAttention`` and its own KV cache, preallocated for the whole
-sequence and updated in place (``present_key is past_key``).
+The layers' attention is one ``gqa.KVCache`` (a GroupQueryAttention and a cache per layer,
+preallocated for the whole sequence and updated in place).
 
 The "model" around the attention is a fixed random network (seeded, no download): token
 embeddings, and per layer an RMS norm, Q/K/V projections into the attention and an output
@@ -14,7 +14,7 @@ output.  The decode tokens are fixed (teacher forcing), so every run sees the sa
 
 The loop runs three times: with a float32 cache (the reference), with an INT8 cache and with an
 INT4 cache (K per channel, V per tensor, as KIVI recommends; scales calibrated from the float32
-run's prompt K/V: per-channel / per-tensor absolute maximum over the prompt / 127 or / 7).
+run's prompt K/V by the KVCache calibration rule).
 Reported: tokens/s of prefill and decode (the whole loop, and the attention calls alone), KV
 cache memory against float32, and the error of the final hidden states of every token against
 the float32 run (max / mean absolute error, cosine similarity).
@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from ._kvcache import rotary_caches
-from ._show import format_table
+from ._show import format_bytes, format_table
 
 MODES = {"float32": "float", "int8": "int8-pc/pt", "int4": "int4-pc/pt"}  # gqa.KVCache modes
 DEFAULTS = dict(layers=8, prompt=256, steps=256, heads=32, kv_heads=8, head_size=128, model_dim=256,
@@ -173,10 +173,6 @@ def run_loop(model, tokens, prompt, steps, mode, calibration, threads, cos, sin,
                 attn_prefill=attn_t["prefill"], attn_decode=attn_t["decode"])
 
 
-def _fmt_bytes(n):
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
-
-
 def compare(a, b):
     """Errors of a against the reference b (rows = tokens)."""
     d = np.abs(a.astype(np.float64) - b.astype(np.float64))
@@ -233,7 +229,7 @@ def run(args, out=None):
         r.update(cache_bytes=mem, accuracy=acc)
         label = {"float32": "float32", "int8": "int8 (K per-channel, V per-tensor)",
                  "int4": "int4 (K per-channel, V per-tensor)"}[mode]
-        rows.append([label, _fmt_bytes(mem), f"{100 * mem / f32_bytes:.1f}%",
+        rows.append([label, format_bytes(mem), f"{100 * mem / f32_bytes:.1f}%",
                      f"{P / r['t_prefill']:.0f}", f"{P / r['attn_prefill']:.0f}",
                      f"{St / r['t_decode']:.0f}", f"{St / r['attn_decode']:.0f}",
                      "-" if acc is None else f"{acc['max_abs']:.2e}",
