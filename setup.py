@@ -139,7 +139,7 @@ extensions = [
     ext("_dispatch", os.path.join(SRC, "dispatch.c")),
     ext("_kernels"),
     ext("_attention"),
-    ext("_step"),
+    ext("_call"),
 ]
 
 setup(

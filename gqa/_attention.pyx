@@ -1,6 +1,6 @@
 # cython: language_level=3
 """GroupQueryAttention compute: cache write, then attention, over (batch, KV head)
-units in parallel.  All inputs were validated by gqa/_operator.py; every pointer
+units in parallel.  All inputs were validated by gqa/_call.pyx; every pointer
 here addresses a buffer whose bounds that module checked.
 
 Layouts (float32 unless noted):
@@ -546,22 +546,9 @@ cdef Py_ssize_t first_alias(kc, vc, tuple inputs):
     return -1
 
 
-def check_no_alias(kc, vc, *inputs):
-    """In-place mode writes the caches before the attention reads its inputs: none may share
-    memory with past_key / past_value.  `inputs` in the order of _ALIAS_NAMES."""
-    cdef Py_ssize_t i = first_alias(kc, vc, inputs)
-    if i >= 0:
-        raise ValueError(f"{'past_key' if overlap(inputs[i], kc) else 'past_value'} must not "
-                         f"overlap {_ALIAS_NAMES[i]} in in-place mode (present is past)")
-
-
-_ALIAS_NAMES = ["query", "key", "value", "seqlens_k", "k_scale", "v_scale", "cos_cache", "sin_cache",
-                "position_ids", "attention_bias", "head_sink", "total_sequence_length"]
-
-
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil:
     """The rules on seqlens_k and rotary positions that keep every read and write inside
-    its buffer, stated once for both callers (run, and the short path of gqa/_step.pyx):
+    its buffer, stated once for both callers (run, and the call checks of gqa/_call.pyx):
     0 when all hold, with p.Tmax = max_b T_b; else the broken rule -- 1 seqlens_k[b] out
     of [0, min(Pres, T)), 2 too small for S, 3 more past rows than past_key has, 4 rotary
     position of (b, s) outside [0, max_pos) -- with where = {b, s}."""
@@ -589,28 +576,38 @@ cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil:
     return 0
 
 
-cdef int _check_lengths(Params *p, int64_t max_pos) except -1:
-    """length_error on the copies the compute will use, as an exception (see _operator for
-    the messages users normally get first)."""
+cdef int check_lengths(Params *p, int64_t max_pos) except -1:
+    """length_error as the operator's ValueError (one statement of the rules and their
+    messages, for the call's checks in gqa/_call.pyx and for run's own copies)."""
     cdef int where[2]
     where[0] = 0
     where[1] = 0
     cdef int e = length_error(p, max_pos, where)
-    cdef int b = where[0], sk = p.seqlens[where[0]] if e else 0
+    cdef int b = where[0], s = where[1], sk = p.seqlens[where[0]] if e else 0
     if e == 1:
-        raise ValueError(f"seqlens_k[{b}] = {sk} is out of range [0, {min(p.Pres, p.T)})")
+        if sk < 0 or sk >= p.Pres:
+            raise ValueError(f"seqlens_k[{b}] = {sk} is out of range [0, {p.Pres})")
+        raise ValueError(f"seqlens_k[{b}] = {sk} exceeds total_sequence_length - 1 = {p.T - 1}")
     if e == 2:
         raise ValueError(f"seqlens_k[{b}] = {sk} is too small for sequence_length {p.S}")
     if e == 3:
-        raise ValueError(f"seqlens_k[{b}] = {sk} requires more past rows than past_key has")
+        raise ValueError(f"seqlens_k[{b}] = {sk} requires {sk + 1 - p.S} past KV rows, which "
+                         f"exceeds the past buffer sequence length {p.Pbuf}.")
     if e == 4:
-        raise ValueError(f"rotary position {position(p, b, where[1])} of batch {b}, token "
-                         f"{where[1]} is out of range [0, {max_pos}) of cos_cache")
+        if p.first_prompt:
+            base = p.pos_ids[0] if p.pos_ids != NULL else 0
+            raise ValueError(f"position_ids base value {base} with sequence_length {p.S} exceeds "
+                             f"cos/sin cache range [0, {max_pos})")
+        if p.pos_ids != NULL:
+            raise ValueError(f"position_ids[{b}, {s}] = {position(p, b, s)} is out of range "
+                             f"[0, {max_pos})")
+        raise ValueError(f"seqlens_k[{b}] = {sk} is out of range for rotary cache dimension 0 "
+                         f"({max_pos})")
     return 0
 
 
 cdef class Consts:
-    """The parameters of one input signature (see _operator._static); reused across calls."""
+    """The parameters of one input signature (see gqa/_call.pyx, Signature); reused across calls."""
 
     def __init__(self, *, int B, int S, int N, int Nkv, int H, int L, int Pbuf, size_t q_tok,
                  size_t kv_tok, bint has_past, bint shared, int ktype, int vtype, size_t k_rb,
@@ -681,7 +678,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         if npos:
             memcpy(pos_local, p.pos_ids, npos * sizeof(int64_t))
             p.pos_ids = pos_local
-    _check_lengths(&p, 0 if cos is None else cnp.PyArray_DIM(<cnp.ndarray>cos, 0))  # sets p.Tmax
+    check_lengths(&p, 0 if cos is None else cnp.PyArray_DIM(<cnp.ndarray>cos, 0))  # sets p.Tmax
     qk = qk_kernel(t, p.ktype)
     p.exp_sum = exp_kernel(t)
     p.row_max = t.row_max

@@ -3,8 +3,9 @@
 * Containment: a NaN / +-inf in query, key, value (or a float cache) of batch entry b and
   KV group j never reaches another batch entry or another KV group: those outputs are
   bit-identical to the clean call's.  Within (b, j) only the rules' region may change.
-* A NaN never turns into a finite number: a NaN score, value, sink or scale gives NaN in the
-  affected output rows on every path (naive, flash, flash decoding).
+* A NaN never turns into a finite number: a NaN score, value or sink gives NaN in the
+  affected output rows on every path (naive, flash, flash decoding); a non-finite k_scale /
+  v_scale element is refused (ValueError naming it) before anything is written.
 * Quantized caches never hold or produce non-finite values from non-finite K/V: NaN -> the
   top code, +-inf -> the clamp codes (the same codes as onnxruntime).
 * All-masked rows give exactly 0; zero scales, denormals and |x| = 1e30 behave as stated.
@@ -149,7 +150,7 @@ def test_nonfinite_kv_quantize_to_clamp_codes_like_onnxruntime(mode, bits):
 
 @pytest.mark.parametrize("kernel", PATHS)
 @pytest.mark.parametrize("phase", ["prompt", "decode"])
-def test_nan_sink_and_scales_poison_only_their_heads(kernel, phase):
+def test_nan_sink_poisons_only_its_heads_and_nonfinite_scales_are_refused(kernel, phase):
     kw = PHASES[phase]
     for flash in (False, True):
         # head_sink[h] NaN: every row of head h, on every path
@@ -161,14 +162,23 @@ def test_nan_sink_and_scales_poison_only_their_heads(kernel, phase):
         keep = np.ones(N, bool)
         keep[1] = False
         assert np.array_equal(o[:, :, keep], clean[:, :, keep])
-        # a NaN per-channel scale of KV head 1: the heads of group 1 only
-        for sc in ("k_scale", "v_scale"):
+        # a non-finite scale element (here of KV head 1) would make every quantized write and
+        # read of its channels garbage: refused, naming the scale and the element, with the
+        # caller's present buffers untouched (README: where we differ from onnxruntime)
+        for sc, bad in itertools.product(("k_scale", "v_scale"), (np.nan, np.inf, -np.inf)):
             inp, a = make_case(seed=9, N=N, Nkv=NKV, H=H, mode="PER_CHANNEL", bits=8, **kw)
-            clean = _call(inp, a, kernel, flash)[0].reshape(kw["B"], kw["S"], N, H)
-            inp[sc][H + 3] = np.nan
-            o = _call(inp, a, kernel, flash)[0].reshape(kw["B"], kw["S"], N, H)
-            assert np.isnan(o[:, :, G:]).any(-1).all(), sc
-            assert np.array_equal(o[:, :, :G], clean[:, :, :G]), sc
+            T = int(np.asarray(inp["total_sequence_length"]).reshape(-1)[0])
+            P = inp["past_key"].shape[2] if inp.get("past_key") is not None else 0
+            inp["present_key"] = np.full((kw["B"], NKV, max(T, P), H), 7, np.int8)
+            inp["present_value"] = inp["present_key"].copy()
+            _call(inp, a, kernel, flash)
+            before = inp["present_key"].copy(), inp["present_value"].copy()
+            inp[sc][H + 3] = bad
+            with pytest.raises(ValueError, match=f"^{sc} element {H + 3} is {float(bad)}: scales "
+                                                 "must be finite"):
+                _call(inp, a, kernel, flash)
+            assert np.array_equal(inp["present_key"], before[0])
+            assert np.array_equal(inp["present_value"], before[1])
 
 
 @pytest.mark.parametrize("kernel", PATHS)

@@ -1,12 +1,14 @@
-"""The short path of a repeated call (gqa/_step.pyx): same results as the full path, and
-every value the full path would refuse makes it step aside, so the error (and its message)
-is the full path's."""
+"""The checked signature of a repeated call (gqa/_call.pyx): a repeat skips the signature
+checks but never the value checks -- same results as a fresh operator (which checks
+everything), the same error and message for every invalid value, and any change of the
+signature checks it again."""
 import re
 
 import numpy as np
 import pytest
 
 import gqa
+from gqa import _call
 from _cases import make_case
 
 ARGS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
@@ -14,9 +16,21 @@ ARGS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_s
         "v_scale", "present_key", "present_value")
 
 
-def _short(op, inp, num_threads=None):
-    """What the short path returns for this call (None: it stepped aside)."""
-    return op._step.call(*(inp.get(n) for n in ARGS), num_threads)
+def _counted(op, inp, **kw):
+    """(the call's result, how many signatures it checked and built)."""
+    before = _call.signatures_built()
+    res = op(**inp, **kw)
+    return res, _call.signatures_built() - before
+
+
+def _builds(op, inp, **kw):
+    """How many signatures a call checked and built (it may raise)."""
+    before = _call.signatures_built()
+    try:
+        op(**inp, **kw)
+    except (ValueError, TypeError):
+        pass
+    return _call.signatures_built() - before
 
 
 FEATURES = {
@@ -34,9 +48,9 @@ FEATURES = {
 
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "fresh-present"])
 @pytest.mark.parametrize("feature", list(FEATURES))
-def test_decode_loop_short_path_equals_full_path(feature, in_place):
-    """Four decode steps through one operator, steps 2-4 through the short path, against a
-    new operator per step (always the full path): outputs and caches bit for bit.  In place
+def test_decode_loop_on_a_kept_signature_equals_fresh_operators(feature, in_place):
+    """Four decode steps through one operator, steps 2-4 on the signature step 1 checked,
+    against a new operator per step (every check): outputs and caches bit for bit.  In place
     the loop advances one token a step; with fresh present buffers it repeats one step on the
     same past buffers (a new past each step would be a new signature)."""
     inp, a = make_case(seed=5, B=2, S=1, past=9, N=4, Nkv=2, H=16, buf=16 if in_place else None,
@@ -66,8 +80,8 @@ def test_decode_loop_short_path_equals_full_path(feature, in_place):
             elif step == 0:
                 res[who] = reused(**call)
             else:
-                res[who] = _short(reused, call)
-                assert res[who] is not None, "the short path stepped aside from a valid repeat"
+                res[who], built = _counted(reused, call)
+                assert built == 0, "a valid repeat checked its signature again"
         assert len(res["short"]) == len(res["full"])
         for got, want in zip(res["short"], res["full"]):
             assert got.dtype == want.dtype and got.shape == want.shape
@@ -141,10 +155,9 @@ BAD = ["T_below_seqlens", "T_beyond_buffer", "T_zero", "T_huge", "T_bool", "T_fl
 
 
 @pytest.mark.parametrize("bad", BAD)
-def test_short_path_steps_aside_for_every_invalid_repeat(bad):
-    """After a valid call cached the signature, each invalid variation is declined by the
-    short path and raises exactly what a fresh operator (full path only) raises, before any
-    caller buffer changes."""
+def test_every_invalid_value_on_a_kept_signature_raises_what_a_fresh_operator_raises(bad):
+    """After a valid call kept the signature, each invalid variation raises exactly what a
+    fresh operator raises, before any caller buffer changes."""
     mode = "NONE" if bad == "query_in_cache" else "PER_TENSOR"
     pos = bad != "rotary_row_beyond_cos"
     inp, a = make_case(seed=9, B=1, S=2, past=6, N=4, Nkv=2, H=16, mode=mode, bits=8, buf=12,
@@ -153,10 +166,9 @@ def test_short_path_steps_aside_for_every_invalid_repeat(bad):
     pk, pv = inp["past_key"], inp["past_value"]
     call = dict(inp, present_key=pk, present_value=pv)
     op(**call)
-    assert _short(op, call) is not None            # the valid repeat takes the short path
+    assert _builds(op, call) == 0                  # the valid repeat keeps the signature
     x, kw = _bad(bad, dict(call), 12)
     assert x.get("query") is not None
-    assert _short(op, x, kw.get("num_threads")) is None
     before = (pk.copy(), pv.copy())
     with pytest.raises((ValueError, TypeError)) as want:
         gqa.GroupQueryAttention(**a)(**x, **kw)
@@ -167,25 +179,33 @@ def test_short_path_steps_aside_for_every_invalid_repeat(bad):
     np.testing.assert_array_equal(pv, before[1])
 
 
-def test_short_path_declines_layouts_it_would_have_to_copy():
-    """A valid repeat whose per-step input is not C-contiguous goes the full path (which
-    copies it) and gives the same result."""
+def test_a_strided_per_step_input_is_copied_on_the_kept_signature():
+    """A valid repeat whose per-step input is not C-contiguous keeps the signature (per-step
+    inputs are matched by dtype and shape), is copied for the compute, and gives the same
+    result as a fresh operator; new past objects are a new signature."""
     inp, a = make_case(seed=3, B=1, S=1, past=5, N=4, Nkv=2, H=16, buf=8)
     op = gqa.GroupQueryAttention(**a)
     pk, pv = inp["past_key"], inp["past_value"]
     call = dict(inp, present_key=pk, present_value=pv)
-    op(**dict(call, past_key=pk.copy(), past_value=pv.copy(), present_key=None, present_value=None))
+    fresh_past = lambda: dict(call, past_key=pk.copy(), past_value=pv.copy(), present_key=None,
+                              present_value=None)
+    first = fresh_past()                          # kept alive: no other array takes its address
+    op(**first)
     wide = np.zeros((1, 1, 2 * inp["query"].shape[2]), np.float32)
     wide[..., ::2] = inp["query"]
     strided = dict(call, query=wide[..., ::2])
     op(**call)
-    assert _short(op, dict(call, past_key=pk.copy(), past_value=pv.copy(), present_key=None,
-                           present_value=None)) is None   # new past objects: a new signature
-    assert _short(op, strided) is None
-    got = op(**strided)[0]
-    want = gqa.GroupQueryAttention(**a)(**dict(call, past_key=pk.copy(), past_value=pv.copy(),
-                                               present_key=None, present_value=None))[0]
-    np.testing.assert_array_equal(got, want)
+    second = fresh_past()
+    assert _builds(op, second) == 1                # new past objects: a new signature
+    start = pk.copy(), pv.copy()
+    got, built = _counted(op, strided)
+    assert built == 0
+    written = pk.copy()
+    pk[...], pv[...] = start
+    want = gqa.GroupQueryAttention(**a)(**fresh_past())
+    np.testing.assert_array_equal(got[0], want[0])
+    T = inp["total_sequence_length"]
+    np.testing.assert_array_equal(written[:, :, :T], want[1][:, :, :T])   # rows past T: unwritten
 
 
 def _other_signature(name, x):
@@ -236,20 +256,19 @@ OTHER = ["query_f64", "query_f16", "query_wider", "query_rank", "key_missing", "
 
 
 @pytest.mark.parametrize("other", OTHER)
-def test_another_signature_never_takes_the_short_path(other):
-    """Any argument whose dtype, shape, rank, identity or flags differ from the cached call's
-    makes the short path step aside; the full path then decides (and a valid call's result
-    equals a fresh operator's)."""
+def test_another_signature_is_checked_again(other):
+    """Any argument whose dtype, shape, rank, identity or flags differ from the kept call's
+    has its signature checked again; a valid call's result equals a fresh operator's, an
+    invalid one raises what a fresh operator raises."""
     inp, a = make_case(seed=11, B=1, S=1, past=6, N=4, Nkv=2, H=16, mode="PER_TENSOR", bits=8,
                        buf=12, rotary=True, pos_ids=True, bias="full")
     op = gqa.GroupQueryAttention(**a)
     pk, pv = inp["past_key"], inp["past_value"]
     call = dict(inp, present_key=pk, present_value=pv)
     op(**call)
-    assert _short(op, call) is not None
+    assert _builds(op, call) == 0
     x = _other_signature(other, dict(call))
     try:
-        assert _short(op, x) is None
         twin = _clone(x)
         try:
             want = gqa.GroupQueryAttention(**a)(**twin)
@@ -257,7 +276,8 @@ def test_another_signature_never_takes_the_short_path(other):
             with pytest.raises(type(e), match="^" + re.escape(str(e)) + "$"):
                 op(**x)
             return
-        got = op(**x)
+        got, built = _counted(op, x)
+        assert built == 1
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
     finally:
@@ -307,9 +327,8 @@ def test_scales_rewritten_in_place_are_seen_even_when_strided():
 @pytest.mark.parametrize("kept", ["cos_cache", "head_sink", "k_scale"])
 def test_kept_input_inside_the_cache_fails_on_every_repeat(kept):
     """In place, a kept input (rotary cache, head_sink, scale) overlapping past_key is an
-    error.  The operator keeps the signature of the failed call, so the repeat must be
-    declined by the short path (which checks only the per-step inputs for overlap) and
-    raise the same error again, with the buffers untouched."""
+    error of the signature checks, so the failed signature is not kept: every repeat checks
+    it again and raises the same error, with the buffers untouched."""
     mode = "PER_TENSOR" if kept == "k_scale" else "NONE"
     inp, a = make_case(seed=10, B=1, S=1, past=6, N=4, Nkv=2, H=16, mode=mode, bits=8, buf=12,
                        rotary=kept == "cos_cache", sink=kept == "head_sink")
@@ -320,8 +339,9 @@ def test_kept_input_inside_the_cache_fails_on_every_repeat(kept):
     op = gqa.GroupQueryAttention(**a)
     before = (pk.copy(), pv.copy())
     for _ in range(3):
+        before_built = _call.signatures_built()
         with pytest.raises(ValueError, match=f"past_key must not overlap {kept}"):
             op(**call)
-        assert _short(op, call) is None
+        assert _call.signatures_built() == before_built     # raised while checking it
         np.testing.assert_array_equal(pk, before[0])
         np.testing.assert_array_equal(pv, before[1])

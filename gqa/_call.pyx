@@ -1,0 +1,740 @@
+# cython: language_level=3
+"""Every call of the GroupQueryAttention operator: the one statement of its input rules.
+
+A call is checked in two parts, both before anything is written:
+  * the signature checks (Signature.__init__): everything that depends only on the
+    arguments' kinds, dtypes, shapes, strides, flags and identities -- and, for the arrays
+    kept across calls, their addresses (caches, scales, rotary caches, head_sink, present
+    buffers): shapes against the attributes, in-place aliasing among kept arrays, present
+    buffers' layout;
+  * the value checks (Signature.call): everything that can change between calls with the
+    same signature -- total_sequence_length, seqlens_k, rotary positions, the attention_bias
+    width, the per-step inputs' aliasing of the caches, finite scales, num_threads.
+The operator keeps the Signatures of recent calls (one per past buffer), so a decoding loop
+pays the value checks only; any difference in the signature (see _matches) builds a new one.
+The compute (gqa/_attention.pyx) copies the lengths it addresses with and re-proves them.
+
+Messages name the argument and what was expected (ValueError for values and shapes,
+TypeError for kinds and dtypes), in ONNX Runtime's words where it has them.
+"""
+cimport cython
+cimport numpy as cnp
+from libc.stdint cimport int64_t, int32_t, uint32_t
+from cpython.object cimport PyObject
+
+import numbers
+
+import numpy as np
+
+from gqa._attention cimport Consts, Params, run, first_alias, overlap, check_lengths
+from gqa._dispatch cimport omp_max_threads
+from gqa import _config, _dispatch
+
+cnp.import_array()
+
+cdef enum:
+    NARGS = 15          # query .. present_value, in __call__'s order (total_sequence_length apart)
+    MAXD = 4
+    INT32_MAX = 2147483647
+    MAX_SIGNATURES = 64  # per operator: one per past buffer of a loop over layers
+
+# gqa_type_t values (gqa_kernels.h)
+cdef enum:
+    S8_PT = 0
+    S8_PC = 1
+    S4_PT = 2
+    S4_PC = 3
+    T_F32 = 4
+    T_F16 = 5
+
+cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_ARRAY_WRITEABLE
+cdef int READY = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED
+
+cdef dict _SETTINGS = _config._settings   # updated in place by gqa.config
+cdef size_t _L2 = _dispatch.l2_cache_bytes() or 512 * 1024   # unknown: assume a small (Zen 3) L2
+cdef int _CPUS = _config.PLAN_CPUS       # CPUs this process may run on (affinity mask)
+cdef int _UNITS = max(8, _CPUS)
+cdef object _ONES = np.ones(1, np.float32)   # the scales of a float cache (never read)
+cdef object _F32 = np.dtype(np.float32)
+cdef object _F16 = np.dtype(np.float16)
+# the arrays that may not share memory with the caches in place, as the checks list them
+cdef tuple _KEPT_NAMES = ("k_scale", "v_scale", "cos_cache", "sin_cache", "head_sink")
+cdef tuple _STEP_NAMES = ("query", "key", "value", "seqlens_k", "position_ids", "attention_bias",
+                          "total_sequence_length")
+cdef long long _built = 0                 # Signatures built (tests: a repeat builds none)
+
+
+# -- the decode plan ----------------------------------------------------------------------
+
+cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int *q_block, int *kv_block,
+                int *splits, int *ranges):
+    """Tile sizes of the flash path and the split of decode work (see _attention.run: the
+    (batch, KV head) units form `ranges` contiguous ranges and the last unit of each range is
+    cut into `splits` key chunks).  They depend on the shapes, the L2 size and the CPU count
+    only -- never on the thread count -- so results do not either.
+    K and V tiles (2 x kv_rows x H float32) take about 1/8 of L2; a query tile holds
+    ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times."""
+    cdef int units = B * Nkv
+    blocks = _SETTINGS["flash_blocks"]
+    if blocks is not None:
+        q_block[0], kv_block[0] = blocks
+    else:
+        kv_block[0] = max(16, min(256, <int>(_L2 // (64 * H))))
+        q_block[0] = max(4, 128 // G)
+    sp = _SETTINGS["decode_splits"]
+    splits[0] = 1
+    ranges[0] = units
+    if sp is not None:
+        splits[0] = sp
+    elif S == 1 and 0 < units < _UNITS:
+        # fewer units than max(8, CPUs) leave cores idle or unevenly loaded: split every
+        # unit's keys so there are that many pieces, in chunks of >= 256 keys (no units, an
+        # empty batch: nothing to split)
+        splits[0] = max(1, min(-(-_UNITS // units), Tmax // 256))
+    elif S == 1 and units >= 2 * _CPUS:
+        # one range per CPU, and each range's last unit in up to 4 chunks of >= 512 keys:
+        # whole units keep their cache rows in one core's L2 from call to call, and the
+        # chunks let the cores finish together when one runs slower (shared machines)
+        splits[0] = max(1, min(4, Tmax // 512))
+        ranges[0] = _CPUS
+
+
+def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax):
+    """(q_block, kv_block, splits, ranges) of a call: see _plan."""
+    cdef int q_block, kv_block, splits, ranges
+    _plan(B, S, Nkv, G, H, Tmax, &q_block, &kv_block, &splits, &ranges)
+    return q_block, kv_block, splits, ranges
+
+
+def signatures_built():
+    """How many call signatures have been checked and built in this process."""
+    return _built
+
+
+# -- argument checks ------------------------------------------------------------------------
+
+cdef str _names(tuple dtypes):
+    return " or ".join(np.dtype(d).name for d in dtypes)
+
+
+cdef cnp.ndarray _array(object x, str name, int t1, int t2, int ndim):
+    """x must be an ndarray of type number t1 (or t2, -1: none) and rank ndim (-1: any)."""
+    if not isinstance(x, cnp.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t != t1 and t != t2:
+        want = (np.dtype(cnp.PyArray_DescrFromType(t1)),) + (
+            (np.dtype(cnp.PyArray_DescrFromType(t2)),) if t2 >= 0 else ())
+        raise TypeError(f"{name} must have dtype {_names(want)}, got {x.dtype}")
+    if ndim >= 0 and cnp.PyArray_NDIM(a) != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got {x.ndim} (shape {x.shape})")
+    return a
+
+
+cdef inline bint _ready(object x, int type_num) noexcept:
+    """The compute can read x as it is: that dtype, C-contiguous, aligned (None: nothing)."""
+    if x is None:
+        return True
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    return cnp.PyArray_TYPE(a) == type_num and (cnp.PyArray_FLAGS(a) & READY) == READY
+
+
+cdef inline object _f32(object x):
+    """A float32, C-contiguous, aligned view or copy of a float input (None stays None)."""
+    if x is None or _ready(x, cnp.NPY_FLOAT32):
+        return x
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x if x.flags.aligned else x.copy()
+
+
+cdef inline object _contiguous(object x):
+    """A C-contiguous, aligned view or copy of an input (inputs are never written)."""
+    if x is None or (cnp.PyArray_FLAGS(<cnp.ndarray>x) & READY) == READY:
+        return x
+    return np.require(x, requirements=["C", "A"])
+
+
+cdef long long _total_length(object t) except -1:
+    """total_sequence_length: a Python int or a one-element int32 array, in [1, INT32_MAX]."""
+    cdef long long v
+    if type(t) is int:
+        if t < 1:
+            raise ValueError(f"total_sequence_length must be >= 1, got {t}")
+        if t > INT32_MAX:
+            raise ValueError(f"total_sequence_length must be <= {INT32_MAX} (int32), got {t}")
+        return t
+    if isinstance(t, (bool, np.bool_)):
+        raise TypeError("total_sequence_length must be an int or a one-element int32 array")
+    if isinstance(t, cnp.ndarray):
+        if cnp.PyArray_TYPE(<cnp.ndarray>t) != cnp.NPY_INT32:
+            raise TypeError(f"total_sequence_length must have dtype int32, got {t.dtype}")
+        if cnp.PyArray_SIZE(<cnp.ndarray>t) != 1:
+            raise ValueError("total_sequence_length tensor must be of one element, "
+                             f"got shape {t.shape}")
+        v = int(t.reshape(-1)[0])
+    elif isinstance(t, numbers.Integral):
+        t = int(t)
+        if t < 1:
+            raise ValueError(f"total_sequence_length must be >= 1, got {t}")
+        if t > INT32_MAX:
+            raise ValueError(f"total_sequence_length must be <= {INT32_MAX} (int32), got {t}")
+        v = t
+    else:
+        raise TypeError("total_sequence_length must be an int or a one-element int32 array, "
+                        f"got {type(t).__name__}")
+    if v < 1:
+        raise ValueError(f"total_sequence_length must be >= 1, got {v}")
+    return v
+
+
+cdef int _threads(object n) except -1:
+    """Threads of a call: num_threads, else gqa.config's, else OpenMP's default."""
+    if n is None:
+        nt = _SETTINGS["num_threads"]
+        return nt if nt is not None else max(1, omp_max_threads())
+    if type(n) is int and 1 <= n <= INT32_MAX:
+        return n
+    return _config._check_threads(n, "num_threads")
+
+
+cdef int _finite_scale(object s, str name) except -1:
+    """Every element of a scale is finite: a NaN or infinite one makes every quantized write
+    and read of its channels garbage (ONNX Runtime accepts it; we refuse it on every call,
+    since a kept scale may be rewritten between calls)."""
+    cdef cnp.ndarray a = <cnp.ndarray>s
+    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(a)
+    cdef const uint32_t *u
+    if _ready(s, cnp.NPY_FLOAT32):
+        u = <const uint32_t *>cnp.PyArray_DATA(a)
+        for i in range(n):
+            if (u[i] & 0x7f800000u) == 0x7f800000u:     # exponent all ones: inf or NaN
+                break
+        else:
+            return 0
+    flat = np.array(s, dtype=np.float32).reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat))
+    if bad.size == 0:
+        return 0
+    i = int(bad[0])
+    raise ValueError(f"{name} element {i} is {float(flat[i])}: scales must be finite "
+                     "(a non-finite scale makes every quantized write and read of its channels "
+                     "garbage)")
+
+
+# -- the signature ----------------------------------------------------------------------------
+
+cdef struct Key:
+    int present, type_num, ndim, flags
+    size_t ident
+    void *data
+    Py_ssize_t shape[MAXD]
+    Py_ssize_t strides[MAXD]
+
+
+cdef inline bint _key(Key *k, object x):
+    """Fill k from x (None or an ndarray); False if x is neither or has ndim > MAXD."""
+    cdef cnp.ndarray a
+    cdef int d
+    k.present = x is not None
+    if not k.present:
+        return True
+    if type(x) is not cnp.ndarray:
+        return False
+    a = <cnp.ndarray>x
+    k.ndim = cnp.PyArray_NDIM(a)
+    if k.ndim > MAXD:
+        return False
+    k.type_num = cnp.PyArray_TYPE(a)
+    k.flags = cnp.PyArray_FLAGS(a) & FLAGS
+    k.ident = <size_t><PyObject *>x
+    k.data = cnp.PyArray_DATA(a)
+    for d in range(k.ndim):
+        k.shape[d] = cnp.PyArray_DIM(a, d)
+        k.strides[d] = cnp.PyArray_STRIDE(a, d)
+    return True
+
+
+cdef inline bint _same(const Key *k, object x, bint kept, int ndims) noexcept:
+    """x has the signature recorded in k (ndims: how many leading dimensions must match)."""
+    cdef cnp.ndarray a
+    cdef int d
+    if x is None:
+        return not k.present
+    if not k.present or type(x) is not cnp.ndarray:
+        return False
+    a = <cnp.ndarray>x
+    if cnp.PyArray_NDIM(a) != k.ndim or cnp.PyArray_TYPE(a) != k.type_num:
+        return False
+    for d in range(ndims if ndims < k.ndim else k.ndim):
+        if cnp.PyArray_DIM(a, d) != k.shape[d]:
+            return False
+    if kept:
+        if (<size_t><PyObject *>x != k.ident or cnp.PyArray_DATA(a) != k.data
+                or (cnp.PyArray_FLAGS(a) & FLAGS) != k.flags):
+            return False
+        for d in range(k.ndim):
+            if cnp.PyArray_STRIDE(a, d) != k.strides[d]:
+                return False
+    return True
+
+
+@cython.final
+cdef class Signature:
+    """The checks of one input signature, and what they derived (see the module docstring)."""
+    cdef Key keys[NARGS]
+    cdef bint valid        # every argument was None or an ndarray of rank <= MAXD
+    cdef Consts consts
+    cdef int cache_type, Hp, rot_half
+    cdef bint packed, f16, has_past, shared, quantized, fresh_present, copy_past
+    cdef object cache_dt
+
+    def __init__(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
+                 sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+                 present_key, present_value):
+        global _built
+        cdef list args = [query, key, value, past_key, past_value, seqlens_k, cos_cache,
+                          sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+                          present_key, present_value]
+        cdef int i
+        self._check(op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
+                    sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+                    present_key, present_value)
+        self.valid = True
+        for i in range(NARGS):
+            if not _key(&self.keys[i], args[i]):
+                self.valid = False
+        _built += 1
+
+    cdef _check(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
+                sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+                present_key, present_value):
+        cdef int N = op.num_heads, Nkv = op.kv_num_heads
+        cdef int B, S, D, H, L, Hp, Pbuf = 0, ktype, vtype, bits = op.kv_cache_bit_width
+        cdef int ft, ct, rot_half
+        cdef bint packed, has_past, shared, k_pc = False, v_pc = False, bias_bb = False
+        cdef bint bias_nb = False
+        _array(query, "query", cnp.NPY_FLOAT32, cnp.NPY_FLOAT16, 3)
+        ft = cnp.PyArray_TYPE(<cnp.ndarray>query)
+        B, S, D = query.shape
+        if (key is None) != (value is None):
+            raise ValueError("Input 'key' and 'value' shall be both present, or both absent in the "
+                             "case of packed qkv.")
+        packed = key is None
+        if packed:
+            if D % (N + 2 * Nkv):
+                raise ValueError(f"query (packed QKV) last dimension {D} must be (num_heads + 2 * "
+                                 f"kv_num_heads) * head_size = {N + 2 * Nkv} * head_size")
+            H = D // (N + 2 * Nkv)
+            L = S
+        else:
+            if D % N:
+                raise ValueError(f"query last dimension {D} must be num_heads * head_size "
+                                 f"(num_heads = {N})")
+            H = D // N
+            for name, x in (("key", key), ("value", value)):
+                _array(x, name, ft, -1, 3)
+                if x.shape[0] != B:
+                    raise ValueError(f"Input 'query' and '{name}' shall have same dim 0 (batch size); "
+                                     f"got {B} and {x.shape[0]}")
+                if x.shape[2] != Nkv * H:
+                    raise ValueError(f"Input '{name}' last dimension must be kv_num_heads * head_size = "
+                                     f"{Nkv} * {H} = {Nkv * H}, got {x.shape[2]}")
+            if key.shape[1] != value.shape[1]:
+                raise ValueError(f"Input 'key' and 'value' shall have same dim 1 (sequence length); "
+                                 f"got {key.shape[1]} and {value.shape[1]}")
+            L = key.shape[1]
+            if L != S and L != 0:
+                raise ValueError(f"Input 'query' and 'key' shall have same dim 1 (sequence length) "
+                                 f"unless key has length 0 (shared KV); got {S} and {L}")
+        if H % 8:
+            raise ValueError(f"head_size must be a multiple of 8. Got head_size % 8 == {H % 8}")
+        if H == 0:
+            raise ValueError("head_size must be > 0 (query last dimension is 0)")
+
+        # cache element types
+        self.quantized = op.quantized
+        if self.quantized:
+            ct = cnp.NPY_INT8 if bits == 8 else cnp.NPY_UINT8
+            Hp = H if bits == 8 else (H + 1) // 2
+            k_pc = _scale(k_scale, "k_scale", op.k_quant_type, Nkv * H)
+            v_pc = _scale(v_scale, "v_scale", op.v_quant_type, Nkv * H)
+            ktype = (S8_PT if bits == 8 else S4_PT) + k_pc
+            vtype = (S8_PT if bits == 8 else S4_PT) + v_pc
+        else:
+            if k_scale is not None or v_scale is not None:
+                raise ValueError("k_scale / v_scale must not be given when k_quant_type is NONE")
+            ct, Hp = ft, H
+            ktype = vtype = T_F32 if ft == cnp.NPY_FLOAT32 else T_F16
+
+        _array(seqlens_k, "seqlens_k", cnp.NPY_INT32, -1, -1)
+        if seqlens_k.shape != (B,):
+            raise ValueError(f"seqlens_k must be shape (batch_size,) = ({B},), got {seqlens_k.shape}")
+
+        # past / present
+        if (past_key is None) != (past_value is None):
+            raise ValueError("Input 'past_key' and 'past_value' shall be both present or both absent.")
+        has_past = past_key is not None
+        if has_past:
+            for name, x in (("past_key", past_key), ("past_value", past_value)):
+                _array(x, name, ct, -1, 4)
+                want = (B, Nkv, x.shape[2], Hp)
+                if x.shape != want:
+                    raise ValueError(f"Input '{name}' must have shape (batch_size, kv_num_heads, "
+                                     f"past_sequence_length, {'head_size' if Hp == H else '(head_size+1)//2'}) "
+                                     f"= ({B}, {Nkv}, *, {Hp}), got {x.shape}")
+            if past_key.shape != past_value.shape:
+                raise ValueError(f"Input 'past_key' and 'past_value' shall have the same shape; got "
+                                 f"{past_key.shape} and {past_value.shape}")
+            Pbuf = past_key.shape[2]
+        shared = (present_key is not None and present_key is past_key) or \
+                 (present_value is not None and present_value is past_value)
+        if shared and not (present_key is past_key and present_value is past_value):
+            raise ValueError("in-place mode needs present_key is past_key and present_value is past_value")
+        if shared:
+            for name, x in (("past_key", past_key), ("past_value", past_value)):
+                if (cnp.PyArray_FLAGS(<cnp.ndarray>x) & FLAGS) != FLAGS:
+                    raise ValueError(f"{name} must be C-contiguous, aligned and writeable in "
+                                     "in-place mode (present is past)")
+            if overlap(past_key, past_value):
+                raise ValueError("past_key and past_value must not overlap in in-place mode")
+        elif (present_key is None) != (present_value is None):
+            raise ValueError("present_key and present_value must be given together")
+        if L == 0 and not has_past:
+            raise ValueError("key/value with sequence length 0 (shared KV) need past_key and past_value")
+
+        # optional inputs
+        rot_half = _rotary(op.do_rotary, cos_cache, sin_cache, position_ids, ft, B, S, H)
+        if attention_bias is not None:
+            _array(attention_bias, "attention_bias", ft, -1, 4)
+            bb, bn, bs, _ = attention_bias.shape
+            if bb not in (1, B) or bn not in (1, N) or bs != S:
+                raise ValueError(f"attention_bias must have shape (batch_size or 1, num_heads or 1, "
+                                 f"sequence_length, total_sequence_length) = ({B} or 1, {N} or 1, {S}, "
+                                 f"T), got {attention_bias.shape}")
+            bias_bb, bias_nb = bb == 1, bn == 1
+        if head_sink is not None:
+            _array(head_sink, "head_sink", ft, -1, 1)
+            if head_sink.shape != (N,):
+                raise ValueError(f"head_sink must have shape (num_heads,) = ({N},), got {head_sink.shape}")
+
+        # kept inputs of an in-place call: none may share memory with the caches (the per-step
+        # ones are checked on every call)
+        cdef tuple kept = (k_scale, v_scale, cos_cache, sin_cache, head_sink)
+        cdef Py_ssize_t i
+        if shared:
+            i = first_alias(past_key, past_value, kept)
+            if i >= 0:
+                raise ValueError(f"{'past_key' if overlap(kept[i], past_key) else 'past_value'} must "
+                                 f"not overlap {_KEPT_NAMES[i]} in in-place mode (present is past)")
+        # present buffers of a call that is not in place: exact layout, no overlap with the
+        # kept inputs or each other (the per-step inputs: every call)
+        cdef object cache_dt = np.dtype(cnp.PyArray_DescrFromType(ct))
+        if present_key is not None and not shared:
+            for name, x in (("present_key", present_key), ("present_value", present_value)):
+                _present(x, name, B, Nkv, Hp, cache_dt)
+                if first_alias(x, None, (past_key, past_value) + kept) >= 0:
+                    raise ValueError(f"{name} must not overlap the inputs")
+            if overlap(present_key, present_value):
+                raise ValueError("present_key and present_value must not overlap")
+
+        alpha = op.scale if op.scale != 0.0 else float(np.float32(1.0) / np.sqrt(np.float32(H)))
+        row_bytes = Hp * cache_dt.itemsize
+        self.consts = Consts(
+            B=B, S=S, N=N, Nkv=Nkv, H=H, L=L, Pbuf=Pbuf, q_tok=D, kv_tok=D if packed else Nkv * H,
+            has_past=has_past, shared=shared, ktype=ktype, vtype=vtype, k_rb=row_bytes,
+            v_rb=row_bytes, k_pc=k_pc, v_pc=v_pc, alpha=alpha, softcap=op.softcap,
+            W=op.local_window_size, causal=bool(op.causal), rot_half=rot_half,
+            do_rotary=bool(op.do_rotary == 1 and rot_half), interleaved=op.rotary_interleaved == 1,
+            pos_stride=0 if position_ids is None else position_ids.shape[1],
+            bias_bb=bias_bb, bias_nb=bias_nb, smooth=op.smooth_softmax == 1,
+            qk_mode=op.qk_output, round_half=ft == cnp.NPY_FLOAT16)
+        self.cache_type, self.cache_dt, self.Hp, self.rot_half = ct, cache_dt, Hp, rot_half
+        self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
+        self.fresh_present = present_key is None
+        self.copy_past = has_past and not shared and not (
+            _ready(past_key, ct) and _ready(past_value, ct))
+
+    # which arguments are kept across calls (identity, address, strides, flags compared) and
+    # which are per step (dtype and shape): stated here only
+    cdef bint _matches(self, query, key, value, past_key, past_value, seqlens_k, cos_cache,
+                       sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+                       present_key, present_value):
+        return (self.valid
+                and _same(&self.keys[0], query, False, MAXD) and _same(&self.keys[1], key, False, MAXD)
+                and _same(&self.keys[2], value, False, MAXD)
+                and _same(&self.keys[3], past_key, True, MAXD)
+                and _same(&self.keys[4], past_value, True, MAXD)
+                and _same(&self.keys[5], seqlens_k, False, MAXD)
+                and _same(&self.keys[6], cos_cache, True, MAXD)
+                and _same(&self.keys[7], sin_cache, True, MAXD)
+                and _same(&self.keys[8], position_ids, False, MAXD)
+                and _same(&self.keys[9], attention_bias, False, 3)
+                and _same(&self.keys[10], head_sink, True, MAXD)
+                and _same(&self.keys[11], k_scale, True, MAXD)
+                and _same(&self.keys[12], v_scale, True, MAXD)
+                and _same(&self.keys[13], present_key, True, MAXD)
+                and _same(&self.keys[14], present_value, True, MAXD))
+
+    cdef call(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+              cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+              present_key, present_value, num_threads):
+        """The value checks, then the compute: the call's (output, present_key,
+        present_value[, output_qk])."""
+        cdef const Params *p = &self.consts.p
+        cdef int B = p.B, S = p.S, L = p.L, Pbuf = p.Pbuf, Nkv = p.Nkv, N = p.N, H = p.H
+        cdef long long T = _total_length(total_sequence_length)
+        cdef int Pres, Tmax, nt, q_block, kv_block, splits, ranges
+        cdef int64_t max_pos = 0
+        cdef bint first_prompt
+        cdef Params q
+        cdef cnp.npy_intp dims[4]
+        cdef tuple steps
+        cdef Py_ssize_t i
+        if self.quantized:
+            _finite_scale(k_scale, "k_scale")
+            _finite_scale(v_scale, "v_scale")
+        if self.shared:
+            steps = (query, key, value, seqlens_k, position_ids, attention_bias, total_sequence_length)
+            i = first_alias(past_key, past_value, steps)
+            if i >= 0:
+                raise ValueError(f"{'past_key' if overlap(steps[i], past_key) else 'past_value'} must "
+                                 f"not overlap {_STEP_NAMES[i]} in in-place mode "
+                                 "(present is past)")
+        if S > T:
+            raise ValueError(f"total_sequence_length ({T}) must be >= sequence_length ({S}, query "
+                             "dimension 1): the new tokens are part of the total")
+        if self.shared and T > Pbuf:
+            raise ValueError(f"total_sequence_length ({T}) exceeds the shared buffer length "
+                             f"past_key.shape[2] = {Pbuf} (in-place mode)")
+        Pres = Pbuf if (self.shared or T <= Pbuf) else <int>T
+        if L == 0 and T > Pbuf:
+            raise ValueError(f"total_sequence_length ({T}) exceeds past buffer size ({Pbuf}) in "
+                             "shared KV mode")
+        first_prompt = S == T and L != 0
+        if S > 1 and S != T and B != 1 and self.has_past:
+            raise ValueError("batch_size must be 1 when sequence_length > 1 and past context is given.")
+        if S != T and not self.has_past:
+            raise ValueError(f"sequence_length ({S}) < total_sequence_length ({T}) needs past_key and "
+                             "past_value (the earlier tokens' cache)")
+        seqlens_k = _contiguous(seqlens_k)
+        if self.rot_half:
+            max_pos = cnp.PyArray_DIM(<cnp.ndarray>cos_cache, 0)
+            if max_pos < T:
+                raise ValueError(f"cos_cache dimension 0 shall not be less than total_sequence_length "
+                                 f"({max_pos} < {T})")
+            if position_ids is not None:
+                position_ids = _contiguous(position_ids)
+        q = p[0]
+        q.T = <int>T; q.Pres = Pres; q.first_prompt = first_prompt
+        q.seqlens = <const int *>cnp.PyArray_DATA(<cnp.ndarray>seqlens_k)
+        q.pos_ids = (<const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>position_ids)
+                     if self.rot_half and position_ids is not None else NULL)
+        check_lengths(&q, max_pos)
+        Tmax = q.Tmax
+        if attention_bias is not None and cnp.PyArray_DIM(<cnp.ndarray>attention_bias, 3) != T:
+            raise ValueError(f"attention_bias must have shape (batch_size or 1, num_heads or 1, "
+                             f"sequence_length, total_sequence_length) = ({B} or 1, {N} or 1, {S}, "
+                             f"{T}), got {attention_bias.shape}")
+        if not self.shared and not self.fresh_present:
+            for name, x in (("present_key", present_key), ("present_value", present_value)):
+                if cnp.PyArray_DIM(<cnp.ndarray>x, 2) != Pres:
+                    raise ValueError(f"{name} must have shape {(B, Nkv, Pres, self.Hp)}, got "
+                                     f"{x.shape}")
+            steps = (query, key, value, seqlens_k, position_ids, attention_bias)
+            i = first_alias(present_key, present_value, steps)
+            if i >= 0:
+                raise ValueError(f"{'present_key' if overlap(steps[i], present_key) else 'present_value'}"
+                                 " must not overlap the inputs")
+        nt = _threads(num_threads)
+        _plan(B, S, Nkv, p.G, H, Tmax, &q_block, &kv_block, &splits, &ranges)
+
+        # every check passed: inputs as the compute reads them, outputs, the compute
+        query = _f32(query)
+        if self.packed:
+            key = query[..., N * H:]
+            value = query[..., (N + Nkv) * H:]
+        else:
+            key, value = _f32(key), _f32(value)
+        if self.shared:
+            present_key, present_value = past_key, past_value
+        elif self.fresh_present:
+            dims[0] = B; dims[1] = Nkv; dims[2] = Pres; dims[3] = self.Hp
+            present_key = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+            present_value = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+        if self.copy_past:
+            past_key, past_value = _contiguous(past_key), _contiguous(past_value)
+        dims[0] = B; dims[1] = S; dims[2] = N * H
+        out = cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT32, 0)
+        qk_out = None
+        if p.qk_mode:
+            dims[0] = B; dims[1] = N; dims[2] = S; dims[3] = T
+            qk_out = cnp.PyArray_EMPTY(4, dims, cnp.NPY_FLOAT32, 0)
+        run(self.consts, query, key, value, seqlens_k, present_key, present_value,
+            past_key if self.has_past and not self.shared else None,
+            past_value if self.has_past and not self.shared else None,
+            _contiguous(k_scale) if self.quantized else _ONES,
+            _contiguous(v_scale) if self.quantized else _ONES,
+            _f32(cos_cache) if self.rot_half else None, _f32(sin_cache) if self.rot_half else None,
+            position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
+            out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
+            q_block, kv_block, splits, ranges)
+        if self.f16:
+            out = out.astype(np.float16)
+            qk_out = qk_out.astype(np.float16) if qk_out is not None else None
+        if qk_out is not None:
+            return out, present_key, present_value, qk_out
+        return out, present_key, present_value
+
+
+cdef bint _scale(object s, str name, str qtype, int nch) except -1:
+    """A quantization scale: float32, 1 element (PER_TENSOR) or nch (PER_CHANNEL)."""
+    if s is None:
+        raise ValueError(f"{name} must be provided when {name[0]}_quant_type is not NONE")
+    if not isinstance(s, cnp.ndarray):
+        raise TypeError(f"{name} must be a float32 numpy.ndarray, got {type(s).__name__}")
+    if cnp.PyArray_TYPE(<cnp.ndarray>s) != cnp.NPY_FLOAT32:
+        raise TypeError(f"{name} must be float tensor (float32), got {s.dtype}")
+    cdef bint pc = qtype == "PER_CHANNEL"
+    cdef Py_ssize_t want = nch if pc else 1
+    if cnp.PyArray_SIZE(<cnp.ndarray>s) != want:
+        raise ValueError(f"{name} shape mismatch: expected {want} elements "
+                         f"({'kv_num_heads * head_size' if want != 1 else 'per-tensor'}), got {s.size}")
+    return pc
+
+
+cdef int _rotary(int do_rotary, cos, sin, pos, int ft, int B, int S, int H) except -1:
+    """Signature checks of the rotary inputs; rotary_dim / 2 when rotary applies, else 0."""
+    if (cos is None) != (sin is None):
+        raise ValueError("Input 'cos_cache' and 'sin_cache' shall be both present or both absent.")
+    if pos is not None:
+        _array(pos, "position_ids", cnp.NPY_INT64, -1, 2)
+    if cos is None:
+        if do_rotary == 1:
+            raise ValueError("cos_cache and sin_cache must be provided when do_rotary is true")
+        return 0
+    _array(cos, "cos_cache", ft, -1, 2)
+    _array(sin, "sin_cache", ft, -1, 2)
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos_cache and sin_cache must have the same shape; got {cos.shape} and {sin.shape}")
+    if H % 16:
+        raise ValueError(f"head_size shall be a multiple of 16 when rotary caches are given. "
+                         f"Got head_size % 16 == {H % 16}")
+    cdef Py_ssize_t half = cos.shape[1]
+    if half > (H // 16) * 8 or half % 8 or half == 0:
+        raise ValueError(f"cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8; "
+                         f"got {half} (head_size {H})")
+    if pos is not None:
+        if pos.shape[0] != B:
+            raise ValueError(f"position_ids dimension 0 must be equal to the batch size, got {pos.shape[0]}")
+        if pos.shape[1] < S:
+            raise ValueError(f"position_ids dimension 1 must be at least sequence length, got {pos.shape[1]}")
+    return half if do_rotary == 1 else 0
+
+
+cdef int _present(object out, str name, int B, int Nkv, int Hp, object dtype) except -1:
+    """A caller-supplied present buffer (not in place): dtype, shape (B, Nkv, *, Hp) --
+    dimension 2 is checked on every call, against max(T, past length) --, C-contiguous,
+    aligned, writeable."""
+    if not isinstance(out, cnp.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {out.dtype}")
+    if out.ndim != 4 or out.shape[0] != B or out.shape[1] != Nkv or out.shape[3] != Hp:
+        raise ValueError(f"{name} must have shape ({B}, {Nkv}, max(total_sequence_length, "
+                         f"past_sequence_length), {Hp}), got {tuple(out.shape)}")
+    if (cnp.PyArray_FLAGS(<cnp.ndarray>out) & READY) != READY:
+        raise ValueError(f"{name} must be C-contiguous and aligned")
+    if not (cnp.PyArray_FLAGS(<cnp.ndarray>out) & cnp.NPY_ARRAY_WRITEABLE):
+        raise ValueError(f"{name} must be writeable")
+    return 0
+
+
+# -- the operator's call and the function ---------------------------------------------------
+
+cdef inline size_t _slot(object past_key, object query):
+    """The key of a call's Signature among an operator's recent ones: its past buffer (each
+    layer of a loop has its own), else its query."""
+    return <size_t><PyObject *>(past_key if past_key is not None else query)
+
+
+def op_call(self, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+            total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
+            attention_bias=None, head_sink=None, k_scale=None, v_scale=None, *,
+            present_key=None, present_value=None, num_threads=None):
+    """GroupQueryAttention.__call__ (gqa/_operator.py)."""
+    cdef dict sigs = self._signatures
+    cdef size_t slot = _slot(past_key, query)
+    cdef object found = sigs.get(slot)
+    cdef Signature sig
+    if found is None or not (<Signature>found)._matches(
+            query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+            position_ids, attention_bias, head_sink, k_scale, v_scale, present_key, present_value):
+        sig = Signature(self, query, key, value, past_key, past_value, seqlens_k, cos_cache,
+                        sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
+                        present_key, present_value)
+        if len(sigs) >= MAX_SIGNATURES:
+            sigs.clear()
+        sigs[slot] = sig        # one store: threads may share the operator
+    else:
+        sig = <Signature>found
+    return sig.call(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+                    cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
+                    v_scale, present_key, present_value, num_threads)
+
+
+cdef dict _OPS = {}          # attributes -> GroupQueryAttention, for the function
+cdef object _OP_CLASS = None
+
+
+cdef object _operator(tuple attrs):
+    """The kept operator of these attributes (validated when first made)."""
+    global _OP_CLASS
+    op = _OPS.get(attrs)
+    if op is None:
+        if _OP_CLASS is None:
+            from gqa._operator import GroupQueryAttention
+            _OP_CLASS = GroupQueryAttention
+        op = _OP_CLASS(**dict(zip(_ATTR_NAMES, attrs)))
+        if len(_OPS) >= MAX_SIGNATURES:
+            _OPS.clear()
+        _OPS[attrs] = op
+    return op
+
+
+cdef tuple _ATTR_NAMES = ("num_heads", "kv_num_heads", "scale", "softcap", "local_window_size",
+                          "causal", "do_rotary", "rotary_interleaved", "smooth_softmax",
+                          "qk_output", "k_quant_type", "v_quant_type", "kv_cache_bit_width")
+
+
+def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
+                          seqlens_k=None, total_sequence_length=None, cos_cache=None,
+                          sin_cache=None, position_ids=None, attention_bias=None, head_sink=None,
+                          k_scale=None, v_scale=None, *, num_heads, kv_num_heads, scale=0.0,
+                          softcap=0.0, local_window_size=-1, causal=1, do_rotary=0,
+                          rotary_interleaved=0, smooth_softmax=-1, qk_output=0,
+                          k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0,
+                          present_key=None, present_value=None, num_threads=None):
+    """Functional form of :class:`GroupQueryAttention` (inputs in ONNX order and names;
+    attributes as keywords).  The operator of each set of attributes is made once and kept
+    (up to 64 sets), so a loop that calls this function per layer and step pays what a kept
+    operator pays."""
+    cdef tuple attrs = (num_heads, kv_num_heads, scale, softcap, local_window_size, causal,
+                        do_rotary, rotary_interleaved, smooth_softmax, qk_output, k_quant_type,
+                        v_quant_type, kv_cache_bit_width)
+    # exact types only: a dict would take True or 1.0 for 1, which the operator refuses
+    if not (type(num_heads) is int and type(kv_num_heads) is int
+            and (type(scale) is float or type(scale) is int)
+            and (type(softcap) is float or type(softcap) is int)
+            and type(local_window_size) is int and type(causal) is int and type(do_rotary) is int
+            and type(rotary_interleaved) is int and type(smooth_softmax) is int
+            and type(qk_output) is int and type(k_quant_type) is str
+            and type(v_quant_type) is str and type(kv_cache_bit_width) is int):
+        from gqa._operator import GroupQueryAttention
+        op = GroupQueryAttention(**dict(zip(_ATTR_NAMES, attrs)))   # raises, or numpy ints
+    else:
+        op = _operator(attrs)
+    return op_call(op, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+                   cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
+                   v_scale, present_key=present_key, present_value=present_value,
+                   num_threads=num_threads)
