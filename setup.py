@@ -24,7 +24,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SRC = os.path.join("gqa", "_src")
-HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "work_ranges.h")]
+HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "work_ranges.h",
+                                          "team_spread.h")]
 
 # path name -> (source, gcc/clang flags, a snippet using one intrinsic of the tier)
 X86_PATHS = {

@@ -16,7 +16,7 @@ from cython.parallel cimport prange, parallel, threadid
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset, memcpy
 from libc.math cimport expf, tanhf, fmaf, fabsf
-from libc.stdint cimport uint8_t, uint32_t, int64_t
+from libc.stdint cimport uint8_t, uint32_t, int64_t, uint64_t
 cimport numpy as cnp
 import numpy as np
 
@@ -32,6 +32,10 @@ cdef extern from "work_ranges.h" nogil:
     int gqa_work_next(gqa_work_range *r, int nt, int me)
     int gqa_work_done(int *count)
     void gqa_team_barrier()
+
+cdef extern from "team_spread.h" nogil:
+    uint64_t gqa_cpu_bit()
+    void gqa_team_spread(uint64_t *taken)
 
 cdef extern from "float.h":
     float FLT_MAX
@@ -650,6 +654,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     cdef int mode = 0, work_units = units, nq = 0, nsplit = 0, i, r
     cdef void *items_raw = NULL
     cdef bint item_write = True
+    cdef uint64_t taken = 0
     p.T = T; p.Pres = Pres; p.first_prompt = first_prompt
     p.q = <const float *>ptr(q); p.k = <const float *>ptr(k); p.v = <const float *>ptr(v)
     p.seqlens = <const int *>ptr(seqlens)
@@ -776,7 +781,10 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                 for u in range(work_units):
                     decode_item(&p, t, qk, u, item_write, scratch)
     else:
+        taken = gqa_cpu_bit()
         with nogil, parallel(num_threads=num_threads):
+            if threadid() > 0:
+                gqa_team_spread(&taken)     # not on the caller's CPU (team_spread.h)
             if mode == 1 or not item_write:
                 for u in prange(units, schedule='static'):
                     write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)

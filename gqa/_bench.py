@@ -19,6 +19,13 @@ Peers (each optional; a missing one is reported and skipped):
 * ``ggml``      llama.cpp's ``ggml_flash_attn_ext`` through ``../shared/tools/peers/ggml_peer.py``
                 (only when asked, and only with llama-cpp-python installed); KV types q8_0 (INT8),
                 q4_0 (INT4), f16 (float).
+
+gqa is timed in both forms a user calls: the kept operator (``gqa``, the reference of every
+ratio) and ``gqa.group_query_attention`` (column ``gqa-fn``, its ratio fn/op: 1.00 = as fast).
+Decode rows give the cache bytes read per second (GB/s).  ``--shape`` takes several shapes
+(``;``-separated) or ``real`` (the seed shape and the heads of common models); ``--layers L``
+adds decode rows inside a loop over L layers with a NumPy projection between calls (see
+gqa/_bench_layers.py).
 """
 import argparse
 import json
@@ -47,6 +54,9 @@ PEER_COLUMNS = {"ort": ["ort"], "ort-naive": ["ort-naive"], "torch": ["torch-f32
                 "ggml": ["ggml"]}
 GGML_TYPES = {"int8-pt": "q8_0", "int8-pc": "q8_0", "int4-pt": "q4_0", "float": "f16"}
 SEED_SHAPE = (1, 16, 8, 128)
+# --shape real: the seed and the attention heads of real models (N, Nkv, H): SmolLM2-135M,
+# Llama-3.2-1B / Qwen-style, 12/4/64, small GQA, multi-query
+REAL_SHAPES = [SEED_SHAPE, (1, 9, 3, 64), (1, 32, 8, 64), (1, 12, 4, 64), (1, 8, 2, 64), (1, 8, 1, 256)]
 DEFAULTS = dict(threads="1,2", decode_T="16,512,2048,8192", prefill_S="512,1024,2048",
                 modes="int8-pt,int4-pt,int8-pc,float")
 QUICK = dict(threads=str(min(2, os.cpu_count() or 1)), decode_T="16,512", prefill_S="512",
@@ -111,6 +121,24 @@ def _ours(spec):
     ks, vs, nt = inp.get("k_scale"), inp.get("v_scale"), spec["threads"]
     return lambda: op(q, k, v, kc, vc, sl, T, k_scale=ks, v_scale=vs, present_key=kc,
                       present_value=vc, num_threads=nt)
+
+
+def _ours_function(spec):
+    import gqa
+    inp, attrs = build_inputs(spec)
+    kc, vc = inp["past_key"], inp["past_value"]
+    q, k, v, sl, T = (inp[n] for n in ("query", "key", "value", "seqlens_k", "total_sequence_length"))
+    ks, vs, nt = inp.get("k_scale"), inp.get("v_scale"), spec["threads"]
+    f = gqa.group_query_attention
+    return lambda: f(q, k, v, kc, vc, sl, T, k_scale=ks, v_scale=vs, present_key=kc,
+                     present_value=vc, num_threads=nt, **attrs)
+
+
+def cache_bytes(spec):
+    """Bytes of K and V cache one decode call reads (T rows of every KV head)."""
+    bits = MODES[spec["mode"]][2]
+    row = spec["H"] * 4 if bits == 0 else spec["H"] if bits == 8 else (spec["H"] + 1) // 2
+    return 2 * spec["B"] * spec["Nkv"] * spec["T"] * row
 
 
 def _ort(spec):
@@ -507,19 +535,39 @@ def plan(args):
     dec = _int_list(pick("decode_T"), "--decode-T") if pick("decode_T") != "" else []
     pre = _int_list(pick("prefill_S"), "--prefill-S") if pick("prefill_S") != "" else []
     modes = _modes(pick("modes"))
-    B, N, Nkv, H = _int_list(args.shape, "--shape") if args.shape else SEED_SHAPE
-    if N % Nkv:
-        raise SystemExit(f"gqa bench: --shape: N ({N}) must be a multiple of Nkv ({Nkv})")
-    if H % 16:
-        raise SystemExit(f"gqa bench: --shape: H ({H}) must be a multiple of 16")
     rows = []
+    phases = [("decode", dec), ("prefill", pre)] + ([("layers", dec)] if args.layers else [])
     for nt in threads:
-        for phase, lengths in (("decode", dec), ("prefill", pre)):
-            for L in lengths:
-                for mode in modes:
-                    rows.append(dict(phase=phase, B=B, N=N, Nkv=Nkv, H=H, S=1 if phase == "decode" else L,
-                                     T=L, mode=mode, threads=nt, seed=L))
+        for phase, lengths in phases:
+            for B, N, Nkv, H in _shapes(args.shape):
+                for L in lengths:
+                    for mode in modes:
+                        rows.append(dict(phase=phase, B=B, N=N, Nkv=Nkv, H=H,
+                                         S=1 if phase != "prefill" else L, T=L, mode=mode,
+                                         threads=nt, seed=L, layers=args.layers))
     return rows, threads
+
+
+def _shapes(arg):
+    """--shape: 'B,N,Nkv,H[;B,N,Nkv,H...]' or 'real' (REAL_SHAPES); default the seed's."""
+    if not arg:
+        return [SEED_SHAPE]
+    if arg.strip().lower() == "real":
+        return list(REAL_SHAPES)
+    out = []
+    for part in arg.split(";"):
+        if not part.strip():
+            continue
+        shape = _int_list(part, "--shape")
+        if len(shape) != 4:
+            raise SystemExit(f"gqa bench: --shape takes B,N,Nkv,H (or 'real'), got {part!r}")
+        B, N, Nkv, H = shape
+        if N % Nkv:
+            raise SystemExit(f"gqa bench: --shape: N ({N}) must be a multiple of Nkv ({Nkv})")
+        if H % 16:
+            raise SystemExit(f"gqa bench: --shape: H ({H}) must be a multiple of 16")
+        out.append(tuple(shape))
+    return out
 
 
 def _peaks(arg, threads):
@@ -552,6 +600,7 @@ def measure_row(spec, sides, rounds, progress, label, gap=0.0):
             res[side.name] = {"error": f"{type(e).__name__}: {e}"}
             _safe_teardown(side)
             continue
+        t1 = t1 * getattr(side, "per_call", 1)    # a layer side's time is per layer of a token
         inner = max(1, min(2000, int(math.ceil(BATCH_S / max(t1, 1e-7))))) if t1 < BATCH_S else 1
         live.append((side, inner, t1 < WARM_BELOW_S, []))
     progress.update(1, label)
@@ -589,7 +638,11 @@ def run(args, out=None, argv=None):
     peer_names = _peers(args.peers)
     sides, status = discover_peers(peer_names, args)
     columns = [c for p in peer_names for c in PEER_COLUMNS[p]]
-    ours = _Local("gqa", _ours)
+    ours = [_Local("gqa", _ours), _Local("gqa-fn", _ours_function)]
+    from ._bench_layers import LayerSide
+    in_loop = [LayerSide("gqa", _ours), LayerSide("gqa-fn", _ours_function)]
+    if "ort" in peer_names and status.get("ort", "").startswith("ok"):
+        in_loop.append(LayerSide("ort", _ort))
     rounds_dec = args.repeats if args.repeats else (5 if args.quick else 15)
     rounds_pre = args.repeats if args.repeats else (3 if args.quick else 5)
 
@@ -610,23 +663,31 @@ def run(args, out=None, argv=None):
     out.flush()
 
     enabled = {"on": True, "off": False}.get(args.progress, sys.stderr.isatty())
-    total = sum(1 + (rounds_dec if r["phase"] == "decode" else rounds_pre) for r in rows)
+    total = sum(1 + (rounds_pre if r["phase"] == "prefill" else rounds_dec) for r in rows)
     progress = Progress(total, enabled)
     results = []
     try:
         for spec in rows:
             label = f"{spec['phase']} {spec['T']} {spec['mode']} {spec['threads']}t"
-            rounds = rounds_dec if spec["phase"] == "decode" else rounds_pre
-            res = measure_row(spec, [ours] + sides, rounds, progress, label, args.gap_ms / 1e3)
-            rec = dict(spec, gqa=res.pop("gqa"), peers={})
+            rounds = rounds_pre if spec["phase"] == "prefill" else rounds_dec
+            layered = spec["phase"] == "layers"
+            res = measure_row(spec, in_loop if layered else ours + sides, rounds, progress, label,
+                              args.gap_ms / 1e3)
+            rec = dict(spec, gqa=res.pop("gqa"), gqa_fn=res.pop("gqa-fn"), peers={})
             o = rec["gqa"].get("median_us")
+            if o and rec["gqa_fn"].get("median_us"):
+                rec["gqa_fn"]["ratio"] = rec["gqa_fn"]["median_us"] / o
             for c in columns:
                 r = res.get(c) or {"error": status.get(c, "missing")}
                 if c not in res and status.get(c, "").startswith("missing"):
                     r = {"missing": True}
+                elif c not in res and layered:
+                    r = {"na": True}
                 if o and r.get("median_us"):
                     r["ratio"] = r["median_us"] / o
                 rec["peers"][c] = r
+            if o and spec["phase"] != "prefill":
+                rec["gbps"] = cache_bytes(spec) / (o * 1e3)
             if o:
                 rec["flops"] = flops(spec)
                 if spec["phase"] == "prefill":
@@ -698,48 +759,72 @@ def _cell(r):
     return f"{fmt_time(r['median_us'])} {r['ratio']:5.2f}x" if "ratio" in r else fmt_time(r["median_us"])
 
 
+def _shape_of(r):
+    return f"{r['B']}/{r['N']}/{r['Nkv']}/{r['H']}"
+
+
+def back_to_back(results, r):
+    """The decode row (same threads, shape, mode, T) of a layer row: the call back to back."""
+    for d in results:
+        if d["phase"] == "decode" and all(d[k] == r[k] for k in ("threads", "B", "N", "Nkv", "H",
+                                                                  "mode", "T")):
+            return d["gqa"].get("median_us")
+    return None
+
+
+TITLES = {
+    "decode": "decode: S=1 at total length T, cache updated in place; GB/s = cache bytes read / time",
+    "prefill": "prefill: S=T, causal, cache written in place; GFLOP/s = 2*B*N*S^2*H / time",
+    "layers": "decode in a loop over {L} layers (own cache each, a NumPy {P}x{P} projection before every "
+              "call): attention time per layer; b2b = the decode row's time (the same call back to back)",
+}
+
+
 def format_table(results, columns):
+    from ._bench_layers import PROJ
     lines = []
     errors = []
-    for phase in ("decode", "prefill"):
+    shapes = len({_shape_of(r) for r in results}) > 1
+    for phase in ("decode", "prefill", "layers"):
         rows = [r for r in results if r["phase"] == phase]
         if not rows:
             continue
-        pre = phase == "prefill"
-        title = ("decode: S=1 at total length T, cache updated in place" if not pre else
-                 "prefill: S=T, causal, cache written in place; GFLOP/s = 2*B*N*S^2*H / time")
+        pre, lay = phase == "prefill", phase == "layers"
         lines.append("")
-        lines.append(f"{title}")
-        lines.append("median time per call; each peer: time and ratio peer/gqa (>1: gqa is faster)")
-        head = ["thr", "mode", "S" if pre else "T", "gqa"] + (["GFLOP/s", "%peak"] if pre else []) + columns
+        lines.append(TITLES[phase].format(L=rows[0].get("layers"), P=PROJ))
+        lines.append("median time per call; gqa-fn: the function, ratio fn/op; each peer: time and ratio "
+                     "peer/gqa (>1: gqa is faster)")
+        head = (["thr", "mode", "S" if pre else "T"] + (["shape"] if shapes else []) + ["gqa", "gqa-fn"]
+                + (["GFLOP/s", "%peak"] if pre else ["GB/s"]) + (["b2b", "loop/b2b"] if lay else [])
+                + columns)
         body = []
         for r in rows:
             g = r["gqa"]
-            cells = [str(r["threads"]), r["mode"], str(r["T"]),
-                     fmt_time(g.get("median_us")) if "median_us" in g else "error"]
-            if "error" in g:
-                errors.append(f"gqa {r['mode']} {phase} {r['T']} {r['threads']}t: {g['error']}")
+            cells = [str(r["threads"]), r["mode"], str(r["T"])] + ([_shape_of(r)] if shapes else [])
+            cells.append(fmt_time(g.get("median_us")) if "median_us" in g else "error")
+            cells.append(_cell(r.get("gqa_fn", {"na": True})))
+            label = f"{r['mode']} {phase} {r['T']} {_shape_of(r)} {r['threads']}t"
+            for who, x in [("gqa", g), ("gqa-fn", r.get("gqa_fn", {}))] + [(c, r["peers"][c]) for c in columns]:
+                if "error" in x:
+                    errors.append(f"{who} {label}: {x['error']}")
             if pre:
                 cells.append(f"{r['gflops']:.1f}" if "gflops" in r else "-")
                 cells.append(f"{100 * r['peak_fraction']:.0f}%" if "peak_fraction" in r else "-")
+            else:
+                cells.append(f"{r['gbps']:.1f}" if "gbps" in r else "-")
+            if lay:
+                b2b = back_to_back(results, r)
+                cells.append(fmt_time(b2b))
+                cells.append(f"{g['median_us'] / b2b:.2f}x" if b2b and "median_us" in g else "-")
             for c in columns:
-                pr = r["peers"][c]
-                cells.append(_cell(pr))
-                if "error" in pr:
-                    errors.append(f"{c} {r['mode']} {phase} {r['T']} {r['threads']}t: {pr['error']}")
+                cells.append(_cell(r["peers"][c]))
             body.append(cells)
         widths = [max(len(x) for x in col) for col in zip(head, *body)]
         fmt = lambda cells: "  ".join(  # noqa: E731
             c.rjust(w) if i != 1 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
         lines.append(fmt(head))
         lines.append("  ".join("-" * w for w in widths))
-        prev = None
-        for r, cells in zip(rows, body):
-            key = (r["threads"], r["T"])
-            if prev is not None and key != prev:
-                pass
-            prev = key
-            lines.append(fmt(cells))
+        lines += [fmt(cells) for cells in body]
     if errors:
         lines.append("")
         lines.append("errors:")
@@ -775,6 +860,38 @@ def targets(results, columns):
         ok = worst["peers"]["ort"]["ratio"] >= 3.0
         lines.append(f"  decode T=16 per call <= 1/3 of ort's run_with_iobinding: {'met' if ok else 'MISSED'} "
                      f"(lowest {worst['peers']['ort']['ratio']:.2f}x, {worst['mode']})")
+    fn = [r for r in dec if "ratio" in r.get("gqa_fn", {})]
+    rr = [r for r in fn if r["T"] == 16 and have(r, "ort")]
+    if rr:
+        worst = max(rr, key=lambda r: r["gqa_fn"]["median_us"] / r["peers"]["ort"]["median_us"])
+        frac = worst["gqa_fn"]["median_us"] / worst["peers"]["ort"]["median_us"]
+        lines.append(f"  the function at T=16 <= 0.4x ort's run_with_iobinding: {'met' if frac <= 0.4 else 'MISSED'} "
+                     f"(highest {frac:.2f}x, {worst['mode']}, {fmt_time(worst['gqa_fn']['median_us'])})")
+    rr = [r for r in fn if r["T"] >= 512]
+    if rr:
+        worst = max(rr, key=lambda r: r["gqa_fn"]["ratio"])
+        lines.append(f"  the function within 10% of the op at T >= 512: "
+                     f"{'met' if worst['gqa_fn']['ratio'] <= 1.10 else 'MISSED'} "
+                     f"(highest fn/op {worst['gqa_fn']['ratio']:.2f}, {worst['mode']} T={worst['T']})")
+    seed = {(r["mode"], r["T"]): r["gbps"] for r in dec
+            if (r["B"], r["N"], r["Nkv"], r["H"]) == SEED_SHAPE and "gbps" in r}
+    rr = [r for r in dec if (r["B"], r["N"], r["Nkv"], r["H"]) != SEED_SHAPE and "gbps" in r
+          and (r["mode"], r["T"]) in seed and r["T"] >= 2048]
+    if rr:
+        worst = min(rr, key=lambda r: r["gbps"] / seed[(r["mode"], r["T"])])
+        frac = worst["gbps"] / seed[(worst["mode"], worst["T"])]
+        lines.append(f"  every shape's decode GB/s >= 80% of the seed shape's (T >= 2048): "
+                     f"{'met' if frac >= 0.8 else 'MISSED'} (lowest {100 * frac:.0f}%, "
+                     f"{_shape_of(worst)} {worst['mode']} T={worst['T']})")
+    lay = [r for r in rs if r["phase"] == "layers" and "median_us" in r["gqa"]]
+    for r in lay:
+        b2b = back_to_back(results, r)
+        if b2b:
+            f = r["gqa"]["median_us"] / b2b
+            lines.append(f"  in the {r['layers']}-layer loop, {r['mode']} T={r['T']} {_shape_of(r)}: attention "
+                         f"{f:.2f}x its back-to-back time (target <= 1.15)"
+                         + (f", {r['peers']['ort']['ratio']:.2f}x faster than ort in the same loop "
+                            "(target >= 2.5 at int8-pt T=2048)" if have(r, "ort") else ""))
     q = [r for r in pre if r["mode"] != "float"]
     if q and any(have(r, c) for r in q for c in columns):
         slow = [f"{c} {r['mode']} S={r['T']} ({r['peers'][c]['ratio']:.2f}x)"
@@ -847,7 +964,12 @@ def add_arguments(p):
                         "about 50 ms after its last run (measured: process CPU time keeps rising "
                         "for 40-60 ms of sleep), which took a core from the side timed next "
                         "(default 100)")
-    p.add_argument("--shape", default=None, help="B,N,Nkv,H (default %s)" % ",".join(map(str, SEED_SHAPE)))
+    p.add_argument("--shape", default=None,
+                   help="B,N,Nkv,H, several separated by ';', or 'real' (%s; default %s)" % (
+                       " ".join("/".join(map(str, x)) for x in REAL_SHAPES), ",".join(map(str, SEED_SHAPE))))
+    p.add_argument("--layers", type=int, default=0, metavar="L",
+                   help="also time decode inside a loop over L layers, each with its own cache, a NumPy "
+                        "projection before every call (gqa, gqa-fn and ort in the same loop shape)")
     p.add_argument("--quick", action="store_true",
                    help=f"a short run: threads {QUICK['threads']}, decode T {QUICK['decode_T']}, "
                         f"prefill S {QUICK['prefill_S']}, fewer rounds (explicit options still win)")
@@ -871,6 +993,8 @@ def check_args(args, parser):
         parser.error("--repeats must be >= 0")
     if not args.gap_ms >= 0:
         parser.error("--gap-ms must be >= 0")
+    if args.layers < 0:
+        parser.error("--layers must be >= 0")
 
 
 def main(argv=None):
