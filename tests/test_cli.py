@@ -220,3 +220,27 @@ def test_bench_ggml_peer_script_is_driven(tmp_path):
     assert "ggml       ok: ggml from fake via" in out
     rows = _table_rows(out)
     assert len(rows) == 4 and all(line.rstrip().endswith("x") for line in rows)
+
+
+def test_bench_layers_and_shape_lists(tmp_path):
+    """--layers L adds layer-loop rows (gqa, gqa-fn, ort in one loop shape) beside the decode
+    rows they are read against; --shape takes a ';' list (a shape column) and 'real'."""
+    path = tmp_path / "layers.json"
+    args = [a for a in TINY if a not in ("--shape", "1,4,2,16")]
+    _run(["bench"] + args + ["--decode-T", "40", "--prefill-S", "", "--modes", "int8-pt", "--layers", "3",
+                             "--shape", "1,4,2,16;1,6,3,16", "--peers", "ort", "--json", str(path)], tmp_path)
+    doc = json.loads(path.read_text())
+    res = doc["results"]
+    assert [(r["phase"], r["N"]) for r in res] == [("decode", 4), ("decode", 6), ("layers", 4), ("layers", 6)]
+    for r in res:
+        assert r["gqa"]["median_us"] > 0 and r["gqa_fn"]["median_us"] > 0 and r["gbps"] > 0
+        assert r["gqa_fn"]["ratio"] == pytest.approx(r["gqa_fn"]["median_us"] / r["gqa"]["median_us"])
+        if _ort_peer.available():
+            assert r["peers"]["ort"]["median_us"] > 0
+    assert "decode in a loop over 3 layers" in doc["table"] and "loop/b2b" in doc["table"]
+    assert "1/6/3/16" in doc["table"]                       # the shape column
+    assert _bench._shapes("real") == _bench.REAL_SHAPES
+    with pytest.raises(SystemExit):
+        _bench._shapes("1,4,2")
+    with pytest.raises(SystemExit):
+        _bench.main(["--layers", "-1"])

@@ -345,3 +345,46 @@ def test_kept_input_inside_the_cache_fails_on_every_repeat(kept):
         assert _call.signatures_built() == before_built     # raised while checking it
         np.testing.assert_array_equal(pk, before[0])
         np.testing.assert_array_equal(pv, before[1])
+
+
+def test_the_function_keeps_an_operator_per_attribute_set():
+    """gqa.group_query_attention reuses the operator (and so the checked signatures) of the
+    same attributes: a loop over layers and steps builds one signature per cache; attributes
+    of the wrong type are refused even after an equal-comparing valid set was kept (True == 1,
+    1.0 == 1 in a dict), and NumPy integers, valid, give the same results."""
+    layers = [make_case(seed=30 + i, B=1, S=1, past=5, N=4, Nkv=2, H=16, mode="PER_TENSOR", bits=8,
+                        buf=12)[0] for i in range(3)]
+    a = make_case(seed=30, B=1, S=1, past=5, N=4, Nkv=2, H=16, mode="PER_TENSOR", bits=8, buf=12)[1]
+    calls = [dict(inp, present_key=inp["past_key"], present_value=inp["past_value"]) for inp in layers]
+    before = _call.signatures_built()
+    for step in range(3):
+        for call in calls:
+            gqa.group_query_attention(**call, **a)
+            call["seqlens_k"] = call["seqlens_k"] + 1
+            call["total_sequence_length"] += 1
+    assert _call.signatures_built() - before == len(calls)
+    with pytest.raises(TypeError, match="num_heads must be an int"):
+        gqa.group_query_attention(**calls[0], **dict(a, num_heads=4.0))
+    with pytest.raises(TypeError, match="causal must be an int"):
+        gqa.group_query_attention(**calls[0], **dict(a, causal=True))
+    x = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in calls[1].items()}
+    x.update(present_key=x["past_key"], present_value=x["past_value"])
+    y = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in x.items()}
+    y.update(present_key=y["past_key"], present_value=y["past_value"])
+    got = gqa.group_query_attention(**x, **dict(a, num_heads=np.int64(4)))
+    want = gqa.GroupQueryAttention(**a)(**y)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_call_never_binds_the_calling_thread():
+    """gqa's worker threads may bind themselves away from the caller's CPU; the caller's own
+    affinity mask never changes."""
+    import os
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no per-thread affinity on this OS")
+    inp, a = make_case(seed=4, B=1, S=1, past=600, N=4, Nkv=2, H=64, mode="PER_TENSOR", bits=8, buf=1024)
+    mask = os.sched_getaffinity(0)
+    for _ in range(20):
+        gqa.GroupQueryAttention(**a)(**inp, num_threads=2)
+    assert os.sched_getaffinity(0) == mask

@@ -149,6 +149,17 @@ def m_scale(rng, inp, a, call, spec):
     return inp, a, call, (name,)
 
 
+def m_scale_value(rng, inp, a, call, spec):
+    """A NaN or infinite element in a well-formed k_scale / v_scale (refused on every call)."""
+    if spec["mode"] == "NONE":
+        return None
+    name = "k_scale" if rng.integers(2) else "v_scale"
+    x = inp[name].copy()
+    x.reshape(-1)[int(rng.integers(x.size))] = [np.nan, np.inf, -np.inf][int(rng.integers(3))]
+    inp[name] = x
+    return inp, a, call, (name,)
+
+
 def m_attr(rng, inp, a, call, spec):
     N, Nkv = a["num_heads"], a["kv_num_heads"]
     options = [
@@ -347,7 +358,7 @@ def m_alias(rng, inp, a, call, spec):
 
 MUTATIONS = {
     "dtype": m_dtype, "off_by_one": m_off_by_one, "rank": m_rank, "seqlens_value": m_seqlens_value,
-    "total_value": m_total_value, "scale": m_scale, "attr": m_attr, "threads": m_threads,
+    "total_value": m_total_value, "scale": m_scale, "scale_value": m_scale_value, "attr": m_attr, "threads": m_threads,
     "not_array": m_not_array, "missing": m_missing, "present_layout": m_present_layout,
     "inplace_layout": m_inplace_layout, "cache_type": m_cache_type, "alias": m_alias,
 }
