@@ -69,9 +69,10 @@ class Decode:
 
 class CallOverhead:
     """A decode step at T = 16 (the attention itself is ~1 us): what a call costs beyond the
-    kernels -- the short path of a repeated signature (gqa/_step.pyx) against the full checks
-    of a first call (a new operator each time)."""
-    params = (["short", "full"],)
+    kernels -- a repeat on a kept signature (gqa/_call.pyx, "short"), the signature checks
+    of a first call (a new operator each time, "full") and the function
+    (gqa.group_query_attention, which keeps an operator per attribute set)."""
+    params = (["short", "full", "function"],)
     param_names = ["path"]
     timer = timeit.default_timer
 
@@ -84,6 +85,9 @@ class CallOverhead:
         self.op(*self.args, **self.kw)
 
     def time_call(self, path):
+        if path == "function":
+            gqa.group_query_attention(*self.args, **self.kw, **self.attrs)
+            return
         op = self.op if path == "short" else gqa.GroupQueryAttention(**self.attrs)
         op(*self.args, **self.kw)
 

@@ -3,7 +3,7 @@
 ``KVCache`` owns, for each of a model's attention layers, a key and a value cache allocated
 once for ``max_length`` positions (float, INT8 or INT4 codes; per-tensor or per-channel
 scales; K and V modes may differ), the layer's ``GroupQueryAttention`` (kept, so every call
-after the first takes the operator's short path) and the sequence length.  A model calls
+after the first reuses the operator's checked signature) and the sequence length.  A model calls
 ``cache.attend(layer, q, k, v)`` once per layer per step; the cache writes the step's S new
 positions in place and returns the attention output.
 

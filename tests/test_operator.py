@@ -197,7 +197,7 @@ def test_thread_count_does_not_change_results(threads):
 @pytest.mark.parametrize("flash", [True, False])
 @pytest.mark.parametrize("S,past", [(1, 8), (4, 0)], ids=["decode", "prompt"])
 def test_empty_batch_gives_empty_outputs(flash, S, past):
-    """batch_size 0: empty outputs, twice (the full path, then the repeat's short path).
+    """batch_size 0: empty outputs, twice (the signature checks, then a repeat on the kept signature).
     The decode plan once divided by the unit count here (SIGFPE)."""
     B, H = 0, 16
     op = gqa.GroupQueryAttention(num_heads=4, kv_num_heads=2, k_quant_type="PER_TENSOR",
