@@ -112,26 +112,24 @@ def build_inputs(spec):
 # ----------------------------------------------------------------------------------------
 # sides: prepare(spec) -> a no-argument callable running one call
 
-def _ours(spec):
+def _ours(spec, function=False):
+    """gqa's call of a case: a kept operator, or (function) gqa.group_query_attention."""
     import gqa
     inp, attrs = build_inputs(spec)
-    op = gqa.GroupQueryAttention(**attrs)
     kc, vc = inp["past_key"], inp["past_value"]
     q, k, v, sl, T = (inp[n] for n in ("query", "key", "value", "seqlens_k", "total_sequence_length"))
     ks, vs, nt = inp.get("k_scale"), inp.get("v_scale"), spec["threads"]
+    if function:
+        f = gqa.group_query_attention
+        return lambda: f(q, k, v, kc, vc, sl, T, k_scale=ks, v_scale=vs, present_key=kc,
+                         present_value=vc, num_threads=nt, **attrs)
+    op = gqa.GroupQueryAttention(**attrs)
     return lambda: op(q, k, v, kc, vc, sl, T, k_scale=ks, v_scale=vs, present_key=kc,
                       present_value=vc, num_threads=nt)
 
 
 def _ours_function(spec):
-    import gqa
-    inp, attrs = build_inputs(spec)
-    kc, vc = inp["past_key"], inp["past_value"]
-    q, k, v, sl, T = (inp[n] for n in ("query", "key", "value", "seqlens_k", "total_sequence_length"))
-    ks, vs, nt = inp.get("k_scale"), inp.get("v_scale"), spec["threads"]
-    f = gqa.group_query_attention
-    return lambda: f(q, k, v, kc, vc, sl, T, k_scale=ks, v_scale=vs, present_key=kc,
-                     present_value=vc, num_threads=nt, **attrs)
+    return _ours(spec, function=True)
 
 
 def cache_bytes(spec):

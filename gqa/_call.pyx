@@ -29,6 +29,7 @@ import numpy as np
 from gqa._attention cimport Consts, Params, run, first_alias, overlap, check_lengths
 from gqa._dispatch cimport omp_max_threads
 from gqa import _config, _dispatch
+from gqa import _validate
 
 cnp.import_array()
 
@@ -37,6 +38,7 @@ cdef enum:
     MAXD = 4
     INT32_MAX = 2147483647
     MAX_SIGNATURES = 64  # per operator: one per past buffer of a loop over layers
+    MAX_OPERATORS = 64   # kept by the function: one per attribute set
 
 # gqa_type_t values (gqa_kernels.h)
 cdef enum:
@@ -113,23 +115,17 @@ def signatures_built():
 
 # -- argument checks ------------------------------------------------------------------------
 
-cdef str _names(tuple dtypes):
-    return " or ".join(np.dtype(d).name for d in dtypes)
-
-
-cdef cnp.ndarray _array(object x, str name, int t1, int t2, int ndim):
-    """x must be an ndarray of type number t1 (or t2, -1: none) and rank ndim (-1: any)."""
-    if not isinstance(x, cnp.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
-    cdef cnp.ndarray a = <cnp.ndarray>x
-    cdef int t = cnp.PyArray_TYPE(a)
-    if t != t1 and t != t2:
-        want = (np.dtype(cnp.PyArray_DescrFromType(t1)),) + (
-            (np.dtype(cnp.PyArray_DescrFromType(t2)),) if t2 >= 0 else ())
-        raise TypeError(f"{name} must have dtype {_names(want)}, got {x.dtype}")
-    if ndim >= 0 and cnp.PyArray_NDIM(a) != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got {x.ndim} (shape {x.shape})")
-    return a
+cdef int _array(object x, str name, int t1, int t2, int ndim) except -1:
+    """x must be an ndarray of type number t1 (or t2, -1: none) and rank ndim (-1: any); a
+    refusal is gqa/_validate.py's (one statement of the rule and its messages)."""
+    cdef int t
+    if isinstance(x, cnp.ndarray):
+        t = cnp.PyArray_TYPE(<cnp.ndarray>x)
+        if (t == t1 or t == t2) and (ndim < 0 or cnp.PyArray_NDIM(<cnp.ndarray>x) == ndim):
+            return 0
+    dtypes = tuple(np.dtype(cnp.PyArray_DescrFromType(d)) for d in (t1, t2) if d >= 0)
+    _validate.array(x, name, dtypes, ndim=ndim if ndim >= 0 else None)
+    raise AssertionError(f"gqa/_validate.py accepted {name}, which gqa/_call.pyx refused")
 
 
 cdef inline bint _ready(object x, int type_num) noexcept:
@@ -157,12 +153,7 @@ cdef inline object _contiguous(object x):
 
 cdef long long _total_length(object t) except -1:
     """total_sequence_length: a Python int or a one-element int32 array, in [1, INT32_MAX]."""
-    cdef long long v
-    if type(t) is int:
-        if t < 1:
-            raise ValueError(f"total_sequence_length must be >= 1, got {t}")
-        if t > INT32_MAX:
-            raise ValueError(f"total_sequence_length must be <= {INT32_MAX} (int32), got {t}")
+    if type(t) is int and 1 <= t <= INT32_MAX:
         return t
     if isinstance(t, (bool, np.bool_)):
         raise TypeError("total_sequence_length must be an int or a one-element int32 array")
@@ -174,17 +165,14 @@ cdef long long _total_length(object t) except -1:
                              f"got shape {t.shape}")
         v = int(t.reshape(-1)[0])
     elif isinstance(t, numbers.Integral):
-        t = int(t)
-        if t < 1:
-            raise ValueError(f"total_sequence_length must be >= 1, got {t}")
-        if t > INT32_MAX:
-            raise ValueError(f"total_sequence_length must be <= {INT32_MAX} (int32), got {t}")
-        v = t
+        v = int(t)
     else:
         raise TypeError("total_sequence_length must be an int or a one-element int32 array, "
                         f"got {type(t).__name__}")
     if v < 1:
         raise ValueError(f"total_sequence_length must be >= 1, got {v}")
+    if v > INT32_MAX:
+        raise ValueError(f"total_sequence_length must be <= {INT32_MAX} (int32), got {v}")
     return v
 
 
@@ -199,27 +187,18 @@ cdef int _threads(object n) except -1:
 
 
 cdef int _finite_scale(object s, str name) except -1:
-    """Every element of a scale is finite: a NaN or infinite one makes every quantized write
-    and read of its channels garbage (ONNX Runtime accepts it; we refuse it on every call,
-    since a kept scale may be rewritten between calls)."""
-    cdef cnp.ndarray a = <cnp.ndarray>s
-    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(a)
-    cdef const uint32_t *u
-    if _ready(s, cnp.NPY_FLOAT32):
-        u = <const uint32_t *>cnp.PyArray_DATA(a)
-        for i in range(n):
-            if (u[i] & 0x7f800000u) == 0x7f800000u:     # exponent all ones: inf or NaN
-                break
-        else:
-            return 0
-    flat = np.array(s, dtype=np.float32).reshape(-1)
-    bad = np.flatnonzero(~np.isfinite(flat))
-    if bad.size == 0:
-        return 0
-    i = int(bad[0])
-    raise ValueError(f"{name} element {i} is {float(flat[i])}: scales must be finite "
-                     "(a non-finite scale makes every quantized write and read of its channels "
-                     "garbage)")
+    """Every element of a scale (float32, C-contiguous, aligned: as _contiguous gives it) is
+    finite: a NaN or infinite one makes every quantized write and read of its channels garbage
+    (ONNX Runtime accepts it; we refuse it on every call, since a kept scale may be rewritten
+    between calls)."""
+    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(<cnp.ndarray>s)
+    cdef const float *x = <const float *>cnp.PyArray_DATA(<cnp.ndarray>s)
+    cdef const uint32_t *u = <const uint32_t *>x
+    for i in range(n):
+        if (u[i] & 0x7f800000u) == 0x7f800000u:     # exponent all ones: inf or NaN
+            raise ValueError(f"{name} element {i} is {x[i]}: scales must be finite (a non-finite "
+                             "scale makes every quantized write and read of its channels garbage)")
+    return 0
 
 
 # -- the signature ----------------------------------------------------------------------------
@@ -491,9 +470,11 @@ cdef class Signature:
         cdef cnp.npy_intp dims[4]
         cdef tuple steps
         cdef Py_ssize_t i
+        cdef object ks = _ONES, vs = _ONES
         if self.quantized:
-            _finite_scale(k_scale, "k_scale")
-            _finite_scale(v_scale, "v_scale")
+            ks, vs = _contiguous(k_scale), _contiguous(v_scale)
+            _finite_scale(ks, "k_scale")
+            _finite_scale(vs, "v_scale")
         if self.shared:
             steps = (query, key, value, seqlens_k, position_ids, attention_bias, total_sequence_length)
             i = first_alias(past_key, past_value, steps)
@@ -573,8 +554,7 @@ cdef class Signature:
         run(self.consts, query, key, value, seqlens_k, present_key, present_value,
             past_key if self.has_past and not self.shared else None,
             past_value if self.has_past and not self.shared else None,
-            _contiguous(k_scale) if self.quantized else _ONES,
-            _contiguous(v_scale) if self.quantized else _ONES,
+            ks, vs,
             _f32(cos_cache) if self.rot_half else None, _f32(sin_cache) if self.rot_half else None,
             position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
             out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
@@ -684,19 +664,20 @@ def op_call(self, query, key=None, value=None, past_key=None, past_value=None, s
 
 
 cdef dict _OPS = {}          # attributes -> GroupQueryAttention, for the function
-cdef object _OP_CLASS = None
+
+
+cdef object _new_operator(tuple attrs):
+    """A GroupQueryAttention of these attributes (which it validates)."""
+    from gqa._operator import GroupQueryAttention    # that module imports this one
+    return GroupQueryAttention(**dict(zip(_ATTR_NAMES, attrs)))
 
 
 cdef object _operator(tuple attrs):
     """The kept operator of these attributes (validated when first made)."""
-    global _OP_CLASS
     op = _OPS.get(attrs)
     if op is None:
-        if _OP_CLASS is None:
-            from gqa._operator import GroupQueryAttention
-            _OP_CLASS = GroupQueryAttention
-        op = _OP_CLASS(**dict(zip(_ATTR_NAMES, attrs)))
-        if len(_OPS) >= MAX_SIGNATURES:
+        op = _new_operator(attrs)
+        if len(_OPS) >= MAX_OPERATORS:
             _OPS.clear()
         _OPS[attrs] = op
     return op
@@ -730,8 +711,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
             and type(rotary_interleaved) is int and type(smooth_softmax) is int
             and type(qk_output) is int and type(k_quant_type) is str
             and type(v_quant_type) is str and type(kv_cache_bit_width) is int):
-        from gqa._operator import GroupQueryAttention
-        op = GroupQueryAttention(**dict(zip(_ATTR_NAMES, attrs)))   # raises, or numpy ints
+        op = _new_operator(attrs)       # raises, or valid (NumPy integers): not kept
     else:
         op = _operator(attrs)
     return op_call(op, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
