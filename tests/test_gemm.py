@@ -11,7 +11,7 @@ from _reference import (F32, MODES, assert_within, dequantize_ref, packed_width,
                         qk_oracle, random_codes, random_scale, sv_bound, sv_oracle)
 
 MODE_IDS = list(MODES)
-MS = [1, 2, 4, 8, 16, 128]
+MS = [1, 2, 3, 4, 8, 16, 128]
 QK_SHAPES = [(1, 1), (3, 7), (17, 33), (64, 64), (9, 128), (130, 129), (40, 256), (11, 8)]
 SV_SHAPES = [(1, 1), (7, 3), (33, 17), (64, 64), (128, 9), (129, 130), (300, 128), (5, 256)]
 
@@ -176,6 +176,22 @@ def test_sv_rows_split_bit_identical(kernel_path, rng):
         full = gqa.sv_gemm(a, b, scale, bits=bits)
         for m in range(13):
             assert np.array_equal(gqa.sv_gemm(a[m:m + 1], b, scale, bits=bits), full[m:m + 1]), (mode, m)
+
+
+def test_sv_columns_split_bit_identical(kernel_path, rng):
+    """gqa_kernels.h: a column of C never depends on N or on the column block it falls in, so
+    the column ranges of one SV GEMM (blocks of 64, 32, 16 columns and a masked tail here)
+    give bit-identical columns; every row count up to a block's limit."""
+    cuts = (0, 64, 96, 112, 150)     # even: INT4 rows split on whole bytes
+    for mode in MODE_IDS:
+        bits, pc = MODES[mode]
+        for m in (1, 2, 3, 4, 6, 7):
+            a, b, scale, _ = sv_case(rng, mode, m, 150, cuts[-1], probs=True)
+            full = gqa.sv_gemm(a, b, scale, bits=bits)
+            for lo, hi in zip(cuts, cuts[1:]):
+                cols = b[:, lo // 2:hi // 2] if bits == 4 else b[:, lo:hi]
+                part = gqa.sv_gemm(a, np.ascontiguousarray(cols), scale[lo:hi] if pc else scale, bits=bits)
+                assert np.array_equal(part, full[:, lo:hi]), (mode, m, lo, hi)
 
 
 # ---------------------------------------------------------------- cross-path agreement

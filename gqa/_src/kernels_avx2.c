@@ -631,10 +631,14 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
                starts a 64-byte line prefetches that line of the next chunk's rows */
             const int pfc = m0 == 0 && k1 < K && kind <= KS4;
 #define SV_PF(n) (pfc && gqa_row_bytes(type, n) % 64 == 0 ? kc * rb + gqa_row_bytes(type, n) : 0)
+            /* INT4 blocks of 2+ vectors decode 16-column pairs: they stop at n16; the other
+               kinds take 16-column blocks too before single vectors (more accumulators in
+               flight: a 64-column head at MB = 3 is 24 + 24 + 16, not 24 + 24 + 8 + 8) */
+            const size_t wide_end = kind == KS4 ? n16 : n8;
             size_t n = 0;
-            for (; n + step <= (kind == KS4 ? n16 : n8); n += step)
+            for (; n + step <= wide_end; n += step)
                 f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
-            for (; n + 16 <= n16; n += 16)
+            for (; n + 16 <= wide_end; n += 16)
                 f[1](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
             for (; n < n8; n += 8)
                 f[2](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));

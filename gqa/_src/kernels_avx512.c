@@ -695,21 +695,28 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int maske
     }
 typedef void (*sv_fn)(size_t, size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t,
                       const float *, __m512, float *, size_t, size_t);
-/* Per row count MB: {wide block, 32-column block, 16-column block, masked block}.
+/* Per row count MB: {wide block, 64-column block (none for MB > 6: 28+ accumulators
+   would not fit the 32 registers), 32-column block, 16-column block, masked block}.
    Wide shapes (rows x 16-column vectors, accumulators <= 24): 1x8 2x8 3x6 4x4 5x4
-   6x4 7x2 8x2. */
-#define SV_SET(T, MB, NVW) {sv_##T##_##MB##x##NVW, sv_##T##_##MB##x2, sv_##T##_##MB##x1, svm_##T##_##MB}
+   6x4 7x2 8x2.  Columns go to the widest block that fits them, so a head of 64 columns
+   is one pass of MB x 4 accumulators, not four of MB x 1 (latency-bound on the FMA
+   chains); a column's value never depends on the block it is in. */
+#define SV_SET(T, MB, NVW, X4) \
+    {sv_##T##_##MB##x##NVW, X4, sv_##T##_##MB##x2, sv_##T##_##MB##x1, svm_##T##_##MB}
 #define SV_KIND(T)                                                                                  \
     SV_INST(T, 1, 8) SV_INST(T, 2, 8) SV_INST(T, 3, 6) SV_INST(T, 4, 4) SV_INST(T, 5, 4)            \
-    SV_INST(T, 6, 4) SV_INST(T, 1, 2) SV_INST(T, 2, 2) SV_INST(T, 3, 2) SV_INST(T, 4, 2)            \
+    SV_INST(T, 6, 4) SV_INST(T, 1, 4) SV_INST(T, 2, 4) SV_INST(T, 3, 4)                             \
+    SV_INST(T, 1, 2) SV_INST(T, 2, 2) SV_INST(T, 3, 2) SV_INST(T, 4, 2)                             \
     SV_INST(T, 5, 2) SV_INST(T, 6, 2) SV_INST(T, 7, 2) SV_INST(T, 8, 2) SV_INST(T, 1, 1)            \
     SV_INST(T, 2, 1) SV_INST(T, 3, 1) SV_INST(T, 4, 1) SV_INST(T, 5, 1) SV_INST(T, 6, 1)            \
     SV_INST(T, 7, 1) SV_INST(T, 8, 1) SV_MASKED(T, 1) SV_MASKED(T, 2) SV_MASKED(T, 3)               \
     SV_MASKED(T, 4) SV_MASKED(T, 5) SV_MASKED(T, 6) SV_MASKED(T, 7) SV_MASKED(T, 8)                 \
-    static const sv_fn sv_fns_##T[9][4] = {{0}, SV_SET(T, 1, 8), SV_SET(T, 2, 8), SV_SET(T, 3, 6),   \
-        SV_SET(T, 4, 4), SV_SET(T, 5, 4), SV_SET(T, 6, 4), SV_SET(T, 7, 2), SV_SET(T, 8, 2)};
+    static const sv_fn sv_fns_##T[9][5] = {{0}, SV_SET(T, 1, 8, sv_##T##_1x4),                      \
+        SV_SET(T, 2, 8, sv_##T##_2x4), SV_SET(T, 3, 6, sv_##T##_3x4), SV_SET(T, 4, 4, sv_##T##_4x4),  \
+        SV_SET(T, 5, 4, sv_##T##_5x4), SV_SET(T, 6, 4, sv_##T##_6x4), SV_SET(T, 7, 2, 0),             \
+        SV_SET(T, 8, 2, 0)};
 SV_KIND(0) SV_KIND(1) SV_KIND(2) SV_KIND(3)
-static const sv_fn (*const sv_fns[4])[4] = {sv_fns_0, sv_fns_1, sv_fns_2, sv_fns_3};
+static const sv_fn (*const sv_fns[4])[5] = {sv_fns_0, sv_fns_1, sv_fns_2, sv_fns_3};
 static const int sv_nvw[9] = {0, 8, 8, 6, 4, 4, 4, 2, 2};
 /* Keys per chunk, fixed per type so that the chunk boundaries (where partial sums
    meet C) never depend on M or N.  Codes: 16 KiB of B at N = 128.  float32 rows
@@ -754,15 +761,19 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
                prefetches its lines of the next chunk's rows */
             const int pfc = m0 == 0 && k1 < K && kind <= KS4;
 #define SV_PF(n) (pfc && gqa_row_bytes(type, n) % 64 == 0 ? kc * rb + gqa_row_bytes(type, n) : 0)
+            /* INT4 blocks of 2+ vectors decode 32-column pairs: they stop at n32 */
+            const size_t wide_end = kind == KS4 ? n32 : n16;
             size_t n = 0;
-            for (; n + step <= (kind == KS4 ? n32 : n16); n += step)
+            for (; n + step <= wide_end; n += step)
                 f[0](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
-            for (; n + 32 <= n32; n += 32)
+            for (; f[1] && n + 64 <= wide_end; n += 64)
                 f[1](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
-            for (; n < n16; n += 16)
+            for (; n + 32 <= wide_end; n += 32)
                 f[2](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
+            for (; n < n16; n += 16)
+                f[3](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
             if (n < N)
-                f[3](N - n, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
+                f[4](N - n, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
 #undef SV_PF
         }
     }
