@@ -12,9 +12,12 @@
  * thread of the team calls gqa_team_spread(&taken) first.  A thread whose CPU is already taken
  * binds itself to a CPU of its affinity mask that no thread of the team has claimed, and stays
  * bound there (libgomp keeps its workers from call to call, so this happens about once per
- * worker); the calling thread -- the user's -- is never bound.  Binding the worker alone
- * brought the same loop to 52-64 us (occasional 140-160 us batches right after 100 ms
- * pauses); OMP_PROC_BIND=true, which binds the caller too, gives 51-56 us.  Threads never
+ * worker); the calling thread -- the user's -- is never bound.  Measured (T = 2048, INT8,
+ * 48 batches with 0-100 ms pauses, three shapes): batches slower than 1.5x the best fell
+ * from 40-81 % to 4-10 %.  What remains is the caller itself woken on the worker's CPU
+ * (wake affine again, when it slept at the region's end); OMP_PROC_BIND=true, which binds
+ * the caller too, removes it, but every thread pool the caller starts later inherits the
+ * caller's one CPU, so gqa leaves that to the user (README).  Threads never
  * move when the CPUs are all taken, on CPUs numbered 64 and above, or where the OS has no
  * per-thread affinity (non-Linux): results never depend on it, only where the work runs.
  */
