@@ -29,6 +29,9 @@ cdef struct Params:
     const float *bias
     int bias_bb, bias_nb
     const float *sink
+    const float *qn       # q_norm_weight / k_norm_weight [H] (NULL: no QK norm)
+    const float *kn
+    float qk_eps
     int smooth
     float *out
     float *qk_out
@@ -50,7 +53,7 @@ cdef class Consts:
 
 # One call: cache write, then attention (see _attention.pyx).
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
-          out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
+          qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks, int decode_ranges)
 # The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
 # or the number of the broken rule, where = {b, s} (see _attention.pyx).

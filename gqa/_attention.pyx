@@ -15,7 +15,7 @@ cached K/V element is converted once per query row for the whole group.
 from cython.parallel cimport prange, parallel, threadid
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset, memcpy
-from libc.math cimport expf, tanhf, fmaf, fabsf
+from libc.math cimport expf, tanhf, fmaf, fabsf, sqrt
 from libc.stdint cimport uint8_t, uint32_t, int64_t, uint64_t
 cimport numpy as cnp
 import numpy as np
@@ -77,9 +77,9 @@ cdef inline int64_t position(const Params *p, int b, int s) noexcept nogil:
 
 
 cdef void rope(const Params *p, const float *x, float *o, int pos) noexcept nogil:
-    """Rotary embedding of one head row; channels >= 2*rot_half are copied.  Rounded as
-    ONNX Runtime's x86 kernel rounds (bit-exact float caches): x0' = fma(x0, c, -(x1*s)),
-    x1' = fma(x0, s, x1*c)."""
+    """Rotary embedding of one head row; channels >= 2*rot_half are copied (o may be x).
+    Rounded as ONNX Runtime's x86 kernel rounds (bit-exact float caches): x0' = fma(x0, c,
+    -(x1*s)), x1' = fma(x0, s, x1*c)."""
     cdef int i, R2 = p.rot_half
     cdef const float *c = p.cos + <size_t>pos * R2
     cdef const float *s = p.sin + <size_t>pos * R2
@@ -96,10 +96,45 @@ cdef void rope(const Params *p, const float *x, float *o, int pos) noexcept nogi
             x1 = x[i + R2]
             o[i] = fmaf(x0, c[i], -(x1 * s[i]))
             o[i + R2] = fmaf(x0, s[i], x1 * c[i])
-    if 2 * R2 < p.H:
+    if 2 * R2 < p.H and o != x:
         memcpy(o + 2 * R2, x + 2 * R2, (p.H - 2 * R2) * sizeof(float))
     if p.round_half:
         round_to_half(o, p.H)
+
+
+cdef void rms_norm(const Params *p, const float *x, float *o, const float *w) noexcept nogil:
+    """The per-head RMS norm of the QK-norm inputs: o[i] = (x[i] * r) * w[i] in float32 with
+    r = 1 / sqrt(mean(x^2) + eps), the mean of squares summed in double in channel order
+    (the same bits on every path and thread count); float16 calls round o to half."""
+    cdef int i, H = p.H
+    cdef double ss = 0.0
+    cdef float r
+    for i in range(H):
+        ss = ss + <double>x[i] * x[i]
+    r = <float>(1.0 / sqrt(ss / H + p.qk_eps))
+    for i in range(H):
+        o[i] = (x[i] * r) * w[i]
+    if p.round_half:
+        round_to_half(o, H)
+
+
+cdef inline bint prepared(const Params *p, const float *w) noexcept nogil:
+    """Rows weighted by w (p.qn or p.kn) are changed before attention reads them."""
+    return p.do_rotary or w != NULL
+
+
+cdef void prep_row(const Params *p, const float *x, float *o, const float *w, int pos) noexcept nogil:
+    """o = head row x as attention reads it: RMS-normed with weight w (when w != NULL), then
+    rotated at position pos (when p.do_rotary), in that order (the QK norm comes before
+    rotary); a copy when neither applies."""
+    if w != NULL:
+        rms_norm(p, x, o, w)
+        if p.do_rotary:
+            rope(p, o, o, pos)
+    elif p.do_rotary:
+        rope(p, x, o, pos)
+    else:
+        memcpy(o, x, p.H * sizeof(float))
 
 
 cdef inline uint8_t *k_row(const Params *p, int b, int j, size_t r) noexcept nogil:
@@ -122,7 +157,7 @@ cdef inline const float *v_scales(const Params *p, int j) noexcept nogil:
 
 cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float *tmp) noexcept nogil:
     """present[b, j]: zero-fill and copy past rows unless sharing the past buffer,
-    then quantize the L new rows (K after rotary) at row past_len(b)."""
+    then quantize the L new rows (K after its QK norm and rotary) at row past_len(b)."""
     cdef int s, pb = past_len(p, b)
     cdef size_t slot = <size_t>b * p.Nkv + j
     cdef uint8_t *kd = k_row(p, b, j, 0)
@@ -138,8 +173,8 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
         return
     for s in range(p.L):
         src = p.k + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * p.H
-        if p.do_rotary:
-            rope(p, src, tmp, position(p, b, s))
+        if prepared(p, p.kn):
+            prep_row(p, src, tmp, p.kn, position(p, b, s))
             src = tmp
         t.quantize(src, p.H, k_row(p, b, j, pb + s), 1, p.H, p.ktype, k_scales(p, j))
     t.quantize(p.v + <size_t>b * p.L * p.kv_tok + <size_t>j * p.H, p.kv_tok,
@@ -232,9 +267,9 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
         key_range(p, b, s, &start, &c)
         n = c - start if c > start else 0
         a = p.q + (<size_t>b * p.S + s) * p.q_tok + <size_t>j * G * H
-        if p.do_rotary:
+        if prepared(p, p.qn):
             for g in range(G):
-                rope(p, a + <size_t>g * H, qbuf + <size_t>g * H, position(p, b, s))
+                prep_row(p, a + <size_t>g * H, qbuf + <size_t>g * H, p.qn, position(p, b, s))
             a = qbuf
         elif (<size_t>a) & 63:    # whole-line loads of the rows the QK kernel reads for every key
             memcpy(qbuf, a, <size_t>G * H * sizeof(float))
@@ -320,10 +355,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         for g in range(G):
             r = (s - s0) * G + g
             src = p.q + (<size_t>b * p.S + s) * p.q_tok + (<size_t>j * G + g) * H
-            if p.do_rotary:
-                rope(p, src, Qt + <size_t>r * H, position(p, b, s))
-            else:
-                memcpy(Qt + <size_t>r * H, src, H * sizeof(float))
+            prep_row(p, src, Qt + <size_t>r * H, p.qn, position(p, b, s))
             for i in range(H):
                 Qt[<size_t>r * H + i] = Qt[<size_t>r * H + i] * p.alpha
             mrow[r] = sink_logit(p, j * G + g) if smooth else -INFINITY
@@ -408,9 +440,9 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
         for g in range(G):
             memset(part + g * (H + 2) + 2, 0, H * sizeof(float))
         return
-    if p.do_rotary:
+    if prepared(p, p.qn):
         for g in range(G):
-            rope(p, a + <size_t>g * H, qbuf + <size_t>g * H, position(p, b, 0))
+            prep_row(p, a + <size_t>g * H, qbuf + <size_t>g * H, p.qn, position(p, b, 0))
         a = qbuf
     elif (<size_t>a) & 63:
         memcpy(qbuf, a, <size_t>G * H * sizeof(float))
@@ -617,7 +649,7 @@ cdef class Consts:
                  size_t kv_tok, bint has_past, bint shared, int ktype, int vtype, size_t k_rb,
                  size_t v_rb, bint k_pc, bint v_pc, float alpha, float softcap, int W, bint causal,
                  int rot_half, bint do_rotary, bint interleaved, int pos_stride, bint bias_bb,
-                 bint bias_nb, bint smooth, int qk_mode, bint round_half):
+                 bint bias_nb, bint smooth, int qk_mode, bint round_half, float qk_eps=0.0):
         memset(&self.p, 0, sizeof(Params))
         self.p.B = B; self.p.S = S; self.p.N = N; self.p.Nkv = Nkv; self.p.G = N // Nkv
         self.p.H = H; self.p.L = L; self.p.Pbuf = Pbuf
@@ -630,10 +662,11 @@ cdef class Consts:
         self.p.pos_stride = pos_stride
         self.p.bias_bb = bias_bb; self.p.bias_nb = bias_nb
         self.p.smooth = smooth; self.p.qk_mode = qk_mode; self.p.round_half = round_half
+        self.p.qk_eps = qk_eps
 
 
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
-          out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
+          qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks, int decode_ranges):
     """One call: cache write, then attention (naive, tiled flash or decode work items).
     Decode (S == 1, flash): the units are split into `decode_ranges` contiguous ranges and
@@ -664,6 +697,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.cos = <const float *>ptr(cos); p.sin = <const float *>ptr(sin)
     p.pos_ids = <const int64_t *>ptr(pos_ids)
     p.bias = <const float *>ptr(bias); p.sink = <const float *>ptr(sink)
+    p.qn = <const float *>ptr(qn); p.kn = <const float *>ptr(kn)
     p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out)
     # The lengths and positions that drive addressing are copied and checked here, so that
     # nothing written during the call (an input aliasing a cache) or changed by another

@@ -34,7 +34,7 @@ from gqa import _validate
 cnp.import_array()
 
 cdef enum:
-    NARGS = 15          # query .. present_value, in __call__'s order (total_sequence_length apart)
+    NARGS = 17          # query .. present_value, in __call__'s order (total_sequence_length apart)
     MAXD = 4
     INT32_MAX = 2147483647
     MAX_SIGNATURES = 64  # per operator: one per past buffer of a loop over layers
@@ -60,7 +60,8 @@ cdef object _ONES = np.ones(1, np.float32)   # the scales of a float cache (neve
 cdef object _F32 = np.dtype(np.float32)
 cdef object _F16 = np.dtype(np.float16)
 # the arrays that may not share memory with the caches in place, as the checks list them
-cdef tuple _KEPT_NAMES = ("k_scale", "v_scale", "cos_cache", "sin_cache", "head_sink")
+cdef tuple _KEPT_NAMES = ("k_scale", "v_scale", "cos_cache", "sin_cache", "head_sink",
+                          "q_norm_weight", "k_norm_weight")
 cdef tuple _STEP_NAMES = ("query", "key", "value", "seqlens_k", "position_ids", "attention_bias",
                           "total_sequence_length")
 cdef long long _built = 0                 # Signatures built (tests: a repeat builds none)
@@ -270,15 +271,15 @@ cdef class Signature:
 
     def __init__(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                  sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                 present_key, present_value):
+                 q_norm_weight, k_norm_weight, present_key, present_value):
         global _built
         cdef list args = [query, key, value, past_key, past_value, seqlens_k, cos_cache,
                           sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                          present_key, present_value]
+                          q_norm_weight, k_norm_weight, present_key, present_value]
         cdef int i
         self._check(op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                     sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                    present_key, present_value)
+                    q_norm_weight, k_norm_weight, present_key, present_value)
         self.valid = True
         for i in range(NARGS):
             if not _key(&self.keys[i], args[i]):
@@ -287,7 +288,7 @@ cdef class Signature:
 
     cdef _check(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                 sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                present_key, present_value):
+                q_norm_weight, k_norm_weight, present_key, present_value):
         cdef int N = op.num_heads, Nkv = op.kv_num_heads
         cdef int B, S, D, H, L, Hp, Pbuf = 0, ktype, vtype, bits = op.kv_cache_bit_width
         cdef int ft, ct, rot_half
@@ -396,10 +397,19 @@ cdef class Signature:
             _array(head_sink, "head_sink", ft, -1, 1)
             if head_sink.shape != (N,):
                 raise ValueError(f"head_sink must have shape (num_heads,) = ({N},), got {head_sink.shape}")
+        if (q_norm_weight is None) != (k_norm_weight is None):
+            raise ValueError("q_norm_weight and k_norm_weight must be given together (the QK norm "
+                             "applies to both) or not at all")
+        for name, x in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+            if x is not None:
+                _array(x, name, ft, -1, 1)
+                if x.shape != (H,):
+                    raise ValueError(f"{name} must have shape (head_size,) = ({H},), got {x.shape}")
 
         # kept inputs of an in-place call: none may share memory with the caches (the per-step
         # ones are checked on every call)
-        cdef tuple kept = (k_scale, v_scale, cos_cache, sin_cache, head_sink)
+        cdef tuple kept = (k_scale, v_scale, cos_cache, sin_cache, head_sink, q_norm_weight,
+                           k_norm_weight)
         cdef Py_ssize_t i
         if shared:
             i = first_alias(past_key, past_value, kept)
@@ -427,7 +437,7 @@ cdef class Signature:
             do_rotary=bool(op.do_rotary == 1 and rot_half), interleaved=op.rotary_interleaved == 1,
             pos_stride=0 if position_ids is None else position_ids.shape[1],
             bias_bb=bias_bb, bias_nb=bias_nb, smooth=op.smooth_softmax == 1,
-            qk_mode=op.qk_output, round_half=ft == cnp.NPY_FLOAT16)
+            qk_mode=op.qk_output, round_half=ft == cnp.NPY_FLOAT16, qk_eps=op.qk_norm_epsilon)
         self.cache_type, self.cache_dt, self.Hp, self.rot_half = ct, cache_dt, Hp, rot_half
         self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
         self.fresh_present = present_key is None
@@ -438,7 +448,7 @@ cdef class Signature:
     # which are per step (dtype and shape): stated here only
     cdef bint _matches(self, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                        sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                       present_key, present_value):
+                       q_norm_weight, k_norm_weight, present_key, present_value):
         return (self.valid
                 and _same(&self.keys[0], query, False, MAXD) and _same(&self.keys[1], key, False, MAXD)
                 and _same(&self.keys[2], value, False, MAXD)
@@ -452,12 +462,14 @@ cdef class Signature:
                 and _same(&self.keys[10], head_sink, True, MAXD)
                 and _same(&self.keys[11], k_scale, True, MAXD)
                 and _same(&self.keys[12], v_scale, True, MAXD)
-                and _same(&self.keys[13], present_key, True, MAXD)
-                and _same(&self.keys[14], present_value, True, MAXD))
+                and _same(&self.keys[13], q_norm_weight, True, MAXD)
+                and _same(&self.keys[14], k_norm_weight, True, MAXD)
+                and _same(&self.keys[15], present_key, True, MAXD)
+                and _same(&self.keys[16], present_value, True, MAXD))
 
     cdef call(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
               cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-              present_key, present_value, num_threads):
+              q_norm_weight, k_norm_weight, present_key, present_value, num_threads):
         """The value checks, then the compute: the call's (output, present_key,
         present_value[, output_qk])."""
         cdef const Params *p = &self.consts.p
@@ -557,7 +569,7 @@ cdef class Signature:
             ks, vs,
             _f32(cos_cache) if self.rot_half else None, _f32(sin_cache) if self.rot_half else None,
             position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
-            out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
+            _f32(q_norm_weight), _f32(k_norm_weight), out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
             q_block, kv_block, splits, ranges)
         if self.f16:
             out = out.astype(np.float16)
@@ -640,8 +652,8 @@ cdef inline size_t _slot(object past_key, object query):
 
 def op_call(self, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
             total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
-            attention_bias=None, head_sink=None, k_scale=None, v_scale=None, *,
-            present_key=None, present_value=None, num_threads=None):
+            attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
+            k_norm_weight=None, *, present_key=None, present_value=None, num_threads=None):
     """GroupQueryAttention.__call__ (gqa/_operator.py)."""
     cdef dict sigs = self._signatures
     cdef size_t slot = _slot(past_key, query)
@@ -649,10 +661,11 @@ def op_call(self, query, key=None, value=None, past_key=None, past_value=None, s
     cdef Signature sig
     if found is None or not (<Signature>found)._matches(
             query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
-            position_ids, attention_bias, head_sink, k_scale, v_scale, present_key, present_value):
+            position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
+            k_norm_weight, present_key, present_value):
         sig = Signature(self, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                         sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                        present_key, present_value)
+                        q_norm_weight, k_norm_weight, present_key, present_value)
         if len(sigs) >= MAX_SIGNATURES:
             sigs.clear()
         sigs[slot] = sig        # one store: threads may share the operator
@@ -660,7 +673,7 @@ def op_call(self, query, key=None, value=None, past_key=None, past_value=None, s
         sig = <Signature>found
     return sig.call(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                     cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
-                    v_scale, present_key, present_value, num_threads)
+                    v_scale, q_norm_weight, k_norm_weight, present_key, present_value, num_threads)
 
 
 cdef dict _OPS = {}          # attributes -> GroupQueryAttention, for the function
@@ -685,24 +698,26 @@ cdef object _operator(tuple attrs):
 
 cdef tuple _ATTR_NAMES = ("num_heads", "kv_num_heads", "scale", "softcap", "local_window_size",
                           "causal", "do_rotary", "rotary_interleaved", "smooth_softmax",
-                          "qk_output", "k_quant_type", "v_quant_type", "kv_cache_bit_width")
+                          "qk_output", "k_quant_type", "v_quant_type", "kv_cache_bit_width",
+                          "qk_norm_epsilon")
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
                           seqlens_k=None, total_sequence_length=None, cos_cache=None,
                           sin_cache=None, position_ids=None, attention_bias=None, head_sink=None,
-                          k_scale=None, v_scale=None, *, num_heads, kv_num_heads, scale=0.0,
-                          softcap=0.0, local_window_size=-1, causal=1, do_rotary=0,
-                          rotary_interleaved=0, smooth_softmax=-1, qk_output=0,
-                          k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0,
-                          present_key=None, present_value=None, num_threads=None):
+                          k_scale=None, v_scale=None, q_norm_weight=None, k_norm_weight=None, *,
+                          num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window_size=-1,
+                          causal=1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1,
+                          qk_output=0, k_quant_type="NONE", v_quant_type="NONE",
+                          kv_cache_bit_width=0, qk_norm_epsilon=1e-6, present_key=None,
+                          present_value=None, num_threads=None):
     """Functional form of :class:`GroupQueryAttention` (inputs in ONNX order and names;
     attributes as keywords).  The operator of each set of attributes is made once and kept
     (up to 64 sets), so a loop that calls this function per layer and step pays what a kept
     operator pays."""
     cdef tuple attrs = (num_heads, kv_num_heads, scale, softcap, local_window_size, causal,
                         do_rotary, rotary_interleaved, smooth_softmax, qk_output, k_quant_type,
-                        v_quant_type, kv_cache_bit_width)
+                        v_quant_type, kv_cache_bit_width, qk_norm_epsilon)
     # exact types only: a dict would take True or 1.0 for 1, which the operator refuses
     if not (type(num_heads) is int and type(kv_num_heads) is int
             and (type(scale) is float or type(scale) is int)
@@ -710,11 +725,12 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
             and type(local_window_size) is int and type(causal) is int and type(do_rotary) is int
             and type(rotary_interleaved) is int and type(smooth_softmax) is int
             and type(qk_output) is int and type(k_quant_type) is str
-            and type(v_quant_type) is str and type(kv_cache_bit_width) is int):
+            and type(v_quant_type) is str and type(kv_cache_bit_width) is int
+            and (type(qk_norm_epsilon) is float or type(qk_norm_epsilon) is int)):
         op = _new_operator(attrs)       # raises, or valid (NumPy integers): not kept
     else:
         op = _operator(attrs)
     return op_call(op, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                    cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
-                   v_scale, present_key=present_key, present_value=present_value,
-                   num_threads=num_threads)
+                   v_scale, q_norm_weight, k_norm_weight, present_key=present_key,
+                   present_value=present_value, num_threads=num_threads)

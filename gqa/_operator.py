@@ -38,12 +38,15 @@ class GroupQueryAttention:
     ``GroupQueryAttention(num_heads=32, kv_num_heads=8, k_quant_type="PER_TENSOR",
     v_quant_type="PER_TENSOR", kv_cache_bit_width=8)(query, key, value, past_key, ...)``
     returns ``(output, present_key, present_value[, output_qk])``.  Attribute names,
-    meanings and defaults are ONNX Runtime's (see the README).
+    meanings and defaults are ONNX Runtime's (see the README); ``q_norm_weight`` /
+    ``k_norm_weight`` with ``qk_norm_epsilon`` (the per-head RMS norm of Q and K before
+    rotary) go beyond its CPU kernel.
     """
 
     def __init__(self, *, num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window_size=-1,
                  causal=1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1, qk_output=0,
-                 k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0):
+                 k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0,
+                 qk_norm_epsilon=1e-6):
         self.num_heads = _int_attr("num_heads", num_heads)
         self.kv_num_heads = _int_attr("kv_num_heads", kv_num_heads)
         if self.num_heads <= 0:
@@ -91,6 +94,9 @@ class GroupQueryAttention:
         elif bits not in (4, 8):
             raise ValueError(f"kv_cache_bit_width must be 4 or 8 when quantization is enabled, got {bits}")
         self.quantized = kq != "NONE"
+        self.qk_norm_epsilon = v.real(qk_norm_epsilon, "qk_norm_epsilon")
+        if not (0.0 <= self.qk_norm_epsilon < float("inf")):
+            raise ValueError(f"qk_norm_epsilon must be a finite number >= 0, got {self.qk_norm_epsilon}")
         self._signatures = {}     # gqa/_call.pyx: checked call signatures, by past buffer
 
     def __repr__(self):
@@ -101,8 +107,8 @@ class GroupQueryAttention:
     # -- the call ------------------------------------------------------------------
     # op(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
     #    total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
-    #    attention_bias=None, head_sink=None, k_scale=None, v_scale=None, *,
-    #    present_key=None, present_value=None, num_threads=None)
+    #    attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
+    #    k_norm_weight=None, *, present_key=None, present_value=None, num_threads=None)
     # -> (output, present_key, present_value[, output_qk]); every check and the compute are in
     # gqa/_call.pyx, which keeps the checked signatures of recent calls in _signatures.
     __call__ = _call.op_call
