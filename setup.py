@@ -140,6 +140,7 @@ extensions = [
     ext("_dispatch", os.path.join(SRC, "dispatch.c")),
     ext("_kernels"),
     ext("_attention"),
+    ext("_window"),
     ext("_call"),
 ]
 

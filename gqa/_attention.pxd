@@ -28,6 +28,8 @@ cdef struct Params:
     int pos_stride
     const float *bias
     int bias_bb, bias_nb
+    int bias_T            # row length of attention_bias (its last dimension)
+    const int *col_base   # per batch entry: bias column of cache row 0 (NULL: 0; windowed caches)
     const float *sink
     const float *qn       # q_norm_weight / k_norm_weight [H] (NULL: no QK norm)
     const float *kn
@@ -49,12 +51,13 @@ cdef struct Params:
 
 cdef class Consts:
     cdef Params p
+    cdef Consts with_rows(self, int rows)
 
 
 # One call: cache write, then attention (see _attention.pyx).
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
-          int q_block, int kv_block, int decode_chunks, int decode_ranges)
+          int q_block, int kv_block, int decode_chunks, int decode_ranges, col_base=*, int bias_T=*)
 # The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
 # or the number of the broken rule, where = {b, s} (see _attention.pyx).
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil

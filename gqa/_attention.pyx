@@ -237,15 +237,17 @@ cdef inline void key_range(const Params *p, int b, int s, int *start, int *end) 
 
 
 cdef void score_features(const Params *p, float *row, int n, int b, int h, int s, int col0) noexcept nogil:
-    """softcap, then + attention_bias, on scores row[0:n] of keys col0 .. col0+n-1."""
+    """softcap, then + attention_bias, on scores row[0:n] of cache rows col0 .. col0+n-1 (bias
+    columns col_base[b] + col0 .. : a windowed cache's row 0 is not position 0)."""
     cdef int i
     cdef const float *brow
     if p.softcap > 0:
         for i in range(n):
             row[i] = p.softcap * tanhf(row[i] / p.softcap)
     if p.bias != NULL:
-        brow = p.bias + ((<size_t>(0 if p.bias_bb else b) * (1 if p.bias_nb else p.N)
-                          + (0 if p.bias_nb else h)) * p.S + s) * p.T + col0
+        brow = (p.bias + ((<size_t>(0 if p.bias_bb else b) * (1 if p.bias_nb else p.N)
+                           + (0 if p.bias_nb else h)) * p.S + s) * p.bias_T + col0
+                + (p.col_base[b] if p.col_base != NULL else 0))
         for i in range(n):
             row[i] = row[i] + brow[i]
 
@@ -664,10 +666,19 @@ cdef class Consts:
         self.p.smooth = smooth; self.p.qk_mode = qk_mode; self.p.round_half = round_half
         self.p.qk_eps = qk_eps
 
+    cdef Consts with_rows(self, int rows):
+        """The same parameters over an in-place buffer of `rows` rows (a windowed step's
+        staging buffer)."""
+        cdef Consts c = Consts.__new__(Consts)
+        c.p = self.p
+        c.p.Pbuf = rows
+        return c
+
 
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
-          int q_block, int kv_block, int decode_chunks, int decode_ranges):
+          int q_block, int kv_block, int decode_chunks, int decode_ranges, col_base=None,
+          int bias_T=0):
     """One call: cache write, then attention (naive, tiled flash or decode work items).
     Decode (S == 1, flash): the units are split into `decode_ranges` contiguous ranges and
     the last unit of each is split into `decode_chunks` key chunks (flash decoding; every
@@ -698,6 +709,8 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.pos_ids = <const int64_t *>ptr(pos_ids)
     p.bias = <const float *>ptr(bias); p.sink = <const float *>ptr(sink)
     p.qn = <const float *>ptr(qn); p.kn = <const float *>ptr(kn)
+    p.bias_T = bias_T if bias_T > 0 else T     # int32 [B] col_base, validated by the caller
+    p.col_base = <const int *>ptr(col_base)
     p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out)
     # The lengths and positions that drive addressing are copied and checked here, so that
     # nothing written during the call (an input aliasing a cache) or changed by another

@@ -27,6 +27,7 @@ import numbers
 import numpy as np
 
 from gqa._attention cimport Consts, Params, run, first_alias, overlap, check_lengths
+from gqa cimport _window
 from gqa._dispatch cimport omp_max_threads
 from gqa import _config, _dispatch
 from gqa import _validate
@@ -266,7 +267,7 @@ cdef class Signature:
     cdef bint valid        # every argument was None or an ndarray of rank <= MAXD
     cdef Consts consts
     cdef int cache_type, Hp, rot_half
-    cdef bint packed, f16, has_past, shared, quantized, fresh_present, copy_past
+    cdef bint packed, f16, has_past, shared, quantized, fresh_present, copy_past, windowed
     cdef object cache_dt
 
     def __init__(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
@@ -382,6 +383,20 @@ cdef class Signature:
             raise ValueError("present_key and present_value must be given together")
         if L == 0 and not has_past:
             raise ValueError("key/value with sequence length 0 (shared KV) need past_key and past_value")
+        windowed = op.sliding_window_cache == 1
+        if windowed:
+            if not has_past:
+                raise ValueError("sliding_window_cache=1 needs past_key and past_value: their dimension 2 "
+                                 "is the cache capacity")
+            if L == 0:
+                raise ValueError("sliding_window_cache=1 does not take shared KV (key/value of sequence "
+                                 "length 0)")
+            if Pbuf < op.local_window_size:
+                raise ValueError(f"sliding_window_cache=1: the cache capacity past_key.shape[2] = {Pbuf} "
+                                 f"must be >= local_window_size = {op.local_window_size}")
+            if present_key is not None and not shared and present_key.shape[2] != Pbuf:
+                raise ValueError(f"present_key must have shape ({B}, {Nkv}, {Pbuf}, {Hp}) "
+                                 f"(sliding_window_cache=1: the capacity of past_key), got {present_key.shape}")
 
         # optional inputs
         rot_half = _rotary(op.do_rotary, cos_cache, sin_cache, position_ids, ft, B, S, H)
@@ -431,16 +446,17 @@ cdef class Signature:
         row_bytes = Hp * cache_dt.itemsize
         self.consts = Consts(
             B=B, S=S, N=N, Nkv=Nkv, H=H, L=L, Pbuf=Pbuf, q_tok=D, kv_tok=D if packed else Nkv * H,
-            has_past=has_past, shared=shared, ktype=ktype, vtype=vtype, k_rb=row_bytes,
+            has_past=has_past, shared=shared or windowed, ktype=ktype, vtype=vtype, k_rb=row_bytes,
             v_rb=row_bytes, k_pc=k_pc, v_pc=v_pc, alpha=alpha, softcap=op.softcap,
             W=op.local_window_size, causal=bool(op.causal), rot_half=rot_half,
             do_rotary=bool(op.do_rotary == 1 and rot_half), interleaved=op.rotary_interleaved == 1,
-            pos_stride=0 if position_ids is None else position_ids.shape[1],
+            pos_stride=(position_ids.shape[1] if position_ids is not None else S if windowed else 0),
             bias_bb=bias_bb, bias_nb=bias_nb, smooth=op.smooth_softmax == 1,
             qk_mode=op.qk_output, round_half=ft == cnp.NPY_FLOAT16, qk_eps=op.qk_norm_epsilon)
         self.cache_type, self.cache_dt, self.Hp, self.rot_half = ct, cache_dt, Hp, rot_half
         self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
         self.fresh_present = present_key is None
+        self.windowed = windowed
         self.copy_past = has_past and not shared and not (
             _ready(past_key, ct) and _ready(past_value, ct))
 
@@ -497,6 +513,11 @@ cdef class Signature:
         if S > T:
             raise ValueError(f"total_sequence_length ({T}) must be >= sequence_length ({S}, query "
                              "dimension 1): the new tokens are part of the total")
+        if self.windowed:
+            return self._windowed(query, key, value, past_key, past_value, seqlens_k, T, cos_cache,
+                                  sin_cache, position_ids, attention_bias, head_sink, ks, vs,
+                                  q_norm_weight, k_norm_weight, present_key, present_value,
+                                  num_threads)
         if self.shared and T > Pbuf:
             raise ValueError(f"total_sequence_length ({T}) exceeds the shared buffer length "
                              f"past_key.shape[2] = {Pbuf} (in-place mode)")
@@ -525,30 +546,19 @@ cdef class Signature:
                      if self.rot_half and position_ids is not None else NULL)
         check_lengths(&q, max_pos)
         Tmax = q.Tmax
-        if attention_bias is not None and cnp.PyArray_DIM(<cnp.ndarray>attention_bias, 3) != T:
-            raise ValueError(f"attention_bias must have shape (batch_size or 1, num_heads or 1, "
-                             f"sequence_length, total_sequence_length) = ({B} or 1, {N} or 1, {S}, "
-                             f"{T}), got {attention_bias.shape}")
+        self._bias_width(attention_bias, T)
         if not self.shared and not self.fresh_present:
             for name, x in (("present_key", present_key), ("present_value", present_value)):
                 if cnp.PyArray_DIM(<cnp.ndarray>x, 2) != Pres:
                     raise ValueError(f"{name} must have shape {(B, Nkv, Pres, self.Hp)}, got "
                                      f"{x.shape}")
-            steps = (query, key, value, seqlens_k, position_ids, attention_bias)
-            i = first_alias(present_key, present_value, steps)
-            if i >= 0:
-                raise ValueError(f"{'present_key' if overlap(steps[i], present_key) else 'present_value'}"
-                                 " must not overlap the inputs")
+            self._present_apart(present_key, present_value, query, key, value, seqlens_k,
+                                position_ids, attention_bias)
         nt = _threads(num_threads)
         _plan(B, S, Nkv, p.G, H, Tmax, &q_block, &kv_block, &splits, &ranges)
 
         # every check passed: inputs as the compute reads them, outputs, the compute
-        query = _f32(query)
-        if self.packed:
-            key = query[..., N * H:]
-            value = query[..., (N + Nkv) * H:]
-        else:
-            key, value = _f32(key), _f32(value)
+        query, key, value = self._qkv(query, key, value)
         if self.shared:
             present_key, present_value = past_key, past_value
         elif self.fresh_present:
@@ -576,6 +586,126 @@ cdef class Signature:
             qk_out = qk_out.astype(np.float16) if qk_out is not None else None
         if qk_out is not None:
             return out, present_key, present_value, qk_out
+        return out, present_key, present_value
+
+
+    cdef int _bias_width(self, attention_bias, long long T) except -1:
+        """attention_bias is indexed by absolute key position: its last dimension is T."""
+        cdef const Params *p = &self.consts.p
+        if attention_bias is not None and cnp.PyArray_DIM(<cnp.ndarray>attention_bias, 3) != T:
+            raise ValueError(f"attention_bias must have shape (batch_size or 1, num_heads or 1, "
+                             f"sequence_length, total_sequence_length) = ({p.B} or 1, {p.N} or 1, "
+                             f"{p.S}, {T}), got {attention_bias.shape}")
+        return 0
+
+    cdef int _present_apart(self, present_key, present_value, query, key, value, seqlens_k,
+                            position_ids, attention_bias) except -1:
+        """Caller-supplied present buffers (not in place) share no memory with the per-step
+        inputs (the kept ones: the signature checks)."""
+        cdef tuple steps = (query, key, value, seqlens_k, position_ids, attention_bias)
+        cdef Py_ssize_t i = first_alias(present_key, present_value, steps)
+        if i >= 0:
+            raise ValueError(f"{'present_key' if overlap(steps[i], present_key) else 'present_value'}"
+                             " must not overlap the inputs")
+        return 0
+
+    cdef tuple _qkv(self, query, key, value):
+        """float32 query, key and value as the compute reads them (packed: views of query)."""
+        cdef const Params *p = &self.consts.p
+        query = _f32(query)
+        if self.packed:
+            return query, query[..., p.N * p.H:], query[..., (p.N + p.Nkv) * p.H:]
+        return query, _f32(key), _f32(value)
+
+    cdef _windowed(self, query, key, value, past_key, past_value, seqlens_k, long long T,
+                   cos_cache, sin_cache, position_ids, attention_bias, head_sink, ks, vs,
+                   q_norm_weight, k_norm_weight, present_key, present_value, num_threads):
+        """A call with sliding_window_cache=1 (gqa/_window.pyx): the value checks on absolute
+        lengths, then the kept rows placed at the front of the work buffer, the compute in
+        place on it with cache-relative lengths, and a staged step's rows copied out."""
+        cdef const Params *p = &self.consts.p
+        cdef int B = p.B, S = p.S, Nkv = p.Nkv, C = p.Pbuf, b, rows, Trel = 0, nt
+        cdef int q_block, kv_block, splits, ranges
+        cdef int64_t max_pos = 0
+        cdef Params q
+        cdef cnp.npy_intp dims[4]
+        cdef bint staged
+        cdef int[:, ::1] l
+        cdef int[::1] z, s0
+        if S > 1 and B != 1 and S != T:
+            raise ValueError("batch_size must be 1 when sequence_length > 1 and past context is given.")
+        seqlens_k = _contiguous(seqlens_k)
+        _window.check_window_lengths(<const int *>cnp.PyArray_DATA(<cnp.ndarray>seqlens_k), B, S, T)
+        if self.rot_half:
+            max_pos = cnp.PyArray_DIM(<cnp.ndarray>cos_cache, 0)
+            if max_pos < T:
+                raise ValueError(f"cos_cache dimension 0 shall not be less than total_sequence_length "
+                                 f"({max_pos} < {T})")
+        self._bias_width(attention_bias, T)
+        if not self.shared and not self.fresh_present:
+            self._present_apart(present_key, present_value, query, key, value, seqlens_k,
+                                position_ids, attention_bias)
+        nt = _threads(num_threads)
+        # the layout of the step (one int32 [5, B] block: keep, src0, base, lnew, relative seqlens)
+        lay = np.empty((5, B), np.int32)
+        l = lay
+        staged = B > 0 and _window.plan(<const int *>cnp.PyArray_DATA(<cnp.ndarray>seqlens_k), B, S,
+                                        C, p.W, &l[0, 0], &l[1, 0], &l[2, 0], &l[3, 0])
+        for b in range(B):
+            l[4, b] = l[0, b] + S - 1
+            if l[0, b] + S > Trel:
+                Trel = l[0, b] + S
+        # rotary positions are absolute: the given position_ids, else T_b - S + s
+        if self.rot_half:
+            if position_ids is not None:
+                position_ids = _contiguous(position_ids)
+            else:
+                position_ids = (np.asarray(seqlens_k, np.int64)[:, None] + (1 - S)
+                                + np.arange(S, dtype=np.int64)[None, :])
+        q = p[0]
+        rows = Trel if staged else C       # the work buffer: staging, or the present buffer
+        q.T = Trel; q.Pres = rows; q.first_prompt = False
+        q.seqlens = &l[4, 0] if B else NULL
+        q.pos_ids = (<const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>position_ids)
+                     if self.rot_half else NULL)
+        check_lengths(&q, max_pos)      # positions; the relative lengths hold by construction
+        # every check passed: buffers and the compute
+        query, key, value = self._qkv(query, key, value)
+        if self.shared:
+            present_key, present_value = past_key, past_value
+        elif self.fresh_present:
+            dims[0] = B; dims[1] = Nkv; dims[2] = C; dims[3] = self.Hp
+            present_key = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+            present_value = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+        past_key, past_value = _contiguous(past_key), _contiguous(past_value)
+        consts = self.consts
+        work_k, work_v = present_key, present_value
+        if staged:
+            dims[0] = B; dims[1] = Nkv; dims[2] = rows; dims[3] = self.Hp
+            work_k = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+            work_v = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+            consts = self.consts.with_rows(rows)
+        zeros = np.zeros(B, np.int32)
+        z = zeros
+        if B:
+            _window.move_rows(work_k, &z[0], past_key, &l[1, 0], &l[0, 0], B, Nkv)
+            _window.move_rows(work_v, &z[0], past_value, &l[1, 0], &l[0, 0], B, Nkv)
+        _plan(B, S, Nkv, p.G, p.H, Trel, &q_block, &kv_block, &splits, &ranges)
+        dims[0] = B; dims[1] = S; dims[2] = p.N * p.H
+        out = cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT32, 0)
+        run(consts, query, key, value, lay[4], work_k, work_v, None, None, ks, vs,
+            _f32(cos_cache) if self.rot_half else None, _f32(sin_cache) if self.rot_half else None,
+            position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
+            _f32(q_norm_weight), _f32(k_norm_weight), out, None, Trel, cnp.PyArray_DIM(<cnp.ndarray>work_k, 2),
+            False, nt, _SETTINGS["flash"], q_block, kv_block, splits, ranges,
+            col_base=lay[2], bias_T=<int>T)
+        if staged and B:
+            # the last L(T_b) rows of the staging buffer: rows [keep + S - L(T_b), keep + S)
+            s0 = lay[0] + S - lay[3]
+            _window.move_rows(present_key, &z[0], work_k, &s0[0], &l[3, 0], B, Nkv)
+            _window.move_rows(present_value, &z[0], work_v, &s0[0], &l[3, 0], B, Nkv)
+        if self.f16:
+            out = out.astype(np.float16)
         return out, present_key, present_value
 
 
@@ -699,7 +829,7 @@ cdef object _operator(tuple attrs):
 cdef tuple _ATTR_NAMES = ("num_heads", "kv_num_heads", "scale", "softcap", "local_window_size",
                           "causal", "do_rotary", "rotary_interleaved", "smooth_softmax",
                           "qk_output", "k_quant_type", "v_quant_type", "kv_cache_bit_width",
-                          "qk_norm_epsilon")
+                          "qk_norm_epsilon", "sliding_window_cache")
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
@@ -709,7 +839,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                           num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window_size=-1,
                           causal=1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1,
                           qk_output=0, k_quant_type="NONE", v_quant_type="NONE",
-                          kv_cache_bit_width=0, qk_norm_epsilon=1e-6, present_key=None,
+                          kv_cache_bit_width=0, qk_norm_epsilon=1e-6, sliding_window_cache=0,
+                          present_key=None,
                           present_value=None, num_threads=None):
     """Functional form of :class:`GroupQueryAttention` (inputs in ONNX order and names;
     attributes as keywords).  The operator of each set of attributes is made once and kept
@@ -717,7 +848,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
     operator pays."""
     cdef tuple attrs = (num_heads, kv_num_heads, scale, softcap, local_window_size, causal,
                         do_rotary, rotary_interleaved, smooth_softmax, qk_output, k_quant_type,
-                        v_quant_type, kv_cache_bit_width, qk_norm_epsilon)
+                        v_quant_type, kv_cache_bit_width, qk_norm_epsilon, sliding_window_cache)
     # exact types only: a dict would take True or 1.0 for 1, which the operator refuses
     if not (type(num_heads) is int and type(kv_num_heads) is int
             and (type(scale) is float or type(scale) is int)
@@ -726,7 +857,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
             and type(rotary_interleaved) is int and type(smooth_softmax) is int
             and type(qk_output) is int and type(k_quant_type) is str
             and type(v_quant_type) is str and type(kv_cache_bit_width) is int
-            and (type(qk_norm_epsilon) is float or type(qk_norm_epsilon) is int)):
+            and (type(qk_norm_epsilon) is float or type(qk_norm_epsilon) is int)
+            and type(sliding_window_cache) is int):
         op = _new_operator(attrs)       # raises, or valid (NumPy integers): not kept
     else:
         op = _operator(attrs)

@@ -46,7 +46,7 @@ class GroupQueryAttention:
     def __init__(self, *, num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window_size=-1,
                  causal=1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1, qk_output=0,
                  k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0,
-                 qk_norm_epsilon=1e-6):
+                 qk_norm_epsilon=1e-6, sliding_window_cache=0):
         self.num_heads = _int_attr("num_heads", num_heads)
         self.kv_num_heads = _int_attr("kv_num_heads", kv_num_heads)
         if self.num_heads <= 0:
@@ -94,6 +94,15 @@ class GroupQueryAttention:
         elif bits not in (4, 8):
             raise ValueError(f"kv_cache_bit_width must be 4 or 8 when quantization is enabled, got {bits}")
         self.quantized = kq != "NONE"
+        self.sliding_window_cache = _int_attr("sliding_window_cache", sliding_window_cache)
+        if self.sliding_window_cache not in (0, 1):
+            raise ValueError(f"sliding_window_cache must be 0 or 1, got {self.sliding_window_cache}")
+        if self.sliding_window_cache and self.local_window_size <= 0:
+            raise ValueError("sliding_window_cache=1 requires local_window_size > 0, got "
+                             f"{self.local_window_size}")
+        if self.sliding_window_cache and self.qk_output:
+            raise ValueError("qk_output is not implemented with sliding_window_cache=1 (as in "
+                             "onnxruntime)")
         self.qk_norm_epsilon = v.real(qk_norm_epsilon, "qk_norm_epsilon")
         if not (0.0 <= self.qk_norm_epsilon < float("inf")):
             raise ValueError(f"qk_norm_epsilon must be a finite number >= 0, got {self.qk_norm_epsilon}")
