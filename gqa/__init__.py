@@ -57,9 +57,10 @@ else:
     from ._show import show_config
     from ._operator import GroupQueryAttention, group_query_attention
     from ._kvcache import Calibration, KVCache, rotary_caches
+    from ._window import resident as window_resident
 
 __all__ = [
     "__version__", "config", "get_config", "available_kernels", "active_kernel", "show_config",
     "quantize", "dequantize", "qk_gemm", "sv_gemm", "GroupQueryAttention", "group_query_attention",
-    "KVCache", "Calibration", "rotary_caches",
+    "KVCache", "Calibration", "rotary_caches", "window_resident",
 ]
