@@ -559,12 +559,8 @@ cdef class Signature:
 
         # every check passed: inputs as the compute reads them, outputs, the compute
         query, key, value = self._qkv(query, key, value)
-        if self.shared:
-            present_key, present_value = past_key, past_value
-        elif self.fresh_present:
-            dims[0] = B; dims[1] = Nkv; dims[2] = Pres; dims[3] = self.Hp
-            present_key = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
-            present_value = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+        present_key, present_value = self._presents(past_key, past_value, present_key,
+                                                    present_value, Pres)
         if self.copy_past:
             past_key, past_value = _contiguous(past_key), _contiguous(past_value)
         dims[0] = B; dims[1] = S; dims[2] = N * H
@@ -608,6 +604,23 @@ cdef class Signature:
             raise ValueError(f"{'present_key' if overlap(steps[i], present_key) else 'present_value'}"
                              " must not overlap the inputs")
         return 0
+
+    cdef tuple _new_caches(self, int rows):
+        """Two new [B, Nkv, rows, Hp] caches of the cache dtype (contents unset)."""
+        cdef const Params *p = &self.consts.p
+        cdef cnp.npy_intp dims[4]
+        dims[0] = p.B; dims[1] = p.Nkv; dims[2] = rows; dims[3] = self.Hp
+        return (cnp.PyArray_EMPTY(4, dims, self.cache_type, 0),
+                cnp.PyArray_EMPTY(4, dims, self.cache_type, 0))
+
+    cdef tuple _presents(self, past_key, past_value, present_key, present_value, int rows):
+        """The present buffers of a call: the past ones in place, the caller's, or new ones
+        of `rows` rows."""
+        if self.shared:
+            return past_key, past_value
+        if self.fresh_present:
+            return self._new_caches(rows)
+        return present_key, present_value
 
     cdef tuple _qkv(self, query, key, value):
         """float32 query, key and value as the compute reads them (packed: views of query)."""
@@ -671,19 +684,13 @@ cdef class Signature:
         check_lengths(&q, max_pos)      # positions; the relative lengths hold by construction
         # every check passed: buffers and the compute
         query, key, value = self._qkv(query, key, value)
-        if self.shared:
-            present_key, present_value = past_key, past_value
-        elif self.fresh_present:
-            dims[0] = B; dims[1] = Nkv; dims[2] = C; dims[3] = self.Hp
-            present_key = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
-            present_value = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+        present_key, present_value = self._presents(past_key, past_value, present_key,
+                                                    present_value, C)
         past_key, past_value = _contiguous(past_key), _contiguous(past_value)
         consts = self.consts
         work_k, work_v = present_key, present_value
         if staged:
-            dims[0] = B; dims[1] = Nkv; dims[2] = rows; dims[3] = self.Hp
-            work_k = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
-            work_v = cnp.PyArray_EMPTY(4, dims, self.cache_type, 0)
+            work_k, work_v = self._new_caches(rows)
             consts = self.consts.with_rows(rows)
         zeros = np.zeros(B, np.int32)
         z = zeros
