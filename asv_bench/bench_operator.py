@@ -171,3 +171,29 @@ class Accuracy:
                                             num_heads=N, kv_num_heads=NKV, k_quant_type=kq,
                                             v_quant_type=vq, kv_cache_bit_width=bits)[0]
         return float(np.abs(out - ref).max())
+
+
+class WindowedDecode:
+    """In-place decode on a windowed cache (sliding_window_cache=1, INT8 per tensor) in its
+    steady state: window W, capacity W + 64 (a compaction every 65 steps), T advancing by one
+    per call past the capacity."""
+    params = ([512, 4096],)
+    param_names = ["W"]
+    timer = timeit.default_timer
+
+    def setup(self, W):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        C = W + 64
+        _, args, self.kw = _case("s8_pt", 1, C, C)
+        self.q, self.k, self.v, self.kc, self.vc = args[:5]
+        self.op = gqa.GroupQueryAttention(num_heads=N, kv_num_heads=NKV, k_quant_type="PER_TENSOR",
+                                          v_quant_type="PER_TENSOR", kv_cache_bit_width=8,
+                                          local_window_size=W, sliding_window_cache=1)
+        self.T = C
+        self.seqlens = np.array([C - 1], np.int32)
+
+    def time_decode(self, W):
+        self.T += 1
+        self.seqlens[0] = self.T - 1
+        self.op(self.q, self.k, self.v, self.kc, self.vc, self.seqlens, self.T, **self.kw)
