@@ -61,53 +61,70 @@ def _field(reader, key, default=None):
     return default if f is None else f.contents()
 
 
+ARCHITECTURES = ("llama", "gemma3")
+
+
 def read(path):
     """-> (metadata dict, {tensor name: float32 array in NumPy order [out, in]}, tokenizer,
-    chat template or None).  Only the llama architecture is accepted."""
+    chat template or None).  The llama and gemma3 architectures are accepted; the metadata's
+    ``arch`` says which (gemma3 adds ``sliding_window``)."""
     missing = readers_missing()
     if missing:
         raise ModelUnavailable(f"missing {', '.join(missing)}: {INSTALL_HINT}")
     import gguf
     reader = gguf.GGUFReader(path)
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: architecture {arch!r} is not supported (llama only)")
-    scaling = _field(reader, "llama.rope.scaling.type")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{path}: architecture {arch!r} is not supported ({', '.join(ARCHITECTURES)})")
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise ValueError(f"{path}: rope scaling {scaling!r} is not supported")
 
     def meta(key, default=None):
-        v = _field(reader, f"llama.{key}", default)
+        v = _field(reader, f"{arch}.{key}", default)
         if v is None:
-            raise ValueError(f"{path}: metadata llama.{key} is missing")
+            raise ValueError(f"{path}: metadata {arch}.{key} is missing")
         return v
     n_heads = int(meta("attention.head_count"))
     dim = int(meta("embedding_length"))
-    md = dict(name=_field(reader, "general.name", os.path.basename(path)),
+    head_size = int(meta("attention.key_length", dim // n_heads))
+    md = dict(arch=arch, name=_field(reader, "general.name", os.path.basename(path)),
               num_layers=int(meta("block_count")), dim=dim, num_heads=n_heads,
               kv_num_heads=int(meta("attention.head_count_kv", n_heads)),
-              head_size=int(meta("attention.key_length", dim // n_heads)),
+              head_size=head_size,
               ffn=int(meta("feed_forward_length")), rope_base=float(meta("rope.freq_base", 10000.0)),
-              rope_dim=int(meta("rope.dimension_count", dim // n_heads)),
+              rope_dim=int(meta("rope.dimension_count", head_size)),
               rms_eps=float(meta("attention.layer_norm_rms_epsilon")),
               context_length=int(meta("context_length")),
               eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id", 2)),
               bos_id=_field(reader, "tokenizer.ggml.bos_token_id"),
               add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)))
+    if arch == "gemma3":
+        md["sliding_window"] = int(meta("attention.sliding_window"))
     weights = {t.name: np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
                for t in reader.tensors}
     return md, weights, tokenizer(reader), _field(reader, "tokenizer.chat_template")
 
 
-def tokenizer(reader):
-    """A ``tokenizers.Tokenizer`` from the file's BPE vocabulary, merges and control tokens.
+CONTROL, USER_DEFINED = 3, 4   # llama.cpp's token types of special and added tokens
 
-    GGUF's ``gpt2`` tokenizer model is byte-level BPE; the pre-tokenizer follows
-    ``tokenizer.ggml.pre`` (``smollm`` splits every digit, then applies GPT-2's regex)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+def tokenizer(reader):
+    """A ``tokenizers.Tokenizer`` from the file's vocabulary: ``gpt2`` (byte-level BPE with
+    merges) or ``llama`` (SentencePiece BPE with scores, see _spm_tokenizer)."""
     kind = _field(reader, "tokenizer.ggml.model")
+    if kind == "llama":
+        return _spm_tokenizer(reader)
     if kind != "gpt2":
-        raise ValueError(f"tokenizer model {kind!r} is not supported (gpt2 byte-level BPE only)")
+        raise ValueError(f"tokenizer model {kind!r} is not supported (gpt2 byte-level BPE, llama "
+                         "SentencePiece BPE)")
+    return _bpe_tokenizer(reader)
+
+
+def _bpe_tokenizer(reader):
+    """GGUF's ``gpt2`` model: byte-level BPE; the pre-tokenizer follows ``tokenizer.ggml.pre``
+    (``smollm`` splits every digit, then applies GPT-2's regex)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     tokens = _field(reader, "tokenizer.ggml.tokens")
     merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
     types = _field(reader, "tokenizer.ggml.token_type")
@@ -118,9 +135,40 @@ def tokenizer(reader):
     else:
         tk.pre_tokenizer = byte_level
     tk.decoder = decoders.ByteLevel()
-    CONTROL = 3  # llama.cpp's token type of control (special) tokens
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
                            for t, ty in zip(tokens, types) if ty == CONTROL])
+    return tk
+
+
+def _spm_tokenizer(reader):
+    """GGUF's ``llama`` model: SentencePiece BPE, spaces as U+2581, unknown characters as
+    their UTF-8 bytes (``<0xNN>`` tokens).  The merges are derived from the scores the way
+    Hugging Face converts a SentencePiece model: every split of a piece into two pieces of
+    the vocabulary is a merge, ranked by the merged piece's score (higher first)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    scores = _field(reader, "tokenizer.ggml.scores")
+    types = _field(reader, "tokenizer.ggml.token_type")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    NORMAL = 1
+    ranked = []
+    for t, score, ty in zip(tokens, scores, types):
+        if ty != NORMAL:
+            continue
+        for k in range(1, len(t)):
+            left, right = t[:k], t[k:]
+            if left in vocab and right in vocab:
+                ranked.append((-score, vocab[left], vocab[right], left, right))
+    ranked.sort()
+    unk = _field(reader, "tokenizer.ggml.unknown_token_id")
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[(m[3], m[4]) for m in ranked], byte_fallback=True,
+                              unk_token=tokens[unk] if unk is not None else None, fuse_unk=True))
+    tk.normalizer = normalizers.Replace(" ", "\u2581")
+    tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse()])
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, ty in zip(tokens, types) if ty == CONTROL])
+    tk.add_tokens([AddedToken(t, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED])
     return tk
 
 
