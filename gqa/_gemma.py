@@ -25,41 +25,26 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x)))
 
 
-class _Layer:
+class _GemmaLayer:
     __slots__ = ("attn_norm", "wqkv", "wo", "post_attn_norm", "ffn_norm", "wgu", "wd", "post_ffw_norm",
                  "q_norm", "k_norm")
 
 
 class Gemma3(Llama):
-    """Weights, tokenizer and shape of a Gemma 3 GGUF file (``Gemma3.load(path)``)."""
+    """Weights, tokenizer and shape of a Gemma 3 GGUF file (``Gemma3.load(path)``); the rest
+    of Llama's interface (score, generate, encode, ...) as it is."""
+    _Layer = _GemmaLayer
 
     def __init__(self, meta, weights, tokenizer=None, chat_template=None):
-        self.meta = meta
-        self.name = meta["name"]
-        self.num_layers, self.dim, self.ffn = meta["num_layers"], meta["dim"], meta["ffn"]
-        self.num_heads, self.kv_num_heads = meta["num_heads"], meta["kv_num_heads"]
-        self.head_size, self.rms_eps = meta["head_size"], meta["rms_eps"]
-        self.context_length, self.eos_id = meta["context_length"], meta["eos_id"]
+        super().__init__(meta, weights, tokenizer, chat_template)
         self.window = meta["sliding_window"]
-        self.tokenizer, self.chat_template = tokenizer, chat_template
-        self.embed = weights["token_embd.weight"]
-        self.output = self.embed
-        self.out_norm = weights["output_norm.weight"]
-        self.vocab = self.embed.shape[0]
-        self.layers = []
-        for i in range(self.num_layers):
-            w = lambda n: weights[f"blk.{i}.{n}.weight"]  # noqa: E731
-            lay = _Layer()
-            lay.attn_norm, lay.ffn_norm = w("attn_norm"), w("ffn_norm")
-            lay.post_attn_norm, lay.post_ffw_norm = w("post_attention_norm"), w("post_ffw_norm")
-            lay.q_norm, lay.k_norm = w("attn_q_norm"), w("attn_k_norm")
-            lay.wqkv = np.ascontiguousarray(np.concatenate([w("attn_q"), w("attn_k"), w("attn_v")]).T)
-            lay.wo = np.ascontiguousarray(w("attn_output").T)
-            lay.wgu = np.ascontiguousarray(np.concatenate([w("ffn_gate"), w("ffn_up")]).T)
-            lay.wd = np.ascontiguousarray(w("ffn_down").T)
-            self.layers.append(lay)
         self._rotary = {}
-        self.attention_seconds = 0.0
+
+    def _layer(self, w):
+        lay = super()._layer(w)
+        lay.post_attn_norm, lay.post_ffw_norm = w("post_attention_norm"), w("post_ffw_norm")
+        lay.q_norm, lay.k_norm = w("attn_q_norm"), w("attn_k_norm")
+        return lay
 
     @classmethod
     def load(cls, path):
@@ -85,26 +70,14 @@ class Gemma3(Llama):
         window + 64) when ``windowed``, else in full-length caches masked by the window."""
         return Gemma3Cache(self, max_length, windowed, capacity)
 
-    def forward(self, tokens, cache, on_layer=None):
-        import time
-        tokens = np.asarray(tokens)
-        if tokens.ndim == 1:
-            tokens = tokens[None]
+    def _embedding(self, tokens):
+        return self.embed[tokens] * np.float32(np.sqrt(self.dim))
+
+    def _block(self, i, lay, x, cache):
         eps, F = self.rms_eps, self.ffn
-        x = self.embed[tokens] * np.float32(np.sqrt(self.dim))
-        clock = time.perf_counter
-        with np.errstate(over="ignore"):
-            for i, lay in enumerate(self.layers):
-                qkv = rms_norm(x, lay.attn_norm, eps) @ lay.wqkv
-                t0 = clock()
-                a = cache.attend(i, qkv, None, None)
-                self.attention_seconds += clock() - t0
-                x += rms_norm(a @ lay.wo, lay.post_attn_norm, eps)
-                gu = rms_norm(x, lay.ffn_norm, eps) @ lay.wgu
-                x += rms_norm((gelu_tanh(gu[..., :F]) * gu[..., F:]) @ lay.wd, lay.post_ffw_norm, eps)
-                if on_layer is not None:
-                    on_layer(i)
-        return rms_norm(x, self.out_norm, eps)
+        x += rms_norm(self._attention(i, lay, rms_norm(x, lay.attn_norm, eps), cache), lay.post_attn_norm, eps)
+        gu = rms_norm(x, lay.ffn_norm, eps) @ lay.wgu
+        x += rms_norm((gelu_tanh(gu[..., :F]) * gu[..., F:]) @ lay.wd, lay.post_ffw_norm, eps)
 
 
 class Gemma3Cache(KVCache):

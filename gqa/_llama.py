@@ -42,23 +42,27 @@ class Llama:
         self.output = weights.get("output.weight", self.embed)    # [V, D], tied when absent
         self.out_norm = weights["output_norm.weight"]
         self.vocab = self.embed.shape[0]
-        self.layers = []
-        for i in range(self.num_layers):
-            w = lambda n: weights[f"blk.{i}.{n}.weight"]  # noqa: E731
-            lay = _Layer()
-            lay.attn_norm, lay.ffn_norm = w("attn_norm"), w("ffn_norm")
-            # [in, out] so that x @ W; Q | K | V side by side is the operator's packed QKV
-            lay.wqkv = np.ascontiguousarray(np.concatenate([w("attn_q"), w("attn_k"), w("attn_v")]).T)
-            lay.wo = np.ascontiguousarray(w("attn_output").T)
-            lay.wgu = np.ascontiguousarray(np.concatenate([w("ffn_gate"), w("ffn_up")]).T)
-            lay.wd = np.ascontiguousarray(w("ffn_down").T)
-            self.layers.append(lay)
+        self.layers = [self._layer(lambda n, i=i: weights[f"blk.{i}.{n}.weight"])
+                       for i in range(self.num_layers)]
         q, kv = self.num_heads * self.head_size, self.kv_num_heads * self.head_size
         if self.layers and self.layers[0].wqkv.shape != (self.dim, q + 2 * kv):
             raise ValueError(f"attention weights of shape {self.layers[0].wqkv.shape} do not match "
                              f"N={self.num_heads}, Nkv={self.kv_num_heads}, H={self.head_size}")
         self._rotary = None
         self.attention_seconds = 0.0   # time inside cache.attend, summed over calls
+
+    _Layer = _Layer
+
+    def _layer(self, w):
+        """One layer's weights; ``w(name)`` reads ``blk.<i>.<name>.weight``."""
+        lay = self._Layer()
+        lay.attn_norm, lay.ffn_norm = w("attn_norm"), w("ffn_norm")
+        # [in, out] so that x @ W; Q | K | V side by side is the operator's packed QKV
+        lay.wqkv = np.ascontiguousarray(np.concatenate([w("attn_q"), w("attn_k"), w("attn_v")]).T)
+        lay.wo = np.ascontiguousarray(w("attn_output").T)
+        lay.wgu = np.ascontiguousarray(np.concatenate([w("ffn_gate"), w("ffn_up")]).T)
+        lay.wd = np.ascontiguousarray(w("ffn_down").T)
+        return lay
 
     @classmethod
     def load(cls, path=None):
@@ -88,22 +92,33 @@ class Llama:
         tokens = np.asarray(tokens)
         if tokens.ndim == 1:
             tokens = tokens[None]
-        eps, F = self.rms_eps, self.ffn
-        x = self.embed[tokens]
-        clock = time.perf_counter
+        x = self._embedding(tokens)
         with np.errstate(over="ignore"):
             for i, lay in enumerate(self.layers):
-                qkv = rms_norm(x, lay.attn_norm, eps) @ lay.wqkv
-                t0 = clock()
-                a = cache.attend(i, qkv, None, None)
-                self.attention_seconds += clock() - t0
-                x += a @ lay.wo
-                gu = rms_norm(x, lay.ffn_norm, eps) @ lay.wgu
-                g = gu[..., :F]
-                x += (g / (1.0 + np.exp(-g)) * gu[..., F:]) @ lay.wd
+                self._block(i, lay, x, cache)
                 if on_layer is not None:
                     on_layer(i)
-        return rms_norm(x, self.out_norm, eps)
+        return rms_norm(x, self.out_norm, self.rms_eps)
+
+    def _embedding(self, tokens):
+        return self.embed[tokens]
+
+    def _attention(self, i, lay, h, cache):
+        """Layer i's attention output projected back (``Wo · attn``) for the normed states h; the
+        cache's attend call alone is timed into ``attention_seconds``."""
+        qkv = h @ lay.wqkv
+        t0 = time.perf_counter()
+        a = cache.attend(i, qkv, None, None)
+        self.attention_seconds += time.perf_counter() - t0
+        return a @ lay.wo
+
+    def _block(self, i, lay, x, cache):
+        """Layer i, in place on the residual stream x."""
+        eps, F = self.rms_eps, self.ffn
+        x += self._attention(i, lay, rms_norm(x, lay.attn_norm, eps), cache)
+        gu = rms_norm(x, lay.ffn_norm, eps) @ lay.wgu
+        g = gu[..., :F]
+        x += (g / (1.0 + np.exp(-g)) * gu[..., F:]) @ lay.wd
 
     def logits(self, hidden):
         return hidden @ self.output.T
