@@ -160,6 +160,19 @@ def m_scale_value(rng, inp, a, call, spec):
     return inp, a, call, (name,)
 
 
+def m_qk_norm(rng, inp, a, call, spec):
+    """QK norm weights of the wrong kind, dtype or shape, or only one of the two."""
+    H = spec["H"]
+    dt = inp["query"].dtype
+    good = np.ones(H, dt)
+    bad = [None, np.ones(H + 8, dt), np.ones((1, H), dt), np.ones(H, np.float64), [1.0] * H]
+    names = ["q_norm_weight", "k_norm_weight"]
+    rng.shuffle(names)
+    inp[names[0]] = good
+    inp[names[1]] = bad[int(rng.integers(len(bad)))]
+    return inp, a, call, tuple(names)
+
+
 def m_attr(rng, inp, a, call, spec):
     N, Nkv = a["num_heads"], a["kv_num_heads"]
     options = [
@@ -175,6 +188,8 @@ def m_attr(rng, inp, a, call, spec):
         ("kv_cache_bit_width", [6, 16, -8, 2, 8.0] if spec["mode"] != "NONE" else [4, 8]),
         ("do_rotary", [1.0, "1"]),
         ("smooth_softmax", [None]),
+        ("qk_norm_epsilon", [-1e-6, float("nan"), float("inf"), "1e-6", True]),
+        ("sliding_window_cache", [2, -1, True, 1.0]),
     ]
     name, vals = options[int(rng.integers(len(options)))]
     v = vals[int(rng.integers(len(vals)))]
@@ -358,7 +373,8 @@ def m_alias(rng, inp, a, call, spec):
 
 MUTATIONS = {
     "dtype": m_dtype, "off_by_one": m_off_by_one, "rank": m_rank, "seqlens_value": m_seqlens_value,
-    "total_value": m_total_value, "scale": m_scale, "scale_value": m_scale_value, "attr": m_attr, "threads": m_threads,
+    "total_value": m_total_value, "scale": m_scale, "scale_value": m_scale_value, "qk_norm": m_qk_norm,
+    "attr": m_attr, "threads": m_threads,
     "not_array": m_not_array, "missing": m_missing, "present_layout": m_present_layout,
     "inplace_layout": m_inplace_layout, "cache_type": m_cache_type, "alias": m_alias,
 }
