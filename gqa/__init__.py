@@ -58,9 +58,10 @@ else:
     from ._operator import GroupQueryAttention, group_query_attention
     from ._kvcache import Calibration, KVCache, rotary_caches
     from ._window import resident as window_resident
+    from ._group import row_bytes as group_row_bytes
 
 __all__ = [
     "__version__", "config", "get_config", "available_kernels", "active_kernel", "show_config",
     "quantize", "dequantize", "qk_gemm", "sv_gemm", "GroupQueryAttention", "group_query_attention",
-    "KVCache", "Calibration", "rotary_caches", "window_resident",
+    "KVCache", "Calibration", "rotary_caches", "window_resident", "group_row_bytes",
 ]

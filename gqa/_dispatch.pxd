@@ -10,6 +10,9 @@ cdef extern from "gqa_kernels.h" nogil:
         GQA_S4_PC
         GQA_F32
         GQA_F16
+        GQA_G8
+        GQA_G4
+        GQA_G2
     ctypedef void (*gqa_quantize_fn)(const float *src, size_t lda, void *dst, size_t rows,
                                      size_t cols, int type, const float *scales) noexcept nogil
     ctypedef void (*gqa_dequantize_fn)(const void *src, float *dst, size_t ldd, size_t rows,
@@ -33,6 +36,7 @@ cdef extern from "gqa_kernels.h" nogil:
         gqa_exp_sum_fn exp_sum
         gqa_row_max_fn row_max
     size_t gqa_row_bytes(int type, size_t cols)
+    bint GQA_IS_GROUP(int type)
 
 # The active table (set by gqa.config / GQA_KERNEL).
 cdef const gqa_kernels *active_table() noexcept nogil

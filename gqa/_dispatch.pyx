@@ -114,3 +114,19 @@ cdef void round_to_half(float *x, size_t n) noexcept nogil:
     cdef size_t i
     for i in range(n):
         x[i] = gqa_half_to_float(gqa_float_to_half(x[i]))
+
+
+cdef extern from "gqa_kernels.h" nogil:
+    int gqa_group_type(int kind, size_t group, int meta16)
+    size_t gqa_row_bytes_c "gqa_row_bytes"(int type, size_t cols)
+    int GQA_G8_C "GQA_G8"
+
+
+def group_type(int bits, size_t group, bint meta16):
+    """The C type value (gqa_kernels.h) of a per-group format; arguments validated by the caller."""
+    return gqa_group_type(GQA_G8_C + {8: 0, 4: 1, 2: 2}[bits], group, meta16)
+
+
+def row_bytes(int type, size_t cols):
+    """Bytes of one stored row of `cols` elements of C type `type` (gqa_row_bytes)."""
+    return gqa_row_bytes_c(type, cols)

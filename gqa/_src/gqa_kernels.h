@@ -14,6 +14,17 @@
  *   GQA_F32 / GQA_F16      unquantized float32 / IEEE binary16 rows (no scale)
  * PT scales point at 1 float; PC scales at `cols` floats (one per column).
  *
+ * Per-group asymmetric types (kernels_group.h has the codec).  The type value is
+ *   gqa_group_type(kind, group, meta16) = kind | GQA_META_F16 (fp16 metadata) | group << 8
+ * with kind GQA_G8 / GQA_G4 / GQA_G2 (b = 8, 4, 2 bits) and `group` columns per group
+ * (group divides cols; group * b is a multiple of 8).  A row of cols elements is
+ *   cols * b / 8 code bytes: unsigned codes, element i in bits [b*(i % (8/b)), +b) of
+ *                            byte i*b/8 (the lowest bits hold the first element);
+ *   then cols / group pairs (scale, zero) of float32 or binary16, little endian,
+ *   x = code * scale + zero   (two roundings: a product, then a sum; every path).
+ * The quantizer's `scales` argument points at one float, rho (the clip quantile), or is
+ * NULL; the other operations ignore `scales` for these types.
+ *
  * Numeric contract (ONNX Runtime MLAS qkv_quant):
  *   quantize   q = clamp(rint(x * (1/s)), lo, hi) in float32, half to even,
  *              s == 0 -> multiplier 1, NaN -> hi, +-inf -> hi / lo.
@@ -46,8 +57,26 @@ typedef enum {
     GQA_S4_PT = 2,
     GQA_S4_PC = 3,
     GQA_F32 = 4,
-    GQA_F16 = 5
+    GQA_F16 = 5,
+    GQA_G8 = 6,
+    GQA_G4 = 7,
+    GQA_G2 = 8
 } gqa_type_t;
+
+#define GQA_META_F16 0x10
+#define GQA_GROUP_SHIFT 8
+#define GQA_KIND(t) ((t) & 0xF)
+#define GQA_IS_GROUP(t) (GQA_KIND(t) >= GQA_G8 && GQA_KIND(t) <= GQA_G2)
+
+static inline int gqa_group_type(int kind, size_t group, int meta16)
+{
+    return kind | (meta16 ? GQA_META_F16 : 0) | (int)(group << GQA_GROUP_SHIFT);
+}
+
+/* Code bits, columns per group and bytes per metadata value of a group type. */
+static inline unsigned gqa_group_bits(int type) { return 8u >> (GQA_KIND(type) - GQA_G8); }
+static inline size_t gqa_group_cols(int type) { return (size_t)((unsigned)type >> GQA_GROUP_SHIFT); }
+static inline size_t gqa_meta_bytes(int type) { return (type & GQA_META_F16) ? 2 : 4; }
 
 typedef enum {
     GQA_PATH_SCALAR = 0,
@@ -60,6 +89,8 @@ typedef enum {
 /* Bytes of one stored row of `cols` elements. */
 static inline size_t gqa_row_bytes(int type, size_t cols)
 {
+    if (GQA_IS_GROUP(type))
+        return cols * gqa_group_bits(type) / 8 + cols / gqa_group_cols(type) * 2 * gqa_meta_bytes(type);
     switch (type) {
     case GQA_S4_PT: case GQA_S4_PC: return (cols + 1) / 2;
     case GQA_F32: return 4 * cols;

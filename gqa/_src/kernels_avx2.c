@@ -36,6 +36,7 @@
 #include <immintrin.h>
 #include <stdlib.h>
 #include "kernels_common.h"
+#include "kernels_group.h"
 
 #define INLINE static inline __attribute__((always_inline))
 /* Unroll the loops over a register block before register allocation, so the
@@ -60,9 +61,60 @@ INLINE __m256 inv_scale8(const float *s)
     return _mm256_blendv_ps(inv, _mm256_set1_ps(1.0f), zero);
 }
 
+/* Group rows -> float32 (kernels_group.h): 8 codes at a time when the group is a multiple
+   of 8 columns (bytes replicated, shifted into place, masked), else the portable decoder;
+   x = code * scale + zero as a product then a sum, like the reference (bit for bit). */
+static void group_decode_row_avx2(const uint8_t *row, float *dst, size_t cols, int type)
+{
+    const unsigned b = gqa_group_bits(type);
+    const size_t g = gqa_group_cols(type);
+    if (g % 8) {
+        gqa_group_decode_row_ref(row, dst, cols, type);
+        return;
+    }
+    const uint8_t *meta = row + cols * b / 8;
+    const __m128i rep = b == 8 ? _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                      : b == 4 ? _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+                               : _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m256i shift = b == 8 ? _mm256_setzero_si256()
+                        : b == 4 ? _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)
+                                 : _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    const __m256i mask = _mm256_set1_epi32((1 << b) - 1);
+    for (size_t gi = 0; gi * g < cols; gi++) {
+        float s, z;
+        gqa_group_meta(meta, gi, type, &s, &z);
+        const __m256 vs = _mm256_set1_ps(s), vz = _mm256_set1_ps(z);
+        for (size_t c = gi * g; c < (gi + 1) * g; c += 8) {
+            __m128i bytes;
+            if (b == 8) {
+                bytes = _mm_loadl_epi64((const __m128i *)(row + c));
+            } else if (b == 4) {
+                uint32_t w;
+                memcpy(&w, row + c / 2, 4);
+                bytes = _mm_cvtsi32_si128((int)w);
+            } else {
+                uint16_t w;
+                memcpy(&w, row + c / 4, 2);
+                bytes = _mm_cvtsi32_si128((int)w);
+            }
+            __m256i q = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(bytes, rep));
+            q = _mm256_and_si256(_mm256_srlv_epi32(q, shift), mask);
+            __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(q), vs);
+            _mm256_storeu_ps(dst + c, _mm256_add_ps(f, vz));
+        }
+    }
+}
+
+static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                           const void *B, int type, const float *s, float *C, size_t ldc);
+static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                           int type, const float *s, float *C, size_t ldc, float beta);
+GQA_GROUP_OPS(avx2, group_decode_row_avx2, qk_gemm_avx2, sv_gemm_avx2)
+
 static void quantize_avx2(const float *src, size_t lda, void *dst, size_t rows,
                           size_t cols, int type, const float *s)
 {
+    if (GQA_IS_GROUP(type)) { gqa_group_quantize(src, lda, dst, rows, cols, type, s); return; }
     size_t rb = gqa_row_bytes(type, cols);
     if (!GQA_IS_QUANT(type)) {
         for (size_t r = 0; r < rows; r++) {
@@ -141,6 +193,7 @@ static inline float post_scale(int type, const float *s)
 static void dequantize_avx2(const void *src, float *dst, size_t ldd, size_t rows,
                             size_t cols, int type, const float *s)
 {
+    if (GQA_IS_GROUP(type)) { group_dequantize_avx2(src, dst, ldd, rows, cols, type); return; }
     size_t rb = gqa_row_bytes(type, cols);
     const float ps = post_scale(type, s);
     const __m256 vps = _mm256_set1_ps(ps);
@@ -181,6 +234,7 @@ INLINE void transpose8(__m256 r[8])
 static void dequantize_t_avx2(const void *src, float *dst, size_t ldd, size_t rows,
                               size_t cols, int type, const float *s)
 {
+    if (GQA_IS_GROUP(type)) { group_dequantize_t_avx2(src, dst, ldd, rows, cols, type); return; }
     const size_t rb = gqa_row_bytes(type, cols);
     const __m256 vps = _mm256_set1_ps(post_scale(type, s));
     const uint8_t *B = (const uint8_t *)src;
@@ -452,6 +506,7 @@ static inline size_t row_block(size_t M, size_t maxb)
 static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
 {
+    if (GQA_IS_GROUP(type)) { group_qk_avx2(M, N, K, alpha, A, lda, B, type, C, ldc); return; }
     if (K == 0) { /* contract: C zero-filled */
         for (size_t m = 0; m < M; m++)
             memset(C + m * ldc, 0, N * sizeof(float));
@@ -600,6 +655,7 @@ static const size_t sv_maxmb[4] = {6, 6, 6, 6};
 static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                          int type, const float *s, float *C, size_t ldc, float beta)
 {
+    if (GQA_IS_GROUP(type)) { group_sv_avx2(M, N, K, A, lda, B, type, C, ldc, beta); return; }
     const int kind = kind_of(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;

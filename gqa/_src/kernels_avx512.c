@@ -57,6 +57,7 @@
 #include <float.h>
 #include <stdlib.h>
 #include "kernels_common.h"
+#include "kernels_group.h"
 
 #define INLINE static inline __attribute__((always_inline))
 /* Fully unroll the loops over a register block early, so the accumulator
@@ -97,9 +98,60 @@ INLINE __m512 inv_scale16(const float *s, __mmask16 m)
     return _mm512_mask_blend_ps(zero, inv, _mm512_set1_ps(1.0f));
 }
 
+/* Group rows -> float32 (kernels_group.h): 16 codes at a time when the group is a multiple
+   of 16 columns (bytes replicated, shifted into place, masked), else the portable decoder;
+   x = code * scale + zero as a product then a sum, like the reference (bit for bit). */
+static void group_decode_row_avx512(const uint8_t *row, float *dst, size_t cols, int type)
+{
+    const unsigned b = gqa_group_bits(type);
+    const size_t g = gqa_group_cols(type);
+    if (g % 16) {
+        gqa_group_decode_row_ref(row, dst, cols, type);
+        return;
+    }
+    const uint8_t *meta = row + cols * b / 8;
+    const __m128i rep = b == 8 ? _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                      : b == 4 ? _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+                               : _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i shift = b == 8 ? _mm512_setzero_si512()
+                        : b == 4 ? _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4)
+                                 : _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
+    const __m512i mask = _mm512_set1_epi32((1 << b) - 1);
+    for (size_t gi = 0; gi * g < cols; gi++) {
+        float s, z;
+        gqa_group_meta(meta, gi, type, &s, &z);
+        const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z);
+        for (size_t c = gi * g; c < (gi + 1) * g; c += 16) {
+            __m128i bytes;
+            if (b == 8) {
+                bytes = _mm_loadu_si128((const __m128i *)(row + c));
+            } else if (b == 4) {
+                uint64_t w;
+                memcpy(&w, row + c / 2, 8);
+                bytes = _mm_cvtsi64_si128((long long)w);
+            } else {
+                uint32_t w;
+                memcpy(&w, row + c / 4, 4);
+                bytes = _mm_cvtsi32_si128((int)w);
+            }
+            __m512i q = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, rep));
+            q = _mm512_and_si512(_mm512_srlv_epi32(q, shift), mask);
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(q), vs);
+            _mm512_storeu_ps(dst + c, _mm512_add_ps(f, vz));
+        }
+    }
+}
+
+static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                           const void *B, int type, const float *s, float *C, size_t ldc);
+static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                           int type, const float *s, float *C, size_t ldc, float beta);
+GQA_GROUP_OPS(avx512, group_decode_row_avx512, qk_gemm_avx512, sv_gemm_avx512)
+
 static void quantize_avx512(const float *src, size_t lda, void *dst, size_t rows,
                             size_t cols, int type, const float *s)
 {
+    if (GQA_IS_GROUP(type)) { gqa_group_quantize(src, lda, dst, rows, cols, type, s); return; }
     const size_t rb = gqa_row_bytes(type, cols);
     if (type == GQA_F32) {
         for (size_t r = 0; r < rows; r++)
@@ -219,6 +271,7 @@ static const deq_fn deq_rows[6] = {deq_row_GQA_S8_PT, deq_row_GQA_S8_PC, deq_row
 static void dequantize_avx512(const void *src, float *dst, size_t ldd, size_t rows,
                               size_t cols, int type, const float *s)
 {
+    if (GQA_IS_GROUP(type)) { group_dequantize_avx512(src, dst, ldd, rows, cols, type); return; }
     const size_t rb = gqa_row_bytes(type, cols);
     for (size_t r = 0; r < rows; r++)
         deq_rows[type]((const uint8_t *)src + r * rb, dst + r * ldd, cols, s);
@@ -314,6 +367,7 @@ static const deqt_fn deqt_fns[6] = {deqt_GQA_S8_PT, deqt_GQA_S8_PC, deqt_GQA_S4_
 static void dequantize_t_avx512(const void *src, float *dst, size_t ldd, size_t rows,
                                 size_t cols, int type, const float *s)
 {
+    if (GQA_IS_GROUP(type)) { group_dequantize_t_avx512(src, dst, ldd, rows, cols, type); return; }
     deqt_fns[type](src, dst, ldd, rows, cols, s);
 }
 
@@ -575,6 +629,7 @@ static inline size_t row_block(size_t M, size_t maxb)
 static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                            const void *B, int type, const float *s, float *C, size_t ldc)
 {
+    if (GQA_IS_GROUP(type)) { group_qk_avx512(M, N, K, alpha, A, lda, B, type, C, ldc); return; }
     if (K == 0) { /* contract: C zero-filled */
         for (size_t m = 0; m < M; m++)
             memset(C + m * ldc, 0, N * sizeof(float));
@@ -727,6 +782,7 @@ static const size_t sv_kc[6] = {128, 128, 256, 256, 256, 64};
 static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                            int type, const float *s, float *C, size_t ldc, float beta)
 {
+    if (GQA_IS_GROUP(type)) { group_sv_avx512(M, N, K, A, lda, B, type, C, ldc, beta); return; }
     const int kind = kind_of(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;

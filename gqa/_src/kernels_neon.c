@@ -31,6 +31,7 @@
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #include "kernels_common.h"
+#include "kernels_group.h"
 
 #define INLINE static inline __attribute__((always_inline))
 /* Fully unroll the loops over a register block early, so the accumulator
@@ -71,9 +72,16 @@ INLINE float32x4_t inv_scale4(const float *s)
     return vbslq_f32(vceqq_f32(v, vdupq_n_f32(0.0f)), one, vdivq_f32(one, v));
 }
 
+static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                           const void *B, int type, const float *s, float *C, size_t ldc);
+static void sv_gemm_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                           int type, const float *s, float *C, size_t ldc, float beta);
+GQA_GROUP_OPS(neon, gqa_group_decode_row_ref, qk_gemm_neon, sv_gemm_neon)
+
 static void quantize_neon(const float *src, size_t lda, void *dst, size_t rows, size_t cols, int type,
                           const float *s)
 {
+    if (GQA_IS_GROUP(type)) { gqa_group_quantize(src, lda, dst, rows, cols, type, s); return; }
     const size_t rb = gqa_row_bytes(type, cols);
     if (!GQA_IS_QUANT(type)) {
         for (size_t r = 0; r < rows; r++) {
@@ -197,6 +205,7 @@ static const deq_fn deq_rows[6] = {deq_row_GQA_S8_PT, deq_row_GQA_S8_PC, deq_row
 static void dequantize_neon(const void *src, float *dst, size_t ldd, size_t rows, size_t cols, int type,
                             const float *s)
 {
+    if (GQA_IS_GROUP(type)) { group_dequantize_neon(src, dst, ldd, rows, cols, type); return; }
     const size_t rb = gqa_row_bytes(type, cols);
     for (size_t r = 0; r < rows; r++)
         deq_rows[type]((const uint8_t *)src + r * rb, dst + r * ldd, cols, s);
@@ -205,6 +214,7 @@ static void dequantize_neon(const void *src, float *dst, size_t ldd, size_t rows
 static void dequantize_t_neon(const void *src, float *dst, size_t ldd, size_t rows, size_t cols, int type,
                               const float *s)
 {
+    if (GQA_IS_GROUP(type)) { group_dequantize_t_neon(src, dst, ldd, rows, cols, type); return; }
     const size_t rb = gqa_row_bytes(type, cols);
     float tmp[256];
     for (size_t r = 0; r < rows; r++) {
@@ -286,6 +296,7 @@ static const int qk_nbs[9] = {1, 8, 8, 4, 4, 2, 2, 2, 2};
 static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
 {
+    if (GQA_IS_GROUP(type)) { group_qk_neon(M, N, K, alpha, A, lda, B, type, C, ldc); return; }
     const size_t rb = gqa_row_bytes(type, K);
     const float mult = alpha * post_scale(type, s);
     const uint8_t *Bb = (const uint8_t *)B;
@@ -404,6 +415,7 @@ static const size_t sv_kc[6] = {128, 128, 256, 256, 32, 64};
 static void sv_gemm_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                          int type, const float *s, float *C, size_t ldc, float beta)
 {
+    if (GQA_IS_GROUP(type)) { group_sv_neon(M, N, K, A, lda, B, type, C, ldc, beta); return; }
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
     const float mult = post_scale(type, s);

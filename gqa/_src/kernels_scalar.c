@@ -7,15 +7,23 @@
  * other path is compared against, and the one used on CPUs without SIMD.
  */
 #include "kernels_common.h"
+#include "kernels_group.h"
 
 #define CHUNK 64
 
 float gqa_half_to_float(uint16_t h) { return gqa_h2f(h); }
 uint16_t gqa_float_to_half(float f) { return gqa_f2h(f); }
 
+static void qk_gemm_scalar(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                           const void *B, int type, const float *s, float *C, size_t ldc);
+static void sv_gemm_scalar(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                           int type, const float *s, float *C, size_t ldc, float beta);
+GQA_GROUP_OPS(scalar, gqa_group_decode_row_ref, qk_gemm_scalar, sv_gemm_scalar)
+
 static void quantize_scalar(const float *src, size_t lda, void *dst, size_t rows,
                             size_t cols, int type, const float *s)
 {
+    if (GQA_IS_GROUP(type)) { gqa_group_quantize(src, lda, dst, rows, cols, type, s); return; }
     size_t rb = gqa_row_bytes(type, cols);
     for (size_t r = 0; r < rows; r++)
         gqa_quantize_row_ref(src + r * lda, (uint8_t *)dst + r * rb, 0, cols, type, s);
@@ -24,6 +32,7 @@ static void quantize_scalar(const float *src, size_t lda, void *dst, size_t rows
 static void dequantize_scalar(const void *src, float *dst, size_t ldd, size_t rows,
                               size_t cols, int type, const float *s)
 {
+    if (GQA_IS_GROUP(type)) { group_dequantize_scalar(src, dst, ldd, rows, cols, type); return; }
     size_t rb = gqa_row_bytes(type, cols);
     for (size_t r = 0; r < rows; r++) {
         const uint8_t *row = (const uint8_t *)src + r * rb;
@@ -35,6 +44,7 @@ static void dequantize_scalar(const void *src, float *dst, size_t ldd, size_t ro
 static void dequantize_t_scalar(const void *src, float *dst, size_t ldd, size_t rows,
                                 size_t cols, int type, const float *s)
 {
+    if (GQA_IS_GROUP(type)) { group_dequantize_t_scalar(src, dst, ldd, rows, cols, type); return; }
     size_t rb = gqa_row_bytes(type, cols);
     for (size_t r = 0; r < rows; r++) {
         const uint8_t *row = (const uint8_t *)src + r * rb;
@@ -47,6 +57,7 @@ static void qk_gemm_scalar(size_t M, size_t N, size_t K, float alpha, const floa
                            size_t lda, const void *B, int type, const float *s,
                            float *C, size_t ldc)
 {
+    if (GQA_IS_GROUP(type)) { group_qk_scalar(M, N, K, alpha, A, lda, B, type, C, ldc); return; }
     size_t rb = gqa_row_bytes(type, K);
     float b[CHUNK];
     for (size_t n = 0; n < N; n++) {
@@ -74,6 +85,7 @@ static void sv_gemm_scalar(size_t M, size_t N, size_t K, const float *A, size_t 
                            const void *B, int type, const float *s, float *C,
                            size_t ldc, float beta)
 {
+    if (GQA_IS_GROUP(type)) { group_sv_scalar(M, N, K, A, lda, B, type, C, ldc, beta); return; }
     size_t rb = gqa_row_bytes(type, N);
     float b[CHUNK];
     for (size_t m = 0; m < M; m++)

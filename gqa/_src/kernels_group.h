@@ -1,0 +1,261 @@
+/*
+ * kernels_group.h -- the per-group asymmetric codec (GQA_G8 / GQA_G4 / GQA_G2, row layout
+ * in gqa_kernels.h) and the drivers that give every path the five table operations on
+ * group rows.  Included by each path's TU after kernels_common.h; each TU passes its own
+ * row decoder and its own float32 GEMMs, so the inner loops run under that TU's flags.
+ *
+ * Quantize one row x[0:cols] (bit-exact on every path: no product is added to anything):
+ *   tau   = the k-th smallest |x[i]| (0-based, NaN counted as +inf), k = min(trunc(fl32(rho *
+ *           cols)), cols - 1), when 0 < rho < 1; otherwise no clip (tau = +inf);
+ *   v[i]  = min(max(x[i], -tau), tau)                      (NaN stays NaN)
+ *   per group: lo = min v, hi = max v over the group (NaN skipped; lo = hi = 0 when all NaN),
+ *           scale = fl32(hi - lo) / Q with Q = 2^b - 1, scale = 1 unless scale > 0,
+ *           code = clamp(rint(fl32(v - lo) / scale), 0, Q), half to even, NaN -> Q,
+ *           stored: scale and zero = lo (as binary16, round to nearest even, with
+ *           GQA_META_F16: the codes are computed from the float32 scale and lo).
+ * Decode: x = fl32(fl32(code * scale) + zero) with the stored metadata.
+ * Metadata bytes are little endian (the byte order of every supported CPU).
+ */
+#ifndef GQA_KERNELS_GROUP_H
+#define GQA_KERNELS_GROUP_H
+
+#include <stdlib.h>
+#include "kernels_common.h"
+
+/* Floats of the on-stack tile a driver decodes rows into (rows of at most this many columns;
+   wider rows use a heap buffer). */
+#define GQA_GROUP_TILE 4096
+
+typedef void (*gqa_group_decode_fn)(const uint8_t *row, float *dst, size_t cols, int type);
+
+static inline void gqa_group_meta(const uint8_t *meta, size_t g, int type, float *scale, float *zero)
+{
+    if (type & GQA_META_F16) {
+        uint16_t h[2];
+        memcpy(h, meta + 4 * g, 4);
+        *scale = gqa_h2f(h[0]);
+        *zero = gqa_h2f(h[1]);
+    } else {
+        float f[2];
+        memcpy(f, meta + 8 * g, 8);
+        *scale = f[0];
+        *zero = f[1];
+    }
+}
+
+/* The k-th smallest of a[0:n] (k < n; a is reordered; a holds no NaN): quickselect with a
+   three-way partition around the middle element. */
+static inline float gqa_select_kth(float *a, size_t n, size_t k)
+{
+    size_t lo = 0, hi = n; /* the answer lies in a[lo:hi] */
+    while (hi - lo > 1) {
+        float pivot = a[lo + (hi - lo) / 2], t;
+        size_t lt = lo, i = lo, gt = hi;
+        while (i < gt) {
+            if (a[i] < pivot) {
+                t = a[lt]; a[lt] = a[i]; a[i] = t;
+                lt++;
+                i++;
+            } else if (a[i] > pivot) {
+                gt--;
+                t = a[gt]; a[gt] = a[i]; a[i] = t;
+            } else {
+                i++;
+            }
+        }
+        if (k < lt)
+            hi = lt;
+        else if (k >= gt)
+            lo = gt;
+        else
+            return pivot;
+    }
+    return a[lo];
+}
+
+/* tau of the row (see the header comment); +inf when rho does not clip. */
+static inline float gqa_group_tau(const float *x, size_t cols, float rho)
+{
+    if (!(rho > 0.0f && rho < 1.0f) || cols == 0)
+        return INFINITY;
+    float stack[1024];
+    float *a = cols <= 1024 ? stack : (float *)malloc(cols * sizeof(float));
+    if (a == NULL)
+        return INFINITY;
+    for (size_t i = 0; i < cols; i++) {
+        float v = fabsf(x[i]);
+        a[i] = v != v ? INFINITY : v;
+    }
+    float kf = rho * (float)cols;
+    size_t k = (size_t)kf;
+    if (k >= cols)
+        k = cols - 1;
+    float tau = gqa_select_kth(a, cols, k);
+    if (a != stack)
+        free(a);
+    return tau;
+}
+
+static inline float gqa_group_clip(float x, float tau)
+{
+    x = x > tau ? tau : x;
+    return x < -tau ? -tau : x;
+}
+
+static inline void gqa_group_quantize_row(const float *x, uint8_t *dst, size_t cols, int type,
+                                          const float *rho)
+{
+    const unsigned b = gqa_group_bits(type), per = 8 / b;
+    const float Q = (float)((1u << b) - 1);
+    const size_t g = gqa_group_cols(type), code_bytes = cols * b / 8;
+    const float tau = gqa_group_tau(x, cols, rho == NULL ? 0.0f : rho[0]);
+    uint8_t *meta = dst + code_bytes;
+    memset(dst, 0, code_bytes);
+    for (size_t gi = 0; gi * g < cols; gi++) {
+        const size_t c0 = gi * g;
+        float lo = INFINITY, hi = -INFINITY;
+        for (size_t c = c0; c < c0 + g; c++) {
+            float v = gqa_group_clip(x[c], tau);
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        if (lo > hi)
+            lo = hi = 0.0f;
+        float range = hi - lo;
+        float scale = range / Q;
+        if (!(scale > 0.0f))
+            scale = 1.0f;
+        for (size_t c = c0; c < c0 + g; c++) {
+            float d = gqa_group_clip(x[c], tau) - lo;
+            float q = rintf(d / scale);
+            q = q < Q ? q : Q; /* NaN fails the compare -> Q */
+            q = q > 0.0f ? q : 0.0f;
+            dst[c / per] |= (uint8_t)((unsigned)q << (b * (c % per)));
+        }
+        if (type & GQA_META_F16) {
+            uint16_t h[2] = {gqa_f2h(scale), gqa_f2h(lo)};
+            memcpy(meta + 4 * gi, h, 4);
+        } else {
+            float f[2] = {scale, lo};
+            memcpy(meta + 8 * gi, f, 8);
+        }
+    }
+}
+
+/* The portable decoder (the scalar and NEON paths' row decoder, and the reference). */
+static void gqa_group_decode_row_ref(const uint8_t *row, float *dst, size_t cols, int type)
+{
+    const unsigned b = gqa_group_bits(type), per = 8 / b, mask = (1u << b) - 1;
+    const size_t g = gqa_group_cols(type);
+    const uint8_t *meta = row + cols * b / 8;
+    for (size_t gi = 0; gi * g < cols; gi++) {
+        float s, z;
+        gqa_group_meta(meta, gi, type, &s, &z);
+        for (size_t c = gi * g; c < (gi + 1) * g; c++) {
+            float t = (float)((row[c / per] >> (b * (c % per))) & mask) * s;
+            dst[c] = t + z;
+        }
+    }
+}
+
+/* ---- drivers: the table operations on group rows ---- */
+
+static inline void gqa_group_quantize(const float *src, size_t lda, void *dst, size_t rows,
+                                      size_t cols, int type, const float *rho)
+{
+    size_t rb = gqa_row_bytes(type, cols);
+    for (size_t r = 0; r < rows; r++)
+        gqa_group_quantize_row(src + r * lda, (uint8_t *)dst + r * rb, cols, type, rho);
+}
+
+static inline void gqa_group_dequantize(const void *src, float *dst, size_t ldd, size_t rows,
+                                        size_t cols, int type, gqa_group_decode_fn decode)
+{
+    size_t rb = gqa_row_bytes(type, cols);
+    for (size_t r = 0; r < rows; r++)
+        decode((const uint8_t *)src + r * rb, dst + r * ldd, cols, type);
+}
+
+/* A tile of at least `need` floats: buf when it fits, else the heap (NULL on failure). */
+static inline float *gqa_group_tile(float *buf, size_t need)
+{
+    return need <= GQA_GROUP_TILE ? buf : (float *)malloc(need * sizeof(float));
+}
+
+static inline void gqa_group_dequantize_t(const void *src, float *dst, size_t ldd, size_t rows,
+                                          size_t cols, int type, gqa_group_decode_fn decode)
+{
+    float buf[GQA_GROUP_TILE];
+    float *t = gqa_group_tile(buf, cols);
+    size_t rb = gqa_row_bytes(type, cols);
+    if (t == NULL)
+        return;
+    for (size_t r = 0; r < rows; r++) {
+        decode((const uint8_t *)src + r * rb, t, cols, type);
+        for (size_t c = 0; c < cols; c++)
+            dst[c * ldd + r] = t[c];
+    }
+    if (t != buf)
+        free(t);
+}
+
+/* C = alpha A B^T: B decoded a block of rows at a time, then the path's float32 kernel
+   (whose C[m, n] depends only on row m of A and row n of B, so blocks do not matter). */
+static inline void gqa_group_qk(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                                const void *B, int type, float *C, size_t ldc,
+                                gqa_group_decode_fn decode, gqa_qk_gemm_fn f32)
+{
+    float buf[GQA_GROUP_TILE];
+    size_t nb = K == 0 ? N : (K <= GQA_GROUP_TILE ? GQA_GROUP_TILE / K : 1);
+    float *t = gqa_group_tile(buf, nb * K);
+    size_t rb = gqa_row_bytes(type, K);
+    if (t == NULL)
+        return;
+    for (size_t n0 = 0; n0 < N; n0 += nb) {
+        size_t n = N - n0 < nb ? N - n0 : nb;
+        gqa_group_dequantize((const uint8_t *)B + n0 * rb, t, K, n, K, type, decode);
+        f32(M, n, K, alpha, A, lda, t, GQA_F32, NULL, C + n0, ldc);
+    }
+    if (t != buf)
+        free(t);
+}
+
+/* C = beta C + A B: B decoded a block of rows (keys) at a time; the first block applies
+   beta, the others add (beta 1). */
+static inline void gqa_group_sv(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                                int type, float *C, size_t ldc, float beta,
+                                gqa_group_decode_fn decode, gqa_sv_gemm_fn f32)
+{
+    float buf[GQA_GROUP_TILE];
+    size_t kb = N == 0 ? K : (N <= GQA_GROUP_TILE ? GQA_GROUP_TILE / N : 1);
+    float *t = gqa_group_tile(buf, kb * N);
+    size_t rb = gqa_row_bytes(type, N);
+    if (t == NULL)
+        return;
+    if (K == 0)
+        f32(M, N, 0, A, lda, t, GQA_F32, NULL, C, ldc, beta);
+    for (size_t k0 = 0; k0 < K; k0 += kb) {
+        size_t k = K - k0 < kb ? K - k0 : kb;
+        gqa_group_dequantize((const uint8_t *)B + k0 * rb, t, N, k, N, type, decode);
+        f32(M, N, k, A + k0, lda, t, GQA_F32, NULL, C, ldc, k0 == 0 ? beta : 1.0f);
+    }
+    if (t != buf)
+        free(t);
+}
+
+/* The five group operations of one path, given its decoder and float32 GEMMs. */
+#define GQA_GROUP_OPS(path, decode, qk, sv)                                                          \
+    static void group_dequantize_##path(const void *src, float *dst, size_t ldd, size_t rows,       \
+                                        size_t cols, int type)                                      \
+    { gqa_group_dequantize(src, dst, ldd, rows, cols, type, decode); }                              \
+    static void group_dequantize_t_##path(const void *src, float *dst, size_t ldd, size_t rows,     \
+                                          size_t cols, int type)                                    \
+    { gqa_group_dequantize_t(src, dst, ldd, rows, cols, type, decode); }                            \
+    static void group_qk_##path(size_t M, size_t N, size_t K, float alpha, const float *A,          \
+                                size_t lda, const void *B, int type, float *C, size_t ldc)          \
+    { gqa_group_qk(M, N, K, alpha, A, lda, B, type, C, ldc, decode, qk); }                          \
+    static void group_sv_##path(size_t M, size_t N, size_t K, const float *A, size_t lda,           \
+                                const void *B, int type, float *C, size_t ldc, float beta)          \
+    { gqa_group_sv(M, N, K, A, lda, B, type, C, ldc, beta, decode, sv); }
+
+#endif
