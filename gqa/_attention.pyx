@@ -21,7 +21,7 @@ cimport numpy as cnp
 import numpy as np
 
 from gqa._dispatch cimport (active_table, qk_kernel, exp_kernel, gqa_kernels, gqa_qk_gemm_fn,
-                            round_to_half, GQA_F32, GQA_F16)
+                            round_to_half, GQA_F32, GQA_F16, GQA_IS_GROUP)
 
 cnp.import_array()
 
@@ -762,7 +762,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     if mode == 1:
         scratch_len = (<size_t>p.Br * G * (2 * H + p.Bc + 2) + <size_t>2 * H * p.Bc + 2 * p.Br + 16)
         # quantized V with scales below 1e30 dequantizes to finite values only (attend_tiled)
-        p.v_finite = p.vtype != GQA_F32 and p.vtype != GQA_F16
+        p.v_finite = p.vtype != GQA_F32 and p.vtype != GQA_F16 and not GQA_IS_GROUP(p.vtype)
         for u in range(Nkv * H if p.v_pc else 1):
             if p.v_finite and not fabsf(p.vs[u]) < 1e30:
                 p.v_finite = 0

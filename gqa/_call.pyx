@@ -29,7 +29,7 @@ import numpy as np
 from gqa._attention cimport Consts, Params, run, first_alias, overlap, check_lengths
 from gqa cimport _window
 from gqa._dispatch cimport omp_max_threads
-from gqa import _config, _dispatch
+from gqa import _config, _dispatch, _group
 from gqa import _validate
 
 cnp.import_array()
@@ -267,8 +267,8 @@ cdef class Signature:
     cdef bint valid        # every argument was None or an ndarray of rank <= MAXD
     cdef Consts consts
     cdef int cache_type, Hp, rot_half
-    cdef bint packed, f16, has_past, shared, quantized, fresh_present, copy_past, windowed
-    cdef object cache_dt
+    cdef bint packed, f16, has_past, shared, quantized, grouped, fresh_present, copy_past, windowed
+    cdef object cache_dt, rho
 
     def __init__(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                  sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
@@ -335,7 +335,17 @@ cdef class Signature:
 
         # cache element types
         self.quantized = op.quantized
-        if self.quantized:
+        self.grouped = op.per_group
+        hp_name = "head_size" if not self.quantized or bits == 8 else "(head_size+1)//2"
+        if self.grouped:
+            if k_scale is not None or v_scale is not None:
+                raise ValueError("k_scale / v_scale must not be given for PER_GROUP caches (their "
+                                 "scales and zero points are stored in the cache rows)")
+            fmt = _group.group_format(bits, op.kv_quant_group_size, op.metadata_type, H, who="kv_")
+            ct, Hp = cnp.NPY_UINT8, fmt.row_bytes
+            ktype = vtype = fmt.type
+            hp_name = "gqa.group_row_bytes(head_size, bits, group, metadata)"
+        elif self.quantized:
             ct = cnp.NPY_INT8 if bits == 8 else cnp.NPY_UINT8
             Hp = H if bits == 8 else (H + 1) // 2
             k_pc = _scale(k_scale, "k_scale", op.k_quant_type, Nkv * H)
@@ -362,7 +372,7 @@ cdef class Signature:
                 want = (B, Nkv, x.shape[2], Hp)
                 if x.shape != want:
                     raise ValueError(f"Input '{name}' must have shape (batch_size, kv_num_heads, "
-                                     f"past_sequence_length, {'head_size' if Hp == H else '(head_size+1)//2'}) "
+                                     f"past_sequence_length, {hp_name}) "
                                      f"= ({B}, {Nkv}, *, {Hp}), got {x.shape}")
             if past_key.shape != past_value.shape:
                 raise ValueError(f"Input 'past_key' and 'past_value' shall have the same shape; got "
@@ -454,6 +464,7 @@ cdef class Signature:
             bias_bb=bias_bb, bias_nb=bias_nb, smooth=op.smooth_softmax == 1,
             qk_mode=op.qk_output, round_half=ft == cnp.NPY_FLOAT16, qk_eps=op.qk_norm_epsilon)
         self.cache_type, self.cache_dt, self.Hp, self.rot_half = ct, cache_dt, Hp, rot_half
+        self.rho = op._rho
         self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
         self.fresh_present = present_key is None
         self.windowed = windowed
@@ -499,7 +510,9 @@ cdef class Signature:
         cdef tuple steps
         cdef Py_ssize_t i
         cdef object ks = _ONES, vs = _ONES
-        if self.quantized:
+        if self.grouped:
+            ks, vs = self.rho
+        elif self.quantized:
             ks, vs = _contiguous(k_scale), _contiguous(v_scale)
             _finite_scale(ks, "k_scale")
             _finite_scale(vs, "v_scale")

@@ -9,9 +9,10 @@ import numbers
 import numpy as np
 
 from . import _call
+from . import _group
 from . import _validate as v
 
-_QUANT_TYPES = ("NONE", "PER_TENSOR", "PER_CHANNEL")
+_QUANT_TYPES = ("NONE", "PER_TENSOR", "PER_CHANNEL", "PER_GROUP")
 
 _INT32_MAX = 2 ** 31 - 1   # sizes and lengths reach the compute as C int
 
@@ -28,7 +29,7 @@ def _quant_attr(name, value):
     u = value.upper()
     if u not in _QUANT_TYPES:
         raise ValueError(f"Invalid KV quantization type {name}={value!r}. "
-                         f"Valid values are: NONE, PER_TENSOR, PER_CHANNEL")
+                         f"Valid values are: NONE, PER_TENSOR, PER_CHANNEL, PER_GROUP")
     return u
 
 
@@ -41,12 +42,20 @@ class GroupQueryAttention:
     meanings and defaults are ONNX Runtime's (see the README); ``q_norm_weight`` /
     ``k_norm_weight`` with ``qk_norm_epsilon`` (the per-head RMS norm of Q and K before
     rotary) go beyond its CPU kernel.
+
+    ``k_quant_type = v_quant_type = "PER_GROUP"`` (onnxruntime main's name) selects the
+    per-group asymmetric caches: ``kv_cache_bit_width`` 8, 4 or 2, ``kv_quant_group_size``
+    channels per group (0: the whole head), the clip quantiles ``k_quant_rho`` /
+    ``v_quant_rho`` and ``metadata_type`` ("fp32" / "fp16") of the inline scale and zero point;
+    the caches are uint8 ``[B, Nkv, T, gqa.group_row_bytes(H, bits, group, metadata)]`` and
+    there are no k_scale / v_scale inputs.
     """
 
     def __init__(self, *, num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window_size=-1,
                  causal=1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1, qk_output=0,
                  k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0,
-                 qk_norm_epsilon=1e-6, sliding_window_cache=0):
+                 qk_norm_epsilon=1e-6, sliding_window_cache=0, kv_quant_group_size=0,
+                 k_quant_rho=1.0, v_quant_rho=1.0, metadata_type="fp32"):
         self.num_heads = _int_attr("num_heads", num_heads)
         self.kv_num_heads = _int_attr("kv_num_heads", kv_num_heads)
         if self.num_heads <= 0:
@@ -85,7 +94,14 @@ class GroupQueryAttention:
         self.v_quant_type = _quant_attr("v_quant_type", v_quant_type)
         self.kv_cache_bit_width = _int_attr("kv_cache_bit_width", kv_cache_bit_width)
         kq, vq, bits = self.k_quant_type, self.v_quant_type, self.kv_cache_bit_width
-        if kq == "NONE" or vq == "NONE":
+        self.per_group = kq == "PER_GROUP"
+        if self.per_group or vq == "PER_GROUP":
+            if kq != vq:
+                raise ValueError(f"k_quant_type ({kq}) and v_quant_type ({vq}) must both be PER_GROUP "
+                                 "or neither (one cache format for K and V)")
+            if bits not in (2, 4, 8):
+                raise ValueError(f"kv_cache_bit_width must be 2, 4 or 8 for PER_GROUP caches, got {bits}")
+        elif kq == "NONE" or vq == "NONE":
             if kq != vq:
                 raise ValueError(f"k_quant_type ({kq}) and v_quant_type ({vq}) must both be NONE or "
                                  "both quantized (PER_TENSOR / PER_CHANNEL)")
@@ -94,6 +110,23 @@ class GroupQueryAttention:
         elif bits not in (4, 8):
             raise ValueError(f"kv_cache_bit_width must be 4 or 8 when quantization is enabled, got {bits}")
         self.quantized = kq != "NONE"
+        self.kv_quant_group_size = _int_attr("kv_quant_group_size", kv_quant_group_size)
+        if self.kv_quant_group_size < 0:
+            raise ValueError(f"kv_quant_group_size must be >= 0 (0: one group per head), got "
+                             f"{self.kv_quant_group_size}")
+        self.k_quant_rho = _group.rho_value(k_quant_rho, "k_quant_rho")
+        self.v_quant_rho = _group.rho_value(v_quant_rho, "v_quant_rho")
+        if not isinstance(metadata_type, str):
+            raise TypeError(f"metadata_type must be a str, got {type(metadata_type).__name__}")
+        if metadata_type not in _group.METADATA:
+            raise ValueError(f"metadata_type must be 'fp32' or 'fp16', got {metadata_type!r}")
+        self.metadata_type = metadata_type
+        if not self.per_group and (self.kv_quant_group_size or self.k_quant_rho != 1.0
+                                   or self.v_quant_rho != 1.0 or metadata_type != "fp32"):
+            raise ValueError("kv_quant_group_size, k_quant_rho, v_quant_rho and metadata_type "
+                             "apply to PER_GROUP caches only")
+        # the quantizer's parameter for each cache (gqa_kernels.h: rho for group types)
+        self._rho = (np.array([self.k_quant_rho], np.float32), np.array([self.v_quant_rho], np.float32))
         self.sliding_window_cache = _int_attr("sliding_window_cache", sliding_window_cache)
         if self.sliding_window_cache not in (0, 1):
             raise ValueError(f"sliding_window_cache must be 0 or 1, got {self.sliding_window_cache}")

@@ -97,6 +97,77 @@ def dequantize_ref(codes, scale, bits, h=None):
         return (q.astype(F32) * s).astype(F32)
 
 
+# ---------------------------------------------------------------- per-group formats
+
+def group_tau_ref(row, rho):
+    """The row's clip threshold: the k-th smallest |x| (NaN counted as +inf),
+    k = min(trunc(fl32(rho) * fl32(H)), H - 1), for 0 < rho < 1; +inf otherwise."""
+    h = row.shape[-1]
+    if not (0.0 < rho < 1.0):
+        return F32(np.inf)
+    a = np.abs(row)
+    a = np.where(np.isnan(a), F32(np.inf), a).astype(F32)
+    k = min(int(F32(rho) * F32(h)), h - 1)
+    return np.sort(a)[k]
+
+
+def group_quantize_ref(x, bits, group, rho=1.0, meta16=False):
+    """uint8 rows [..., H*bits/8 + (H/group)*2*meta_bytes] of float32 x[..., H] in the per-group
+    asymmetric format, written from its definition (README, numeric contract):
+    per group lo/hi of the clipped values (NaN skipped; 0, 0 when all NaN), scale =
+    fl32(hi - lo) / (2^bits - 1) (1 unless > 0), code = clamp(rint(fl32(v - lo) / scale), 0, Q)
+    with NaN -> Q, codes LSB first, then (scale, lo) per group as float32 or float16."""
+    x = np.asarray(x)
+    assert x.dtype == F32
+    h = x.shape[-1]
+    rows = x.reshape(-1, h)
+    q_max = F32(2 ** bits - 1)
+    per = 8 // bits
+    out = []
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for row in rows:
+            tau = group_tau_ref(row, rho)
+            v = np.minimum(np.maximum(row, -tau), tau).astype(F32)
+            codes = np.zeros(h, np.int64)
+            meta = []
+            for c0 in range(0, h, group):
+                gv = v[c0:c0 + group]
+                ok = gv[~np.isnan(gv)]
+                lo, hi = (ok.min(), ok.max()) if ok.size else (F32(0), F32(0))
+                scale = F32(F32(hi - lo) / q_max)
+                if not scale > 0:
+                    scale = F32(1.0)
+                q = np.rint((gv - lo).astype(F32) / scale).astype(F32)
+                q = np.where(np.isnan(q), q_max, np.clip(q, 0, q_max))
+                codes[c0:c0 + group] = q.astype(np.int64)
+                meta.append((scale, lo))
+            packed = np.zeros(h // per, np.int64)
+            for i in range(per):
+                packed |= codes[i::per] << (bits * i)
+            mdt = np.float16 if meta16 else F32
+            out.append(np.concatenate([packed.astype(np.uint8),
+                                       np.array(meta, dtype=mdt).reshape(-1).view(np.uint8)]))
+    return np.stack(out).reshape(x.shape[:-1] + (-1,))
+
+
+def group_dequantize_ref(rows, bits, group, h, meta16=False):
+    """float32 [..., h] of per-group rows: fl32(fl32(code * scale) + zero)."""
+    rows = np.asarray(rows, np.uint8)
+    flat = rows.reshape(-1, rows.shape[-1])
+    per = 8 // bits
+    nb = h * bits // 8
+    codes = np.zeros((flat.shape[0], h), np.int64)
+    for i in range(per):
+        codes[:, i::per] = (flat[:, :nb].astype(np.int64) >> (bits * i)) & (2 ** bits - 1)
+    mdt = np.float16 if meta16 else F32
+    meta = np.ascontiguousarray(flat[:, nb:]).view(mdt).astype(F32).reshape(flat.shape[0], -1, 2)
+    scale = np.repeat(meta[:, :, 0], group, axis=1)
+    zero = np.repeat(meta[:, :, 1], group, axis=1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = (codes.astype(F32) * scale).astype(F32) + zero
+    return out.astype(F32).reshape(rows.shape[:-1] + (h,))
+
+
 # ---------------------------------------------------------------- GEMM oracles
 
 def qk_oracle(a, b_deq, alpha):
