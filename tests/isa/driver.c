@@ -24,6 +24,10 @@
  *   exp_sum         x[i] = exp(x[i] - m) within 4 ulp of libm expf, exactly +0
  *                   below GQA_EXP_MIN and for -inf, NaN kept, x[n..] untouched;
  *   exp_sum.sum     the returned sum close to the scalar one (see check_exp).
+ *   group.*         per-group types (G8 / G4 / G2, fp32 and fp16 metadata, groups of 4 to
+ *                   128 columns): quantize bytes and dequantize(_t) values bit for bit (rows
+ *                   with NaN, inf, constant groups; rho 1 and 0.5); qk / sv within the
+ *                   bounds above, for 1..9 and 16 rows of A.
  *   row_max         the same value as a plain loop (NaN skipped, -inf for n = 0),
  *                   rows of NaN, +-inf, +-0 and finite values, lengths 0 .. 4099.
  *   approx.*        the approximate INT8 QK kernel: bit for bit against the
@@ -749,6 +753,107 @@ static void check_approx(void)
     }
 }
 
+/* ---- per-group types ------------------------------------------------------ */
+
+static void check_group(void)
+{
+    static const int kinds[3] = {GQA_G8, GQA_G4, GQA_G2};
+    static const size_t heads[3] = {64, 128, 96};
+    static const size_t groups[5] = {4, 8, 16, 32, 128};
+    static const float rhos[2] = {1.0f, 0.5f};
+    long cases[4] = {0}, fails[4] = {0};
+    int shown[4] = {0};
+    for (int ki = 0; ki < 3; ki++)
+        for (int meta16 = 0; meta16 < 2; meta16++)
+            for (int hi = 0; hi < 3; hi++)
+                for (int gi = 0; gi < 5; gi++) {
+                    const size_t H = heads[hi], g = groups[gi], rows = 19;
+                    if (H % g)
+                        continue;
+                    const int type = gqa_group_type(kinds[ki], g, meta16);
+                    const size_t rb = gqa_row_bytes(type, H);
+                    float *x = xmalloc(rows * H * 4), *d1 = xmalloc(rows * H * 4), *d2 = xmalloc(rows * H * 4);
+                    uint8_t *c1 = xmalloc(rows * rb), *c2 = xmalloc(rows * rb);
+                    for (size_t i = 0; i < rows * H; i++)
+                        x[i] = normal() * (float)(1 + (i / H) % 7) + (float)((i / H) % 3);
+                    for (size_t c = 0; c < g; c++)
+                        x[2 * H + c] = 0.75f; /* a constant group */
+                    x[3 * H + 1] = NAN, x[3 * H + 5] = INFINITY, x[4 * H + 2] = -INFINITY;
+                    x[5 * H + 0] = 3e38f, x[5 * H + 1] = -3e38f, x[6 * H + 3] = 1e-40f;
+                    for (int r = 0; r < 2; r++) { /* quantize */
+                        memset(c1, GUARD, rows * rb), memset(c2, GUARD, rows * rb);
+                        T->quantize(x, H, c1, rows, H, type, &rhos[r]);
+                        R->quantize(x, H, c2, rows, H, type, &rhos[r]);
+                        int bad = memcmp(c1, c2, rows * rb) != 0;
+                        cases[0]++, fails[0] += bad;
+                        if (bad && shown[0]++ < 5)
+                            printf("  group.quantize mismatch: kind %d meta16 %d H %zu g %zu rho %g\n", kinds[ki],
+                                   meta16, H, g, (double)rhos[r]);
+                    }
+                    for (size_t i = 0; i < rows * rb; i++) /* dequantize: any bytes */
+                        c1[i] = (uint8_t)rnd();
+                    memcpy(c1 + rb, c2 + rb, 10 * rb); /* and quantized rows */
+                    T->dequantize(c1, d1, H, rows, H, type, NULL);
+                    R->dequantize(c1, d2, H, rows, H, type, NULL);
+                    int bad = 0;
+                    for (size_t i = 0; i < rows * H; i++)
+                        bad |= !same_float(d1[i], d2[i]);
+                    T->dequantize_t(c1, d1, rows, rows, H, type, NULL);
+                    for (size_t r = 0; r < rows; r++)
+                        for (size_t c = 0; c < H; c++)
+                            bad |= !same_float(d1[c * rows + r], d2[r * H + c]);
+                    cases[1]++, fails[1] += bad;
+                    if (bad && shown[1]++ < 5)
+                        printf("  group.dequantize mismatch: kind %d meta16 %d H %zu g %zu\n", kinds[ki], meta16, H, g);
+                    /* qk and sv on the quantized rows (finite values) */
+                    R->quantize(x + 7 * H, H, c2, 12, H, type, NULL);
+                    R->dequantize(c2, d2, H, 12, H, type, NULL);
+                    for (size_t mi = 0; mi < NM; mi++) {
+                        const size_t M = MS[mi], N = 12;
+                        float *A = xmalloc(M * H * 4), *C1 = xmalloc(M * H * 4), *C2 = xmalloc(M * H * 4);
+                        for (size_t i = 0; i < M * H; i++)
+                            A[i] = normal();
+                        T->qk_gemm(M, N, H, 0.125f, A, H, c2, type, NULL, C1, N);
+                        int qbad = 0, sbad = 0;
+                        for (size_t m = 0; m < M; m++)
+                            for (size_t n = 0; n < N; n++) {
+                                double ex = 0, mag = 0;
+                                for (size_t k = 0; k < H; k++) {
+                                    ex += (double)A[m * H + k] * d2[n * H + k];
+                                    mag += fabs((double)A[m * H + k] * d2[n * H + k]);
+                                }
+                                qbad |= fabs(C1[m * N + n] - 0.125 * ex) > 1e-5 * (1 + 0.125 * mag);
+                            }
+                        for (size_t i = 0; i < M * N; i++)
+                            A[i] = unif();
+                        T->sv_gemm(M, H, N, A, N, c2, type, NULL, C1, H, 0.0f);
+                        for (size_t m = 0; m < M; m++)
+                            for (size_t n = 0; n < H; n++) {
+                                double ex = 0, mag = 0;
+                                for (size_t k = 0; k < N; k++) {
+                                    ex += (double)A[m * N + k] * d2[k * H + n];
+                                    mag += fabs((double)A[m * N + k] * d2[k * H + n]);
+                                }
+                                sbad |= fabs(C1[m * H + n] - ex) > 1e-5 * (1 + mag);
+                            }
+                        cases[2]++, fails[2] += qbad;
+                        cases[3]++, fails[3] += sbad;
+                        if (qbad && shown[2]++ < 5)
+                            printf("  group.qk mismatch: kind %d H %zu g %zu M %zu\n", kinds[ki], H, g, M);
+                        if (sbad && shown[3]++ < 5)
+                            printf("  group.sv mismatch: kind %d H %zu g %zu M %zu\n", kinds[ki], H, g, M);
+                        free(A), free(C1), free(C2);
+                    }
+                    free(x), free(d1), free(d2), free(c1), free(c2);
+                }
+    static const char *const names[4] = {"group.quantize", "group.dequant", "group.qk", "group.sv"};
+    for (int i = 0; i < 4; i++) {
+        begin(names[i]);
+        check_cases = cases[i], check_fails = fails[i];
+        end();
+    }
+}
+
 int main(int argc, char **argv)
 {
     int exact = argc < 2, approx = argc < 2;
@@ -768,6 +873,7 @@ int main(int argc, char **argv)
         check_dequantize();
         check_qk();
         check_sv();
+        check_group();
         check_exp();
         check_row_max();
     }
