@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from . import _texts
+from ._kvcache import needs_scales
 from ._show import format_table
 
 PPL_MODES = ("float", "int8-pt", "int8-pc", "int8-pc/pt", "int4-pt", "int4-pc/pt", "int4-pc")
@@ -42,7 +43,7 @@ def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE
     always run (the reference)."""
     runs = {}
     for mode in ("float",) + tuple(m for m in modes if m != "float"):
-        kw = {} if mode == "float" else dict(calibration=calibration, margin=margin)
+        kw = dict(calibration=calibration, margin=margin) if needs_scales(mode) else {}
         cache = model.new_cache(len(tokens), mode, **kw)
         nll, top = model.score(tokens, cache, decode_tail=decode_tail)
         runs[mode] = dict(nll=nll, top=top)
@@ -67,7 +68,7 @@ def _sides(model, args, calibration):
     ort_threads = args.threads or gqa.get_config()["effective_num_threads"]
     sides = {}
     for mode in args.speed_modes:
-        kw = {} if mode == "float" else dict(calibration=calibration)
+        kw = dict(calibration=calibration) if needs_scales(mode) else {}
         sides[f"gqa {mode}"] = lambda M, mode=mode, kw=kw: model.new_cache(
             M, mode, num_threads=args.threads, **kw)
     if "float" not in args.speed_modes:

@@ -30,9 +30,11 @@ Layout and bookkeeping (the contract):
   of resolution (a margin of 1.25 on INT4 leaves 5.6 of the 7 steps to the calibrated range).
 """
 import numbers
+import re
 
 import numpy as np
 
+from . import _group
 from ._operator import GroupQueryAttention
 
 # one cache mode per tensor: (quant type, bits)
@@ -42,20 +44,41 @@ _QMAX = {8: 127.0, 4: 7.0}
 SCALE_FLOOR = 1e-6
 
 
+_GROUP_MODE = re.compile(r"int([842])-g(\d+)(-fp16)?")
+
+
+def group_mode(mode):
+    """(bits, group_size, metadata) of a per-group mode name such as ``"int4-g32"`` (groups of
+    32 channels, float32 scale and zero point) or ``"int2-g64-fp16"`` (float16 metadata);
+    ``g0`` is one group per head.  None for the other modes."""
+    m = _GROUP_MODE.fullmatch(mode) if isinstance(mode, str) else None
+    if m is None:
+        return None
+    return int(m.group(1)), int(m.group(2)), "fp16" if m.group(3) else "fp32"
+
+
+def needs_scales(mode):
+    """True for the static quantized modes (scales from k_scales/v_scales or a calibration)."""
+    k, v = parse_mode(mode)
+    return _TENSOR_MODES.get(k, ("NONE", 0))[1] != 0
+
+
 def parse_mode(mode):
     """A cache mode name -> (k_mode, v_mode).
 
     ``"float"``, ``"int8-pt"``, ``"int8-pc"``, ``"int4-pt"``, ``"int4-pc"`` name both tensors;
-    ``"int4-pc/pt"`` names K's scaling, then V's (here K per channel, V per tensor)."""
+    ``"int4-pc/pt"`` names K's scaling, then V's (here K per channel, V per tensor); the
+    per-group modes ``"int{8,4,2}-g{group}[-fp16]"`` (:func:`group_mode`) both tensors."""
     if not isinstance(mode, str):
         raise TypeError(f"mode must be a str, got {type(mode).__name__}")
-    if mode in _TENSOR_MODES:
+    if mode in _TENSOR_MODES or group_mode(mode):
         return mode, mode
     head, sep, tail = mode.partition("/")
     if sep and head in _TENSOR_MODES and head != "float" and tail in ("pt", "pc"):
         return head, head.split("-")[0] + "-" + tail
     raise ValueError(f"mode={mode!r} is not a cache mode; valid: {', '.join(_TENSOR_MODES)}, "
-                     "or int8-pc/pt, int8-pt/pc, int4-pc/pt, int4-pt/pc (K's scaling / V's)")
+                     "int8-pc/pt, int8-pt/pc, int4-pc/pt, int4-pt/pc (K's scaling / V's), or "
+                     "int8/int4/int2-g<group>[-fp16] (per group)")
 
 
 def mode_name(k_mode, v_mode):
@@ -65,7 +88,16 @@ def mode_name(k_mode, v_mode):
     return f"{k_mode}/{v_mode.split('-')[1]}"
 
 
-def _op_attributes(k_mode, v_mode):
+def _op_attributes(k_mode, v_mode, k_rho=1.0, v_rho=1.0):
+    g = group_mode(k_mode)
+    if g or group_mode(v_mode):
+        if k_mode != v_mode:
+            raise ValueError(f"k_mode={k_mode!r} and v_mode={v_mode!r}: a per-group cache has one "
+                             "format for K and V")
+        bits, group, metadata = g
+        return dict(k_quant_type="PER_GROUP", v_quant_type="PER_GROUP", kv_cache_bit_width=bits,
+                    kv_quant_group_size=group, metadata_type=metadata, k_quant_rho=k_rho,
+                    v_quant_rho=v_rho)
     for name, m in (("k_mode", k_mode), ("v_mode", v_mode)):
         if m not in _TENSOR_MODES:
             raise ValueError(f"{name}={m!r} is not a cache mode; valid: {', '.join(_TENSOR_MODES)}")
@@ -149,7 +181,8 @@ class KVCache:
     def __init__(self, *, num_layers, num_heads, kv_num_heads, head_size, max_length, batch_size=1,
                  mode="float", k_mode=None, v_mode=None, k_scales=None, v_scales=None,
                  calibration=None, margin=1.0, dtype=np.float32, rotary=None, rotary_interleaved=0,
-                 local_window_size=-1, softcap=0.0, scale=0.0, num_threads=None):
+                 local_window_size=-1, softcap=0.0, scale=0.0, num_threads=None, k_rho=1.0,
+                 v_rho=1.0):
         self.num_layers = _positive_int("num_layers", num_layers)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.kv_num_heads = _positive_int("kv_num_heads", kv_num_heads)
@@ -160,10 +193,12 @@ class KVCache:
             raise ValueError("k_mode and v_mode go together (or use mode= for both)")
         if k_mode is None:
             k_mode, v_mode = parse_mode(mode)
-        attrs = _op_attributes(k_mode, v_mode)
+        attrs = _op_attributes(k_mode, v_mode, k_rho, v_rho)
         self.k_mode, self.v_mode = k_mode, v_mode
         self.mode = mode_name(k_mode, v_mode)
         self.bits = attrs["kv_cache_bit_width"]
+        self.group = group_mode(k_mode)          # (bits, group, metadata) of a per-group cache
+        self.fmt = (_group.group_format(*self.group, self.head_size) if self.group else None)
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
             raise TypeError(f"dtype must be float32 or float16, got {self.dtype}")
@@ -182,8 +217,11 @@ class KVCache:
                                         local_window_size=local_window_size, softcap=softcap,
                                         scale=scale, **attrs) for _ in range(self.num_layers)]
         self.num_threads = num_threads
-        width = self.head_size if self.bits != 4 else (self.head_size + 1) // 2
-        cdt = {0: self.dtype, 8: np.dtype(np.int8), 4: np.dtype(np.uint8)}[self.bits]
+        if self.fmt:
+            width, cdt = self.fmt.row_bytes, np.dtype(np.uint8)
+        else:
+            width = self.head_size if self.bits != 4 else (self.head_size + 1) // 2
+            cdt = {0: self.dtype, 8: np.dtype(np.int8), 4: np.dtype(np.uint8)}[self.bits]
         shape = (self.batch_size, self.kv_num_heads, self.max_length, width)
         self.key = [np.zeros(shape, cdt) for _ in range(self.num_layers)]
         self.value = [np.zeros(shape, cdt) for _ in range(self.num_layers)]
@@ -198,10 +236,10 @@ class KVCache:
         self._step_layers = 0
 
     def _scales(self, k_scales, v_scales, calibration, margin):
-        if self.bits == 0:
+        if self.bits == 0 or self.group:
             if k_scales is not None or v_scales is not None or calibration is not None:
-                raise ValueError(f"mode {self.mode!r} is a float cache: it takes no k_scales, v_scales "
-                                 "or calibration")
+                raise ValueError(f"mode {self.mode!r} is a {'per-group' if self.group else 'float'} "
+                                 "cache: it takes no k_scales, v_scales or calibration")
             return [None] * self.num_layers, [None] * self.num_layers
         if calibration is not None:
             if k_scales is not None or v_scales is not None:
@@ -316,6 +354,16 @@ class KVCache:
                              f"got {other.mode!r}")
         from ._api import quantize
         H = self.head_size
+        if self.group and other.bits == 0:
+            bits, group, metadata = self.group
+            rho = (self.ops[0].k_quant_rho, self.ops[0].v_quant_rho)
+            for li in range(self.num_layers):
+                for dst, src, r in ((self.key, other.key, rho[0]), (self.value, other.value, rho[1])):
+                    rows = np.ascontiguousarray(src[li][:, :, :length], np.float32)
+                    dst[li][:, :, :length] = quantize(rows, bits=bits, group_size=group, rho=r,
+                                                      metadata=metadata)
+            self._set_length(length)
+            return
         for li in range(self.num_layers):
             for dst, src, scales, mode in ((self.key, other.key, self.k_scales, self.k_mode),
                                            (self.value, other.value, self.v_scales, self.v_mode)):
