@@ -34,6 +34,14 @@ cdef struct Params:
     const float *qn       # q_norm_weight / k_norm_weight [H] (NULL: no QK norm)
     const float *kn
     float qk_eps
+    const float *rk       # rotations [Nkv, H, H] of K (and Q) and of V (NULL: none): x -> x R
+    const float *rv
+    uint8_t *hk           # float windows [B, Nkv, hcap, H] of present K / V (NULL: none):
+    uint8_t *hv           #   rows [0, ns) the first ns positions, then the last nr (hp_rb bytes)
+    const uint8_t *phk    # the past windows [B, Nkv, hpast, H] when a separate buffer, else NULL
+    const uint8_t *phv
+    int nsink, nrecent, hcap, hpast, hp_type   # sink_size, recent_size; window rows
+    size_t hp_rb
     int smooth
     float *out
     float *qk_out
@@ -57,7 +65,8 @@ cdef class Consts:
 # One call: cache write, then attention (see _attention.pyx).
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
-          int q_block, int kv_block, int decode_chunks, int decode_ranges, col_base=*, int bias_T=*)
+          int q_block, int kv_block, int decode_chunks, int decode_ranges, col_base=*, int bias_T=*,
+          rk=*, rv=*, hk=*, hv=*, phk=*, phv=*)
 # The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
 # or the number of the broken rule, where = {b, s} (see _attention.pyx).
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil

@@ -14,14 +14,15 @@ cached K/V element is converted once per query row for the whole group.
 """
 from cython.parallel cimport prange, parallel, threadid
 from libc.stdlib cimport malloc, free
-from libc.string cimport memset, memcpy
+from libc.string cimport memset, memcpy, memmove
 from libc.math cimport expf, tanhf, fmaf, fabsf, sqrt
 from libc.stdint cimport uint8_t, uint32_t, int64_t, uint64_t
 cimport numpy as cnp
 import numpy as np
 
 from gqa._dispatch cimport (active_table, qk_kernel, exp_kernel, gqa_kernels, gqa_qk_gemm_fn,
-                            round_to_half, GQA_F32, GQA_F16, GQA_IS_GROUP)
+                            round_to_half, GQA_F32, GQA_F16, GQA_IS_GROUP,
+                            gqa_row_bytes)
 
 cnp.import_array()
 
@@ -36,6 +37,9 @@ cdef extern from "work_ranges.h" nogil:
 cdef extern from "team_spread.h" nogil:
     uint64_t gqa_cpu_bit()
     void gqa_team_spread(uint64_t *taken)
+
+cdef enum:
+    ROT_MAX = 1024       # the widest head a rotation takes (gqa/_call.pyx checks it)
 
 cdef extern from "float.h":
     float FLT_MAX
@@ -118,15 +122,41 @@ cdef void rms_norm(const Params *p, const float *x, float *o, const float *w) no
         round_to_half(o, H)
 
 
-cdef inline bint prepared(const Params *p, const float *w) noexcept nogil:
-    """Rows weighted by w (p.qn or p.kn) are changed before attention reads them."""
-    return p.do_rotary or w != NULL
+cdef inline bint prepared(const Params *p, const float *w, const float *R) noexcept nogil:
+    """Rows weighted by w (p.qn or p.kn) or turned by R are changed before attention reads them."""
+    return p.do_rotary or w != NULL or R != NULL
 
 
-cdef void prep_row(const Params *p, const float *x, float *o, const float *w, int pos) noexcept nogil:
+cdef inline const float *rotation(const float *R, const Params *p, int j) noexcept nogil:
+    """The rotation [H, H] of KV head j (R: p.rk or p.rv), or NULL."""
+    return R + <size_t>j * p.H * p.H if R != NULL else NULL
+
+
+cdef void rotate(const float *x, float *o, const float *R, int H) noexcept nogil:
+    """o = x R for one head row (R [H, H] row-major: o[e] = sum_d x[d] R[d, e]), with the
+    active path's float32 SV kernel; o must not overlap x."""
+    active_table().sv_gemm(1, H, H, x, H, R, GQA_F32, NULL, o, H, 0.0)
+
+
+cdef void prep_row(const Params *p, const float *x, float *o, const float *w, int pos,
+                   const float *R) noexcept nogil:
     """o = head row x as attention reads it: RMS-normed with weight w (when w != NULL), then
-    rotated at position pos (when p.do_rotary), in that order (the QK norm comes before
-    rotary); a copy when neither applies."""
+    rotated at position pos (when p.do_rotary), then turned by R (when R != NULL: o = x R, the
+    OSCAR rotation of post-rotary Q and K), in that order; a copy when none applies."""
+    cdef float buf[ROT_MAX]
+    if R == NULL:
+        prep_plain(p, x, o, w, pos)
+    elif w != NULL or p.do_rotary:
+        prep_plain(p, x, buf, w, pos)
+        rotate(buf, o, R, p.H)
+    else:
+        rotate(x, o, R, p.H)
+    if R != NULL and p.round_half:
+        round_to_half(o, p.H)
+
+
+cdef void prep_plain(const Params *p, const float *x, float *o, const float *w, int pos) noexcept nogil:
+    """prep_row without a rotation."""
     if w != NULL:
         rms_norm(p, x, o, w)
         if p.do_rotary:
@@ -155,30 +185,169 @@ cdef inline const float *v_scales(const Params *p, int j) noexcept nogil:
     return p.vs + (<size_t>j * p.H if p.v_pc else 0)
 
 
+# -- float windows (sink_size / recent_size): positions [0, ns) and [Tb - nr, Tb) of a
+#    sequence of Tb positions are read from the float windows, the others from the codes
+
+cdef inline void hp_counts(const Params *p, int Tb, int *ns, int *nr) noexcept nogil:
+    """Window rows of a sequence of Tb positions: the first ns = min(sink, Tb), then the
+    last nr = min(recent, Tb - ns)."""
+    ns[0] = p.nsink if p.nsink < Tb else Tb
+    nr[0] = p.nrecent if p.nrecent < Tb - ns[0] else Tb - ns[0]
+
+
+cdef inline uint8_t *hp_row(const Params *p, uint8_t *w, int b, int j, int r) noexcept nogil:
+    """Row r of window buffer w (p.hk or p.hv) of batch b, KV head j."""
+    return w + ((<size_t>b * p.Nkv + j) * p.hcap + r) * p.hp_rb
+
+
+cdef inline bint segment(const Params *p, int b, int r0, int r1, int *e, int *hrow) noexcept nogil:
+    """The run [r0, e) (e <= r1) of positions of batch b read from one place: True with
+    hrow = the window row of position r0 (rows follow positions), False for the codes."""
+    cdef int Tb, ns, nr
+    if p.hk == NULL:
+        e[0] = r1
+        return False
+    Tb = p.seqlens[b] + 1
+    hp_counts(p, Tb, &ns, &nr)
+    if r0 < ns:
+        e[0] = ns if ns < r1 else r1
+        hrow[0] = r0
+        return True
+    if r0 < Tb - nr:
+        e[0] = Tb - nr if Tb - nr < r1 else r1
+        return False
+    e[0] = r1
+    hrow[0] = ns + r0 - (Tb - nr)
+    return True
+
+
+cdef void qk_keys(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j, int r0,
+                  int n, const float *a, float *sc, int ldc) noexcept nogil:
+    """sc[g, i] = alpha * a[g] . K[r0 + i] for the G query rows a (row stride H), i < n."""
+    cdef int r = r0, e, hrow
+    while r < r0 + n:
+        if segment(p, b, r, r0 + n, &e, &hrow):
+            t.qk_gemm(p.G, e - r, p.H, p.alpha, a, p.H, hp_row(p, p.hk, b, j, hrow), p.hp_type,
+                      NULL, sc + (r - r0), ldc)
+        else:
+            qk(p.G, e - r, p.H, p.alpha, a, p.H, k_row(p, b, j, r), p.ktype, k_scales(p, j),
+               sc + (r - r0), ldc)
+        r = e
+
+
+cdef void sv_keys(const Params *p, const gqa_kernels *t, int b, int j, int r0, int n,
+                  const float *P, int ldp, float *o, int ldo) noexcept nogil:
+    """o[g] = sum_i P[g, i] V[r0 + i] over i < n (n >= 1; o overwritten)."""
+    cdef int r = r0, e, hrow
+    cdef float beta = 0.0
+    while r < r0 + n:
+        if segment(p, b, r, r0 + n, &e, &hrow):
+            t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, hp_row(p, p.hv, b, j, hrow), p.hp_type,
+                      NULL, o, ldo, beta)
+        else:
+            t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, v_row(p, b, j, r), p.vtype,
+                      v_scales(p, j), o, ldo, beta)
+        beta = 1.0
+        r = e
+
+
+cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb,
+                   float *Kt, float *Vt) noexcept nogil:
+    """The flash tiles of keys [k0, k0 + nb): Kt [H, nb] (K transposed) and Vt [nb, H]."""
+    cdef int r = k0, e, hrow
+    while r < k0 + nb:
+        if segment(p, b, r, k0 + nb, &e, &hrow):
+            t.dequantize_t(hp_row(p, p.hk, b, j, hrow), Kt + (r - k0), nb, e - r, p.H, p.hp_type, NULL)
+            t.dequantize(hp_row(p, p.hv, b, j, hrow), Vt + <size_t>(r - k0) * p.H, p.H, e - r, p.H,
+                         p.hp_type, NULL)
+        else:
+            t.dequantize_t(k_row(p, b, j, r), Kt + (r - k0), nb, e - r, p.H, p.ktype, k_scales(p, j))
+            t.dequantize(v_row(p, b, j, r), Vt + <size_t>(r - k0) * p.H, p.H, e - r, p.H, p.vtype,
+                         v_scales(p, j))
+        r = e
+
+
+cdef void hp_put(const Params *p, const gqa_kernels *t, uint8_t *w, int b, int j, int pos,
+                 const float *row) noexcept nogil:
+    """Store a new row (as attention reads it) of position pos in window buffer w when pos is
+    one of the window positions after this call."""
+    cdef int Tb = p.seqlens[b] + 1, ns, nr, r
+    hp_counts(p, Tb, &ns, &nr)
+    if pos < ns:
+        r = pos
+    elif pos >= Tb - nr:
+        r = ns + pos - (Tb - nr)
+    else:
+        return
+    t.quantize(row, p.H, hp_row(p, w, b, j, r), 1, p.H, p.hp_type, NULL)
+
+
+cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, int b, int j, int Told) noexcept nogil:
+    """Window buffer w of (b, j) before the new rows arrive: the past windows of Told
+    positions (past: a separate buffer, or NULL in place) -- the sink rows, and the recent
+    rows that stay recent moved down to their new place; rows not written are zeroed when w
+    is a new buffer."""
+    cdef int Tb = p.seqlens[b] + 1, ns_o, nr_o, ns, nr, lo
+    cdef uint8_t *dst = hp_row(p, w, b, j, 0)
+    cdef const uint8_t *src = dst
+    cdef size_t rb = p.hp_rb
+    hp_counts(p, Told, &ns_o, &nr_o)
+    hp_counts(p, Tb, &ns, &nr)
+    if past != NULL:
+        src = past + (<size_t>b * p.Nkv + j) * p.hpast * rb
+        memset(dst, 0, p.hcap * rb)
+        memcpy(dst, src, ns_o * rb)
+    # an old recent row stays when its position is >= Tb - nr (ns == ns_o whenever nr_o > 0)
+    lo = Tb - nr if Tb - nr > Told - nr_o else Told - nr_o
+    if lo < Told:
+        memmove(dst + (ns + lo - (Tb - nr)) * rb, src + (ns_o + lo - (Told - nr_o)) * rb,
+                (Told - lo) * rb)
+
+
 cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float *tmp) noexcept nogil:
-    """present[b, j]: zero-fill and copy past rows unless sharing the past buffer,
-    then quantize the L new rows (K after its QK norm and rotary) at row past_len(b)."""
+    """present[b, j]: zero-fill and copy past rows unless sharing the past buffer, then
+    quantize the L new rows at row past_len(b) (K after its QK norm and rotary; K and V turned
+    by their rotations); the float windows rolled forward and given the new rows they keep."""
     cdef int s, pb = past_len(p, b)
     cdef size_t slot = <size_t>b * p.Nkv + j
     cdef uint8_t *kd = k_row(p, b, j, 0)
     cdef uint8_t *vd = v_row(p, b, j, 0)
     cdef const float *src
+    cdef const float *rk = rotation(p.rk, p, j)
+    cdef const float *rv = rotation(p.rv, p, j)
     if not p.shared:
         memset(kd, 0, p.Pres * p.k_rb)
         memset(vd, 0, p.Pres * p.v_rb)
         if p.has_past and pb > 0:
             memcpy(kd, p.pk + slot * p.Pbuf * p.k_rb, pb * p.k_rb)
             memcpy(vd, p.pv + slot * p.Pbuf * p.v_rb, pb * p.v_rb)
+    if p.hk != NULL:
+        hp_move(p, p.hk, p.phk, b, j, pb)
+        hp_move(p, p.hv, p.phv, b, j, pb)
     if p.L == 0:
         return
     for s in range(p.L):
         src = p.k + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * p.H
-        if prepared(p, p.kn):
-            prep_row(p, src, tmp, p.kn, position(p, b, s))
+        if prepared(p, p.kn, rk):
+            prep_row(p, src, tmp, p.kn, position(p, b, s), rk)
             src = tmp
         t.quantize(src, p.H, k_row(p, b, j, pb + s), 1, p.H, p.ktype, k_scales(p, j))
-    t.quantize(p.v + <size_t>b * p.L * p.kv_tok + <size_t>j * p.H, p.kv_tok,
-               v_row(p, b, j, pb), p.L, p.H, p.vtype, v_scales(p, j))
+        if p.hk != NULL:
+            hp_put(p, t, p.hk, b, j, pb + s, src)
+    if rv == NULL and p.hv == NULL:
+        t.quantize(p.v + <size_t>b * p.L * p.kv_tok + <size_t>j * p.H, p.kv_tok,
+                   v_row(p, b, j, pb), p.L, p.H, p.vtype, v_scales(p, j))
+        return
+    for s in range(p.L):
+        src = p.v + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * p.H
+        if rv != NULL:
+            rotate(src, tmp, rv, p.H)
+            if p.round_half:
+                round_to_half(tmp, p.H)
+            src = tmp
+        t.quantize(src, p.H, v_row(p, b, j, pb + s), 1, p.H, p.vtype, v_scales(p, j))
+        if p.hv != NULL:
+            hp_put(p, t, p.hv, b, j, pb + s, src)
 
 
 cdef float nan_or_max(const Params *p, const float *x, int n) noexcept nogil:
@@ -265,13 +434,14 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
     cdef float *row
     cdef float *orow
     cdef int i
+    cdef const float *rk = rotation(p.rk, p, j)
     for s in range(p.S):
         key_range(p, b, s, &start, &c)
         n = c - start if c > start else 0
         a = p.q + (<size_t>b * p.S + s) * p.q_tok + <size_t>j * G * H
-        if prepared(p, p.qn):
+        if prepared(p, p.qn, rk):
             for g in range(G):
-                prep_row(p, a + <size_t>g * H, qbuf + <size_t>g * H, p.qn, position(p, b, s))
+                prep_row(p, a + <size_t>g * H, qbuf + <size_t>g * H, p.qn, position(p, b, s), rk)
             a = qbuf
         elif (<size_t>a) & 63:    # whole-line loads of the rows the QK kernel reads for every key
             memcpy(qbuf, a, <size_t>G * H * sizeof(float))
@@ -283,7 +453,7 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
                 for g in range(G):
                     write_qk(p, sc, b, j * G + g, s, 0, 0)
             continue
-        qk(G, n, H, p.alpha, a, H, k_row(p, b, j, start), p.ktype, k_scales(p, j), sc, n)
+        qk_keys(p, t, qk, b, j, start, n, a, sc, n)
         for g in range(G):
             h = j * G + g
             row = sc + <size_t>g * n
@@ -293,7 +463,7 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
             inv[g] = softmax_row(p, row, n, h, p.qk_mode == 2)
             if p.qk_mode == 2:
                 write_qk(p, row, b, h, s, start, n)
-        t.sv_gemm(G, H, n, sc, n, v_row(p, b, j, start), p.vtype, v_scales(p, j), orow, H, 0.0)
+        sv_keys(p, t, b, j, start, n, sc, n, orow, H)
         if p.qk_mode != 2:     # P @ V of the unnormalised row, then the row's 1 / total
             for g in range(G):
                 for i in range(H):
@@ -357,7 +527,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         for g in range(G):
             r = (s - s0) * G + g
             src = p.q + (<size_t>b * p.S + s) * p.q_tok + (<size_t>j * G + g) * H
-            prep_row(p, src, Qt + <size_t>r * H, p.qn, position(p, b, s))
+            prep_row(p, src, Qt + <size_t>r * H, p.qn, position(p, b, s), rotation(p.rk, p, j))
             for i in range(H):
                 Qt[<size_t>r * H + i] = Qt[<size_t>r * H + i] * p.alpha
             mrow[r] = sink_logit(p, j * G + g) if smooth else -INFINITY
@@ -366,9 +536,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
-        t.dequantize_t(k_row(p, b, j, k0), Kt, nb, nb, H, p.ktype, k_scales(p, j))
+        kv_tiles(p, t, b, j, k0, nb, Kt, Vt)
         t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
-        t.dequantize(v_row(p, b, j, k0), Vt, H, nb, H, p.vtype, v_scales(p, j))
         partial = False
         for r in range(M):
             s = s0 + r // G
@@ -442,14 +611,15 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
         for g in range(G):
             memset(part + g * (H + 2) + 2, 0, H * sizeof(float))
         return
-    if prepared(p, p.qn):
+    if prepared(p, p.qn, rotation(p.rk, p, j)):
         for g in range(G):
-            prep_row(p, a + <size_t>g * H, qbuf + <size_t>g * H, p.qn, position(p, b, 0))
+            prep_row(p, a + <size_t>g * H, qbuf + <size_t>g * H, p.qn, position(p, b, 0),
+                     rotation(p.rk, p, j))
         a = qbuf
     elif (<size_t>a) & 63:
         memcpy(qbuf, a, <size_t>G * H * sizeof(float))
         a = qbuf
-    qk(G, n, H, p.alpha, a, H, k_row(p, b, j, a0), p.ktype, k_scales(p, j), sc, n)
+    qk_keys(p, t, qk, b, j, a0, n, a, sc, n)
     for g in range(G):
         h = j * G + g
         row = sc + <size_t>g * n
@@ -461,7 +631,7 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
             continue
         pr[0] = mx
         pr[1] = p.exp_sum(row, n, mx)
-    t.sv_gemm(G, H, n, sc, n, v_row(p, b, j, a0), p.vtype, v_scales(p, j), part + 2, H + 2, 0.0)
+    sv_keys(p, t, b, j, a0, n, sc, n, part + 2, H + 2)
 
 
 cdef void decode_merge(const Params *p, int b, int j, const float *parts) noexcept nogil:
@@ -524,6 +694,15 @@ cdef void decode_item(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, 
     decode_chunk(p, t, qk, b, j, c, parts, scratch)
     if gqa_work_done(&p.merged[u]) == p.chunks:
         decode_merge(p, b, j, parts)
+
+
+cdef void unrotate(const Params *p, const gqa_kernels *t, int u, float *tmp) noexcept nogil:
+    """Output rows of the G heads of (b, s, j), u = (b * S + s) * Nkv + j, turned back from
+    V's rotated basis: o = o' R_V[j]^T (the QK kernel: o[n] = sum_k o'[k] R_V[j][n, k])."""
+    cdef int j = u % p.Nkv, bs = u // p.Nkv
+    cdef float *o = p.out + (<size_t>bs * p.N + <size_t>j * p.G) * p.H
+    memcpy(tmp, o, <size_t>p.G * p.H * sizeof(float))
+    t.qk_gemm(p.G, p.H, p.H, 1.0, tmp, p.H, rotation(p.rv, p, j), GQA_F32, NULL, o, p.H)
 
 
 cdef inline void _extent(cnp.ndarray a, char **lo, char **hi):
@@ -651,7 +830,8 @@ cdef class Consts:
                  size_t kv_tok, bint has_past, bint shared, int ktype, int vtype, size_t k_rb,
                  size_t v_rb, bint k_pc, bint v_pc, float alpha, float softcap, int W, bint causal,
                  int rot_half, bint do_rotary, bint interleaved, int pos_stride, bint bias_bb,
-                 bint bias_nb, bint smooth, int qk_mode, bint round_half, float qk_eps=0.0):
+                 bint bias_nb, bint smooth, int qk_mode, bint round_half, float qk_eps=0.0,
+                 int sink=0, int recent=0, int hp_type=GQA_F32):
         memset(&self.p, 0, sizeof(Params))
         self.p.B = B; self.p.S = S; self.p.N = N; self.p.Nkv = Nkv; self.p.G = N // Nkv
         self.p.H = H; self.p.L = L; self.p.Pbuf = Pbuf
@@ -665,6 +845,8 @@ cdef class Consts:
         self.p.bias_bb = bias_bb; self.p.bias_nb = bias_nb
         self.p.smooth = smooth; self.p.qk_mode = qk_mode; self.p.round_half = round_half
         self.p.qk_eps = qk_eps
+        self.p.nsink = sink; self.p.nrecent = recent; self.p.hp_type = hp_type
+        self.p.hp_rb = gqa_row_bytes(hp_type, H)
 
     cdef Consts with_rows(self, int rows):
         """The same parameters over an in-place buffer of `rows` rows (a windowed step's
@@ -678,7 +860,7 @@ cdef class Consts:
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks, int decode_ranges, col_base=None,
-          int bias_T=0):
+          int bias_T=0, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None):
     """One call: cache write, then attention (naive, tiled flash or decode work items).
     Decode (S == 1, flash): the units are split into `decode_ranges` contiguous ranges and
     the last unit of each is split into `decode_chunks` key chunks (flash decoding; every
@@ -709,6 +891,12 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.pos_ids = <const int64_t *>ptr(pos_ids)
     p.bias = <const float *>ptr(bias); p.sink = <const float *>ptr(sink)
     p.qn = <const float *>ptr(qn); p.kn = <const float *>ptr(kn)
+    p.rk = <const float *>ptr(rk); p.rv = <const float *>ptr(rv)
+    p.hk = <uint8_t *>ptr(hk); p.hv = <uint8_t *>ptr(hv)
+    p.phk = <const uint8_t *>ptr(phk); p.phv = <const uint8_t *>ptr(phv)
+    if hk is not None:       # [B, Nkv, rows, H] window buffers (validated by the caller)
+        p.hcap = cnp.PyArray_DIM(<cnp.ndarray>hk, 2)
+        p.hpast = cnp.PyArray_DIM(<cnp.ndarray>phk, 2) if phk is not None else p.hcap
     p.bias_T = bias_T if bias_T > 0 else T     # int32 [B] col_base, validated by the caller
     p.col_base = <const int *>ptr(col_base)
     p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out)
@@ -762,7 +950,8 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     if mode == 1:
         scratch_len = (<size_t>p.Br * G * (2 * H + p.Bc + 2) + <size_t>2 * H * p.Bc + 2 * p.Br + 16)
         # quantized V with scales below 1e30 dequantizes to finite values only (attend_tiled)
-        p.v_finite = p.vtype != GQA_F32 and p.vtype != GQA_F16 and not GQA_IS_GROUP(p.vtype)
+        p.v_finite = (p.vtype != GQA_F32 and p.vtype != GQA_F16 and not GQA_IS_GROUP(p.vtype)
+                      and p.hv == NULL)
         for u in range(Nkv * H if p.v_pc else 1):
             if p.v_finite and not fabsf(p.vs[u]) < 1e30:
                 p.v_finite = 0
@@ -809,8 +998,9 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                 p.items[i] = u * (p.chunks + 1)
                 i = i + 1
         # copying caches: a chunk reads rows that other units' items would copy, so every
-        # unit is written first (in place, each item writes what it alone reads)
-        item_write = p.shared
+        # unit is written first (in place, each item writes what it alone reads -- but the
+        # float windows move rows that every chunk of the unit may read)
+        item_write = p.shared and p.hk == NULL
     if ranges != NULL:
         gqa_work_ranges_init(ranges, work_units, num_threads)
     # Decode items (mode 0 / 2) read only cache rows that they write themselves or that no
@@ -851,6 +1041,15 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                     decode_item(&p, t, qk, w, item_write, scratch + me * scratch_len)
                     w = gqa_work_next(ranges, num_threads, me)
         # end: parallel
+    if p.rv != NULL:       # outputs back from V's rotated basis: o = o' R_V^T
+        if num_threads == 1:
+            with nogil:
+                for u in range(B * S * Nkv):
+                    unrotate(&p, t, u, scratch)
+        else:
+            with nogil, parallel(num_threads=num_threads):
+                for u in prange(B * S * Nkv, schedule='static'):
+                    unrotate(&p, t, u, scratch + threadid() * scratch_len)
     free(scratch_raw)
     free(p.partials)
     free(items_raw)

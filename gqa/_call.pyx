@@ -35,7 +35,7 @@ from gqa import _validate
 cnp.import_array()
 
 cdef enum:
-    NARGS = 17          # query .. present_value, in __call__'s order (total_sequence_length apart)
+    NARGS = 23          # query .. present_value, then the six of _EXT_NAMES (see op_call)
     MAXD = 4
     INT32_MAX = 2147483647
     MAX_SIGNATURES = 64  # per operator: one per past buffer of a loop over layers
@@ -49,6 +49,7 @@ cdef enum:
     S4_PC = 3
     T_F32 = 4
     T_F16 = 5
+    ROT_MAX = 1024       # the widest head a rotation takes (_attention.pyx)
 
 cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_ARRAY_WRITEABLE
 cdef int READY = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED
@@ -62,7 +63,12 @@ cdef object _F32 = np.dtype(np.float32)
 cdef object _F16 = np.dtype(np.float16)
 # the arrays that may not share memory with the caches in place, as the checks list them
 cdef tuple _KEPT_NAMES = ("k_scale", "v_scale", "cos_cache", "sin_cache", "head_sink",
-                          "q_norm_weight", "k_norm_weight")
+                          "q_norm_weight", "k_norm_weight", "oscar_rotation_k", "oscar_rotation_v")
+# the inputs and buffers beyond onnxruntime 1.31.1's (onnxruntime main's names): float windows
+# and rotations; passed around as one tuple, _NO_EXT when none is given
+cdef tuple _EXT_NAMES = ("past_hp_key", "past_hp_value", "oscar_rotation_k", "oscar_rotation_v",
+                         "present_hp_key", "present_hp_value")
+cdef tuple _NO_EXT = (None, None, None, None, None, None)
 cdef tuple _STEP_NAMES = ("query", "key", "value", "seqlens_k", "position_ids", "attention_bias",
                           "total_sequence_length")
 cdef long long _built = 0                 # Signatures built (tests: a repeat builds none)
@@ -268,19 +274,20 @@ cdef class Signature:
     cdef Consts consts
     cdef int cache_type, Hp, rot_half
     cdef bint packed, f16, has_past, shared, quantized, grouped, fresh_present, copy_past, windowed
+    cdef bint win, hp_inplace, hp_fresh
     cdef object cache_dt, rho
 
     def __init__(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                  sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                 q_norm_weight, k_norm_weight, present_key, present_value):
+                 q_norm_weight, k_norm_weight, present_key, present_value, tuple ext):
         global _built
         cdef list args = [query, key, value, past_key, past_value, seqlens_k, cos_cache,
                           sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                          q_norm_weight, k_norm_weight, present_key, present_value]
+                          q_norm_weight, k_norm_weight, present_key, present_value] + list(ext)
         cdef int i
         self._check(op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                     sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                    q_norm_weight, k_norm_weight, present_key, present_value)
+                    q_norm_weight, k_norm_weight, present_key, present_value, ext)
         self.valid = True
         for i in range(NARGS):
             if not _key(&self.keys[i], args[i]):
@@ -289,7 +296,7 @@ cdef class Signature:
 
     cdef _check(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                 sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                q_norm_weight, k_norm_weight, present_key, present_value):
+                q_norm_weight, k_norm_weight, present_key, present_value, tuple ext):
         cdef int N = op.num_heads, Nkv = op.kv_num_heads
         cdef int B, S, D, H, L, Hp, Pbuf = 0, ktype, vtype, bits = op.kv_cache_bit_width
         cdef int ft, ct, rot_half
@@ -433,8 +440,20 @@ cdef class Signature:
 
         # kept inputs of an in-place call: none may share memory with the caches (the per-step
         # ones are checked on every call)
+        phk, phv, rot_k, rot_v, hpk, hpv = ext
+        for name, x in (("oscar_rotation_k", rot_k), ("oscar_rotation_v", rot_v)):
+            if x is not None:
+                _array(x, name, cnp.NPY_FLOAT32, cnp.NPY_FLOAT16, 3)
+                if x.shape != (Nkv, H, H):
+                    raise ValueError(f"{name} must have shape (kv_num_heads, head_size, head_size) = "
+                                     f"({Nkv}, {H}, {H}), got {x.shape}")
+                if H > ROT_MAX:
+                    raise ValueError(f"{name}: rotations take head sizes up to {ROT_MAX}, got {H}")
         cdef tuple kept = (k_scale, v_scale, cos_cache, sin_cache, head_sink, q_norm_weight,
-                           k_norm_weight)
+                           k_norm_weight, rot_k, rot_v)
+        self._check_windows(op, B, Nkv, H, L, ft, windowed, phk, phv, hpk, hpv,
+                            (query, key, value, past_key, past_value, present_key,
+                             present_value) + kept)
         cdef Py_ssize_t i
         if shared:
             i = first_alias(past_key, past_value, kept)
@@ -462,7 +481,8 @@ cdef class Signature:
             do_rotary=bool(op.do_rotary == 1 and rot_half), interleaved=op.rotary_interleaved == 1,
             pos_stride=(position_ids.shape[1] if position_ids is not None else S if windowed else 0),
             bias_bb=bias_bb, bias_nb=bias_nb, smooth=op.smooth_softmax == 1,
-            qk_mode=op.qk_output, round_half=ft == cnp.NPY_FLOAT16, qk_eps=op.qk_norm_epsilon)
+            qk_mode=op.qk_output, round_half=ft == cnp.NPY_FLOAT16, qk_eps=op.qk_norm_epsilon,
+            sink=op.sink_size, recent=op.recent_size, hp_type=T_F32 if ft == cnp.NPY_FLOAT32 else T_F16)
         self.cache_type, self.cache_dt, self.Hp, self.rot_half = ct, cache_dt, Hp, rot_half
         self.rho = op._rho
         self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
@@ -471,11 +491,70 @@ cdef class Signature:
         self.copy_past = has_past and not shared and not (
             _ready(past_key, ct) and _ready(past_value, ct))
 
+    cdef int _check_windows(self, op, int B, int Nkv, int H, int L, int ft, bint windowed, phk, phv,
+                            hpk, hpv, tuple others) except -1:
+        """The float windows' buffers (sink_size / recent_size): past windows [B, Nkv, *, H]
+        of the query's dtype, present ones in place (present_hp_* is past_hp_*), the
+        caller's or new; their row counts are checked on every call (_window_rows)."""
+        cdef tuple names = ("past_hp_key", "past_hp_value", "present_hp_key", "present_hp_value")
+        self.win = op.sink_size + op.recent_size > 0
+        self.hp_inplace = self.hp_fresh = False
+        if not self.win:
+            for name, x in zip(names, (phk, phv, hpk, hpv)):
+                if x is not None:
+                    raise ValueError(f"{name} needs sink_size or recent_size > 0 (the float windows)")
+            return 0
+        if L == 0:
+            raise ValueError("sink_size / recent_size do not take shared KV (key/value of sequence "
+                             "length 0)")
+        if (phk is None) != (phv is None):
+            raise ValueError("Input 'past_hp_key' and 'past_hp_value' shall be both present or both absent.")
+        if (hpk is None) != (hpv is None):
+            raise ValueError("present_hp_key and present_hp_value must be given together")
+        for name, x in zip(names, (phk, phv, hpk, hpv)):
+            if x is not None:
+                _array(x, name, ft, -1, 4)
+                if x.shape[0] != B or x.shape[1] != Nkv or x.shape[3] != H:
+                    raise ValueError(f"{name} must have shape (batch_size, kv_num_heads, rows, "
+                                     f"head_size) = ({B}, {Nkv}, *, {H}), got {x.shape}")
+        if phk is not None and phk.shape != phv.shape:
+            raise ValueError(f"past_hp_key and past_hp_value shall have the same shape; got "
+                             f"{phk.shape} and {phv.shape}")
+        self.hp_inplace = hpk is not None and (hpk is phk or hpv is phv)
+        if self.hp_inplace and not (hpk is phk and hpv is phv):
+            raise ValueError("in-place windows need present_hp_key is past_hp_key and "
+                             "present_hp_value is past_hp_value")
+        self.hp_fresh = hpk is None
+        if hpk is not None:
+            if hpk.shape != hpv.shape:
+                raise ValueError(f"present_hp_key and present_hp_value shall have the same shape; "
+                                 f"got {hpk.shape} and {hpv.shape}")
+            for name, x in (("present_hp_key", hpk), ("present_hp_value", hpv)):
+                if (cnp.PyArray_FLAGS(<cnp.ndarray>x) & FLAGS) != FLAGS:
+                    raise ValueError(f"{name} must be C-contiguous, aligned and writeable")
+                if first_alias(x, None, others) >= 0:
+                    raise ValueError(f"{name} must not overlap the inputs, the caches or the "
+                                     "rotations")
+                if not self.hp_inplace and first_alias(x, None, (phk, phv)) >= 0:
+                    raise ValueError(f"{name} must not overlap past_hp_key / past_hp_value "
+                                     "(unless it is the same buffer: in place)")
+            if overlap(hpk, hpv):
+                raise ValueError("present_hp_key and present_hp_value must not overlap")
+        return 0
+
     # which arguments are kept across calls (identity, address, strides, flags compared) and
     # which are per step (dtype and shape): stated here only
     cdef bint _matches(self, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                        sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                       q_norm_weight, k_norm_weight, present_key, present_value):
+                       q_norm_weight, k_norm_weight, present_key, present_value, tuple ext):
+        if ext is not _NO_EXT and not (
+                _same(&self.keys[17], ext[0], True, MAXD) and _same(&self.keys[18], ext[1], True, MAXD)
+                and _same(&self.keys[19], ext[2], True, MAXD) and _same(&self.keys[20], ext[3], True, MAXD)
+                and _same(&self.keys[21], ext[4], True, MAXD) and _same(&self.keys[22], ext[5], True, MAXD)):
+            return False
+        if ext is _NO_EXT and (self.keys[17].present or self.keys[19].present or
+                               self.keys[20].present or self.keys[21].present):
+            return False
         return (self.valid
                 and _same(&self.keys[0], query, False, MAXD) and _same(&self.keys[1], key, False, MAXD)
                 and _same(&self.keys[2], value, False, MAXD)
@@ -496,7 +575,7 @@ cdef class Signature:
 
     cdef call(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
               cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-              q_norm_weight, k_norm_weight, present_key, present_value, num_threads):
+              q_norm_weight, k_norm_weight, present_key, present_value, num_threads, tuple ext):
         """The value checks, then the compute: the call's (output, present_key,
         present_value[, output_qk])."""
         cdef const Params *p = &self.consts.p
@@ -569,6 +648,9 @@ cdef class Signature:
                                 position_ids, attention_bias)
         nt = _threads(num_threads)
         _plan(B, S, Nkv, p.G, H, Tmax, &q_block, &kv_block, &splits, &ranges)
+        phk, phv, rot_k, rot_v, hpk, hpv = ext
+        if self.win:
+            hp_rows = self._window_rows(seqlens_k, <int>T, first_prompt, phk, hpk)
 
         # every check passed: inputs as the compute reads them, outputs, the compute
         query, key, value = self._qkv(query, key, value)
@@ -582,6 +664,18 @@ cdef class Signature:
         if p.qk_mode:
             dims[0] = B; dims[1] = N; dims[2] = S; dims[3] = T
             qk_out = cnp.PyArray_EMPTY(4, dims, cnp.NPY_FLOAT32, 0)
+        if self.win:
+            if self.hp_fresh:
+                dims[0] = B; dims[1] = Nkv; dims[2] = hp_rows; dims[3] = H
+                hpk = cnp.PyArray_ZEROS(4, dims, cnp.NPY_FLOAT32 if not self.f16 else cnp.NPY_FLOAT16, 0)
+                hpv = cnp.PyArray_ZEROS(4, dims, cnp.NPY_FLOAT32 if not self.f16 else cnp.NPY_FLOAT16, 0)
+            elif phk is None:
+                hpk[...] = 0
+                hpv[...] = 0
+            if not self.hp_inplace and phk is not None:
+                phk, phv = _contiguous(phk), _contiguous(phv)
+            else:
+                phk = phv = None
         run(self.consts, query, key, value, seqlens_k, present_key, present_value,
             past_key if self.has_past and not self.shared else None,
             past_value if self.has_past and not self.shared else None,
@@ -589,13 +683,42 @@ cdef class Signature:
             _f32(cos_cache) if self.rot_half else None, _f32(sin_cache) if self.rot_half else None,
             position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
             _f32(q_norm_weight), _f32(k_norm_weight), out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
-            q_block, kv_block, splits, ranges)
+            q_block, kv_block, splits, ranges, col_base=None, bias_T=0, rk=_f32(rot_k), rv=_f32(rot_v),
+            hk=hpk if self.win else None, hv=hpv if self.win else None, phk=phk, phv=phv)
         if self.f16:
             out = out.astype(np.float16)
             qk_out = qk_out.astype(np.float16) if qk_out is not None else None
-        if qk_out is not None:
-            return out, present_key, present_value, qk_out
-        return out, present_key, present_value
+        res = (out, present_key, present_value) + ((qk_out,) if qk_out is not None else ())
+        if self.win:
+            return res + (hpk, hpv)
+        return res
+
+    cdef int _window_rows(self, seqlens_k, int T, bint first_prompt, phk, hpk) except -1:
+        """The value checks of the float windows; returns the rows of new present windows,
+        min(T, sink_size + recent_size) (onnxruntime main's present_hp shape)."""
+        cdef const Params *p = &self.consts.p
+        cdef const int *sl = <const int *>cnp.PyArray_DATA(<cnp.ndarray>seqlens_k)
+        cdef int b, Tb, Told, cap = p.nsink + p.nrecent, need_past, need
+        cdef int past_rows = cnp.PyArray_DIM(<cnp.ndarray>phk, 2) if phk is not None else 0
+        cdef int rows = T if T < cap else cap
+        for b in range(p.B):
+            Tb = sl[b] + 1
+            Told = 0 if (first_prompt or not self.has_past) else Tb - p.S
+            need_past = Told if Told < cap else cap
+            need = Tb if Tb < cap else cap
+            if need_past > past_rows:
+                if phk is None:
+                    raise ValueError(f"past_hp_key and past_hp_value are required: batch entry {b} "
+                                     f"has {Told} past positions, whose first sink_size and last "
+                                     "recent_size are kept in the float windows")
+                raise ValueError(f"past_hp_key has {past_rows} rows; batch entry {b} with {Told} "
+                                 f"past positions needs min(past length, sink_size + recent_size) "
+                                 f"= {need_past}")
+            if not self.hp_fresh and need > cnp.PyArray_DIM(<cnp.ndarray>hpk, 2):
+                raise ValueError(f"present_hp_key has {hpk.shape[2]} rows; batch entry {b} with "
+                                 f"{Tb} positions needs min(total length, sink_size + recent_size) "
+                                 f"= {need}")
+        return rows
 
 
     cdef int _bias_width(self, attention_bias, long long T) except -1:
@@ -803,19 +926,27 @@ cdef inline size_t _slot(object past_key, object query):
 def op_call(self, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
             total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
             attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
-            k_norm_weight=None, *, present_key=None, present_value=None, num_threads=None):
+            k_norm_weight=None, past_hp_key=None, past_hp_value=None, oscar_rotation_k=None,
+            oscar_rotation_v=None, *, present_key=None, present_value=None, present_hp_key=None,
+            present_hp_value=None, num_threads=None):
     """GroupQueryAttention.__call__ (gqa/_operator.py)."""
     cdef dict sigs = self._signatures
     cdef size_t slot = _slot(past_key, query)
     cdef object found = sigs.get(slot)
     cdef Signature sig
+    cdef tuple ext = _NO_EXT
+    if (past_hp_key is not None or past_hp_value is not None or oscar_rotation_k is not None
+            or oscar_rotation_v is not None or present_hp_key is not None
+            or present_hp_value is not None):
+        ext = (past_hp_key, past_hp_value, oscar_rotation_k, oscar_rotation_v, present_hp_key,
+               present_hp_value)
     if found is None or not (<Signature>found)._matches(
             query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
             position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
-            k_norm_weight, present_key, present_value):
+            k_norm_weight, present_key, present_value, ext):
         sig = Signature(self, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                         sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                        q_norm_weight, k_norm_weight, present_key, present_value)
+                        q_norm_weight, k_norm_weight, present_key, present_value, ext)
         if len(sigs) >= MAX_SIGNATURES:
             sigs.clear()
         sigs[slot] = sig        # one store: threads may share the operator
@@ -823,7 +954,8 @@ def op_call(self, query, key=None, value=None, past_key=None, past_value=None, s
         sig = <Signature>found
     return sig.call(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                     cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
-                    v_scale, q_norm_weight, k_norm_weight, present_key, present_value, num_threads)
+                    v_scale, q_norm_weight, k_norm_weight, present_key, present_value, num_threads,
+                    ext)
 
 
 cdef dict _OPS = {}          # attributes -> GroupQueryAttention, for the function
@@ -849,26 +981,33 @@ cdef object _operator(tuple attrs):
 cdef tuple _ATTR_NAMES = ("num_heads", "kv_num_heads", "scale", "softcap", "local_window_size",
                           "causal", "do_rotary", "rotary_interleaved", "smooth_softmax",
                           "qk_output", "k_quant_type", "v_quant_type", "kv_cache_bit_width",
-                          "qk_norm_epsilon", "sliding_window_cache")
+                          "qk_norm_epsilon", "sliding_window_cache", "kv_quant_group_size",
+                          "k_quant_rho", "v_quant_rho", "metadata_type", "sink_size", "recent_size")
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
                           seqlens_k=None, total_sequence_length=None, cos_cache=None,
                           sin_cache=None, position_ids=None, attention_bias=None, head_sink=None,
-                          k_scale=None, v_scale=None, q_norm_weight=None, k_norm_weight=None, *,
+                          k_scale=None, v_scale=None, q_norm_weight=None, k_norm_weight=None,
+                          past_hp_key=None, past_hp_value=None, oscar_rotation_k=None,
+                          oscar_rotation_v=None, *,
                           num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window_size=-1,
                           causal=1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1,
                           qk_output=0, k_quant_type="NONE", v_quant_type="NONE",
                           kv_cache_bit_width=0, qk_norm_epsilon=1e-6, sliding_window_cache=0,
-                          present_key=None,
-                          present_value=None, num_threads=None):
+                          kv_quant_group_size=0, k_quant_rho=1.0, v_quant_rho=1.0,
+                          metadata_type="fp32", sink_size=0, recent_size=0,
+                          present_key=None, present_value=None, present_hp_key=None,
+                          present_hp_value=None, num_threads=None):
     """Functional form of :class:`GroupQueryAttention` (inputs in ONNX order and names;
     attributes as keywords).  The operator of each set of attributes is made once and kept
     (up to 64 sets), so a loop that calls this function per layer and step pays what a kept
     operator pays."""
     cdef tuple attrs = (num_heads, kv_num_heads, scale, softcap, local_window_size, causal,
                         do_rotary, rotary_interleaved, smooth_softmax, qk_output, k_quant_type,
-                        v_quant_type, kv_cache_bit_width, qk_norm_epsilon, sliding_window_cache)
+                        v_quant_type, kv_cache_bit_width, qk_norm_epsilon, sliding_window_cache,
+                        kv_quant_group_size, k_quant_rho, v_quant_rho, metadata_type, sink_size,
+                        recent_size)
     # exact types only: a dict would take True or 1.0 for 1, which the operator refuses
     if not (type(num_heads) is int and type(kv_num_heads) is int
             and (type(scale) is float or type(scale) is int)
@@ -878,11 +1017,16 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
             and type(qk_output) is int and type(k_quant_type) is str
             and type(v_quant_type) is str and type(kv_cache_bit_width) is int
             and (type(qk_norm_epsilon) is float or type(qk_norm_epsilon) is int)
-            and type(sliding_window_cache) is int):
+            and type(sliding_window_cache) is int and type(kv_quant_group_size) is int
+            and (type(k_quant_rho) is float or type(k_quant_rho) is int)
+            and (type(v_quant_rho) is float or type(v_quant_rho) is int)
+            and type(metadata_type) is str and type(sink_size) is int and type(recent_size) is int):
         op = _new_operator(attrs)       # raises, or valid (NumPy integers): not kept
     else:
         op = _operator(attrs)
     return op_call(op, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                    cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
-                   v_scale, q_norm_weight, k_norm_weight, present_key=present_key,
-                   present_value=present_value, num_threads=num_threads)
+                   v_scale, q_norm_weight, k_norm_weight, past_hp_key, past_hp_value,
+                   oscar_rotation_k, oscar_rotation_v, present_key=present_key,
+                   present_value=present_value, present_hp_key=present_hp_key,
+                   present_hp_value=present_hp_value, num_threads=num_threads)

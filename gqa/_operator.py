@@ -55,7 +55,7 @@ class GroupQueryAttention:
                  causal=1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1, qk_output=0,
                  k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0,
                  qk_norm_epsilon=1e-6, sliding_window_cache=0, kv_quant_group_size=0,
-                 k_quant_rho=1.0, v_quant_rho=1.0, metadata_type="fp32"):
+                 k_quant_rho=1.0, v_quant_rho=1.0, metadata_type="fp32", sink_size=0, recent_size=0):
         self.num_heads = _int_attr("num_heads", num_heads)
         self.kv_num_heads = _int_attr("kv_num_heads", kv_num_heads)
         if self.num_heads <= 0:
@@ -125,6 +125,14 @@ class GroupQueryAttention:
                                    or self.v_quant_rho != 1.0 or metadata_type != "fp32"):
             raise ValueError("kv_quant_group_size, k_quant_rho, v_quant_rho and metadata_type "
                              "apply to PER_GROUP caches only")
+        self.sink_size = _int_attr("sink_size", sink_size)
+        self.recent_size = _int_attr("recent_size", recent_size)
+        for name in ("sink_size", "recent_size"):
+            if not 0 <= getattr(self, name) <= _INT32_MAX:
+                raise ValueError(f"{name} must be in [0, {_INT32_MAX}], got {getattr(self, name)}")
+        if (self.sink_size or self.recent_size) and not self.quantized:
+            raise ValueError("sink_size / recent_size keep float windows beside a quantized cache: "
+                             "k_quant_type must not be NONE")
         # the quantizer's parameter for each cache (gqa_kernels.h: rho for group types)
         self._rho = (np.array([self.k_quant_rho], np.float32), np.array([self.v_quant_rho], np.float32))
         self.sliding_window_cache = _int_attr("sliding_window_cache", sliding_window_cache)
@@ -136,6 +144,8 @@ class GroupQueryAttention:
         if self.sliding_window_cache and self.qk_output:
             raise ValueError("qk_output is not implemented with sliding_window_cache=1 (as in "
                              "onnxruntime)")
+        if (self.sink_size or self.recent_size) and self.sliding_window_cache:
+            raise ValueError("sink_size / recent_size do not combine with sliding_window_cache=1")
         self.qk_norm_epsilon = v.real(qk_norm_epsilon, "qk_norm_epsilon")
         if not (0.0 <= self.qk_norm_epsilon < float("inf")):
             raise ValueError(f"qk_norm_epsilon must be a finite number >= 0, got {self.qk_norm_epsilon}")
@@ -150,8 +160,11 @@ class GroupQueryAttention:
     # op(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
     #    total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
     #    attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
-    #    k_norm_weight=None, *, present_key=None, present_value=None, num_threads=None)
-    # -> (output, present_key, present_value[, output_qk]); every check and the compute are in
+    #    k_norm_weight=None, past_hp_key=None, past_hp_value=None, oscar_rotation_k=None,
+    #    oscar_rotation_v=None, *, present_key=None, present_value=None, present_hp_key=None,
+    #    present_hp_value=None, num_threads=None)
+    # -> (output, present_key, present_value[, output_qk][, present_hp_key, present_hp_value]);
+    # every check and the compute are in
     # gqa/_call.pyx, which keeps the checked signatures of recent calls in _signatures.
     __call__ = _call.op_call
 
