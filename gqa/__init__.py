@@ -55,7 +55,9 @@ else:
     from ._config import (active_kernel, available_kernels, config, get_config)
     from ._api import dequantize, qk_gemm, quantize, sv_gemm
     from ._show import show_config
-    from ._operator import GroupQueryAttention, group_query_attention
+    from ._operator import (GroupQueryAttention, MixedPrecisionGroupQueryAttention,
+                            group_query_attention, mixed_precision_group_query_attention)
+    from ._rotation import calibrate_rotations, hadamard, oscar_rotation
     from ._kvcache import Calibration, KVCache, rotary_caches
     from ._window import resident as window_resident
     from ._group import row_bytes as group_row_bytes
@@ -63,5 +65,7 @@ else:
 __all__ = [
     "__version__", "config", "get_config", "available_kernels", "active_kernel", "show_config",
     "quantize", "dequantize", "qk_gemm", "sv_gemm", "GroupQueryAttention", "group_query_attention",
+    "MixedPrecisionGroupQueryAttention", "mixed_precision_group_query_attention", "hadamard",
+    "oscar_rotation", "calibrate_rotations",
     "KVCache", "Calibration", "rotary_caches", "window_resident", "group_row_bytes",
 ]

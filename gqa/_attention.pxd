@@ -42,6 +42,10 @@ cdef struct Params:
     const uint8_t *phv
     int nsink, nrecent, hcap, hpast, hp_type   # sink_size, recent_size; window rows
     size_t hp_rb
+    int hcausal           # window_partition "causal" (1) or "per_call" (0)
+    const uint8_t *fk     # the float rows the readers use (fcap per (b, j)): the present windows,
+    const uint8_t *fv     #   or a causal multi-token step's staging rows (hstage)
+    int fcap, hstage
     int smooth
     float *out
     float *qk_out

@@ -185,8 +185,12 @@ cdef inline const float *v_scales(const Params *p, int j) noexcept nogil:
     return p.vs + (<size_t>j * p.H if p.v_pc else 0)
 
 
-# -- float windows (sink_size / recent_size): positions [0, ns) and [Tb - nr, Tb) of a
-#    sequence of Tb positions are read from the float windows, the others from the codes
+# -- float windows (sink_size / recent_size): for a query row whose keys end at Tq, positions
+#    [0, ns) and [Tq - nr, Tq) (hp_counts of Tq) are read as floats, the others from the codes;
+#    Tq is the row's own causal end (window_partition "causal") or the call's Tb ("per_call",
+#    onnxruntime main's).  The readers' float rows (p.fk / p.fv, p.fcap rows per (b, j)) are
+#    the present windows, or for a causal multi-token step the staging rows: the past windows
+#    followed by the step's S new rows.  Both map position pos to row pos < A ? pos : A + pos - C.
 
 cdef inline void hp_counts(const Params *p, int Tb, int *ns, int *nr) noexcept nogil:
     """Window rows of a sequence of Tb positions: the first ns = min(sink, Tb), then the
@@ -195,55 +199,64 @@ cdef inline void hp_counts(const Params *p, int Tb, int *ns, int *nr) noexcept n
     nr[0] = p.nrecent if p.nrecent < Tb - ns[0] else Tb - ns[0]
 
 
-cdef inline uint8_t *hp_row(const Params *p, uint8_t *w, int b, int j, int r) noexcept nogil:
-    """Row r of window buffer w (p.hk or p.hv) of batch b, KV head j."""
-    return w + ((<size_t>b * p.Nkv + j) * p.hcap + r) * p.hp_rb
+cdef inline uint8_t *hp_row(const Params *p, uint8_t *w, int cap, int b, int j, int r) noexcept nogil:
+    """Row r of window rows w (cap rows per (b, j)) of batch b, KV head j."""
+    return w + ((<size_t>b * p.Nkv + j) * cap + r) * p.hp_rb
 
 
-cdef inline bint segment(const Params *p, int b, int r0, int r1, int *e, int *hrow) noexcept nogil:
-    """The run [r0, e) (e <= r1) of positions of batch b read from one place: True with
-    hrow = the window row of position r0 (rows follow positions), False for the codes."""
-    cdef int Tb, ns, nr
-    if p.hk == NULL:
+cdef inline int float_row(const Params *p, int b, int pos) noexcept nogil:
+    """The row of position pos among the readers' float rows."""
+    cdef int T0, A, nr
+    T0 = past_len(p, b) if p.hstage else p.seqlens[b] + 1
+    hp_counts(p, T0, &A, &nr)
+    return pos if pos < A else A + pos - (T0 - nr)
+
+
+cdef inline bint segment(const Params *p, int b, int Tq, int r0, int r1, int *e, int *hrow) noexcept nogil:
+    """The run [r0, e) (e <= r1) of positions of batch b that a query row with keys ending at
+    Tq reads from one place: True with hrow = the float row of position r0 (rows follow
+    positions), False for the codes."""
+    cdef int ns, nr
+    if p.fk == NULL:
         e[0] = r1
         return False
-    Tb = p.seqlens[b] + 1
-    hp_counts(p, Tb, &ns, &nr)
+    if not p.hcausal:
+        Tq = p.seqlens[b] + 1
+    hp_counts(p, Tq, &ns, &nr)
     if r0 < ns:
         e[0] = ns if ns < r1 else r1
-        hrow[0] = r0
-        return True
-    if r0 < Tb - nr:
-        e[0] = Tb - nr if Tb - nr < r1 else r1
+    elif r0 < Tq - nr:
+        e[0] = Tq - nr if Tq - nr < r1 else r1
         return False
-    e[0] = r1
-    hrow[0] = ns + r0 - (Tb - nr)
+    else:
+        e[0] = r1
+    hrow[0] = float_row(p, b, r0)
     return True
 
 
-cdef void qk_keys(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j, int r0,
-                  int n, const float *a, float *sc, int ldc) noexcept nogil:
+cdef void qk_keys(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j, int Tq,
+                  int r0, int n, const float *a, float *sc, int ldc) noexcept nogil:
     """sc[g, i] = alpha * a[g] . K[r0 + i] for the G query rows a (row stride H), i < n."""
     cdef int r = r0, e, hrow
     while r < r0 + n:
-        if segment(p, b, r, r0 + n, &e, &hrow):
-            t.qk_gemm(p.G, e - r, p.H, p.alpha, a, p.H, hp_row(p, p.hk, b, j, hrow), p.hp_type,
-                      NULL, sc + (r - r0), ldc)
+        if segment(p, b, Tq, r, r0 + n, &e, &hrow):
+            t.qk_gemm(p.G, e - r, p.H, p.alpha, a, p.H, hp_row(p, p.fk, p.fcap, b, j, hrow),
+                      p.hp_type, NULL, sc + (r - r0), ldc)
         else:
             qk(p.G, e - r, p.H, p.alpha, a, p.H, k_row(p, b, j, r), p.ktype, k_scales(p, j),
                sc + (r - r0), ldc)
         r = e
 
 
-cdef void sv_keys(const Params *p, const gqa_kernels *t, int b, int j, int r0, int n,
+cdef void sv_keys(const Params *p, const gqa_kernels *t, int b, int j, int Tq, int r0, int n,
                   const float *P, int ldp, float *o, int ldo) noexcept nogil:
     """o[g] = sum_i P[g, i] V[r0 + i] over i < n (n >= 1; o overwritten)."""
     cdef int r = r0, e, hrow
     cdef float beta = 0.0
     while r < r0 + n:
-        if segment(p, b, r, r0 + n, &e, &hrow):
-            t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, hp_row(p, p.hv, b, j, hrow), p.hp_type,
-                      NULL, o, ldo, beta)
+        if segment(p, b, Tq, r, r0 + n, &e, &hrow):
+            t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, hp_row(p, p.fv, p.fcap, b, j, hrow),
+                      p.hp_type, NULL, o, ldo, beta)
         else:
             t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, v_row(p, b, j, r), p.vtype,
                       v_scales(p, j), o, ldo, beta)
@@ -253,13 +266,15 @@ cdef void sv_keys(const Params *p, const gqa_kernels *t, int b, int j, int r0, i
 
 cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb,
                    float *Kt, float *Vt) noexcept nogil:
-    """The flash tiles of keys [k0, k0 + nb): Kt [H, nb] (K transposed) and Vt [nb, H]."""
-    cdef int r = k0, e, hrow
+    """The flash tiles of keys [k0, k0 + nb): Kt [H, nb] (K transposed) and Vt [nb, H]; the
+    tiles are shared by the query rows, so the windows are the call's (per_call)."""
+    cdef int r = k0, e, hrow, Tb = p.seqlens[b] + 1
     while r < k0 + nb:
-        if segment(p, b, r, k0 + nb, &e, &hrow):
-            t.dequantize_t(hp_row(p, p.hk, b, j, hrow), Kt + (r - k0), nb, e - r, p.H, p.hp_type, NULL)
-            t.dequantize(hp_row(p, p.hv, b, j, hrow), Vt + <size_t>(r - k0) * p.H, p.H, e - r, p.H,
-                         p.hp_type, NULL)
+        if segment(p, b, Tb, r, k0 + nb, &e, &hrow):
+            t.dequantize_t(hp_row(p, p.fk, p.fcap, b, j, hrow), Kt + (r - k0), nb, e - r, p.H,
+                           p.hp_type, NULL)
+            t.dequantize(hp_row(p, p.fv, p.fcap, b, j, hrow), Vt + <size_t>(r - k0) * p.H, p.H,
+                         e - r, p.H, p.hp_type, NULL)
         else:
             t.dequantize_t(k_row(p, b, j, r), Kt + (r - k0), nb, e - r, p.H, p.ktype, k_scales(p, j))
             t.dequantize(v_row(p, b, j, r), Vt + <size_t>(r - k0) * p.H, p.H, e - r, p.H, p.vtype,
@@ -267,11 +282,16 @@ cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, 
         r = e
 
 
-cdef void hp_put(const Params *p, const gqa_kernels *t, uint8_t *w, int b, int j, int pos,
-                 const float *row) noexcept nogil:
-    """Store a new row (as attention reads it) of position pos in window buffer w when pos is
-    one of the window positions after this call."""
+cdef void hp_put(const Params *p, const gqa_kernels *t, uint8_t *w, uint8_t *stage, int b, int j,
+                 int pos, const float *row) noexcept nogil:
+    """Store a new row (as attention reads it) of position pos: in the staging rows (a causal
+    multi-token step, stage != NULL), else in window buffer w when pos is one of the window
+    positions after this call."""
     cdef int Tb = p.seqlens[b] + 1, ns, nr, r
+    if stage != NULL:
+        t.quantize(row, p.H, hp_row(p, stage, p.fcap, b, j, float_row(p, b, pos)), 1, p.H,
+                   p.hp_type, NULL)
+        return
     hp_counts(p, Tb, &ns, &nr)
     if pos < ns:
         r = pos
@@ -279,22 +299,27 @@ cdef void hp_put(const Params *p, const gqa_kernels *t, uint8_t *w, int b, int j
         r = ns + pos - (Tb - nr)
     else:
         return
-    t.quantize(row, p.H, hp_row(p, w, b, j, r), 1, p.H, p.hp_type, NULL)
+    t.quantize(row, p.H, hp_row(p, w, p.hcap, b, j, r), 1, p.H, p.hp_type, NULL)
 
 
-cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, int b, int j, int Told) noexcept nogil:
-    """Window buffer w of (b, j) before the new rows arrive: the past windows of Told
-    positions (past: a separate buffer, or NULL in place) -- the sink rows, and the recent
-    rows that stay recent moved down to their new place; rows not written are zeroed when w
-    is a new buffer."""
+cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, uint8_t *stage, int b, int j,
+                  int Told) noexcept nogil:
+    """Before the new rows arrive: the past windows of Told positions (past: a separate buffer,
+    or NULL in place) -- into the staging rows (stage != NULL) as they are, or into window
+    buffer w: the sink rows, and the recent rows that stay recent moved down to their new
+    place (rows not written are zeroed when w is a new buffer)."""
     cdef int Tb = p.seqlens[b] + 1, ns_o, nr_o, ns, nr, lo
-    cdef uint8_t *dst = hp_row(p, w, b, j, 0)
+    cdef uint8_t *dst = hp_row(p, w, p.hcap, b, j, 0)
     cdef const uint8_t *src = dst
     cdef size_t rb = p.hp_rb
     hp_counts(p, Told, &ns_o, &nr_o)
-    hp_counts(p, Tb, &ns, &nr)
     if past != NULL:
         src = past + (<size_t>b * p.Nkv + j) * p.hpast * rb
+    if stage != NULL:
+        memcpy(hp_row(p, stage, p.fcap, b, j, 0), src, (ns_o + nr_o) * rb)
+        return
+    hp_counts(p, Tb, &ns, &nr)
+    if past != NULL:
         memset(dst, 0, p.hcap * rb)
         memcpy(dst, src, ns_o * rb)
     # an old recent row stays when its position is >= Tb - nr (ns == ns_o whenever nr_o > 0)
@@ -302,6 +327,19 @@ cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, int b, int j
     if lo < Told:
         memmove(dst + (ns + lo - (Tb - nr)) * rb, src + (ns_o + lo - (Told - nr_o)) * rb,
                 (Told - lo) * rb)
+
+
+cdef void hp_settle(const Params *p, uint8_t *w, const uint8_t *stage, int b, int j) noexcept nogil:
+    """After a causal multi-token step's rows are staged: window buffer w of (b, j) gets the
+    windows of the new length from the staging rows (the rest zeroed)."""
+    cdef int Tb = p.seqlens[b] + 1, ns, nr
+    cdef size_t rb = p.hp_rb
+    cdef uint8_t *dst = hp_row(p, w, p.hcap, b, j, 0)
+    hp_counts(p, Tb, &ns, &nr)
+    memset(dst, 0, p.hcap * rb)
+    memcpy(dst, hp_row(p, <uint8_t *>stage, p.fcap, b, j, 0), ns * rb)
+    memcpy(dst + ns * rb, hp_row(p, <uint8_t *>stage, p.fcap, b, j, float_row(p, b, Tb - nr)),
+           nr * rb)
 
 
 cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float *tmp) noexcept nogil:
@@ -315,6 +353,8 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
     cdef const float *src
     cdef const float *rk = rotation(p.rk, p, j)
     cdef const float *rv = rotation(p.rv, p, j)
+    cdef uint8_t *sk = <uint8_t *>p.fk if p.hstage else NULL
+    cdef uint8_t *sv = <uint8_t *>p.fv if p.hstage else NULL
     if not p.shared:
         memset(kd, 0, p.Pres * p.k_rb)
         memset(vd, 0, p.Pres * p.v_rb)
@@ -322,8 +362,8 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
             memcpy(kd, p.pk + slot * p.Pbuf * p.k_rb, pb * p.k_rb)
             memcpy(vd, p.pv + slot * p.Pbuf * p.v_rb, pb * p.v_rb)
     if p.hk != NULL:
-        hp_move(p, p.hk, p.phk, b, j, pb)
-        hp_move(p, p.hv, p.phv, b, j, pb)
+        hp_move(p, p.hk, p.phk, sk, b, j, pb)
+        hp_move(p, p.hv, p.phv, sv, b, j, pb)
     if p.L == 0:
         return
     for s in range(p.L):
@@ -333,7 +373,7 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
             src = tmp
         t.quantize(src, p.H, k_row(p, b, j, pb + s), 1, p.H, p.ktype, k_scales(p, j))
         if p.hk != NULL:
-            hp_put(p, t, p.hk, b, j, pb + s, src)
+            hp_put(p, t, p.hk, sk, b, j, pb + s, src)
     if rv == NULL and p.hv == NULL:
         t.quantize(p.v + <size_t>b * p.L * p.kv_tok + <size_t>j * p.H, p.kv_tok,
                    v_row(p, b, j, pb), p.L, p.H, p.vtype, v_scales(p, j))
@@ -347,7 +387,10 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
             src = tmp
         t.quantize(src, p.H, v_row(p, b, j, pb + s), 1, p.H, p.vtype, v_scales(p, j))
         if p.hv != NULL:
-            hp_put(p, t, p.hv, b, j, pb + s, src)
+            hp_put(p, t, p.hv, sv, b, j, pb + s, src)
+    if p.hstage:
+        hp_settle(p, p.hk, sk, b, j)
+        hp_settle(p, p.hv, sv, b, j)
 
 
 cdef float nan_or_max(const Params *p, const float *x, int n) noexcept nogil:
@@ -453,7 +496,7 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
                 for g in range(G):
                     write_qk(p, sc, b, j * G + g, s, 0, 0)
             continue
-        qk_keys(p, t, qk, b, j, start, n, a, sc, n)
+        qk_keys(p, t, qk, b, j, c, start, n, a, sc, n)
         for g in range(G):
             h = j * G + g
             row = sc + <size_t>g * n
@@ -463,7 +506,7 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
             inv[g] = softmax_row(p, row, n, h, p.qk_mode == 2)
             if p.qk_mode == 2:
                 write_qk(p, row, b, h, s, start, n)
-        sv_keys(p, t, b, j, start, n, sc, n, orow, H)
+        sv_keys(p, t, b, j, c, start, n, sc, n, orow, H)
         if p.qk_mode != 2:     # P @ V of the unnormalised row, then the row's 1 / total
             for g in range(G):
                 for i in range(H):
@@ -619,7 +662,7 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
     elif (<size_t>a) & 63:
         memcpy(qbuf, a, <size_t>G * H * sizeof(float))
         a = qbuf
-    qk_keys(p, t, qk, b, j, a0, n, a, sc, n)
+    qk_keys(p, t, qk, b, j, end, a0, n, a, sc, n)
     for g in range(G):
         h = j * G + g
         row = sc + <size_t>g * n
@@ -631,7 +674,7 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
             continue
         pr[0] = mx
         pr[1] = p.exp_sum(row, n, mx)
-    sv_keys(p, t, b, j, a0, n, sc, n, part + 2, H + 2)
+    sv_keys(p, t, b, j, end, a0, n, sc, n, part + 2, H + 2)
 
 
 cdef void decode_merge(const Params *p, int b, int j, const float *parts) noexcept nogil:
@@ -831,7 +874,7 @@ cdef class Consts:
                  size_t v_rb, bint k_pc, bint v_pc, float alpha, float softcap, int W, bint causal,
                  int rot_half, bint do_rotary, bint interleaved, int pos_stride, bint bias_bb,
                  bint bias_nb, bint smooth, int qk_mode, bint round_half, float qk_eps=0.0,
-                 int sink=0, int recent=0, int hp_type=GQA_F32):
+                 int sink=0, int recent=0, int hp_type=GQA_F32, bint hp_causal=True):
         memset(&self.p, 0, sizeof(Params))
         self.p.B = B; self.p.S = S; self.p.N = N; self.p.Nkv = Nkv; self.p.G = N // Nkv
         self.p.H = H; self.p.L = L; self.p.Pbuf = Pbuf
@@ -846,6 +889,7 @@ cdef class Consts:
         self.p.smooth = smooth; self.p.qk_mode = qk_mode; self.p.round_half = round_half
         self.p.qk_eps = qk_eps
         self.p.nsink = sink; self.p.nrecent = recent; self.p.hp_type = hp_type
+        self.p.hcausal = hp_causal
         self.p.hp_rb = gqa_row_bytes(hp_type, H)
 
     cdef Consts with_rows(self, int rows):
@@ -881,6 +925,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     cdef void *items_raw = NULL
     cdef bint item_write = True
     cdef uint64_t taken = 0
+    cdef void *stage_raw = NULL
     p.T = T; p.Pres = Pres; p.first_prompt = first_prompt
     p.q = <const float *>ptr(q); p.k = <const float *>ptr(k); p.v = <const float *>ptr(v)
     p.seqlens = <const int *>ptr(seqlens)
@@ -894,9 +939,13 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.rk = <const float *>ptr(rk); p.rv = <const float *>ptr(rv)
     p.hk = <uint8_t *>ptr(hk); p.hv = <uint8_t *>ptr(hv)
     p.phk = <const uint8_t *>ptr(phk); p.phv = <const uint8_t *>ptr(phv)
+    p.fk = p.fv = NULL
+    p.hstage = 0
     if hk is not None:       # [B, Nkv, rows, H] window buffers (validated by the caller)
         p.hcap = cnp.PyArray_DIM(<cnp.ndarray>hk, 2)
         p.hpast = cnp.PyArray_DIM(<cnp.ndarray>phk, 2) if phk is not None else p.hcap
+        p.fk, p.fv, p.fcap = p.hk, p.hv, p.hcap
+
     p.bias_T = bias_T if bias_T > 0 else T     # int32 [B] col_base, validated by the caller
     p.col_base = <const int *>ptr(col_base)
     p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out)
@@ -919,6 +968,15 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             memcpy(pos_local, p.pos_ids, npos * sizeof(int64_t))
             p.pos_ids = pos_local
     check_lengths(&p, 0 if cos is None else cnp.PyArray_DIM(<cnp.ndarray>cos, 0))  # sets p.Tmax
+    if p.hk != NULL and p.hcausal and p.S > 1:
+        # causal windows of a multi-token step: the past windows and the S new rows staged
+        p.hstage = 1
+        p.fcap = p.nsink + p.nrecent + p.S
+        stage_raw = malloc(2 * <size_t>p.B * p.Nkv * p.fcap * p.hp_rb + 1)
+        if stage_raw == NULL:
+            raise MemoryError("gqa: cannot allocate the float windows' staging rows")
+        p.fk = <uint8_t *>stage_raw
+        p.fv = p.fk + <size_t>p.B * p.Nkv * p.fcap * p.hp_rb
     qk = qk_kernel(t, p.ktype)
     p.exp_sum = exp_kernel(t)
     p.row_max = t.row_max
@@ -928,7 +986,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.chunks = 1
     p.partials = NULL
     p.items = NULL
-    if flash and not p.qk_mode:
+    if flash and not p.qk_mode and not p.hstage:     # staged windows: per query row (naive)
         if S > 1:
             mode = 1
             nq = (S + p.Br - 1) // p.Br
@@ -973,6 +1031,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         ranges = <gqa_work_range *>((<size_t>ranges_raw + 63) & ~(<size_t>63))
     if (scratch_raw == NULL or (mode == 2 and (p.partials == NULL or items_raw == NULL))
             or (mode != 1 and num_threads > 1 and ranges_raw == NULL)):
+        free(stage_raw)
         free(scratch_raw)
         free(p.partials)
         free(items_raw)
@@ -1050,6 +1109,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             with nogil, parallel(num_threads=num_threads):
                 for u in prange(B * S * Nkv, schedule='static'):
                     unrotate(&p, t, u, scratch + threadid() * scratch_len)
+    free(stage_raw)
     free(scratch_raw)
     free(p.partials)
     free(items_raw)

@@ -482,7 +482,8 @@ cdef class Signature:
             pos_stride=(position_ids.shape[1] if position_ids is not None else S if windowed else 0),
             bias_bb=bias_bb, bias_nb=bias_nb, smooth=op.smooth_softmax == 1,
             qk_mode=op.qk_output, round_half=ft == cnp.NPY_FLOAT16, qk_eps=op.qk_norm_epsilon,
-            sink=op.sink_size, recent=op.recent_size, hp_type=T_F32 if ft == cnp.NPY_FLOAT32 else T_F16)
+            sink=op.sink_size, recent=op.recent_size, hp_type=T_F32 if ft == cnp.NPY_FLOAT32 else T_F16,
+            hp_causal=op.window_partition == "causal")
         self.cache_type, self.cache_dt, self.Hp, self.rot_half = ct, cache_dt, Hp, rot_half
         self.rho = op._rho
         self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
@@ -982,7 +983,8 @@ cdef tuple _ATTR_NAMES = ("num_heads", "kv_num_heads", "scale", "softcap", "loca
                           "causal", "do_rotary", "rotary_interleaved", "smooth_softmax",
                           "qk_output", "k_quant_type", "v_quant_type", "kv_cache_bit_width",
                           "qk_norm_epsilon", "sliding_window_cache", "kv_quant_group_size",
-                          "k_quant_rho", "v_quant_rho", "metadata_type", "sink_size", "recent_size")
+                          "k_quant_rho", "v_quant_rho", "metadata_type", "sink_size", "recent_size",
+                          "window_partition")
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
@@ -997,7 +999,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                           kv_cache_bit_width=0, qk_norm_epsilon=1e-6, sliding_window_cache=0,
                           kv_quant_group_size=0, k_quant_rho=1.0, v_quant_rho=1.0,
                           metadata_type="fp32", sink_size=0, recent_size=0,
-                          present_key=None, present_value=None, present_hp_key=None,
+                          window_partition="causal", present_key=None, present_value=None, present_hp_key=None,
                           present_hp_value=None, num_threads=None):
     """Functional form of :class:`GroupQueryAttention` (inputs in ONNX order and names;
     attributes as keywords).  The operator of each set of attributes is made once and kept
@@ -1007,7 +1009,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                         do_rotary, rotary_interleaved, smooth_softmax, qk_output, k_quant_type,
                         v_quant_type, kv_cache_bit_width, qk_norm_epsilon, sliding_window_cache,
                         kv_quant_group_size, k_quant_rho, v_quant_rho, metadata_type, sink_size,
-                        recent_size)
+                        recent_size, window_partition)
     # exact types only: a dict would take True or 1.0 for 1, which the operator refuses
     if not (type(num_heads) is int and type(kv_num_heads) is int
             and (type(scale) is float or type(scale) is int)
@@ -1020,7 +1022,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
             and type(sliding_window_cache) is int and type(kv_quant_group_size) is int
             and (type(k_quant_rho) is float or type(k_quant_rho) is int)
             and (type(v_quant_rho) is float or type(v_quant_rho) is int)
-            and type(metadata_type) is str and type(sink_size) is int and type(recent_size) is int):
+            and type(metadata_type) is str and type(sink_size) is int and type(recent_size) is int
+            and type(window_partition) is str):
         op = _new_operator(attrs)       # raises, or valid (NumPy integers): not kept
     else:
         op = _operator(attrs)

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from . import _texts
-from ._kvcache import needs_scales
+from ._kvcache import cache_options, needs_scales
 from ._show import format_table
 
 PPL_MODES = ("float", "int8-pt", "int8-pc", "int8-pc/pt", "int4-pt", "int4-pc/pt", "int4-pc")
@@ -38,13 +38,19 @@ DECODE_TAIL = 32
 
 
 def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE_TAIL, progress=None,
-                 margin=1.0):
+                 margin=1.0, rotations=None):
     """{mode: dict(ppl, nll_mean, top1_agreement, rel_change)} over ``tokens`` (1-D); "float" is
     always run (the reference)."""
     runs = {}
     for mode in ("float",) + tuple(m for m in modes if m != "float"):
-        kw = dict(calibration=calibration, margin=margin) if needs_scales(mode) else {}
-        cache = model.new_cache(len(tokens), mode, **kw)
+        kw = cache_options(mode)
+        if needs_scales(mode):
+            kw.update(calibration=calibration, margin=margin)
+        if kw.get("rotations") == "calibrated":
+            if rotations is None:
+                raise ValueError(f"{mode}: +rot needs calibrated rotations")
+            kw["rotations"] = rotations
+        cache = model.new_cache(len(tokens), **kw)
         nll, top = model.score(tokens, cache, decode_tail=decode_tail)
         runs[mode] = dict(nll=nll, top=top)
         if progress:
@@ -225,7 +231,6 @@ def run(args, out=None):
     import gqa
     from . import _gguf
     from ._llama import Llama
-    from ._kvcache import parse_mode
     from ._synthetic_demo import Progress, blas_threads
     if args.quick:
         args.contexts, args.decode_T, args.steps, args.rounds = [512], [512, 2048], 4, 2
@@ -237,7 +242,7 @@ def run(args, out=None):
     args.peers = set(args.peers.split(",")) - {""}
     for m in modes + args.speed_modes:
         try:
-            parse_mode(m)
+            cache_options(m)
         except ValueError as e:
             raise SystemExit(f"gqa eval: {e}")
     if not _gguf.available():
@@ -270,12 +275,15 @@ def run(args, out=None):
         blas.__enter__()
     try:
         calibration = model.calibration(cal_ids, rotary_pairs=not args.plain_k_maxima)
+        rotations = (model.calibrate_rotations(cal_ids) if any(
+            cache_options(m).get("rotations") == "calibrated" for m in modes) else None)
         if "ppl" in what:
             res["perplexity"] = {}
             for C in args.contexts:
                 bar = Progress(len(modes) + 1, enabled)
                 res["perplexity"][C] = perplexities(model, ev[:C], calibration, modes, margin=args.margin,
-                                                    progress=lambda m: bar.update(1, f"ppl C={C} {m}"))
+                                                    progress=lambda m: bar.update(1, f"ppl C={C} {m}"),
+                                                    rotations=rotations)
                 bar.close()
         if "speed" in what:
             sides, res["skipped"] = _sides(model, args, calibration)

@@ -57,9 +57,37 @@ def group_mode(mode):
     return int(m.group(1)), int(m.group(2)), "fp16" if m.group(3) else "fp32"
 
 
+_OPTION = re.compile(r"\+s(\d+)r(\d+)|\+(had|rot)")
+
+
+def cache_options(name):
+    """KVCache keywords of a configuration name: a mode, then optionally ``+s<sink>r<recent>``
+    (float windows of the first sink and last recent positions) and ``+had`` (Hadamard
+    rotations) or ``+rot`` (calibrated rotations, given separately), e.g. ``"int2-g32+s4r64+had"``."""
+    if not isinstance(name, str):
+        raise TypeError(f"a cache configuration must be a str, got {type(name).__name__}")
+    base, _, rest = name.partition("+")
+    out = dict(mode=base)
+    rest = "+" + rest if rest else ""
+    pos = 0
+    for m in _OPTION.finditer(rest):
+        if m.start() != pos:
+            break
+        pos = m.end()
+        if m.group(3):
+            out["rotations"] = "hadamard" if m.group(3) == "had" else "calibrated"
+        else:
+            out["sink_size"], out["recent_size"] = int(m.group(1)), int(m.group(2))
+    if pos != len(rest):
+        raise ValueError(f"{name!r} is not a cache configuration: a mode, then +s<sink>r<recent> "
+                         "and/or +had / +rot")
+    parse_mode(base)
+    return out
+
+
 def needs_scales(mode):
     """True for the static quantized modes (scales from k_scales/v_scales or a calibration)."""
-    k, v = parse_mode(mode)
+    k, v = parse_mode(cache_options(mode)["mode"])
     return _TENSOR_MODES.get(k, ("NONE", 0))[1] != 0
 
 
@@ -182,7 +210,7 @@ class KVCache:
                  mode="float", k_mode=None, v_mode=None, k_scales=None, v_scales=None,
                  calibration=None, margin=1.0, dtype=np.float32, rotary=None, rotary_interleaved=0,
                  local_window_size=-1, softcap=0.0, scale=0.0, num_threads=None, k_rho=1.0,
-                 v_rho=1.0):
+                 v_rho=1.0, sink_size=0, recent_size=0, rotations=None):
         self.num_layers = _positive_int("num_layers", num_layers)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.kv_num_heads = _positive_int("kv_num_heads", kv_num_heads)
@@ -215,7 +243,10 @@ class KVCache:
         self.ops = [GroupQueryAttention(num_heads=self.num_heads, kv_num_heads=self.kv_num_heads,
                                         do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
                                         local_window_size=local_window_size, softcap=softcap,
-                                        scale=scale, **attrs) for _ in range(self.num_layers)]
+                                        scale=scale, sink_size=sink_size, recent_size=recent_size,
+                                        **attrs) for _ in range(self.num_layers)]
+        self.sink_size, self.recent_size = self.ops[0].sink_size, self.ops[0].recent_size
+        self.rotations = self._rotations(rotations)
         self.num_threads = num_threads
         if self.fmt:
             width, cdt = self.fmt.row_bytes, np.dtype(np.uint8)
@@ -225,8 +256,43 @@ class KVCache:
         shape = (self.batch_size, self.kv_num_heads, self.max_length, width)
         self.key = [np.zeros(shape, cdt) for _ in range(self.num_layers)]
         self.value = [np.zeros(shape, cdt) for _ in range(self.num_layers)]
+        # the float windows (in place): [B, Nkv, sink_size + recent_size, H] of the query dtype
+        hp = (self.batch_size, self.kv_num_heads, self.sink_size + self.recent_size, self.head_size)
+        windows = self.sink_size + self.recent_size > 0
+        self.hp_key = [np.zeros(hp, self.dtype) if windows else None for _ in range(self.num_layers)]
+        self.hp_value = [np.zeros(hp, self.dtype) if windows else None for _ in range(self.num_layers)]
         self._seqlens = np.zeros(self.batch_size, np.int32)
         self._set_length(0)
+
+    def _rotations(self, rotations):
+        """Per layer (R_K, R_V) float32 [Nkv, H, H] or (None, None)."""
+        none = [(None, None)] * self.num_layers
+        if rotations is None:
+            return none
+        if self.bits == 0:
+            raise ValueError("rotations apply to a quantized cache, this one is float")
+        if isinstance(rotations, str):
+            if rotations != "hadamard":
+                raise ValueError(f"rotations must be None, 'hadamard' or one (R_K, R_V) pair per "
+                                 f"layer, got {rotations!r}")
+            from ._rotation import oscar_rotation
+            r = oscar_rotation(None, self.head_size, self.kv_num_heads)
+            return [(r, r)] * self.num_layers
+        rotations = list(rotations)
+        if len(rotations) != self.num_layers:
+            raise ValueError(f"rotations must hold one (R_K, R_V) pair per layer ({self.num_layers}), "
+                             f"got {len(rotations)}")
+        shape = (self.kv_num_heads, self.head_size, self.head_size)
+        out = []
+        for i, pair in enumerate(rotations):
+            rk, rv = pair
+            rk = None if rk is None else np.ascontiguousarray(rk, np.float32)
+            rv = None if rv is None else np.ascontiguousarray(rv, np.float32)
+            for name, r in (("R_K", rk), ("R_V", rv)):
+                if r is not None and r.shape != shape:
+                    raise ValueError(f"rotations[{i}] {name} must have shape {shape}, got {r.shape}")
+            out.append((rk, rv))
+        return out
 
     def _set_length(self, length):
         """Every layer holds `length` positions; no step in progress."""
@@ -289,7 +355,8 @@ class KVCache:
     def nbytes(self):
         """Bytes of all K/V caches and scales."""
         scales = sum(s.nbytes for s in self.k_scales + self.v_scales if s is not None)
-        return sum(a.nbytes for a in self.key + self.value) + scales
+        windows = sum(a.nbytes for a in self.hp_key + self.hp_value if a is not None)
+        return sum(a.nbytes for a in self.key + self.value) + scales + windows
 
     @property
     def bytes_per_position(self):
@@ -306,6 +373,10 @@ class KVCache:
         length = _positive_int("length", length, minimum=0)
         if length > self._length:
             raise ValueError(f"length must be <= the cache's length ({self._length}), got {length}")
+        if self.recent_size and 0 < length < self._length:
+            raise ValueError("truncate() to a length other than 0 is not possible with a recent "
+                             "window: the float rows of positions that left it are gone "
+                             "(copy_from() a float cache instead)")
         self._set_length(length)
 
     def calibration(self, rotary_pairs=True):
@@ -354,16 +425,13 @@ class KVCache:
                              f"got {other.mode!r}")
         from ._api import quantize
         H = self.head_size
-        if self.group and other.bits == 0:
-            bits, group, metadata = self.group
-            rho = (self.ops[0].k_quant_rho, self.ops[0].v_quant_rho)
-            for li in range(self.num_layers):
-                for dst, src, r in ((self.key, other.key, rho[0]), (self.value, other.value, rho[1])):
-                    rows = np.ascontiguousarray(src[li][:, :, :length], np.float32)
-                    dst[li][:, :, :length] = quantize(rows, bits=bits, group_size=group, rho=r,
-                                                      metadata=metadata)
-            self._set_length(length)
+        windows = self.sink_size + self.recent_size > 0
+        if (self.group or windows or self.rotations[0] != (None, None)) and other.bits == 0:
+            self._copy_float(other, length)
             return
+        if windows or self.rotations[0] != (None, None):
+            raise ValueError("copy_from into a cache with float windows or rotations takes a float "
+                             "cache")
         for li in range(self.num_layers):
             for dst, src, scales, mode in ((self.key, other.key, self.k_scales, self.k_mode),
                                            (self.value, other.value, self.v_scales, self.v_mode)):
@@ -376,6 +444,37 @@ class KVCache:
                 for h in range(self.kv_num_heads):
                     s = scales[li][h * H:(h + 1) * H] if per_channel else scales[li]
                     dst[li][:, h, :length] = quantize(rows[:, h], s, bits=self.bits)
+        self._set_length(length)
+
+    def _copy_float(self, other, length):
+        """copy_from a float cache: rows turned by the rotations, quantized as the operator
+        writes them, and the float windows of `length` positions."""
+        from ._api import quantize
+        rho = (self.ops[0].k_quant_rho, self.ops[0].v_quant_rho)
+        ns = min(self.sink_size, length)
+        nr = min(self.recent_size, length - ns)
+        keep = list(range(ns)) + list(range(length - nr, length))
+        for li in range(self.num_layers):
+            for i, (dst, hp, src) in enumerate(((self.key, self.hp_key, other.key),
+                                                (self.value, self.hp_value, other.value))):
+                rows = np.ascontiguousarray(src[li][:, :, :length], np.float32)
+                r = self.rotations[li][i]
+                if r is not None:
+                    rows = np.einsum("bjtd,jde->bjte", rows, r).astype(np.float32)
+                if self.group:
+                    bits, group, metadata = self.group
+                    dst[li][:, :, :length] = quantize(rows, bits=bits, group_size=group, rho=rho[i],
+                                                      metadata=metadata)
+                else:
+                    mode, scales = (self.k_mode, self.k_scales) if i == 0 else (self.v_mode, self.v_scales)
+                    per_channel = _TENSOR_MODES[mode][0] == "PER_CHANNEL"
+                    H = self.head_size
+                    for h in range(self.kv_num_heads):
+                        s = scales[li][h * H:(h + 1) * H] if per_channel else scales[li]
+                        dst[li][:, h, :length] = quantize(rows[:, h], s, bits=self.bits)
+                if hp[li] is not None:
+                    hp[li][...] = 0
+                    hp[li][:, :, :len(keep)] = rows[:, :, keep].astype(self.dtype)
         self._set_length(length)
 
     # -- the step -------------------------------------------------------------------------
@@ -415,9 +514,13 @@ class KVCache:
         """The attention of one layer, caches updated in place to total length T (the
         operator; gqa/_model_peers.py substitutes other implementations)."""
         kc, vc = self.key[layer], self.value[layer]
+        hk, hv = self.hp_key[layer], self.hp_value[layer]
+        rk, rv = self.rotations[layer]
         return self.ops[layer](query, key, value, kc, vc, self._seqlens, T, self.cos_cache,
                                self.sin_cache, k_scale=self.k_scales[layer],
-                               v_scale=self.v_scales[layer], present_key=kc, present_value=vc,
+                               v_scale=self.v_scales[layer], past_hp_key=hk, past_hp_value=hv,
+                               oscar_rotation_k=rk, oscar_rotation_v=rv, present_key=kc,
+                               present_value=vc, present_hp_key=hk, present_hp_value=hv,
                                num_threads=self.num_threads)[0]
 
     def __repr__(self):

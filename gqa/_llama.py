@@ -132,6 +132,17 @@ class Llama:
             self.forward(tokens[None, pos:pos + chunk], cache)
         return cache.calibration(rotary_pairs)
 
+    def calibrate_rotations(self, tokens, chunk=512):
+        """Per layer ``(R_K, R_V)`` (gqa/_rotation.py, onnxruntime main's OSCAR recipe) from a
+        float-cache run over ``tokens``: the covariances of each KV head's post-rotary queries
+        and of its attention outputs, their eigenvectors, then the Hadamard and bit-reversal."""
+        from ._rotation import calibrate_rotations
+        tokens = np.asarray(tokens)
+        cache = self.new_cache(len(tokens), cls=_RotationRecorder)
+        for pos in range(0, len(tokens), chunk):
+            self.forward(tokens[None, pos:pos + chunk], cache)
+        return calibrate_rotations(cache.query_cov, cache.output_cov)
+
     # -- uses -----------------------------------------------------------------------------
     def encode(self, text):
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -188,3 +199,34 @@ class Llama:
             top[pos:pos + step] = z.argmax(axis=-1)
             pos += step
         return nll, top
+
+
+class _RotationRecorder(KVCache):
+    """A float KVCache that also sums, per layer and KV head, q^T q of the post-rotary queries
+    and o^T o of the attention outputs of the head's query group (float64)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        shape = (self.kv_num_heads, self.head_size, self.head_size)
+        self.query_cov = [np.zeros(shape) for _ in range(self.num_layers)]
+        self.output_cov = [np.zeros(shape) for _ in range(self.num_layers)]
+
+    def _run(self, layer, query, key, value, T):
+        out = super()._run(layer, query, key, value, T)
+        B, S, _ = query.shape
+        N, Nkv, H = self.num_heads, self.kv_num_heads, self.head_size
+        q = query[..., :N * H].reshape(B, S, N, H).astype(np.float64)
+        cos = self.cos_cache[T - S:T].astype(np.float64)[None, :, None, :]
+        sin = self.sin_cache[T - S:T].astype(np.float64)[None, :, None, :]
+        r = 2 * cos.shape[-1]
+        x0, x1 = q[..., 0:r:2].copy(), q[..., 1:r:2].copy()     # interleaved pairs
+        q[..., 0:r:2] = x0 * cos - x1 * sin
+        q[..., 1:r:2] = x0 * sin + x1 * cos
+        o = out.reshape(B, S, N, H).astype(np.float64)
+        G = N // Nkv
+        for j in range(Nkv):
+            qs = q[:, :, j * G:(j + 1) * G].reshape(-1, H)
+            os_ = o[:, :, j * G:(j + 1) * G].reshape(-1, H)
+            self.query_cov[layer][j] += qs.T @ qs
+            self.output_cov[layer][j] += os_.T @ os_
+        return out

@@ -55,7 +55,8 @@ class GroupQueryAttention:
                  causal=1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1, qk_output=0,
                  k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0,
                  qk_norm_epsilon=1e-6, sliding_window_cache=0, kv_quant_group_size=0,
-                 k_quant_rho=1.0, v_quant_rho=1.0, metadata_type="fp32", sink_size=0, recent_size=0):
+                 k_quant_rho=1.0, v_quant_rho=1.0, metadata_type="fp32", sink_size=0, recent_size=0,
+                 window_partition="causal"):
         self.num_heads = _int_attr("num_heads", num_heads)
         self.kv_num_heads = _int_attr("kv_num_heads", kv_num_heads)
         if self.num_heads <= 0:
@@ -130,6 +131,9 @@ class GroupQueryAttention:
         for name in ("sink_size", "recent_size"):
             if not 0 <= getattr(self, name) <= _INT32_MAX:
                 raise ValueError(f"{name} must be in [0, {_INT32_MAX}], got {getattr(self, name)}")
+        if window_partition not in ("causal", "per_call"):
+            raise ValueError(f"window_partition must be 'causal' or 'per_call', got {window_partition!r}")
+        self.window_partition = window_partition
         if (self.sink_size or self.recent_size) and not self.quantized:
             raise ValueError("sink_size / recent_size keep float windows beside a quantized cache: "
                              "k_quant_type must not be NONE")
@@ -170,3 +174,59 @@ class GroupQueryAttention:
 
 
 group_query_attention = _call.group_query_attention
+
+
+def _format_version(value):
+    v = _int_attr("cache_format_version", value)
+    if v != 1:
+        raise ValueError(f"cache_format_version must be 1 (the packed row layout of this release), "
+                         f"got {v}")
+    return v
+
+
+class MixedPrecisionGroupQueryAttention(GroupQueryAttention):
+    """onnxruntime main's ``com.microsoft.MixedPrecisionGroupQueryAttention`` (the OSCAR cache):
+    GroupQueryAttention with PER_GROUP asymmetric caches inherent -- no k_quant_type /
+    v_quant_type -- plus its attributes ``kv_quant_group_size``, ``k_quant_rho``,
+    ``v_quant_rho``, ``metadata_type``, ``sink_size``, ``recent_size`` and
+    ``cache_format_version`` (1), the float windows ``past_hp_key`` / ``past_hp_value`` ->
+    ``present_hp_key`` / ``present_hp_value`` and the rotations ``oscar_rotation_k`` /
+    ``oscar_rotation_v`` ``(kv_num_heads, head_size, head_size)``.
+
+    Beyond onnxruntime: ``kv_cache_bit_width`` 2 (default: onnxruntime's layout), 4 or 8;
+    rotations without windows; attention_bias and every score feature with float16 inputs.
+    """
+
+    def __init__(self, *, num_heads, kv_num_heads, kv_cache_bit_width=2, kv_quant_group_size=0,
+                 k_quant_rho=1.0, v_quant_rho=1.0, metadata_type="fp32", sink_size=0,
+                 recent_size=0, cache_format_version=1, window_partition="causal", **attributes):
+        for name in ("k_quant_type", "v_quant_type"):
+            if name in attributes:
+                raise TypeError(f"MixedPrecisionGroupQueryAttention has no {name}: its caches are "
+                                "PER_GROUP")
+        self.cache_format_version = _format_version(cache_format_version)
+        super().__init__(num_heads=num_heads, kv_num_heads=kv_num_heads, k_quant_type="PER_GROUP",
+                         v_quant_type="PER_GROUP", kv_cache_bit_width=kv_cache_bit_width,
+                         kv_quant_group_size=kv_quant_group_size, k_quant_rho=k_quant_rho,
+                         v_quant_rho=v_quant_rho, metadata_type=metadata_type, sink_size=sink_size,
+                         recent_size=recent_size, window_partition=window_partition, **attributes)
+
+    def __repr__(self):
+        return (f"MixedPrecisionGroupQueryAttention(num_heads={self.num_heads}, "
+                f"kv_num_heads={self.kv_num_heads}, kv_cache_bit_width={self.kv_cache_bit_width}, "
+                f"kv_quant_group_size={self.kv_quant_group_size}, sink_size={self.sink_size}, "
+                f"recent_size={self.recent_size})")
+
+
+def mixed_precision_group_query_attention(*inputs, kv_cache_bit_width=2, cache_format_version=1,
+                                          **keywords):
+    """Functional form of :class:`MixedPrecisionGroupQueryAttention` (inputs in ONNX order and
+    names, attributes as keywords): the kept PER_GROUP operator of the function
+    ``group_query_attention``, so a loop pays what a kept operator pays."""
+    for name in ("k_quant_type", "v_quant_type"):
+        if name in keywords:
+            raise TypeError(f"mixed_precision_group_query_attention has no {name}: its caches are "
+                            "PER_GROUP")
+    _format_version(cache_format_version)
+    return group_query_attention(*inputs, k_quant_type="PER_GROUP", v_quant_type="PER_GROUP",
+                                 kv_cache_bit_width=kv_cache_bit_width, **keywords)
