@@ -57,13 +57,14 @@ def group_mode(mode):
     return int(m.group(1)), int(m.group(2)), "fp16" if m.group(3) else "fp32"
 
 
-_OPTION = re.compile(r"\+s(\d+)r(\d+)|\+(had|rot)")
+_OPTION = re.compile(r"\+s(\d+)r(\d+)|\+(had|rot)|\+rho(\d*\.?\d+)(?:/(\d*\.?\d+))?")
 
 
 def cache_options(name):
     """KVCache keywords of a configuration name: a mode, then optionally ``+s<sink>r<recent>``
-    (float windows of the first sink and last recent positions) and ``+had`` (Hadamard
-    rotations) or ``+rot`` (calibrated rotations, given separately), e.g. ``"int2-g32+s4r64+had"``."""
+    (float windows of the first sink and last recent positions), ``+had`` (Hadamard
+    rotations) or ``+rot`` (calibrated rotations, given separately), and ``+rho<k>[/<v>]`` (the
+    clip quantiles of a per-group cache), e.g. ``"int2-g32+s4r64+rot+rho0.9"``."""
     if not isinstance(name, str):
         raise TypeError(f"a cache configuration must be a str, got {type(name).__name__}")
     base, _, rest = name.partition("+")
@@ -76,11 +77,14 @@ def cache_options(name):
         pos = m.end()
         if m.group(3):
             out["rotations"] = "hadamard" if m.group(3) == "had" else "calibrated"
+        elif m.group(4):
+            out["k_rho"] = float(m.group(4))
+            out["v_rho"] = float(m.group(5) or m.group(4))
         else:
             out["sink_size"], out["recent_size"] = int(m.group(1)), int(m.group(2))
     if pos != len(rest):
-        raise ValueError(f"{name!r} is not a cache configuration: a mode, then +s<sink>r<recent> "
-                         "and/or +had / +rot")
+        raise ValueError(f"{name!r} is not a cache configuration: a mode, then +s<sink>r<recent>, "
+                         "+had / +rot and +rho<k>[/<v>]")
     parse_mode(base)
     return out
 
