@@ -288,6 +288,8 @@ cdef void hp_put(const Params *p, const gqa_kernels *t, uint8_t *w, uint8_t *sta
     multi-token step, stage != NULL), else in window buffer w when pos is one of the window
     positions after this call."""
     cdef int Tb = p.seqlens[b] + 1, ns, nr, r
+    if pos >= Tb:           # a ragged first prompt's rows past the entry's length: never read
+        return
     if stage != NULL:
         t.quantize(row, p.H, hp_row(p, stage, p.fcap, b, j, float_row(p, b, pos)), 1, p.H,
                    p.hp_type, NULL)

@@ -652,6 +652,12 @@ cdef class Signature:
         phk, phv, rot_k, rot_v, hpk, hpv = ext
         if self.win:
             hp_rows = self._window_rows(seqlens_k, <int>T, first_prompt, phk, hpk)
+            if hpk is not None:
+                steps = (query, key, value, seqlens_k, position_ids, attention_bias)
+                i = first_alias(hpk, hpv, steps)
+                if i >= 0:
+                    raise ValueError(f"{'present_hp_key' if overlap(steps[i], hpk) else 'present_hp_value'}"
+                                     f" must not overlap {_STEP_NAMES[i]}")
 
         # every check passed: inputs as the compute reads them, outputs, the compute
         query, key, value = self._qkv(query, key, value)
