@@ -424,10 +424,10 @@ def test_step_inputs_must_not_alias_the_windows():
     hk, hv = np.zeros((1, NKV, 3, H), F32), np.zeros((1, NKV, 3, H), F32)
     ext = dict(past_hp_key=hk, past_hp_value=hv, present_hp_key=hk, present_hp_value=hv)
     x = np.random.default_rng(1).uniform(-1, 1, (1, 1, (N + 2 * NKV) * H)).astype(F32)
-    op(x, None, None, pk, pv, np.array([0], np.int32), np.array(1, np.int32), **ext)
+    k = x[..., N * H:(N + NKV) * H].copy()
+    op(x[..., :N * H].copy(), k, k.copy(), pk, pv, np.array([0], np.int32), np.array(1, np.int32), **ext)
     before = (pk.copy(), hk.copy())
     alias = hv.reshape(-1)[:N * H].reshape(1, 1, -1)
-    k = x[..., N * H:(N + NKV) * H].copy()
     with pytest.raises(ValueError, match="present_hp_value must not overlap query"):
         op(alias, k, k.copy(), pk, pv, np.array([1], np.int32), np.array(2, np.int32), **ext)
     assert np.array_equal(pk, before[0]) and np.array_equal(hk, before[1])
