@@ -142,6 +142,185 @@ static void group_decode_row_avx512(const uint8_t *row, float *dst, size_t cols,
     }
 }
 
+/* ---- per-group rows, fused (groups of a multiple of 16 columns) ----------------------------
+   QK:  C[m, n] = alpha * (sum_k A[m, k] * fl(code[n, k] * scale) + sum_g zero[n, g] * asum[m, g])
+        with asum[m, g] the float32 sum of row m of A over group g, in column order;
+   SV:  C[m, c] = beta C + sum_k fl(A[m, k] * scale[k, g]) * code[k, c] + sum_k fl(A[m, k] * zero[k, g])
+        (g the group of column c), keys in order.
+   Both read each code once per block of A rows and never store a decoded row; C[m, n] depends
+   only on row m of A, row (QK) or column (SV) n of B and K. */
+
+INLINE void group_meta_f16c(const uint8_t *meta, size_t gi, int type, float *s, float *z)
+{
+    if (type & GQA_META_F16) {
+        uint32_t w;
+        memcpy(&w, meta + 4 * gi, 4);
+        __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
+        *s = _mm_cvtss_f32(f);
+        *z = _mm_cvtss_f32(_mm_movehdup_ps(f));
+    } else {
+        float f[2];
+        memcpy(f, meta + 8 * gi, 8);
+        *s = f[0];
+        *z = f[1];
+    }
+}
+
+/* The 16 codes of a group row from element c (c % 16 == 0), as float32. */
+INLINE __m512 group_codes16(const uint8_t *row, size_t c, unsigned b)
+{
+    __m128i bytes;
+    if (b == 8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c))));
+    if (b == 4) {
+        uint64_t w;
+        memcpy(&w, row + c / 2, 8);
+        bytes = _mm_cvtsi64_si128((long long)w);
+        const __m128i m = _mm_set1_epi8(0x0F);
+        bytes = _mm_unpacklo_epi8(_mm_and_si128(bytes, m), _mm_and_si128(_mm_srli_epi16(bytes, 4), m));
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+    }
+    uint32_t w;
+    memcpy(&w, row + c / 4, 4);
+    bytes = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)w),
+                             _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    __m512i q = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(bytes),
+                                  _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6));
+    return _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(3)));
+}
+
+#define GQA_FUSED_GROUPS 64 /* groups per row the fused kernels take (K / group) */
+
+#define GROUP_QK_ROWS(MB)                                                                          \
+    static void group_qk_rows##MB(size_t N, size_t K, float alpha, const float *A, size_t lda,      \
+                                  const uint8_t *B, int type, float *C, size_t ldc)                \
+    {                                                                                              \
+        const unsigned b = gqa_group_bits(type);                                                   \
+        const size_t g = gqa_group_cols(type), ng = K / g, rb = gqa_row_bytes(type, K);           \
+        const size_t cb = K * b / 8;                                                               \
+        float asum[MB][GQA_FUSED_GROUPS];                                                          \
+        for (int m = 0; m < MB; m++)                                                               \
+            for (size_t gi = 0; gi < ng; gi++) {                                                   \
+                float t = 0.0f;                                                                    \
+                for (size_t c = gi * g; c < (gi + 1) * g; c++)                                     \
+                    t += A[m * lda + c];                                                           \
+                asum[m][gi] = t;                                                                   \
+            }                                                                                      \
+        for (size_t n = 0; n < N; n++) {                                                           \
+            const uint8_t *row = B + n * rb;                                                       \
+            __m512 acc[MB];                                                                        \
+            float zs[MB];                                                                          \
+            for (int m = 0; m < MB; m++) {                                                         \
+                acc[m] = _mm512_setzero_ps();                                                      \
+                zs[m] = 0.0f;                                                                      \
+            }                                                                                      \
+            for (size_t gi = 0; gi < ng; gi++) {                                                   \
+                float sc, z;                                                                       \
+                group_meta_f16c(row + cb, gi, type, &sc, &z);                                      \
+                const __m512 vs = _mm512_set1_ps(sc);                                              \
+                for (size_t c = gi * g; c < (gi + 1) * g; c += 16) {                               \
+                    const __m512 x = _mm512_mul_ps(group_codes16(row, c, b), vs);                 \
+                    for (int m = 0; m < MB; m++)                                                   \
+                        acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(A + m * lda + c), x, acc[m]);     \
+                }                                                                                  \
+                for (int m = 0; m < MB; m++)                                                       \
+                    zs[m] += z * asum[m][gi];                                                      \
+            }                                                                                      \
+            for (int m = 0; m < MB; m++)                                                           \
+                C[m * ldc + n] = alpha * (_mm512_reduce_add_ps(acc[m]) + zs[m]);                   \
+        }                                                                                          \
+    }
+GROUP_QK_ROWS(1)
+GROUP_QK_ROWS(2)
+GROUP_QK_ROWS(3)
+GROUP_QK_ROWS(4)
+
+/* SV over a block of NV x 16 columns [c0, c0 + 16 NV) for MB rows of A. */
+#define GROUP_SV_BLOCK(NV, MB)                                                                     \
+    static void group_sv_block##NV##_##MB(size_t N, size_t K, const float *A, size_t lda,           \
+                                          const uint8_t *B, int type, float *C, size_t ldc,        \
+                                          float beta, size_t c0)                                   \
+    {                                                                                              \
+        const unsigned b = gqa_group_bits(type);                                                   \
+        const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;       \
+        __m512 acc[MB][NV], zacc[MB][NV];                                                          \
+        for (int m = 0; m < MB; m++)                                                               \
+            for (int v = 0; v < NV; v++)                                                           \
+                acc[m][v] = zacc[m][v] = _mm512_setzero_ps();                                      \
+        for (size_t k = 0; k < K; k++) {                                                           \
+            const uint8_t *row = B + k * rb;                                                       \
+            float ps[MB], pz[MB];                                                                  \
+            size_t gcur = (size_t)-1;                                                              \
+            for (int v = 0; v < NV; v++) {                                                         \
+                const size_t c = c0 + 16 * (size_t)v, gi = c / g;                                  \
+                if (gi != gcur) {                                                                  \
+                    float sc, z;                                                                   \
+                    group_meta_f16c(row + cb, gi, type, &sc, &z);                                  \
+                    for (int m = 0; m < MB; m++) {                                                 \
+                        ps[m] = A[m * lda + k] * sc;                                               \
+                        pz[m] = A[m * lda + k] * z;                                                \
+                    }                                                                              \
+                    gcur = gi;                                                                     \
+                }                                                                                  \
+                const __m512 x = group_codes16(row, c, b);                                         \
+                for (int m = 0; m < MB; m++) {                                                     \
+                    acc[m][v] = _mm512_fmadd_ps(x, _mm512_set1_ps(ps[m]), acc[m][v]);              \
+                    zacc[m][v] = _mm512_add_ps(zacc[m][v], _mm512_set1_ps(pz[m]));                 \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        for (int m = 0; m < MB; m++)                                                               \
+            for (int v = 0; v < NV; v++) {                                                         \
+                float *cp = C + m * ldc + c0 + 16 * (size_t)v;                                     \
+                __m512 r = _mm512_add_ps(acc[m][v], zacc[m][v]);                                   \
+                if (beta != 0.0f)                                                                  \
+                    r = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(cp), r);             \
+                _mm512_storeu_ps(cp, r);                                                           \
+            }                                                                                      \
+    }
+GROUP_SV_BLOCK(4, 1)
+GROUP_SV_BLOCK(4, 2)
+GROUP_SV_BLOCK(4, 3)
+GROUP_SV_BLOCK(4, 4)
+
+static int group_fused_avx512(int type, size_t cols)
+{
+    const size_t g = gqa_group_cols(type);
+    return g % 16 == 0 && cols / g <= GQA_FUSED_GROUPS;
+}
+
+static void group_qk_fused_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                                  const void *B, int type, float *C, size_t ldc)
+{
+    for (size_t m0 = 0; m0 < M; m0 += 4) {
+        const float *a = A + m0 * lda;
+        float *c = C + m0 * ldc;
+        switch (M - m0 < 4 ? M - m0 : 4) {
+        case 1: group_qk_rows1(N, K, alpha, a, lda, B, type, c, ldc); break;
+        case 2: group_qk_rows2(N, K, alpha, a, lda, B, type, c, ldc); break;
+        case 3: group_qk_rows3(N, K, alpha, a, lda, B, type, c, ldc); break;
+        default: group_qk_rows4(N, K, alpha, a, lda, B, type, c, ldc); break;
+        }
+    }
+}
+
+static void group_sv_fused_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda,
+                                  const void *B, int type, float *C, size_t ldc, float beta)
+{
+    for (size_t m0 = 0; m0 < M; m0 += 4) {
+        const float *a = A + m0 * lda;
+        float *c = C + m0 * ldc;
+        for (size_t c0 = 0; c0 < N; c0 += 64) {
+            switch (M - m0 < 4 ? M - m0 : 4) {
+            case 1: group_sv_block4_1(N, K, a, lda, B, type, c, ldc, beta, c0); break;
+            case 2: group_sv_block4_2(N, K, a, lda, B, type, c, ldc, beta, c0); break;
+            case 3: group_sv_block4_3(N, K, a, lda, B, type, c, ldc, beta, c0); break;
+            default: group_sv_block4_4(N, K, a, lda, B, type, c, ldc, beta, c0); break;
+            }
+        }
+    }
+}
+
 static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                            const void *B, int type, const float *s, float *C, size_t ldc);
 static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
@@ -629,7 +808,13 @@ static inline size_t row_block(size_t M, size_t maxb)
 static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                            const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    if (GQA_IS_GROUP(type)) { group_qk_avx512(M, N, K, alpha, A, lda, B, type, C, ldc); return; }
+    if (GQA_IS_GROUP(type)) {
+        if (group_fused_avx512(type, K) && K % 64 == 0)
+            group_qk_fused_avx512(M, N, K, alpha, A, lda, B, type, C, ldc);
+        else
+            group_qk_avx512(M, N, K, alpha, A, lda, B, type, C, ldc);
+        return;
+    }
     if (K == 0) { /* contract: C zero-filled */
         for (size_t m = 0; m < M; m++)
             memset(C + m * ldc, 0, N * sizeof(float));
@@ -782,7 +967,13 @@ static const size_t sv_kc[6] = {128, 128, 256, 256, 256, 64};
 static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                            int type, const float *s, float *C, size_t ldc, float beta)
 {
-    if (GQA_IS_GROUP(type)) { group_sv_avx512(M, N, K, A, lda, B, type, C, ldc, beta); return; }
+    if (GQA_IS_GROUP(type)) {
+        if (group_fused_avx512(type, N) && N % 64 == 0)
+            group_sv_fused_avx512(M, N, K, A, lda, B, type, C, ldc, beta);
+        else
+            group_sv_avx512(M, N, K, A, lda, B, type, C, ldc, beta);
+        return;
+    }
     const int kind = kind_of(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
