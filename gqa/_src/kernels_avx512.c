@@ -142,185 +142,6 @@ static void group_decode_row_avx512(const uint8_t *row, float *dst, size_t cols,
     }
 }
 
-/* ---- per-group rows, fused (groups of a multiple of 16 columns) ----------------------------
-   QK:  C[m, n] = alpha * (sum_k A[m, k] * fl(code[n, k] * scale) + sum_g zero[n, g] * asum[m, g])
-        with asum[m, g] the float32 sum of row m of A over group g, in column order;
-   SV:  C[m, c] = beta C + sum_k fl(A[m, k] * scale[k, g]) * code[k, c] + sum_k fl(A[m, k] * zero[k, g])
-        (g the group of column c), keys in order.
-   Both read each code once per block of A rows and never store a decoded row; C[m, n] depends
-   only on row m of A, row (QK) or column (SV) n of B and K. */
-
-INLINE void group_meta_f16c(const uint8_t *meta, size_t gi, int type, float *s, float *z)
-{
-    if (type & GQA_META_F16) {
-        uint32_t w;
-        memcpy(&w, meta + 4 * gi, 4);
-        __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
-        *s = _mm_cvtss_f32(f);
-        *z = _mm_cvtss_f32(_mm_movehdup_ps(f));
-    } else {
-        float f[2];
-        memcpy(f, meta + 8 * gi, 8);
-        *s = f[0];
-        *z = f[1];
-    }
-}
-
-/* The 16 codes of a group row from element c (c % 16 == 0), as float32. */
-INLINE __m512 group_codes16(const uint8_t *row, size_t c, unsigned b)
-{
-    __m128i bytes;
-    if (b == 8)
-        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c))));
-    if (b == 4) {
-        uint64_t w;
-        memcpy(&w, row + c / 2, 8);
-        bytes = _mm_cvtsi64_si128((long long)w);
-        const __m128i m = _mm_set1_epi8(0x0F);
-        bytes = _mm_unpacklo_epi8(_mm_and_si128(bytes, m), _mm_and_si128(_mm_srli_epi16(bytes, 4), m));
-        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-    }
-    uint32_t w;
-    memcpy(&w, row + c / 4, 4);
-    bytes = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)w),
-                             _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
-    __m512i q = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(bytes),
-                                  _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6));
-    return _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(3)));
-}
-
-#define GQA_FUSED_GROUPS 64 /* groups per row the fused kernels take (K / group) */
-
-#define GROUP_QK_ROWS(MB)                                                                          \
-    static void group_qk_rows##MB(size_t N, size_t K, float alpha, const float *A, size_t lda,      \
-                                  const uint8_t *B, int type, float *C, size_t ldc)                \
-    {                                                                                              \
-        const unsigned b = gqa_group_bits(type);                                                   \
-        const size_t g = gqa_group_cols(type), ng = K / g, rb = gqa_row_bytes(type, K);           \
-        const size_t cb = K * b / 8;                                                               \
-        float asum[MB][GQA_FUSED_GROUPS];                                                          \
-        for (int m = 0; m < MB; m++)                                                               \
-            for (size_t gi = 0; gi < ng; gi++) {                                                   \
-                float t = 0.0f;                                                                    \
-                for (size_t c = gi * g; c < (gi + 1) * g; c++)                                     \
-                    t += A[m * lda + c];                                                           \
-                asum[m][gi] = t;                                                                   \
-            }                                                                                      \
-        for (size_t n = 0; n < N; n++) {                                                           \
-            const uint8_t *row = B + n * rb;                                                       \
-            __m512 acc[MB];                                                                        \
-            float zs[MB];                                                                          \
-            for (int m = 0; m < MB; m++) {                                                         \
-                acc[m] = _mm512_setzero_ps();                                                      \
-                zs[m] = 0.0f;                                                                      \
-            }                                                                                      \
-            for (size_t gi = 0; gi < ng; gi++) {                                                   \
-                float sc, z;                                                                       \
-                group_meta_f16c(row + cb, gi, type, &sc, &z);                                      \
-                const __m512 vs = _mm512_set1_ps(sc);                                              \
-                for (size_t c = gi * g; c < (gi + 1) * g; c += 16) {                               \
-                    const __m512 x = _mm512_mul_ps(group_codes16(row, c, b), vs);                 \
-                    for (int m = 0; m < MB; m++)                                                   \
-                        acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(A + m * lda + c), x, acc[m]);     \
-                }                                                                                  \
-                for (int m = 0; m < MB; m++)                                                       \
-                    zs[m] += z * asum[m][gi];                                                      \
-            }                                                                                      \
-            for (int m = 0; m < MB; m++)                                                           \
-                C[m * ldc + n] = alpha * (_mm512_reduce_add_ps(acc[m]) + zs[m]);                   \
-        }                                                                                          \
-    }
-GROUP_QK_ROWS(1)
-GROUP_QK_ROWS(2)
-GROUP_QK_ROWS(3)
-GROUP_QK_ROWS(4)
-
-/* SV over a block of NV x 16 columns [c0, c0 + 16 NV) for MB rows of A. */
-#define GROUP_SV_BLOCK(NV, MB)                                                                     \
-    static void group_sv_block##NV##_##MB(size_t N, size_t K, const float *A, size_t lda,           \
-                                          const uint8_t *B, int type, float *C, size_t ldc,        \
-                                          float beta, size_t c0)                                   \
-    {                                                                                              \
-        const unsigned b = gqa_group_bits(type);                                                   \
-        const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;       \
-        __m512 acc[MB][NV], zacc[MB][NV];                                                          \
-        for (int m = 0; m < MB; m++)                                                               \
-            for (int v = 0; v < NV; v++)                                                           \
-                acc[m][v] = zacc[m][v] = _mm512_setzero_ps();                                      \
-        for (size_t k = 0; k < K; k++) {                                                           \
-            const uint8_t *row = B + k * rb;                                                       \
-            float ps[MB], pz[MB];                                                                  \
-            size_t gcur = (size_t)-1;                                                              \
-            for (int v = 0; v < NV; v++) {                                                         \
-                const size_t c = c0 + 16 * (size_t)v, gi = c / g;                                  \
-                if (gi != gcur) {                                                                  \
-                    float sc, z;                                                                   \
-                    group_meta_f16c(row + cb, gi, type, &sc, &z);                                  \
-                    for (int m = 0; m < MB; m++) {                                                 \
-                        ps[m] = A[m * lda + k] * sc;                                               \
-                        pz[m] = A[m * lda + k] * z;                                                \
-                    }                                                                              \
-                    gcur = gi;                                                                     \
-                }                                                                                  \
-                const __m512 x = group_codes16(row, c, b);                                         \
-                for (int m = 0; m < MB; m++) {                                                     \
-                    acc[m][v] = _mm512_fmadd_ps(x, _mm512_set1_ps(ps[m]), acc[m][v]);              \
-                    zacc[m][v] = _mm512_add_ps(zacc[m][v], _mm512_set1_ps(pz[m]));                 \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        for (int m = 0; m < MB; m++)                                                               \
-            for (int v = 0; v < NV; v++) {                                                         \
-                float *cp = C + m * ldc + c0 + 16 * (size_t)v;                                     \
-                __m512 r = _mm512_add_ps(acc[m][v], zacc[m][v]);                                   \
-                if (beta != 0.0f)                                                                  \
-                    r = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(cp), r);             \
-                _mm512_storeu_ps(cp, r);                                                           \
-            }                                                                                      \
-    }
-GROUP_SV_BLOCK(4, 1)
-GROUP_SV_BLOCK(4, 2)
-GROUP_SV_BLOCK(4, 3)
-GROUP_SV_BLOCK(4, 4)
-
-static int group_fused_avx512(int type, size_t cols)
-{
-    const size_t g = gqa_group_cols(type);
-    return g % 16 == 0 && cols / g <= GQA_FUSED_GROUPS;
-}
-
-static void group_qk_fused_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
-                                  const void *B, int type, float *C, size_t ldc)
-{
-    for (size_t m0 = 0; m0 < M; m0 += 4) {
-        const float *a = A + m0 * lda;
-        float *c = C + m0 * ldc;
-        switch (M - m0 < 4 ? M - m0 : 4) {
-        case 1: group_qk_rows1(N, K, alpha, a, lda, B, type, c, ldc); break;
-        case 2: group_qk_rows2(N, K, alpha, a, lda, B, type, c, ldc); break;
-        case 3: group_qk_rows3(N, K, alpha, a, lda, B, type, c, ldc); break;
-        default: group_qk_rows4(N, K, alpha, a, lda, B, type, c, ldc); break;
-        }
-    }
-}
-
-static void group_sv_fused_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda,
-                                  const void *B, int type, float *C, size_t ldc, float beta)
-{
-    for (size_t m0 = 0; m0 < M; m0 += 4) {
-        const float *a = A + m0 * lda;
-        float *c = C + m0 * ldc;
-        for (size_t c0 = 0; c0 < N; c0 += 64) {
-            switch (M - m0 < 4 ? M - m0 : 4) {
-            case 1: group_sv_block4_1(N, K, a, lda, B, type, c, ldc, beta, c0); break;
-            case 2: group_sv_block4_2(N, K, a, lda, B, type, c, ldc, beta, c0); break;
-            case 3: group_sv_block4_3(N, K, a, lda, B, type, c, ldc, beta, c0); break;
-            default: group_sv_block4_4(N, K, a, lda, B, type, c, ldc, beta, c0); break;
-            }
-        }
-    }
-}
-
 static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                            const void *B, int type, const float *s, float *C, size_t ldc);
 static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
@@ -805,12 +626,267 @@ static inline size_t row_block(size_t M, size_t maxb)
 /* Prepared rows of A live on the stack up to this many floats (32 KiB). */
 #define QK_STACK_FLOATS 8192
 
+/* ---- per-group rows: table kernels -------------------------------------------------------
+ * A group's values are looked up, not computed: its 16-entry table holds fl(fl(c * scale) +
+ * zero) for every code c (2-bit: the 4 values repeated), so a vpermps per 16 elements gives the
+ * exactly dequantized values (those of the reference decoder).  Elements come out of a block
+ * in the order the lookups give them, and A is reordered to match once per call (qk) or the
+ * accumulated columns are put back in order once per call (sv):
+ *   INT4, 32-element blocks (16 bytes): the low nibbles (elements 0, 2, .., 30), then the high;
+ *   INT2, 64-element blocks (16 bytes): lane l of lookup k is element 4l + k;
+ *   INT8, 16-element blocks: in order (convert, multiply, add: no table).
+ * A block lies in one group (groups of a multiple of 32 / 64 / 16 columns), except INT2 with
+ * groups of 32: a 64-element block spans two groups, looked up in a 32-entry pair of tables.
+ * C[m, n] depends only on row m of A, row (qk) or column (sv) n of B and K: qk sums each row's
+ * products in a fixed order and reduces 16 sums at a time with the hsum16x16 tree. */
+
+INLINE void group_meta_f16c(const uint8_t *meta, size_t gi, int type, float *s, float *z)
+{
+    if (type & GQA_META_F16) {
+        uint32_t w;
+        memcpy(&w, meta + 4 * gi, 4);
+        __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
+        *s = _mm_cvtss_f32(f);
+        *z = _mm_cvtss_f32(_mm_movehdup_ps(f));
+    } else {
+        float f[2];
+        memcpy(f, meta + 8 * gi, 8);
+        *s = f[0];
+        *z = f[1];
+    }
+}
+
+/* Table of group gi of a row: fl(fl(i * s) + z) for i = 0..15 (INT2: i mod 4). */
+INLINE __m512 group_table(const uint8_t *meta, size_t gi, int type, const unsigned b)
+{
+    float s, z;
+    group_meta_f16c(meta, gi, type, &s, &z);
+    const __m512 iota = b == 2 ? _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)
+                               : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_add_ps(_mm512_mul_ps(iota, _mm512_set1_ps(s)), _mm512_set1_ps(z));
+}
+
+/* Elements per block, and whether the table kernels take this type and width. */
+INLINE size_t group_block(const unsigned b) { return b == 8 ? 16 : b == 4 ? 32 : 64; }
+
+static int group_fast_avx512(int type, size_t cols)
+{
+    const unsigned b = gqa_group_bits(type);
+    const size_t g = gqa_group_cols(type), blk = group_block(b);
+    return cols % 64 == 0 && (g % blk == 0 || (b == 2 && g == 32));
+}
+
+/* The decoded vectors of block [c, c + blk) of a row (x[0 .. blk/16)), in lookup order;
+   PAIR: INT2 in groups of 32. */
+INLINE void group_decode_block(const uint8_t *row, const uint8_t *meta, size_t c, size_t g, int type,
+                               const unsigned b, const int PAIR, __m512 *x)
+{
+    if (b == 8) {
+        float s, z;
+        group_meta_f16c(meta, c / g, type, &s, &z);
+        const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c))));
+        x[0] = _mm512_add_ps(_mm512_mul_ps(f, _mm512_set1_ps(s)), _mm512_set1_ps(z));
+    } else if (b == 4) {
+        const __m512 t = group_table(meta, c / g, type, 4);
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c / 2)));
+        x[0] = _mm512_permutexvar_ps(q, t);
+        x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t);
+    } else if (!PAIR) {
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c / 4)));
+        const __m512 t = group_table(meta, c / g, type, 2);
+        x[0] = _mm512_permutexvar_ps(q, t);
+        x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 2), t);
+        x[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t);
+        x[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 6), t);
+    } else { /* groups of 32: lanes 0-7 in group c/32, lanes 8-15 in the next */
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c / 4)));
+        const __m512 t0 = group_table(meta, c / 32, type, 2), t1 = group_table(meta, c / 32 + 1, type, 2);
+        const __m512i lo = _mm512_set1_epi32(15);
+        const __m512i hi = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
+        x[0] = _mm512_permutex2var_ps(t0, _mm512_ternarylogic_epi32(q, lo, hi, 0xEA), t1);
+        x[1] = _mm512_permutex2var_ps(t0, _mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 2), lo, hi, 0xEA), t1);
+        x[2] = _mm512_permutex2var_ps(t0, _mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 4), lo, hi, 0xEA), t1);
+        x[3] = _mm512_permutex2var_ps(t0, _mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 6), lo, hi, 0xEA), t1);
+    }
+}
+
+/* Row m of A in lookup order (INT4: per 32-block evens then odds; INT2: per 64-block
+   element 4l + k at 16k + l). */
+static void group_prep_a(const float *a, float *o, size_t K, const unsigned b)
+{
+    if (b == 8) {
+        memcpy(o, a, K * sizeof(float));
+        return;
+    }
+    const size_t blk = group_block(b), per = 8 / b;
+    for (size_t c = 0; c < K; c += blk)
+        for (size_t k = 0; k < per; k++)
+            for (size_t l = 0; l < blk / per; l++)
+                o[c + 16 * k + l] = a[c + per * l + k];
+}
+
+#define GROUP_QK_MAXK 1024
+
+/* MB rows of A (prepared) against rows [0, N) of B, NB rows at a time (MB * NB == 16). */
+INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int PAIR, size_t N, size_t K,
+                           float alpha, const float *Ap, const uint8_t *B, int type, float *C, size_t ldc,
+                           size_t ms)
+{
+    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
+    const size_t blk = group_block(b);
+    const int nv = (int)(group_block(b) / 16);
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (size_t n0 = 0; n0 < N; n0 += NB) {
+        const size_t nb = N - n0 < (size_t)NB ? N - n0 : (size_t)NB;
+        __m512 acc[16];
+        UNROLL
+        for (int i = 0; i < 16; i++)
+            acc[i] = _mm512_setzero_ps();
+        for (size_t c = 0; c < K; c += blk) {
+            __m512 a[4][4];
+            UNROLL
+            for (int m = 0; m < MB; m++)
+                UNROLL
+                for (int v = 0; v < nv; v++)
+                    a[m][v] = _mm512_loadu_ps(Ap + m * K + c + 16 * v);
+            UNROLL
+            for (int r = 0; r < NB; r++) { /* rows past N repeat row n0: computed, never stored */
+                const uint8_t *row = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
+                __m512 x[4];
+                group_decode_block(row, row + cb, c, g, type, b, PAIR, x);
+                UNROLL
+                for (int v = 0; v < nv; v++)
+                    UNROLL
+                    for (int m = 0; m < MB; m++)
+                        acc[m * NB + r] = _mm512_fmadd_ps(a[m][v], x[v], acc[m * NB + r]);
+            }
+        }
+        float h[16];
+        _mm512_storeu_ps(h, _mm512_mul_ps(hsum16x16(acc), va));
+        for (size_t m = 0; m < ms; m++)     /* the rows of C this block stores (<= MB) */
+            for (size_t r = 0; r < nb; r++)
+                C[m * ldc + n0 + r] = h[m * NB + r];
+    }
+}
+
+INLINE void group_qk_rows(const unsigned b, const int PAIR, size_t mb, size_t N, size_t K, float alpha,
+                          const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
+{
+    if (mb == 1)
+        group_qk_block(1, 16, b, PAIR, N, K, alpha, ap, B, type, C, ldc, 1);
+    else if (mb == 2)
+        group_qk_block(2, 8, b, PAIR, N, K, alpha, ap, B, type, C, ldc, 2);
+    else   /* 3 rows run as 4, the fourth a copy of the third */
+        group_qk_block(4, 4, b, PAIR, N, K, alpha, ap, B, type, C, ldc, mb);
+}
+
+static void group_qk_fast_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                                 const void *B, int type, float *C, size_t ldc)
+{
+    const unsigned b = gqa_group_bits(type);
+    const int pair = b == 2 && gqa_group_cols(type) == 32;
+    float ap[4 * GROUP_QK_MAXK];
+    for (size_t m0 = 0; m0 < M; m0 += 4) {
+        const size_t mb = M - m0 < 4 ? M - m0 : 4;
+        for (size_t m = 0; m < 4; m++) /* rows past mb: a copy of the last (computed, never stored) */
+            group_prep_a(A + (m0 + (m < mb ? m : mb - 1)) * lda, ap + m * K, K, b);
+        float *c = C + m0 * ldc;
+        if (b == 8)
+            group_qk_rows(8, 0, mb, N, K, alpha, ap, (const uint8_t *)B, type, c, ldc);
+        else if (b == 4)
+            group_qk_rows(4, 0, mb, N, K, alpha, ap, (const uint8_t *)B, type, c, ldc);
+        else if (!pair)
+            group_qk_rows(2, 0, mb, N, K, alpha, ap, (const uint8_t *)B, type, c, ldc);
+        else
+            group_qk_rows(2, 1, mb, N, K, alpha, ap, (const uint8_t *)B, type, c, ldc);
+    }
+}
+
+/* SV over columns [c0, c0 + 16 CB) for MB rows of A: accumulators in lookup order, put back
+   in column order once at the end. */
+INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const int PAIR, size_t N, size_t K,
+                           const float *A, size_t lda, const uint8_t *B, int type, float *C, size_t ldc,
+                           float beta, size_t c0)
+{
+    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
+    const int blk = (int)group_block(b), nv = blk / 16, nbk = 16 * CB / blk;
+    __m512 acc[4][8];
+    UNROLL
+    for (int m = 0; m < MB; m++)
+        UNROLL
+        for (int v = 0; v < CB; v++)
+            acc[m][v] = _mm512_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+        const uint8_t *row = B + k * rb;
+        __m512 p[4];
+        UNROLL
+        for (int m = 0; m < MB; m++)
+            p[m] = _mm512_set1_ps(A[m * lda + k]);
+        UNROLL
+        for (int j = 0; j < nbk; j++) {
+            __m512 x[4];
+            group_decode_block(row, row + cb, c0 + (size_t)(j * blk), g, type, b, PAIR, x);
+            UNROLL
+            for (int v = 0; v < nv; v++)
+                UNROLL
+                for (int m = 0; m < MB; m++)
+                    acc[m][j * nv + v] = _mm512_fmadd_ps(x[v], p[m], acc[m][j * nv + v]);
+        }
+    }
+    const int per = b == 8 ? 1 : (int)(8 / b);
+    for (int m = 0; m < MB; m++) {
+        float t[128];
+        float *cp = C + m * ldc + c0;
+        UNROLL
+        for (int v = 0; v < CB; v++)
+            _mm512_storeu_ps(t + 16 * v, acc[m][v]);
+        for (int j = 0; j < nbk; j++)
+            for (int kk = 0; kk < per; kk++)
+                for (int l = 0; l < blk / per; l++) {
+                    const float o = t[j * blk + 16 * kk + l];
+                    float *d = cp + j * blk + per * l + kk;
+                    *d = beta == 0.0f ? o : beta * *d + o;
+                }
+    }
+}
+
+static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda,
+                                 const void *B, int type, float *C, size_t ldc, float beta)
+{
+    const unsigned b = gqa_group_bits(type);
+    const int pair = b == 2 && gqa_group_cols(type) == 32;
+    const uint8_t *Bb = (const uint8_t *)B;
+    size_t m0 = 0;
+    while (m0 < M) {   /* blocks of rows: 2 (128-column blocks) or up to 4 (64-column blocks) */
+        const int cb8 = N % 128 == 0;
+        const size_t left = M - m0, mb = left >= 4 && !cb8 ? 4 : left >= 2 ? 2 : 1;
+        const float *a = A + m0 * lda;
+        float *c = C + m0 * ldc;
+        for (size_t c0 = 0; c0 < N; c0 += cb8 ? 128 : 64) {
+#define SV_CALL(MB, CB)                                                                              \
+    do {                                                                                             \
+        if (b == 8) group_sv_block(MB, CB, 8, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);          \
+        else if (b == 4) group_sv_block(MB, CB, 4, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);     \
+        else if (!pair) group_sv_block(MB, CB, 2, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);      \
+        else group_sv_block(MB, CB, 2, 1, N, K, a, lda, Bb, type, c, ldc, beta, c0);                 \
+    } while (0)
+            if (cb8) {
+                if (mb == 2) SV_CALL(2, 8); else SV_CALL(1, 8);
+            } else {
+                if (mb == 4) SV_CALL(4, 4); else if (mb == 2) SV_CALL(2, 4); else SV_CALL(1, 4);
+            }
+#undef SV_CALL
+        }
+        m0 += mb;
+    }
+}
+
 static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                            const void *B, int type, const float *s, float *C, size_t ldc)
 {
     if (GQA_IS_GROUP(type)) {
-        if (group_fused_avx512(type, K) && K % 64 == 0)
-            group_qk_fused_avx512(M, N, K, alpha, A, lda, B, type, C, ldc);
+        if (group_fast_avx512(type, K) && K <= GROUP_QK_MAXK)
+            group_qk_fast_avx512(M, N, K, alpha, A, lda, B, type, C, ldc);
         else
             group_qk_avx512(M, N, K, alpha, A, lda, B, type, C, ldc);
         return;
@@ -968,8 +1044,8 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
                            int type, const float *s, float *C, size_t ldc, float beta)
 {
     if (GQA_IS_GROUP(type)) {
-        if (group_fused_avx512(type, N) && N % 64 == 0)
-            group_sv_fused_avx512(M, N, K, A, lda, B, type, C, ldc, beta);
+        if (group_fast_avx512(type, N))
+            group_sv_fast_avx512(M, N, K, A, lda, B, type, C, ldc, beta);
         else
             group_sv_avx512(M, N, K, A, lda, B, type, C, ldc, beta);
         return;
