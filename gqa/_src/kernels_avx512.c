@@ -627,9 +627,9 @@ static inline size_t row_block(size_t M, size_t maxb)
 #define QK_STACK_FLOATS 8192
 
 /* ---- per-group rows: table kernels -------------------------------------------------------
- * A group's values are looked up, not computed: its 16-entry table holds fl(fl(c * scale) +
- * zero) for every code c (2-bit: the 4 values repeated), so a vpermps per 16 elements gives the
- * exactly dequantized values (those of the reference decoder).  Elements come out of a block
+ * A group's values are looked up, not computed: its 16-entry table holds c * scale + zero for
+ * every code c (2-bit: the 4 values repeated; one fused rounding), so a vpermps per 16
+ * elements gives the dequantized values.  Elements come out of a block
  * in the order the lookups give them, and A is reordered to match once per call (qk) or the
  * accumulated columns are put back in order once per call (sv):
  *   INT4, 32-element blocks (16 bytes): the low nibbles (elements 0, 2, .., 30), then the high;
@@ -656,14 +656,24 @@ INLINE void group_meta_f16c(const uint8_t *meta, size_t gi, int type, float *s, 
     }
 }
 
-/* Table of group gi of a row: fl(fl(i * s) + z) for i = 0..15 (INT2: i mod 4). */
+/* Table of group gi of a row: fma(i, s, z) for i = 0..15 (INT2: i mod 4), one rounding (the
+   GEMMs' values may differ from the decoder's fl(fl(i * s) + z) by that rounding). */
 INLINE __m512 group_table(const uint8_t *meta, size_t gi, int type, const unsigned b)
 {
-    float s, z;
-    group_meta_f16c(meta, gi, type, &s, &z);
     const __m512 iota = b == 2 ? _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)
                                : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return _mm512_add_ps(_mm512_mul_ps(iota, _mm512_set1_ps(s)), _mm512_set1_ps(z));
+    if (type & GQA_META_F16) {
+        uint32_t w;
+        memcpy(&w, meta + 4 * gi, 4);
+        const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)w)));
+        return _mm512_fmadd_ps(iota, _mm512_permutexvar_ps(_mm512_setzero_si512(), f),
+                               _mm512_permutexvar_ps(_mm512_set1_epi32(1), f));
+    }
+    const float *f = (const float *)(const void *)(meta + 8 * gi);
+    float s, z;
+    memcpy(&s, f, 4);
+    memcpy(&z, f + 1, 4);
+    return _mm512_fmadd_ps(iota, _mm512_set1_ps(s), _mm512_set1_ps(z));
 }
 
 /* Elements per block, and whether the table kernels take this type and width. */
@@ -685,7 +695,7 @@ INLINE void group_decode_block(const uint8_t *row, const uint8_t *meta, size_t c
         float s, z;
         group_meta_f16c(meta, c / g, type, &s, &z);
         const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c))));
-        x[0] = _mm512_add_ps(_mm512_mul_ps(f, _mm512_set1_ps(s)), _mm512_set1_ps(z));
+        x[0] = _mm512_fmadd_ps(f, _mm512_set1_ps(s), _mm512_set1_ps(z));
     } else if (b == 4) {
         const __m512 t = group_table(meta, c / g, type, 4);
         const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c / 2)));
