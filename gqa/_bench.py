@@ -87,6 +87,16 @@ def build_inputs(spec):
     rng = np.random.default_rng(spec.get("seed", 0))
     u = lambda *shape: rng.uniform(-0.5, 0.5, shape).astype(np.float32)  # noqa: E731
     inp = dict(query=u(B, S, N * H), key=u(B, S, Nkv * H), value=u(B, S, Nkv * H))
+    group = _group_mode(spec["mode"])
+    if group:                # per-group rows of values like the new rows' (|x| <= 0.5)
+        from ._api import quantize
+        _, g, md = group
+        kc = quantize(u(B, Nkv, T, H), bits=bits, group_size=g, metadata=md)
+        vc = quantize(u(B, Nkv, T, H), bits=bits, group_size=g, metadata=md)
+        inp.update(past_key=kc, past_value=vc, seqlens_k=np.full(B, T - 1, np.int32),
+                   total_sequence_length=T)
+        return inp, dict(num_heads=N, kv_num_heads=Nkv, k_quant_type=kq, v_quant_type=vq,
+                         kv_cache_bit_width=bits, kv_quant_group_size=g, metadata_type=md)
     if bits == 0:
         kc, vc = u(B, Nkv, T, H), u(B, Nkv, T, H)
     elif bits == 8:
@@ -136,10 +146,16 @@ def cache_bytes(spec):
     """Bytes of K and V cache one decode call reads (T rows of every KV head)."""
     bits = MODES[spec["mode"]][2]
     row = spec["H"] * 4 if bits == 0 else spec["H"] if bits == 8 else (spec["H"] + 1) // 2
+    group = _group_mode(spec["mode"])
+    if group:
+        from ._group import row_bytes
+        row = row_bytes(spec["H"], *group)
     return 2 * spec["B"] * spec["Nkv"] * spec["T"] * row
 
 
 def _ort(spec):
+    if _group_mode(spec["mode"]):
+        return None              # onnxruntime 1.31.1 has no per-group caches
     from . import _ort_peer
     inp, attrs = build_inputs(spec)
     kc, vc = inp.pop("past_key"), inp.pop("past_value")
@@ -149,6 +165,8 @@ def _ort(spec):
 
 
 def _torch_setup(spec, dequant):
+    if _group_mode(spec["mode"]):
+        return None
     import torch
     torch.set_num_threads(spec["threads"])
     F = torch.nn.functional
@@ -376,6 +394,8 @@ class _Ggml:
         self.case = None
 
     def prepare(self, spec):
+        if spec["mode"] not in GGML_TYPES:
+            return None
         m = self.mod
         m.B, m.HQ, m.HKV, m.D = spec["B"], spec["N"], spec["Nkv"], spec["H"]
         self.teardown()
@@ -498,6 +518,12 @@ def _int_list(s, what):
     return out
 
 
+def _group_mode(mode):
+    """(bits, group_size, metadata) of a per-group mode name ("int4-g32", "int2-g64-fp16")."""
+    from ._kvcache import group_mode
+    return group_mode(mode)
+
+
 def _modes(s):
     out = []
     for m in str(s).split(","):
@@ -505,8 +531,12 @@ def _modes(s):
         if not m:
             continue
         m = MODE_ALIASES.get(m, m)
+        group = _group_mode(m)
+        if group:
+            MODES.setdefault(m, ("PER_GROUP", "PER_GROUP", group[0]))
         if m not in MODES:
-            raise SystemExit(f"gqa bench: unknown mode {m!r}; valid: {', '.join(MODES)}")
+            raise SystemExit(f"gqa bench: unknown mode {m!r}; valid: {', '.join(MODES)}, or "
+                             "per group int8/int4/int2-g<group>[-fp16]")
         out.append(m)
     return out
 
