@@ -503,10 +503,194 @@ static inline size_t row_block(size_t M, size_t maxb)
 /* Prepared rows of A live on the stack up to this many floats (32 KiB). */
 #define QK_STACK_FLOATS 8192
 
+/* ---- per-group rows, fused (groups of a multiple of 8 columns) ------------------------------
+ * Each 8 elements are formed as fma(code, scale, zero) in registers (one rounding; gqa.dequantize
+ * keeps the contract's two) and used at once: QK accumulates every row's products in column
+ * order, 8 (row, A-row) sums reduced at a time by hsum4; SV accumulates 32-column blocks over
+ * the keys in order.  C[m, n] depends only on row m of A, row (qk) or column (sv) n of B and K. */
+
+INLINE void group_meta_avx2(const uint8_t *meta, size_t gi, int type, __m256 *s, __m256 *z)
+{
+    if (type & GQA_META_F16) {
+        uint32_t w;
+        memcpy(&w, meta + 4 * gi, 4);
+        const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
+        *s = _mm256_broadcastss_ps(f);
+        *z = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
+    } else {
+        *s = _mm256_broadcast_ss((const float *)(const void *)(meta + 8 * gi));
+        *z = _mm256_broadcast_ss((const float *)(const void *)(meta + 8 * gi + 4));
+    }
+}
+
+/* The 8 codes of a group row from element c (c % 8 == 0), as float32. */
+INLINE __m256 group_codes8(const uint8_t *row, size_t c, const unsigned b)
+{
+    if (b == 8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + c))));
+    if (b == 4) {
+        uint32_t w;
+        memcpy(&w, row + c / 2, 4);
+        const __m128i v = _mm_cvtsi32_si128((int)w), m = _mm_set1_epi8(0x0F);
+        const __m128i e = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e));
+    }
+    uint16_t w;
+    memcpy(&w, row + c / 4, 2);
+    const __m128i v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)w),
+                                       _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m256i q = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(v), _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(3)));
+}
+
+static int group_fast_avx2(int type, size_t cols)
+{
+    return gqa_group_cols(type) % 8 == 0 && cols % 32 == 0;
+}
+
+INLINE void group_qk_block_avx2(const int MB, const int NB, const unsigned b, size_t N, size_t K, float alpha,
+                                const float *A, size_t lda, const uint8_t *B, int type, float *C, size_t ldc,
+                                size_t ms)
+{
+    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
+    const __m128 va = _mm_set1_ps(alpha);
+    for (size_t n0 = 0; n0 < N; n0 += NB) {
+        const size_t nb = N - n0 < (size_t)NB ? N - n0 : (size_t)NB;
+        __m256 acc[8];
+        UNROLL
+        for (int i = 0; i < 8; i++)
+            acc[i] = _mm256_setzero_ps();
+        UNROLL
+        for (int r = 0; r < NB; r++) { /* rows past N repeat row n0: computed, never stored */
+            const uint8_t *row = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
+            for (size_t c0 = 0; c0 < K; c0 += g) {
+                __m256 s, z;
+                group_meta_avx2(row + cb, c0 / g, type, &s, &z);
+                for (size_t c = c0; c < c0 + g; c += 8) {
+                    const __m256 x = _mm256_fmadd_ps(group_codes8(row, c, b), s, z);
+                    UNROLL
+                    for (int m = 0; m < MB; m++)
+                        acc[m * NB + r] = _mm256_fmadd_ps(_mm256_loadu_ps(A + m * lda + c), x, acc[m * NB + r]);
+                }
+            }
+        }
+        float h[8];
+        _mm_storeu_ps(h, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), va));
+        _mm_storeu_ps(h + 4, _mm_mul_ps(hsum4(acc[4], acc[5], acc[6], acc[7]), va));
+        for (size_t m = 0; m < ms; m++)
+            for (size_t r = 0; r < nb; r++)
+                C[m * ldc + n0 + r] = h[m * NB + r];
+    }
+}
+
+INLINE void group_qk_rows_avx2(const unsigned b, size_t mb, size_t N, size_t K, float alpha, const float *A,
+                               size_t lda, const uint8_t *B, int type, float *C, size_t ldc)
+{
+    if (mb == 1)
+        group_qk_block_avx2(1, 8, b, N, K, alpha, A, lda, B, type, C, ldc, 1);
+    else if (mb == 2)
+        group_qk_block_avx2(2, 4, b, N, K, alpha, A, lda, B, type, C, ldc, 2);
+    else
+        group_qk_block_avx2(4, 2, b, N, K, alpha, A, lda, B, type, C, ldc, mb);
+}
+
+static void group_qk_fast_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                               const void *B, int type, float *C, size_t ldc)
+{
+    const unsigned b = gqa_group_bits(type);
+    float buf[4 * 1024];
+    for (size_t m0 = 0; m0 < M; m0 += 4) {
+        const size_t mb = M - m0 < 4 ? M - m0 : 4;
+        const float *a = A + m0 * lda;
+        size_t ld = lda;
+        if (mb == 3) { /* as 4 rows, the fourth a copy of the third (computed, never stored) */
+            for (size_t m = 0; m < 4; m++)
+                memcpy(buf + m * K, A + (m0 + (m < 3 ? m : 2)) * lda, K * sizeof(float));
+            a = buf;
+            ld = K;
+        }
+        float *c = C + m0 * ldc;
+        if (b == 8)
+            group_qk_rows_avx2(8, mb, N, K, alpha, a, ld, (const uint8_t *)B, type, c, ldc);
+        else if (b == 4)
+            group_qk_rows_avx2(4, mb, N, K, alpha, a, ld, (const uint8_t *)B, type, c, ldc);
+        else
+            group_qk_rows_avx2(2, mb, N, K, alpha, a, ld, (const uint8_t *)B, type, c, ldc);
+    }
+}
+
+INLINE void group_sv_block_avx2(const int MB, const unsigned b, size_t N, size_t K, const float *A, size_t lda,
+                                const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
+{
+    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
+    __m256 acc[2][4];
+    UNROLL
+    for (int m = 0; m < MB; m++)
+        UNROLL
+        for (int v = 0; v < 4; v++)
+            acc[m][v] = _mm256_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+        const uint8_t *row = B + k * rb;
+        __m256 p[2], s, z;
+        UNROLL
+        for (int m = 0; m < MB; m++)
+            p[m] = _mm256_broadcast_ss(A + m * lda + k);
+        group_meta_avx2(row + cb, c0 / g, type, &s, &z);
+        UNROLL
+        for (int v = 0; v < 4; v++) {
+            const size_t c = c0 + 8 * (size_t)v;
+            if (v > 0 && c % g == 0)
+                group_meta_avx2(row + cb, c / g, type, &s, &z);
+            const __m256 x = _mm256_fmadd_ps(group_codes8(row, c, b), s, z);
+            UNROLL
+            for (int m = 0; m < MB; m++)
+                acc[m][v] = _mm256_fmadd_ps(x, p[m], acc[m][v]);
+        }
+    }
+    UNROLL
+    for (int m = 0; m < MB; m++)
+        UNROLL
+        for (int v = 0; v < 4; v++) {
+            float *cp = C + m * ldc + c0 + 8 * v;
+            __m256 r = acc[m][v];
+            if (beta != 0.0f)
+                r = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(cp), r);
+            _mm256_storeu_ps(cp, r);
+        }
+}
+
+static void group_sv_fast_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                               int type, float *C, size_t ldc, float beta)
+{
+    const unsigned b = gqa_group_bits(type);
+    const uint8_t *Bb = (const uint8_t *)B;
+    for (size_t m0 = 0; m0 < M; m0 += 2) {
+        const float *a = A + m0 * lda;
+        float *c = C + m0 * ldc;
+        const int two = M - m0 >= 2;
+        for (size_t c0 = 0; c0 < N; c0 += 32) {
+#define SV2_CALL(MB)                                                                             \
+    do {                                                                                         \
+        if (b == 8) group_sv_block_avx2(MB, 8, N, K, a, lda, Bb, type, c, ldc, beta, c0);       \
+        else if (b == 4) group_sv_block_avx2(MB, 4, N, K, a, lda, Bb, type, c, ldc, beta, c0);  \
+        else group_sv_block_avx2(MB, 2, N, K, a, lda, Bb, type, c, ldc, beta, c0);              \
+    } while (0)
+            if (two) SV2_CALL(2); else SV2_CALL(1);
+#undef SV2_CALL
+        }
+    }
+}
+
 static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    if (GQA_IS_GROUP(type)) { group_qk_avx2(M, N, K, alpha, A, lda, B, type, C, ldc); return; }
+    if (GQA_IS_GROUP(type)) {
+        if (group_fast_avx2(type, K) && K <= 1024)
+            group_qk_fast_avx2(M, N, K, alpha, A, lda, B, type, C, ldc);
+        else
+            group_qk_avx2(M, N, K, alpha, A, lda, B, type, C, ldc);
+        return;
+    }
     if (K == 0) { /* contract: C zero-filled */
         for (size_t m = 0; m < M; m++)
             memset(C + m * ldc, 0, N * sizeof(float));
@@ -655,7 +839,13 @@ static const size_t sv_maxmb[4] = {6, 6, 6, 6};
 static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                          int type, const float *s, float *C, size_t ldc, float beta)
 {
-    if (GQA_IS_GROUP(type)) { group_sv_avx2(M, N, K, A, lda, B, type, C, ldc, beta); return; }
+    if (GQA_IS_GROUP(type)) {
+        if (group_fast_avx2(type, N))
+            group_sv_fast_avx2(M, N, K, A, lda, B, type, C, ldc, beta);
+        else
+            group_sv_avx2(M, N, K, A, lda, B, type, C, ldc, beta);
+        return;
+    }
     const int kind = kind_of(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;

@@ -190,6 +190,13 @@ def m_attr(rng, inp, a, call, spec):
         ("smooth_softmax", [None]),
         ("qk_norm_epsilon", [-1e-6, float("nan"), float("inf"), "1e-6", True]),
         ("sliding_window_cache", [2, -1, True, 1.0]),
+        ("kv_quant_group_size", [-1, 1.5, True] + ([32] if spec["mode"] != "PER_GROUP" else [])),
+        ("k_quant_rho", [0.0, 1.5, float("nan"), "1"]),
+        ("v_quant_rho", [-0.5, True]),
+        ("metadata_type", ["fp8", 16, "FP16"]),
+        ("sink_size", [-1, 1.5, True] + ([4] if spec["mode"] == "NONE" else [])),
+        ("recent_size", [-3, "2"]),
+        ("window_partition", ["fixed", 1, None]),
     ]
     name, vals = options[int(rng.integers(len(options)))]
     v = vals[int(rng.integers(len(vals)))]
@@ -371,12 +378,40 @@ def m_alias(rng, inp, a, call, spec):
     return inp, a, dict(present_key=p, present_value=fresh()), names
 
 
+def _head_size(inp, a):
+    if inp.get("key") is not None:
+        return inp["key"].shape[2] // a["kv_num_heads"]
+    return inp["query"].shape[2] // (a["num_heads"] + 2 * a["kv_num_heads"])
+
+
+def m_ext(rng, inp, a, call, spec):
+    """The inputs beyond onnxruntime 1.31.1: float windows without sink_size / recent_size,
+    rotations of the wrong shape, dtype or kind."""
+    B, Nkv, H = inp["query"].shape[0], a["kv_num_heads"], _head_size(inp, a)
+    kind = int(rng.integers(4))
+    if kind == 0:
+        hp = np.zeros((B, Nkv, 2, H), np.float32)
+        inp.update(past_hp_key=hp, past_hp_value=hp.copy())
+        return inp, a, call, ("past_hp_key", "sink_size")
+    name = ("oscar_rotation_k", "oscar_rotation_v")[int(rng.integers(2))]
+    r = np.broadcast_to(np.eye(H, dtype=np.float32), (Nkv, H, H)).copy()
+    if kind == 1:
+        r = r[:, :, :H - 1] if rng.integers(2) else r[:max(Nkv - 1, 0)]
+    elif kind == 2:
+        r = r.astype(np.int32 if rng.integers(2) else np.float64)
+    else:
+        r = r.tolist()
+    inp[name] = r
+    return inp, a, call, (name,)
+
+
 MUTATIONS = {
     "dtype": m_dtype, "off_by_one": m_off_by_one, "rank": m_rank, "seqlens_value": m_seqlens_value,
     "total_value": m_total_value, "scale": m_scale, "scale_value": m_scale_value, "qk_norm": m_qk_norm,
     "attr": m_attr, "threads": m_threads,
     "not_array": m_not_array, "missing": m_missing, "present_layout": m_present_layout,
     "inplace_layout": m_inplace_layout, "cache_type": m_cache_type, "alias": m_alias,
+    "ext": m_ext,
 }
 # mutations whose result may happen to be a valid call on some bases
 MAYBE_VALID = {"off_by_one"}
