@@ -67,16 +67,19 @@ def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE
     return out
 
 
-def _sides(model, args, calibration):
+def _sides(model, args, calibration, rotations=None):
     from ._model_peers import NumpyAttention, OrtAttention
     from . import _ort_peer
     import gqa
     ort_threads = args.threads or gqa.get_config()["effective_num_threads"]
     sides = {}
     for mode in args.speed_modes:
-        kw = dict(calibration=calibration) if needs_scales(mode) else {}
-        sides[f"gqa {mode}"] = lambda M, mode=mode, kw=kw: model.new_cache(
-            M, mode, num_threads=args.threads, **kw)
+        kw = cache_options(mode)
+        if needs_scales(mode):
+            kw["calibration"] = calibration
+        if kw.get("rotations") == "calibrated":
+            kw["rotations"] = rotations
+        sides[f"gqa {mode}"] = lambda M, kw=kw: model.new_cache(M, num_threads=args.threads, **kw)
     if "float" not in args.speed_modes:
         sides["gqa float"] = lambda M: model.new_cache(M, "float", num_threads=args.threads)
     if "numpy" in args.peers:
@@ -89,7 +92,7 @@ def _sides(model, args, calibration):
             skipped.append(f"{peer}: onnxruntime {_ort_peer.ORT_VERSION} and onnx not installed")
             continue
         for mode in args.speed_modes:
-            if mode == "float" or "/" in mode:
+            if mode == "float" or "/" in mode or not needs_scales(mode) or "+" in mode:
                 continue
             sides[f"{peer} {mode}"] = lambda M, mode=mode, spin=spin: model.new_cache(
                 M, mode, cls=OrtAttention, calibration=calibration, threads=ort_threads, spinning=spin)
@@ -121,7 +124,10 @@ def decode_speed(model, tokens, Ts, sides, steps, rounds, gap_s, progress=None):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 c = caches[name]
-                c.truncate(n)
+                if getattr(c, "recent_size", 0):
+                    c.copy_from(src, n)        # a recent window cannot be rolled back
+                else:
+                    c.truncate(n)
                 time.sleep(gap_s)
                 tok, att = [], []
                 for i in range(steps + 1):          # the first step warms up, not counted
@@ -276,7 +282,8 @@ def run(args, out=None):
     try:
         calibration = model.calibration(cal_ids, rotary_pairs=not args.plain_k_maxima)
         rotations = (model.calibrate_rotations(cal_ids) if any(
-            cache_options(m).get("rotations") == "calibrated" for m in modes) else None)
+            cache_options(m).get("rotations") == "calibrated" for m in modes + args.speed_modes)
+            else None)
         if "ppl" in what:
             res["perplexity"] = {}
             for C in args.contexts:
@@ -286,7 +293,7 @@ def run(args, out=None):
                                                     rotations=rotations)
                 bar.close()
         if "speed" in what:
-            sides, res["skipped"] = _sides(model, args, calibration)
+            sides, res["skipped"] = _sides(model, args, calibration, rotations)
             n = -(-(max(args.decode_T) - args.steps - 1) // 512) + len(args.decode_T) * len(sides) * args.rounds
             bar = Progress(n, enabled)
             res["speed"] = decode_speed(model, ev, args.decode_T, sides, args.steps, args.rounds,

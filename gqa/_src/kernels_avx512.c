@@ -737,7 +737,7 @@ static void group_prep_a(const float *a, float *o, size_t K, const unsigned b)
 
 #define GROUP_QK_MAXK 1024
 
-/* MB rows of A (prepared) against rows [0, N) of B, NB rows at a time (MB * NB == 16). */
+/* MB rows of A (prepared) against rows [0, N) of B, NB rows at a time (MB * NB <= 16). */
 INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int PAIR, size_t N, size_t K,
                            float alpha, const float *Ap, const uint8_t *B, int type, float *C, size_t ldc,
                            size_t ms)
@@ -786,8 +786,10 @@ INLINE void group_qk_rows(const unsigned b, const int PAIR, size_t mb, size_t N,
         group_qk_block(1, 16, b, PAIR, N, K, alpha, ap, B, type, C, ldc, 1);
     else if (mb == 2)
         group_qk_block(2, 8, b, PAIR, N, K, alpha, ap, B, type, C, ldc, 2);
-    else   /* 3 rows run as 4, the fourth a copy of the third */
-        group_qk_block(4, 4, b, PAIR, N, K, alpha, ap, B, type, C, ldc, mb);
+    else if (mb == 3)
+        group_qk_block(3, 5, b, PAIR, N, K, alpha, ap, B, type, C, ldc, 3);
+    else
+        group_qk_block(4, 4, b, PAIR, N, K, alpha, ap, B, type, C, ldc, 4);
 }
 
 static void group_qk_fast_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
@@ -798,8 +800,8 @@ static void group_qk_fast_avx512(size_t M, size_t N, size_t K, float alpha, cons
     float ap[4 * GROUP_QK_MAXK];
     for (size_t m0 = 0; m0 < M; m0 += 4) {
         const size_t mb = M - m0 < 4 ? M - m0 : 4;
-        for (size_t m = 0; m < 4; m++) /* rows past mb: a copy of the last (computed, never stored) */
-            group_prep_a(A + (m0 + (m < mb ? m : mb - 1)) * lda, ap + m * K, K, b);
+        for (size_t m = 0; m < mb; m++)
+            group_prep_a(A + (m0 + m) * lda, ap + m * K, K, b);
         float *c = C + m0 * ldc;
         if (b == 8)
             group_qk_rows(8, 0, mb, N, K, alpha, ap, (const uint8_t *)B, type, c, ldc);
@@ -867,9 +869,10 @@ static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, s
     const int pair = b == 2 && gqa_group_cols(type) == 32;
     const uint8_t *Bb = (const uint8_t *)B;
     size_t m0 = 0;
-    while (m0 < M) {   /* blocks of rows: 2 (128-column blocks) or up to 4 (64-column blocks) */
-        const int cb8 = N % 128 == 0;
-        const size_t left = M - m0, mb = left >= 4 && !cb8 ? 4 : left >= 2 ? 2 : 1;
+    while (m0 < M) {   /* blocks of rows: up to 2 over 128-column blocks, or up to 4 over 64 */
+        const size_t left = M - m0;
+        const int cb8 = N % 128 == 0 && left <= 2;
+        const size_t mb = left >= 4 ? 4 : left;
         const float *a = A + m0 * lda;
         float *c = C + m0 * ldc;
         for (size_t c0 = 0; c0 < N; c0 += cb8 ? 128 : 64) {
@@ -883,7 +886,8 @@ static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, s
             if (cb8) {
                 if (mb == 2) SV_CALL(2, 8); else SV_CALL(1, 8);
             } else {
-                if (mb == 4) SV_CALL(4, 4); else if (mb == 2) SV_CALL(2, 4); else SV_CALL(1, 4);
+                if (mb == 4) SV_CALL(4, 4); else if (mb == 3) SV_CALL(3, 4);
+                else if (mb == 2) SV_CALL(2, 4); else SV_CALL(1, 4);
             }
 #undef SV_CALL
         }
