@@ -752,6 +752,11 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
         UNROLL
         for (int i = 0; i < 16; i++)
             acc[i] = _mm512_setzero_ps();
+        /* B streams from memory in decode: the rows QK_PF bytes ahead, one prefetch per row
+           (hardware prefetchers stop at page boundaries; prefetches never fault) */
+        UNROLL
+        for (int r = 0; r < NB; r++)
+            _mm_prefetch((const char *)B + (n0 + (size_t)r) * rb + QK_PF, _MM_HINT_T0);
         for (size_t c = 0; c < K; c += blk) {
             __m512 a[4][4];
             UNROLL
@@ -830,6 +835,7 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
             acc[m][v] = _mm512_setzero_ps();
     for (size_t k = 0; k < K; k++) {
         const uint8_t *row = B + k * rb;
+        _mm_prefetch((const char *)row + c0 * b / 8 + QK_PF, _MM_HINT_T0);
         __m512 p[4];
         UNROLL
         for (int m = 0; m < MB; m++)
