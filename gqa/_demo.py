@@ -4,9 +4,10 @@ SmolLM2-135M-Instruct (30 layers, 9 query heads, 3 KV heads, head size 64), read
 file and run by gqa's NumPy forward (gqa/_llama.py) with one ``gqa.GroupQueryAttention`` per
 layer and the caches of a ``gqa.KVCache`` updated in place.  The prompt (built in, or
 ``--prompt``) is rendered with the model's own chat template and answered greedily three
-times: with a float32 cache, an INT8 and an INT4 cache (``--modes``; by default K per
+times and more: with a float32 cache, an INT8 and an INT4 cache (``--modes``; by default K per
 channel and V per tensor, scales calibrated on the first 512 tokens of a documentation text,
-gqa/_texts.py).  Each answer is streamed as it is generated, the prefill shown as a progress
+gqa/_texts.py), and per-group INT4 and INT2 caches with float windows (4 + 64 positions) and
+Hadamard rotations (configuration names of gqa/_kvcache.py ``cache_options``).  Each answer is streamed as it is generated, the prefill shown as a progress
 bar; then a table: prefill and decode tokens/s, the attention's share of decode time, KV cache
 bytes per position and allocated, and whether the answer equals the float cache's.
 
@@ -21,7 +22,7 @@ from . import _synthetic_demo
 from ._show import format_bytes, format_table
 
 PROMPT = "What is the capital of France, and what is the city known for?"
-MODES = ("float", "int8-pc/pt", "int4-pc/pt")
+MODES = ("float", "int8-pc/pt", "int4-pc/pt", "int4-g32+s4r64+had", "int2-g32+s4r64+had+rho0.9")
 CALIBRATION_TOKENS = 512
 
 
@@ -44,11 +45,11 @@ def run_model(args, out):
     import gqa
     from ._llama import Llama
     from . import _texts
-    from ._kvcache import parse_mode
+    from ._kvcache import cache_options, needs_scales
     modes = args.modes.split(",")
     for m in modes:
         try:
-            parse_mode(m)
+            cache_options(m)
         except ValueError as e:
             raise SystemExit(f"gqa demo: {e}")
     if "float" not in modes:
@@ -69,9 +70,15 @@ def run_model(args, out):
     enabled = {"on": True, "off": False}.get(args.progress, sys.stderr.isatty())
     cap = len(prompt) + args.max_new_tokens
     results = {}
+    rotations = None
     for mode in modes:
-        kw = {} if mode == "float" else dict(calibration=calibration)
-        cache = model.new_cache(cap, mode, num_threads=args.threads, **kw)
+        kw = cache_options(mode)
+        if needs_scales(mode):
+            kw["calibration"] = calibration
+        if kw.get("rotations") == "calibrated":
+            rotations = rotations or model.calibrate_rotations(cal_ids)
+            kw["rotations"] = rotations
+        cache = model.new_cache(cap, num_threads=args.threads, **kw)
         bar = _synthetic_demo.Progress(model.num_layers, enabled)
         print(f"\n[{mode}] ", end="", file=out)
         out.flush()
@@ -105,7 +112,9 @@ def add_arguments(p):
     p.add_argument("--prompt", default=PROMPT, help=f"the user's message (default: {PROMPT!r})")
     p.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (default 64)")
     p.add_argument("--modes", default=",".join(MODES[1:]),
-                   help="quantized caches beside float (default int8-pc/pt,int4-pc/pt: K per channel, V per tensor)")
+                   help="quantized caches beside float (default: int8-pc/pt, int4-pc/pt -- K per channel, "
+                        "V per tensor -- and per group int4-g32 and int2-g32 with float windows and "
+                        "Hadamard rotations)")
     p.add_argument("--synthetic", action="store_true",
                    help="run the synthetic decoding loop (no model needed) with the options below")
     _synthetic_demo.add_arguments(p)
