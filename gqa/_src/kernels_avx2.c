@@ -543,6 +543,149 @@ INLINE __m256 group_codes8(const uint8_t *row, size_t c, const unsigned b)
     return _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(3)));
 }
 
+/* Ordered blocks (groups of a multiple of the block): INT4 16 elements from 8 bytes, the low
+   nibbles (elements 0, 2, .., 14) then the high ones; INT2 32 elements from 8 bytes, vector k
+   lane l = element 4l + k; INT8 8 elements in order.  A is reordered to match once per call
+   (qk), the accumulated columns put back in order once per call (sv). */
+INLINE size_t group_block_avx2(const unsigned b) { return b == 8 ? 8 : b == 4 ? 16 : 32; }
+
+INLINE void group_decode_ord(const uint8_t *row, const uint8_t *meta, size_t c, size_t g, int type,
+                             const unsigned b, __m256 *x)
+{
+    __m256 s, z;
+    group_meta_avx2(meta, c / g, type, &s, &z);
+    if (b == 8) {
+        x[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + c)))),
+                               s, z);
+    } else if (b == 4) {
+        const __m128i v = _mm_loadl_epi64((const __m128i *)(row + c / 2)), m = _mm_set1_epi8(0x0F);
+        x[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(v, m))), s, z);
+        x[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m))),
+                               s, z);
+    } else {
+        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + c / 4)));
+        const __m256i m = _mm256_set1_epi32(3);
+        x[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, m)), s, z);
+        x[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(q, 2), m)), s, z);
+        x[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(q, 4), m)), s, z);
+        x[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 6)), s, z);
+    }
+}
+
+static int group_ordered_avx2(int type)
+{   /* INT8 keeps the natural order (one metadata load per group) */
+    const unsigned b = gqa_group_bits(type);
+    return b != 8 && gqa_group_cols(type) % group_block_avx2(b) == 0;
+}
+
+/* Row a of A in the ordered blocks' element order. */
+static void group_prep_a_avx2(const float *a, float *o, size_t K, const unsigned b)
+{
+    const size_t blk = group_block_avx2(b), per = 8 / b;
+    if (b == 8) {
+        memcpy(o, a, K * sizeof(float));
+        return;
+    }
+    for (size_t c = 0; c < K; c += blk)
+        for (size_t k = 0; k < per; k++)
+            for (size_t l = 0; l < blk / per; l++)
+                o[c + 8 * k + l] = a[c + per * l + k];
+}
+
+INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, size_t N, size_t K, float alpha,
+                              const float *Ap, const uint8_t *B, int type, float *C, size_t ldc, size_t ms)
+{
+    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
+    const size_t blk = group_block_avx2(b);
+    const int nv = (int)(blk / 8);
+    const __m128 va = _mm_set1_ps(alpha);
+    for (size_t n0 = 0; n0 < N; n0 += NB) {
+        const size_t nb = N - n0 < (size_t)NB ? N - n0 : (size_t)NB;
+        __m256 acc[8];
+        UNROLL
+        for (int i = 0; i < 8; i++)
+            acc[i] = _mm256_setzero_ps();
+        UNROLL
+        for (int r = 0; r < NB; r++) { /* rows past N repeat row n0: computed, never stored */
+            const uint8_t *row = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
+            _mm_prefetch((const char *)row + 4096, _MM_HINT_T0);
+            for (size_t c = 0; c < K; c += blk) {
+                __m256 x[4];
+                group_decode_ord(row, row + cb, c, g, type, b, x);
+                UNROLL
+                for (int v = 0; v < nv; v++)
+                    UNROLL
+                    for (int m = 0; m < MB; m++)
+                        acc[m * NB + r] = _mm256_fmadd_ps(_mm256_loadu_ps(Ap + m * K + c + 8 * v), x[v],
+                                                          acc[m * NB + r]);
+            }
+        }
+        float h[8];
+        _mm_storeu_ps(h, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), va));
+        _mm_storeu_ps(h + 4, _mm_mul_ps(hsum4(acc[4], acc[5], acc[6], acc[7]), va));
+        for (size_t m = 0; m < ms; m++)
+            for (size_t r = 0; r < nb; r++)
+                C[m * ldc + n0 + r] = h[m * NB + r];
+    }
+}
+
+INLINE void group_qk_ord_rows(const unsigned b, size_t mb, size_t N, size_t K, float alpha, const float *ap,
+                              const uint8_t *B, int type, float *C, size_t ldc)
+{
+    if (mb == 1)
+        group_qk_ord_avx2(1, 8, b, N, K, alpha, ap, B, type, C, ldc, 1);
+    else if (mb == 2)
+        group_qk_ord_avx2(2, 4, b, N, K, alpha, ap, B, type, C, ldc, 2);
+    else
+        group_qk_ord_avx2(4, 2, b, N, K, alpha, ap, B, type, C, ldc, mb);
+}
+
+INLINE void group_sv_ord_avx2(const int MB, const unsigned b, size_t N, size_t K, const float *A, size_t lda,
+                              const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
+{
+    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
+    const int blk = (int)group_block_avx2(b), nv = blk / 8, nbk = 32 / blk;
+    __m256 acc[2][4];
+    UNROLL
+    for (int m = 0; m < MB; m++)
+        UNROLL
+        for (int v = 0; v < 4; v++)
+            acc[m][v] = _mm256_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+        const uint8_t *row = B + k * rb;
+        _mm_prefetch((const char *)row + c0 * b / 8 + 4096, _MM_HINT_T0);
+        __m256 p[2];
+        UNROLL
+        for (int m = 0; m < MB; m++)
+            p[m] = _mm256_broadcast_ss(A + m * lda + k);
+        UNROLL
+        for (int j = 0; j < nbk; j++) {
+            __m256 x[4];
+            group_decode_ord(row, row + cb, c0 + (size_t)(j * blk), g, type, b, x);
+            UNROLL
+            for (int v = 0; v < nv; v++)
+                UNROLL
+                for (int m = 0; m < MB; m++)
+                    acc[m][j * nv + v] = _mm256_fmadd_ps(x[v], p[m], acc[m][j * nv + v]);
+        }
+    }
+    const int per = (int)(8 / b);
+    for (int m = 0; m < MB; m++) {
+        float t[32];
+        float *cp = C + m * ldc + c0;
+        UNROLL
+        for (int v = 0; v < 4; v++)
+            _mm256_storeu_ps(t + 8 * v, acc[m][v]);
+        for (int j = 0; j < nbk; j++)
+            for (int kk = 0; kk < per; kk++)
+                for (int l = 0; l < blk / per; l++) {
+                    const float o = t[j * blk + 8 * kk + l];
+                    float *d = cp + j * blk + per * l + kk;
+                    *d = beta == 0.0f ? o : beta * *d + o;
+                }
+    }
+}
+
 static int group_fast_avx2(int type, size_t cols)
 {
     return gqa_group_cols(type) % 8 == 0 && cols % 32 == 0;
@@ -599,6 +742,22 @@ static void group_qk_fast_avx2(size_t M, size_t N, size_t K, float alpha, const 
 {
     const unsigned b = gqa_group_bits(type);
     float buf[4 * 1024];
+    if (group_ordered_avx2(type)) {
+        for (size_t m0 = 0; m0 < M; m0 += 4) {
+            const size_t mb = M - m0 < 4 ? M - m0 : 4;
+            for (size_t m = 0; m < 4; m++) /* rows past mb: a copy of the last (never stored) */
+                group_prep_a_avx2(A + (m0 + (m < mb ? m : mb - 1)) * lda, buf + m * K, K, b);
+            float *c = C + m0 * ldc;
+            const uint8_t *Bb = (const uint8_t *)B;
+            if (b == 8)
+                group_qk_ord_rows(8, mb, N, K, alpha, buf, Bb, type, c, ldc);
+            else if (b == 4)
+                group_qk_ord_rows(4, mb, N, K, alpha, buf, Bb, type, c, ldc);
+            else
+                group_qk_ord_rows(2, mb, N, K, alpha, buf, Bb, type, c, ldc);
+        }
+        return;
+    }
     for (size_t m0 = 0; m0 < M; m0 += 4) {
         const size_t mb = M - m0 < 4 ? M - m0 : 4;
         const float *a = A + m0 * lda;
@@ -664,6 +823,7 @@ static void group_sv_fast_avx2(size_t M, size_t N, size_t K, const float *A, siz
 {
     const unsigned b = gqa_group_bits(type);
     const uint8_t *Bb = (const uint8_t *)B;
+    const int ord = group_ordered_avx2(type);
     for (size_t m0 = 0; m0 < M; m0 += 2) {
         const float *a = A + m0 * lda;
         float *c = C + m0 * ldc;
@@ -671,7 +831,11 @@ static void group_sv_fast_avx2(size_t M, size_t N, size_t K, const float *A, siz
         for (size_t c0 = 0; c0 < N; c0 += 32) {
 #define SV2_CALL(MB)                                                                             \
     do {                                                                                         \
-        if (b == 8) group_sv_block_avx2(MB, 8, N, K, a, lda, Bb, type, c, ldc, beta, c0);       \
+        if (ord) {                                                                               \
+            if (b == 8) group_sv_ord_avx2(MB, 8, N, K, a, lda, Bb, type, c, ldc, beta, c0);      \
+            else if (b == 4) group_sv_ord_avx2(MB, 4, N, K, a, lda, Bb, type, c, ldc, beta, c0); \
+            else group_sv_ord_avx2(MB, 2, N, K, a, lda, Bb, type, c, ldc, beta, c0);             \
+        } else if (b == 8) group_sv_block_avx2(MB, 8, N, K, a, lda, Bb, type, c, ldc, beta, c0); \
         else if (b == 4) group_sv_block_avx2(MB, 4, N, K, a, lda, Bb, type, c, ldc, beta, c0);  \
         else group_sv_block_avx2(MB, 2, N, K, a, lda, Bb, type, c, ldc, beta, c0);              \
     } while (0)
