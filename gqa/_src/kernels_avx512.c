@@ -835,7 +835,6 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
             acc[m][v] = _mm512_setzero_ps();
     for (size_t k = 0; k < K; k++) {
         const uint8_t *row = B + k * rb;
-        _mm_prefetch((const char *)row + c0 * b / 8 + QK_PF, _MM_HINT_T0);
         __m512 p[4];
         UNROLL
         for (int m = 0; m < MB; m++)
@@ -850,6 +849,8 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
                 for (int m = 0; m < MB; m++)
                     acc[m][j * nv + v] = _mm512_fmadd_ps(x[v], p[m], acc[m][j * nv + v]);
         }
+        /* the rows stream from memory in decode: QK_PF bytes ahead, one prefetch per row */
+        _mm_prefetch((const char *)row + QK_PF, _MM_HINT_T0);
     }
     const int per = b == 8 ? 1 : (int)(8 / b);
     for (int m = 0; m < MB; m++) {
