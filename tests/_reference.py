@@ -150,27 +150,9 @@ def group_quantize_ref(x, bits, group, rho=1.0, meta16=False):
     return np.stack(out).reshape(x.shape[:-1] + (-1,))
 
 
-def group_magnitude_ref(rows, bits, group, h, meta16=False):
-    """float64 |code * scale| + |zero| per element: the magnitudes a kernel may round when it
-    forms code * scale + zero (once, fused, or as the contract's two roundings)."""
-    rows = np.asarray(rows, np.uint8)
-    flat = rows.reshape(-1, rows.shape[-1])
-    per = 8 // bits
-    nb = h * bits // 8
-    codes = np.zeros((flat.shape[0], h), np.int64)
-    for i in range(per):
-        codes[:, i::per] = (flat[:, :nb].astype(np.int64) >> (bits * i)) & (2 ** bits - 1)
-    mdt = np.float16 if meta16 else F32
-    meta = np.ascontiguousarray(flat[:, nb:]).view(mdt).astype(np.float64).reshape(flat.shape[0], -1, 2)
-    scale = np.repeat(meta[:, :, 0], group, axis=1)
-    zero = np.repeat(meta[:, :, 1], group, axis=1)
-    return (np.abs(codes * scale) + np.abs(zero)).reshape(rows.shape[:-1] + (h,))
-
-
-def group_dequantize_ref(rows, bits, group, h, meta16=False):
-    """float32 [..., h] of per-group rows: fl32(fl32(code * scale) + zero)."""
-    rows = np.asarray(rows, np.uint8)
-    flat = rows.reshape(-1, rows.shape[-1])
+def _group_parts(rows, bits, group, h, meta16):
+    """(codes int64, scale float64, zero float64), each [rows, h], of per-group rows."""
+    flat = np.asarray(rows, np.uint8).reshape(-1, np.shape(rows)[-1])
     per = 8 // bits
     nb = h * bits // 8
     codes = np.zeros((flat.shape[0], h), np.int64)
@@ -178,11 +160,23 @@ def group_dequantize_ref(rows, bits, group, h, meta16=False):
         codes[:, i::per] = (flat[:, :nb].astype(np.int64) >> (bits * i)) & (2 ** bits - 1)
     mdt = np.float16 if meta16 else F32
     meta = np.ascontiguousarray(flat[:, nb:]).view(mdt).astype(F32).reshape(flat.shape[0], -1, 2)
-    scale = np.repeat(meta[:, :, 0], group, axis=1)
-    zero = np.repeat(meta[:, :, 1], group, axis=1)
+    return codes, np.repeat(meta[:, :, 0], group, axis=1), np.repeat(meta[:, :, 1], group, axis=1)
+
+
+def group_magnitude_ref(rows, bits, group, h, meta16=False):
+    """float64 |code * scale| + |zero| per element: the magnitudes a kernel may round when it
+    forms code * scale + zero (once, fused, or as the contract's two roundings)."""
+    codes, scale, zero = _group_parts(rows, bits, group, h, meta16)
+    mag = np.abs(codes * scale.astype(np.float64)) + np.abs(zero.astype(np.float64))
+    return mag.reshape(np.shape(rows)[:-1] + (h,))
+
+
+def group_dequantize_ref(rows, bits, group, h, meta16=False):
+    """float32 [..., h] of per-group rows: fl32(fl32(code * scale) + zero)."""
+    codes, scale, zero = _group_parts(rows, bits, group, h, meta16)
     with np.errstate(invalid="ignore", over="ignore"):
         out = (codes.astype(F32) * scale).astype(F32) + zero
-    return out.astype(F32).reshape(rows.shape[:-1] + (h,))
+    return out.astype(F32).reshape(np.shape(rows)[:-1] + (h,))
 
 
 # ---------------------------------------------------------------- GEMM oracles

@@ -116,7 +116,8 @@ def _decode_bound(a, b, bits, g, k, metadata, alpha):
 @pytest.mark.parametrize("bits", [8, 4, 2])
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 17])
 def test_qk_gemm_matches_oracle(kernel_path, bits, m, rng):
-    for n, k, g in ((1, 64, 64), (7, 64, 16), (33, 128, 32), (130, 128, 8), (40, 256, 64)):
+    for n, k, g in ((1, 64, 64), (7, 64, 16), (33, 128, 32), (130, 128, 8), (40, 256, 64),
+                    (19, 96, 48), (21, 96, 24)):     # groups that straddle 32- and 64-column blocks
         for metadata in META:
             a = rng.standard_normal((m, k)).astype(F32)
             b = gqa.quantize(_rows(rng, n, k), bits=bits, group_size=g, metadata=metadata)
@@ -130,7 +131,8 @@ def test_qk_gemm_matches_oracle(kernel_path, bits, m, rng):
 @pytest.mark.parametrize("bits", [8, 4, 2])
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 17])
 def test_sv_gemm_matches_oracle(kernel_path, bits, m, rng):
-    for k, n, g in ((1, 64, 64), (7, 64, 16), (33, 128, 32), (300, 128, 8), (70, 256, 64), (0, 64, 32)):
+    for k, n, g in ((1, 64, 64), (7, 64, 16), (33, 128, 32), (300, 128, 8), (70, 256, 64), (0, 64, 32),
+                    (45, 96, 48), (38, 96, 24)):
         for beta in (0.0, 1.0, 0.5):
             a = np.abs(rng.standard_normal((m, k))).astype(F32)
             b = gqa.quantize(_rows(rng, k, n), bits=bits, group_size=g)

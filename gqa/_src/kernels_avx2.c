@@ -543,18 +543,20 @@ INLINE __m256 group_codes8(const uint8_t *row, size_t c, const unsigned b)
     return _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(3)));
 }
 
-/* Ordered blocks (groups of a multiple of the block): INT4 16 elements from 8 bytes, the low
-   nibbles (elements 0, 2, .., 14) then the high ones; INT2 32 elements from 8 bytes, vector k
-   lane l = element 4l + k; INT8 8 elements in order.  A is reordered to match once per call
-   (qk), the accumulated columns put back in order once per call (sv). */
-INLINE size_t group_block_avx2(const unsigned b) { return b == 8 ? 8 : b == 4 ? 16 : 32; }
+/* Blocks of elements decoded together.  Ordered (ORD, groups of a multiple of the block): INT4
+   16 elements from 8 bytes, the low nibbles (elements 0, 2, .., 14) then the high ones; INT2 32
+   elements from 8 bytes, vector k lane l = element 4l + k.  Otherwise (INT8, or groups of 8
+   columns) 8 elements in order.  A is reordered to match once per call (qk), the accumulated
+   columns put back in order once per call (sv). */
+INLINE size_t group_block_avx2(const unsigned b, const int ORD) { return !ORD ? 8 : b == 4 ? 16 : 32; }
 
-INLINE void group_decode_ord(const uint8_t *row, const uint8_t *meta, size_t c, size_t g, int type,
-                             const unsigned b, __m256 *x)
+/* The block at element c, with its group's scale s and zero z broadcast. */
+INLINE void group_decode_ord(const uint8_t *row, size_t c, const __m256 s, const __m256 z, const unsigned b,
+                             const int ORD, __m256 *x)
 {
-    __m256 s, z;
-    group_meta_avx2(meta, c / g, type, &s, &z);
-    if (b == 8) {
+    if (!ORD) {
+        x[0] = _mm256_fmadd_ps(group_codes8(row, c, b), s, z);
+    } else if (b == 8) {
         x[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + c)))),
                                s, z);
     } else if (b == 4) {
@@ -573,16 +575,16 @@ INLINE void group_decode_ord(const uint8_t *row, const uint8_t *meta, size_t c, 
 }
 
 static int group_ordered_avx2(int type)
-{   /* INT8 keeps the natural order (one metadata load per group) */
+{   /* INT8 keeps the natural order */
     const unsigned b = gqa_group_bits(type);
-    return b != 8 && gqa_group_cols(type) % group_block_avx2(b) == 0;
+    return b != 8 && gqa_group_cols(type) % group_block_avx2(b, 1) == 0;
 }
 
-/* Row a of A in the ordered blocks' element order. */
-static void group_prep_a_avx2(const float *a, float *o, size_t K, const unsigned b)
+/* Row a of A in the blocks' element order. */
+static void group_prep_a_avx2(const float *a, float *o, size_t K, const unsigned b, const int ord)
 {
-    const size_t blk = group_block_avx2(b), per = 8 / b;
-    if (b == 8) {
+    const size_t blk = group_block_avx2(b, ord), per = 8 / b;
+    if (!ord) {
         memcpy(o, a, K * sizeof(float));
         return;
     }
@@ -592,11 +594,12 @@ static void group_prep_a_avx2(const float *a, float *o, size_t K, const unsigned
                 o[c + 8 * k + l] = a[c + per * l + k];
 }
 
-INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, size_t N, size_t K, float alpha,
-                              const float *Ap, const uint8_t *B, int type, float *C, size_t ldc, size_t ms)
+INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, const int ORD, size_t N, size_t K,
+                              float alpha, const float *Ap, const uint8_t *B, int type, float *C, size_t ldc,
+                              size_t ms)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
-    const size_t blk = group_block_avx2(b);
+    const size_t blk = group_block_avx2(b, ORD);
     const int nv = (int)(blk / 8);
     const __m128 va = _mm_set1_ps(alpha);
     for (size_t n0 = 0; n0 < N; n0 += NB) {
@@ -609,15 +612,19 @@ INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, size
         for (int r = 0; r < NB; r++) { /* rows past N repeat row n0: computed, never stored */
             const uint8_t *row = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
             _mm_prefetch((const char *)row + 4096, _MM_HINT_T0);
-            for (size_t c = 0; c < K; c += blk) {
+            __m256 s, z;
+            for (size_t c0 = 0, gi = 0; c0 < K; c0 += g, gi++) {
+                group_meta_avx2(row + cb, gi, type, &s, &z);
+                for (size_t c = c0; c < c0 + g; c += blk) {
                 __m256 x[4];
-                group_decode_ord(row, row + cb, c, g, type, b, x);
+                group_decode_ord(row, c, s, z, b, ORD, x);
                 UNROLL
                 for (int v = 0; v < nv; v++)
                     UNROLL
                     for (int m = 0; m < MB; m++)
                         acc[m * NB + r] = _mm256_fmadd_ps(_mm256_loadu_ps(Ap + m * K + c + 8 * v), x[v],
                                                           acc[m * NB + r]);
+                }
             }
         }
         float h[8];
@@ -629,22 +636,25 @@ INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, size
     }
 }
 
-INLINE void group_qk_ord_rows(const unsigned b, size_t mb, size_t N, size_t K, float alpha, const float *ap,
-                              const uint8_t *B, int type, float *C, size_t ldc)
+INLINE void group_qk_ord_rows(const unsigned b, const int ORD, size_t mb, size_t N, size_t K, float alpha,
+                              const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
 {
     if (mb == 1)
-        group_qk_ord_avx2(1, 8, b, N, K, alpha, ap, B, type, C, ldc, 1);
+        group_qk_ord_avx2(1, 8, b, ORD, N, K, alpha, ap, B, type, C, ldc, 1);
     else if (mb == 2)
-        group_qk_ord_avx2(2, 4, b, N, K, alpha, ap, B, type, C, ldc, 2);
+        group_qk_ord_avx2(2, 4, b, ORD, N, K, alpha, ap, B, type, C, ldc, 2);
     else
-        group_qk_ord_avx2(4, 2, b, N, K, alpha, ap, B, type, C, ldc, mb);
+        group_qk_ord_avx2(4, 2, b, ORD, N, K, alpha, ap, B, type, C, ldc, mb);
 }
 
-INLINE void group_sv_ord_avx2(const int MB, const unsigned b, size_t N, size_t K, const float *A, size_t lda,
-                              const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
+INLINE void group_sv_ord_avx2(const int MB, const unsigned b, const int ORD, size_t N, size_t K, const float *A,
+                              size_t lda, const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
-    const int blk = (int)group_block_avx2(b), nv = blk / 8, nbk = 32 / blk;
+    const int blk = (int)group_block_avx2(b, ORD), nv = blk / 8, nbk = 32 / blk;
+    size_t gidx[4];   /* the group of each block (divisions once per call, not per key) */
+    for (int j = 0; j < nbk; j++)
+        gidx[j] = (c0 + (size_t)(j * blk)) / g;
     __m256 acc[2][4];
     UNROLL
     for (int m = 0; m < MB; m++)
@@ -658,10 +668,14 @@ INLINE void group_sv_ord_avx2(const int MB, const unsigned b, size_t N, size_t K
         UNROLL
         for (int m = 0; m < MB; m++)
             p[m] = _mm256_broadcast_ss(A + m * lda + k);
+        __m256 s, z;
         UNROLL
         for (int j = 0; j < nbk; j++) {
             __m256 x[4];
-            group_decode_ord(row, row + cb, c0 + (size_t)(j * blk), g, type, b, x);
+            const size_t c = c0 + (size_t)(j * blk);
+            if (j == 0 || gidx[j] != gidx[j - 1])
+                group_meta_avx2(row + cb, gidx[j], type, &s, &z);
+            group_decode_ord(row, c, s, z, b, ORD, x);
             UNROLL
             for (int v = 0; v < nv; v++)
                 UNROLL
@@ -669,7 +683,7 @@ INLINE void group_sv_ord_avx2(const int MB, const unsigned b, size_t N, size_t K
                     acc[m][j * nv + v] = _mm256_fmadd_ps(x[v], p[m], acc[m][j * nv + v]);
         }
     }
-    const int per = (int)(8 / b);
+    const int per = ORD ? (int)(8 / b) : 1;
     for (int m = 0; m < MB; m++) {
         float t[32];
         float *cp = C + m * ldc + c0;
@@ -691,131 +705,29 @@ static int group_fast_avx2(int type, size_t cols)
     return gqa_group_cols(type) % 8 == 0 && cols % 32 == 0;
 }
 
-INLINE void group_qk_block_avx2(const int MB, const int NB, const unsigned b, size_t N, size_t K, float alpha,
-                                const float *A, size_t lda, const uint8_t *B, int type, float *C, size_t ldc,
-                                size_t ms)
-{
-    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
-    const __m128 va = _mm_set1_ps(alpha);
-    for (size_t n0 = 0; n0 < N; n0 += NB) {
-        const size_t nb = N - n0 < (size_t)NB ? N - n0 : (size_t)NB;
-        __m256 acc[8];
-        UNROLL
-        for (int i = 0; i < 8; i++)
-            acc[i] = _mm256_setzero_ps();
-        UNROLL
-        for (int r = 0; r < NB; r++) { /* rows past N repeat row n0: computed, never stored */
-            const uint8_t *row = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
-            for (size_t c0 = 0; c0 < K; c0 += g) {
-                __m256 s, z;
-                group_meta_avx2(row + cb, c0 / g, type, &s, &z);
-                for (size_t c = c0; c < c0 + g; c += 8) {
-                    const __m256 x = _mm256_fmadd_ps(group_codes8(row, c, b), s, z);
-                    UNROLL
-                    for (int m = 0; m < MB; m++)
-                        acc[m * NB + r] = _mm256_fmadd_ps(_mm256_loadu_ps(A + m * lda + c), x, acc[m * NB + r]);
-                }
-            }
-        }
-        float h[8];
-        _mm_storeu_ps(h, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), va));
-        _mm_storeu_ps(h + 4, _mm_mul_ps(hsum4(acc[4], acc[5], acc[6], acc[7]), va));
-        for (size_t m = 0; m < ms; m++)
-            for (size_t r = 0; r < nb; r++)
-                C[m * ldc + n0 + r] = h[m * NB + r];
-    }
-}
-
-INLINE void group_qk_rows_avx2(const unsigned b, size_t mb, size_t N, size_t K, float alpha, const float *A,
-                               size_t lda, const uint8_t *B, int type, float *C, size_t ldc)
-{
-    if (mb == 1)
-        group_qk_block_avx2(1, 8, b, N, K, alpha, A, lda, B, type, C, ldc, 1);
-    else if (mb == 2)
-        group_qk_block_avx2(2, 4, b, N, K, alpha, A, lda, B, type, C, ldc, 2);
-    else
-        group_qk_block_avx2(4, 2, b, N, K, alpha, A, lda, B, type, C, ldc, mb);
-}
-
 static void group_qk_fast_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                                const void *B, int type, float *C, size_t ldc)
 {
     const unsigned b = gqa_group_bits(type);
+    const int ord = group_ordered_avx2(type);
+    const uint8_t *Bb = (const uint8_t *)B;
     float buf[4 * 1024];
-    if (group_ordered_avx2(type)) {
-        for (size_t m0 = 0; m0 < M; m0 += 4) {
-            const size_t mb = M - m0 < 4 ? M - m0 : 4;
-            for (size_t m = 0; m < 4; m++) /* rows past mb: a copy of the last (never stored) */
-                group_prep_a_avx2(A + (m0 + (m < mb ? m : mb - 1)) * lda, buf + m * K, K, b);
-            float *c = C + m0 * ldc;
-            const uint8_t *Bb = (const uint8_t *)B;
-            if (b == 8)
-                group_qk_ord_rows(8, mb, N, K, alpha, buf, Bb, type, c, ldc);
-            else if (b == 4)
-                group_qk_ord_rows(4, mb, N, K, alpha, buf, Bb, type, c, ldc);
-            else
-                group_qk_ord_rows(2, mb, N, K, alpha, buf, Bb, type, c, ldc);
-        }
-        return;
-    }
     for (size_t m0 = 0; m0 < M; m0 += 4) {
         const size_t mb = M - m0 < 4 ? M - m0 : 4;
-        const float *a = A + m0 * lda;
-        size_t ld = lda;
-        if (mb == 3) { /* as 4 rows, the fourth a copy of the third (computed, never stored) */
-            for (size_t m = 0; m < 4; m++)
-                memcpy(buf + m * K, A + (m0 + (m < 3 ? m : 2)) * lda, K * sizeof(float));
-            a = buf;
-            ld = K;
-        }
+        for (size_t m = 0; m < 4; m++) /* rows past mb: a copy of the last (never stored) */
+            group_prep_a_avx2(A + (m0 + (m < mb ? m : mb - 1)) * lda, buf + m * K, K, b, ord);
         float *c = C + m0 * ldc;
         if (b == 8)
-            group_qk_rows_avx2(8, mb, N, K, alpha, a, ld, (const uint8_t *)B, type, c, ldc);
+            group_qk_ord_rows(8, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
+        else if (b == 4 && ord)
+            group_qk_ord_rows(4, 1, mb, N, K, alpha, buf, Bb, type, c, ldc);
         else if (b == 4)
-            group_qk_rows_avx2(4, mb, N, K, alpha, a, ld, (const uint8_t *)B, type, c, ldc);
+            group_qk_ord_rows(4, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
+        else if (ord)
+            group_qk_ord_rows(2, 1, mb, N, K, alpha, buf, Bb, type, c, ldc);
         else
-            group_qk_rows_avx2(2, mb, N, K, alpha, a, ld, (const uint8_t *)B, type, c, ldc);
+            group_qk_ord_rows(2, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
     }
-}
-
-INLINE void group_sv_block_avx2(const int MB, const unsigned b, size_t N, size_t K, const float *A, size_t lda,
-                                const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
-{
-    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
-    __m256 acc[2][4];
-    UNROLL
-    for (int m = 0; m < MB; m++)
-        UNROLL
-        for (int v = 0; v < 4; v++)
-            acc[m][v] = _mm256_setzero_ps();
-    for (size_t k = 0; k < K; k++) {
-        const uint8_t *row = B + k * rb;
-        __m256 p[2], s, z;
-        UNROLL
-        for (int m = 0; m < MB; m++)
-            p[m] = _mm256_broadcast_ss(A + m * lda + k);
-        group_meta_avx2(row + cb, c0 / g, type, &s, &z);
-        UNROLL
-        for (int v = 0; v < 4; v++) {
-            const size_t c = c0 + 8 * (size_t)v;
-            if (v > 0 && c % g == 0)
-                group_meta_avx2(row + cb, c / g, type, &s, &z);
-            const __m256 x = _mm256_fmadd_ps(group_codes8(row, c, b), s, z);
-            UNROLL
-            for (int m = 0; m < MB; m++)
-                acc[m][v] = _mm256_fmadd_ps(x, p[m], acc[m][v]);
-        }
-    }
-    UNROLL
-    for (int m = 0; m < MB; m++)
-        UNROLL
-        for (int v = 0; v < 4; v++) {
-            float *cp = C + m * ldc + c0 + 8 * v;
-            __m256 r = acc[m][v];
-            if (beta != 0.0f)
-                r = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(cp), r);
-            _mm256_storeu_ps(cp, r);
-        }
 }
 
 static void group_sv_fast_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
@@ -829,15 +741,13 @@ static void group_sv_fast_avx2(size_t M, size_t N, size_t K, const float *A, siz
         float *c = C + m0 * ldc;
         const int two = M - m0 >= 2;
         for (size_t c0 = 0; c0 < N; c0 += 32) {
-#define SV2_CALL(MB)                                                                             \
-    do {                                                                                         \
-        if (ord) {                                                                               \
-            if (b == 8) group_sv_ord_avx2(MB, 8, N, K, a, lda, Bb, type, c, ldc, beta, c0);      \
-            else if (b == 4) group_sv_ord_avx2(MB, 4, N, K, a, lda, Bb, type, c, ldc, beta, c0); \
-            else group_sv_ord_avx2(MB, 2, N, K, a, lda, Bb, type, c, ldc, beta, c0);             \
-        } else if (b == 8) group_sv_block_avx2(MB, 8, N, K, a, lda, Bb, type, c, ldc, beta, c0); \
-        else if (b == 4) group_sv_block_avx2(MB, 4, N, K, a, lda, Bb, type, c, ldc, beta, c0);  \
-        else group_sv_block_avx2(MB, 2, N, K, a, lda, Bb, type, c, ldc, beta, c0);              \
+#define SV2_CALL(MB)                                                                               \
+    do {                                                                                           \
+        if (b == 8) group_sv_ord_avx2(MB, 8, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);         \
+        else if (b == 4 && ord) group_sv_ord_avx2(MB, 4, 1, N, K, a, lda, Bb, type, c, ldc, beta, c0); \
+        else if (b == 4) group_sv_ord_avx2(MB, 4, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);    \
+        else if (ord) group_sv_ord_avx2(MB, 2, 1, N, K, a, lda, Bb, type, c, ldc, beta, c0);       \
+        else group_sv_ord_avx2(MB, 2, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);                \
     } while (0)
             if (two) SV2_CALL(2); else SV2_CALL(1);
 #undef SV2_CALL
