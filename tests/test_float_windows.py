@@ -431,3 +431,35 @@ def test_step_inputs_must_not_alias_the_windows():
     with pytest.raises(ValueError, match="present_hp_value must not overlap query"):
         op(alias, k, k.copy(), pk, pv, np.array([1], np.int32), np.array(2, np.int32), **ext)
     assert np.array_equal(pk, before[0]) and np.array_equal(hk, before[1])
+
+
+def test_float16_inputs_keep_float16_windows(kernel_path):
+    """float16 inputs: the windows are float16 buffers; against the same steps in float32 (inputs
+    rounded to half), the outputs agree within what half rounding allows -- an output rounding
+    (2^-11 relative) plus codes of rows rounded to half before quantization, at most one INT4
+    step (range / 15) apart -- and the window rows within half rounding."""
+    a = dict(num_heads=N, kv_num_heads=NKV, k_quant_type="PER_GROUP", v_quant_type="PER_GROUP",
+             kv_cache_bit_width=4, kv_quant_group_size=16, sink_size=2, recent_size=3)
+    w = gqa.group_row_bytes(H, 4, 16)
+    R = gqa.oscar_rotation(None, H, NKV)
+    runs = {}
+    for dt in (np.float32, np.float16):
+        op = gqa.GroupQueryAttention(**a)
+        pk = np.zeros((1, NKV, 20, w), np.uint8)
+        pv = pk.copy()
+        hk, hv = np.zeros((1, NKV, 5, H), dt), np.zeros((1, NKV, 5, H), dt)
+        r = np.random.default_rng(1)
+        outs, T = [], 0
+        for S in (6, 1, 1, 3, 1):
+            x = r.uniform(-1, 1, (1, S, (N + 2 * NKV) * H)).astype(np.float16).astype(dt)
+            T += S
+            res = op(x, None, None, pk, pv, np.array([T - 1], np.int32), np.array(T, np.int32),
+                     past_hp_key=hk, past_hp_value=hv, oscar_rotation_k=R, oscar_rotation_v=R,
+                     present_key=pk, present_value=pv, present_hp_key=hk, present_hp_value=hv)
+            assert res[0].dtype == dt and len(res) == 5
+            outs.append(res[0].astype(np.float32))
+        runs[dt] = (np.concatenate(outs, 1), hk.astype(np.float32))
+    (o32, h32), (o16, h16) = runs[np.float32], runs[np.float16]
+    assert np.all(np.isfinite(o16))
+    np.testing.assert_allclose(h16, h32, atol=2e-3, rtol=0)     # |x| <= ~2: half's step 2^-10
+    np.testing.assert_allclose(o16, o32, atol=2e-2, rtol=0)
