@@ -282,26 +282,20 @@ cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, 
         r = e
 
 
-cdef void hp_put(const Params *p, const gqa_kernels *t, uint8_t *w, uint8_t *stage, int b, int j,
-                 int pos, const float *row) noexcept nogil:
-    """Store a new row (as attention reads it) of position pos: in the staging rows (a causal
-    multi-token step, stage != NULL), else in window buffer w when pos is one of the window
-    positions after this call."""
-    cdef int Tb = p.seqlens[b] + 1, ns, nr, r
+cdef void hp_put(const Params *p, const gqa_kernels *t, const uint8_t *f, int b, int j, int pos,
+                 const float *row) noexcept nogil:
+    """Store a new row (as attention reads it) of position pos among the readers' float rows f
+    (p.fk or p.fv): every new row when they are a causal multi-token step's staging rows, else
+    the rows of the window positions after this call."""
+    cdef int Tb = p.seqlens[b] + 1, ns, nr
     if pos >= Tb:           # a ragged first prompt's rows past the entry's length: never read
         return
-    if stage != NULL:
-        t.quantize(row, p.H, hp_row(p, stage, p.fcap, b, j, float_row(p, b, pos)), 1, p.H,
-                   p.hp_type, NULL)
-        return
-    hp_counts(p, Tb, &ns, &nr)
-    if pos < ns:
-        r = pos
-    elif pos >= Tb - nr:
-        r = ns + pos - (Tb - nr)
-    else:
-        return
-    t.quantize(row, p.H, hp_row(p, w, p.hcap, b, j, r), 1, p.H, p.hp_type, NULL)
+    if not p.hstage:
+        hp_counts(p, Tb, &ns, &nr)
+        if ns <= pos < Tb - nr:
+            return          # history: in the codes only
+    t.quantize(row, p.H, hp_row(p, <uint8_t *>f, p.fcap, b, j, float_row(p, b, pos)), 1, p.H,
+               p.hp_type, NULL)
 
 
 cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, uint8_t *stage, int b, int j,
@@ -375,7 +369,7 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
             src = tmp
         t.quantize(src, p.H, k_row(p, b, j, pb + s), 1, p.H, p.ktype, k_scales(p, j))
         if p.hk != NULL:
-            hp_put(p, t, p.hk, sk, b, j, pb + s, src)
+            hp_put(p, t, p.fk, b, j, pb + s, src)
     if rv == NULL and p.hv == NULL:
         t.quantize(p.v + <size_t>b * p.L * p.kv_tok + <size_t>j * p.H, p.kv_tok,
                    v_row(p, b, j, pb), p.L, p.H, p.vtype, v_scales(p, j))
@@ -389,7 +383,7 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
             src = tmp
         t.quantize(src, p.H, v_row(p, b, j, pb + s), 1, p.H, p.vtype, v_scales(p, j))
         if p.hv != NULL:
-            hp_put(p, t, p.hv, sv, b, j, pb + s, src)
+            hp_put(p, t, p.fv, b, j, pb + s, src)
     if p.hstage:
         hp_settle(p, p.hk, sk, b, j)
         hp_settle(p, p.hv, sv, b, j)

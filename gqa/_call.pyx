@@ -548,14 +548,10 @@ cdef class Signature:
     cdef bint _matches(self, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                        sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
                        q_norm_weight, k_norm_weight, present_key, present_value, tuple ext):
-        if ext is not _NO_EXT and not (
-                _same(&self.keys[17], ext[0], True, MAXD) and _same(&self.keys[18], ext[1], True, MAXD)
-                and _same(&self.keys[19], ext[2], True, MAXD) and _same(&self.keys[20], ext[3], True, MAXD)
-                and _same(&self.keys[21], ext[4], True, MAXD) and _same(&self.keys[22], ext[5], True, MAXD)):
-            return False
-        if ext is _NO_EXT and (self.keys[17].present or self.keys[19].present or
-                               self.keys[20].present or self.keys[21].present):
-            return False
+        cdef int i
+        for i in range(6):      # the six of _EXT_NAMES, all kept
+            if not _same(&self.keys[17 + i], ext[i], True, MAXD):
+                return False
         return (self.valid
                 and _same(&self.keys[0], query, False, MAXD) and _same(&self.keys[1], key, False, MAXD)
                 and _same(&self.keys[2], value, False, MAXD)

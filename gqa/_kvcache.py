@@ -427,32 +427,23 @@ class KVCache:
         if other.mode != self.mode and other.bits != 0:
             raise ValueError(f"copy_from takes a float cache or one of this mode ({self.mode!r}), "
                              f"got {other.mode!r}")
-        from ._api import quantize
-        H = self.head_size
-        windows = self.sink_size + self.recent_size > 0
-        if (self.group or windows or self.rotations[0] != (None, None)) and other.bits == 0:
+        if self.bits != 0 and other.bits == 0:
             self._copy_float(other, length)
             return
-        if windows or self.rotations[0] != (None, None):
+        rotated = any(r is not None for pair in self.rotations for r in pair)
+        if self.sink_size + self.recent_size > 0 or rotated:
             raise ValueError("copy_from into a cache with float windows or rotations takes a float "
                              "cache")
         for li in range(self.num_layers):
-            for dst, src, scales, mode in ((self.key, other.key, self.k_scales, self.k_mode),
-                                           (self.value, other.value, self.v_scales, self.v_mode)):
-                rows = src[li][:, :, :length]
-                if self.bits == 0 or other.bits != 0:
-                    dst[li][:, :, :length] = rows
-                    continue
-                rows = np.ascontiguousarray(rows, np.float32)
-                per_channel = _TENSOR_MODES[mode][0] == "PER_CHANNEL"
-                for h in range(self.kv_num_heads):
-                    s = scales[li][h * H:(h + 1) * H] if per_channel else scales[li]
-                    dst[li][:, h, :length] = quantize(rows[:, h], s, bits=self.bits)
+            self.key[li][:, :, :length] = other.key[li][:, :, :length]
+            self.value[li][:, :, :length] = other.value[li][:, :, :length]
         self._set_length(length)
 
     def _copy_float(self, other, length):
-        """copy_from a float cache: rows turned by the rotations, quantized as the operator
-        writes them, and the float windows of `length` positions."""
+        """copy_from a float cache into this quantized one: rows turned by the rotations,
+        quantized as the operator writes them (scales per tensor / channel, or per group), and
+        the float windows of `length` positions.  The rotation is NumPy's product here, the
+        kernel's in the operator: where they round apart a code may differ by one step."""
         from ._api import quantize
         rho = (self.ops[0].k_quant_rho, self.ops[0].v_quant_rho)
         ns = min(self.sink_size, length)

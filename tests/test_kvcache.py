@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import gqa
-from gqa._kvcache import parse_mode, mode_name
+from gqa._kvcache import mode_name, needs_scales, parse_mode
 
 from _reference import quantize_ref
 
@@ -32,7 +32,7 @@ def _scales(mode, seed=1):
 
 
 def _cache(mode="float", rotary=True, B=B, **kw):
-    if "k_scales" not in kw and "calibration" not in kw and mode != "float":
+    if "k_scales" not in kw and "calibration" not in kw and needs_scales(mode):
         kw["k_scales"], kw["v_scales"] = _scales(mode)
     return gqa.KVCache(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=M,
                        batch_size=B, mode=mode, rotary=gqa.rotary_caches(M, H) if rotary else None, **kw)
@@ -141,6 +141,31 @@ def test_copy_from_quantizes_as_the_operator_writes(mode):
         np.testing.assert_array_equal(dst.value[li][:, :, :10], direct.value[li][:, :, :10])
     with pytest.raises(ValueError, match="float cache or one of this mode"):
         _cache("int8-pt").copy_from(dst)
+
+
+@pytest.mark.parametrize("kw", [dict(mode="int4-pc", rotations="hadamard"),
+                                dict(mode="int4-g8", sink_size=2, recent_size=3, rotations="hadamard"),
+                                dict(mode="int2-g16", sink_size=1, recent_size=4, k_rho=0.9)],
+                         ids=["static+rotation", "group+windows+rotation", "group+windows"])
+def test_copy_from_with_groups_windows_and_rotations(kw):
+    """A float cache copied into per-group / windowed / rotated caches holds what the operator
+    writes from the same steps: codes and float windows (the Hadamard product is exact)."""
+    src, direct = _cache(), _cache(**kw)
+    for step in _steps(7):
+        for li, (q, k, v) in enumerate(step):
+            src.attend(li, q, k, v)
+            direct.attend(li, q, k, v)
+    dst = _cache(**kw)
+    dst.copy_from(src)
+    for li in range(L):
+        np.testing.assert_array_equal(dst.key[li], direct.key[li])
+        np.testing.assert_array_equal(dst.value[li], direct.value[li])
+        if dst.hp_key[li] is not None:
+            np.testing.assert_array_equal(dst.hp_key[li], direct.hp_key[li])
+            np.testing.assert_array_equal(dst.hp_value[li], direct.hp_value[li])
+    if kw.get("recent_size"):
+        with pytest.raises(ValueError, match="not possible with a recent window"):
+            dst.truncate(3)
 
 
 def test_truncate_rolls_back_exactly():
