@@ -640,40 +640,36 @@ static inline size_t row_block(size_t M, size_t maxb)
  * C[m, n] depends only on row m of A, row (qk) or column (sv) n of B and K: qk sums each row's
  * products in a fixed order and reduces 16 sums at a time with the hsum16x16 tree. */
 
-INLINE void group_meta_f16c(const uint8_t *meta, size_t gi, int type, float *s, float *z)
-{
-    if (type & GQA_META_F16) {
-        uint32_t w;
-        memcpy(&w, meta + 4 * gi, 4);
-        __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
-        *s = _mm_cvtss_f32(f);
-        *z = _mm_cvtss_f32(_mm_movehdup_ps(f));
-    } else {
-        float f[2];
-        memcpy(f, meta + 8 * gi, 8);
-        *s = f[0];
-        *z = f[1];
-    }
-}
-
-/* Table of group gi of a row: fma(i, s, z) for i = 0..15 (INT2: i mod 4), one rounding (the
-   GEMMs' values may differ from the decoder's fl(fl(i * s) + z) by that rounding). */
-INLINE __m512 group_table(const uint8_t *meta, size_t gi, int type, const unsigned b)
+/* The lookup tables of one group from its (scale, zero) pair, float32 or converted from the
+   fp16 pair: INT4 / INT2 t[0] = fma(i, s, z) for i = 0..15 (INT2: i mod 4), one rounding (the
+   GEMMs' values may differ from the decoder's fl(fl(i * s) + z) by that rounding); INT8
+   t[0] = scale, t[1] = zero, broadcast. */
+INLINE void group_tables_sz(__m512 s, __m512 z, const unsigned b, __m512 *t)
 {
     const __m512 iota = b == 2 ? _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)
                                : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    if (type & GQA_META_F16) {
+    if (b == 8) {
+        t[0] = s;
+        t[1] = z;
+    } else {
+        t[0] = _mm512_fmadd_ps(iota, s, z);
+    }
+}
+
+/* Group gi of a row's metadata meta: fp32 pairs broadcast from memory; fp16 pairs converted
+   one at a time. */
+INLINE void group_tables(const uint8_t *meta, size_t gi, const int F16, const unsigned b, __m512 *t)
+{
+    if (F16) {
         uint32_t w;
         memcpy(&w, meta + 4 * gi, 4);
         const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)w)));
-        return _mm512_fmadd_ps(iota, _mm512_permutexvar_ps(_mm512_setzero_si512(), f),
-                               _mm512_permutexvar_ps(_mm512_set1_epi32(1), f));
+        group_tables_sz(_mm512_permutexvar_ps(_mm512_setzero_si512(), f),
+                        _mm512_permutexvar_ps(_mm512_set1_epi32(1), f), b, t);
+    } else {
+        const float *f = (const float *)(const void *)meta + 2 * gi;
+        group_tables_sz(_mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]), b, t);
     }
-    const float *f = (const float *)(const void *)(meta + 8 * gi);
-    float s, z;
-    memcpy(&s, f, 4);
-    memcpy(&z, f + 1, 4);
-    return _mm512_fmadd_ps(iota, _mm512_set1_ps(s), _mm512_set1_ps(z));
 }
 
 /* Elements per block, and whether the table kernels take this type and width. */
@@ -686,37 +682,29 @@ static int group_fast_avx512(int type, size_t cols)
     return cols % 64 == 0 && (g % blk == 0 || (b == 2 && g == 32));
 }
 
-/* The decoded vectors of block [c, c + blk) of a row (x[0 .. blk/16)), in lookup order;
-   PAIR: INT2 in groups of 32. */
-INLINE void group_decode_block(const uint8_t *row, const uint8_t *meta, size_t c, size_t g, int type,
-                               const unsigned b, const int PAIR, __m512 *x)
+/* The decoded vectors of one block (x[0 .. blk/16), in lookup order) from its code bytes q and
+   its group's tables t; PAIR (INT2 in groups of 32): t[0], t[1] = the tables of the block's
+   two groups, lanes 0-7 of each lookup in the first. */
+INLINE void group_lookup(const uint8_t *q8, const unsigned b, const int PAIR, const __m512 *t, __m512 *x)
 {
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q8));
     if (b == 8) {
-        float s, z;
-        group_meta_f16c(meta, c / g, type, &s, &z);
-        const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c))));
-        x[0] = _mm512_fmadd_ps(f, _mm512_set1_ps(s), _mm512_set1_ps(z));
+        x[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), t[0], t[1]);
     } else if (b == 4) {
-        const __m512 t = group_table(meta, c / g, type, 4);
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c / 2)));
-        x[0] = _mm512_permutexvar_ps(q, t);
-        x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t);
+        x[0] = _mm512_permutexvar_ps(q, t[0]);
+        x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t[0]);
     } else if (!PAIR) {
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c / 4)));
-        const __m512 t = group_table(meta, c / g, type, 2);
-        x[0] = _mm512_permutexvar_ps(q, t);
-        x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 2), t);
-        x[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t);
-        x[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 6), t);
-    } else { /* groups of 32: lanes 0-7 in group c/32, lanes 8-15 in the next */
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c / 4)));
-        const __m512 t0 = group_table(meta, c / 32, type, 2), t1 = group_table(meta, c / 32 + 1, type, 2);
+        x[0] = _mm512_permutexvar_ps(q, t[0]);
+        x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 2), t[0]);
+        x[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t[0]);
+        x[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 6), t[0]);
+    } else {
         const __m512i lo = _mm512_set1_epi32(15);
         const __m512i hi = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
-        x[0] = _mm512_permutex2var_ps(t0, _mm512_ternarylogic_epi32(q, lo, hi, 0xEA), t1);
-        x[1] = _mm512_permutex2var_ps(t0, _mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 2), lo, hi, 0xEA), t1);
-        x[2] = _mm512_permutex2var_ps(t0, _mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 4), lo, hi, 0xEA), t1);
-        x[3] = _mm512_permutex2var_ps(t0, _mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 6), lo, hi, 0xEA), t1);
+        UNROLL
+        for (int k = 0; k < 4; k++)
+            x[k] = _mm512_permutex2var_ps(
+                t[0], _mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 2 * k), lo, hi, 0xEA), t[1]);
     }
 }
 
@@ -737,10 +725,11 @@ static void group_prep_a(const float *a, float *o, size_t K, const unsigned b)
 
 #define GROUP_QK_MAXK 1024
 
-/* MB rows of A (prepared) against rows [0, N) of B, NB rows at a time (MB * NB <= 16). */
-INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int PAIR, size_t N, size_t K,
-                           float alpha, const float *Ap, const uint8_t *B, int type, float *C, size_t ldc,
-                           size_t ms)
+/* MB rows of A (prepared) against rows [0, N) of B, NB rows at a time (MB * NB <= 16);
+   F16: fp16 metadata (converted once per row of B). */
+INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int PAIR, const int F16, size_t N,
+                           size_t K, float alpha, const float *Ap, const uint8_t *B, int type, float *C,
+                           size_t ldc, size_t ms)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
     const size_t blk = group_block(b);
@@ -748,6 +737,10 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
     const __m512 va = _mm512_set1_ps(alpha);
     for (size_t n0 = 0; n0 < N; n0 += NB) {
         const size_t nb = N - n0 < (size_t)NB ? N - n0 : (size_t)NB;
+        const uint8_t *rows[NB];
+        UNROLL
+        for (int r = 0; r < NB; r++) /* rows past N repeat row n0: computed, never stored */
+            rows[r] = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
         __m512 acc[16];
         UNROLL
         for (int i = 0; i < 16; i++)
@@ -756,8 +749,15 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
            (hardware prefetchers stop at page boundaries; prefetches never fault) */
         UNROLL
         for (int r = 0; r < NB; r++)
-            _mm_prefetch((const char *)B + (n0 + (size_t)r) * rb + QK_PF, _MM_HINT_T0);
+            _mm_prefetch((const char *)rows[r] + QK_PF, _MM_HINT_T0);
+        size_t gi = 0, gend = g; /* the group of block c (PAIR: its first group, c / 32) */
         for (size_t c = 0; c < K; c += blk) {
+            if (PAIR) {
+                gi = c / 32;
+            } else if (c == gend) {
+                gi++;
+                gend += g;
+            }
             __m512 a[4][4];
             UNROLL
             for (int m = 0; m < MB; m++)
@@ -765,10 +765,12 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
                 for (int v = 0; v < nv; v++)
                     a[m][v] = _mm512_loadu_ps(Ap + m * K + c + 16 * v);
             UNROLL
-            for (int r = 0; r < NB; r++) { /* rows past N repeat row n0: computed, never stored */
-                const uint8_t *row = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
-                __m512 x[4];
-                group_decode_block(row, row + cb, c, g, type, b, PAIR, x);
+            for (int r = 0; r < NB; r++) {
+                __m512 t[2], x[4];
+                group_tables(rows[r] + cb, gi, F16, b, t);
+                if (PAIR)
+                    group_tables(rows[r] + cb, gi + 1, F16, b, t + 1);
+                group_lookup(rows[r] + c * b / 8, b, PAIR, t, x);
                 UNROLL
                 for (int v = 0; v < nv; v++)
                     UNROLL
@@ -784,17 +786,26 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
     }
 }
 
+INLINE void group_qk_shape(const unsigned b, const int PAIR, const int F16, size_t mb, size_t N, size_t K,
+                           float alpha, const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
+{
+    if (mb == 1)
+        group_qk_block(1, 16, b, PAIR, F16, N, K, alpha, ap, B, type, C, ldc, 1);
+    else if (mb == 2)
+        group_qk_block(2, 8, b, PAIR, F16, N, K, alpha, ap, B, type, C, ldc, 2);
+    else if (mb == 3)
+        group_qk_block(3, 5, b, PAIR, F16, N, K, alpha, ap, B, type, C, ldc, 3);
+    else
+        group_qk_block(4, 4, b, PAIR, F16, N, K, alpha, ap, B, type, C, ldc, 4);
+}
+
 INLINE void group_qk_rows(const unsigned b, const int PAIR, size_t mb, size_t N, size_t K, float alpha,
                           const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
 {
-    if (mb == 1)
-        group_qk_block(1, 16, b, PAIR, N, K, alpha, ap, B, type, C, ldc, 1);
-    else if (mb == 2)
-        group_qk_block(2, 8, b, PAIR, N, K, alpha, ap, B, type, C, ldc, 2);
-    else if (mb == 3)
-        group_qk_block(3, 5, b, PAIR, N, K, alpha, ap, B, type, C, ldc, 3);
+    if (type & GQA_META_F16)
+        group_qk_shape(b, PAIR, 1, mb, N, K, alpha, ap, B, type, C, ldc);
     else
-        group_qk_block(4, 4, b, PAIR, N, K, alpha, ap, B, type, C, ldc, 4);
+        group_qk_shape(b, PAIR, 0, mb, N, K, alpha, ap, B, type, C, ldc);
 }
 
 static void group_qk_fast_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
@@ -820,13 +831,18 @@ static void group_qk_fast_avx512(size_t M, size_t N, size_t K, float alpha, cons
 }
 
 /* SV over columns [c0, c0 + 16 CB) for MB rows of A: accumulators in lookup order, put back
-   in column order once at the end. */
-INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const int PAIR, size_t N, size_t K,
-                           const float *A, size_t lda, const uint8_t *B, int type, float *C, size_t ldc,
-                           float beta, size_t c0)
+   in column order once at the end.  A block's tables are built once per row of B and group:
+   consecutive blocks of one group share them. */
+INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const int PAIR, const int F16, size_t N,
+                           size_t K, const float *A, size_t lda, const uint8_t *B, int type, float *C,
+                           size_t ldc, float beta, size_t c0)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
     const int blk = (int)group_block(b), nv = blk / 16, nbk = 16 * CB / blk;
+    const size_t g0 = c0 / g;
+    size_t rel[8]; /* block j's group, from g0 (PAIR: its first group) */
+    for (int j = 0; j < nbk; j++)
+        rel[j] = (c0 + (size_t)(j * blk)) / g - g0;
     __m512 acc[4][8];
     UNROLL
     for (int m = 0; m < MB; m++)
@@ -835,14 +851,19 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
             acc[m][v] = _mm512_setzero_ps();
     for (size_t k = 0; k < K; k++) {
         const uint8_t *row = B + k * rb;
-        __m512 p[4];
+        __m512 p[4], t[2];
         UNROLL
         for (int m = 0; m < MB; m++)
             p[m] = _mm512_set1_ps(A[m * lda + k]);
         UNROLL
         for (int j = 0; j < nbk; j++) {
             __m512 x[4];
-            group_decode_block(row, row + cb, c0 + (size_t)(j * blk), g, type, b, PAIR, x);
+            if (j == 0 || PAIR || rel[j] != rel[j - 1]) {
+                group_tables(row + cb, g0 + rel[j], F16, b, t);
+                if (PAIR)
+                    group_tables(row + cb, g0 + rel[j] + 1, F16, b, t + 1);
+            }
+            group_lookup(row + (c0 + (size_t)(j * blk)) * b / 8, b, PAIR, t, x);
             UNROLL
             for (int v = 0; v < nv; v++)
                 UNROLL
@@ -873,7 +894,7 @@ static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, s
                                  const void *B, int type, float *C, size_t ldc, float beta)
 {
     const unsigned b = gqa_group_bits(type);
-    const int pair = b == 2 && gqa_group_cols(type) == 32;
+    const int pair = b == 2 && gqa_group_cols(type) == 32, f16 = (type & GQA_META_F16) != 0;
     const uint8_t *Bb = (const uint8_t *)B;
     size_t m0 = 0;
     while (m0 < M) {   /* blocks of rows: up to 2 over 128-column blocks, or up to 4 over 64 */
@@ -883,12 +904,16 @@ static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, s
         const float *a = A + m0 * lda;
         float *c = C + m0 * ldc;
         for (size_t c0 = 0; c0 < N; c0 += cb8 ? 128 : 64) {
+#define SV_KINDS(MB, CB, F)                                                                          \
+    do {                                                                                             \
+        if (b == 8) group_sv_block(MB, CB, 8, 0, F, N, K, a, lda, Bb, type, c, ldc, beta, c0);       \
+        else if (b == 4) group_sv_block(MB, CB, 4, 0, F, N, K, a, lda, Bb, type, c, ldc, beta, c0);  \
+        else if (!pair) group_sv_block(MB, CB, 2, 0, F, N, K, a, lda, Bb, type, c, ldc, beta, c0);   \
+        else group_sv_block(MB, CB, 2, 1, F, N, K, a, lda, Bb, type, c, ldc, beta, c0);              \
+    } while (0)
 #define SV_CALL(MB, CB)                                                                              \
     do {                                                                                             \
-        if (b == 8) group_sv_block(MB, CB, 8, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);          \
-        else if (b == 4) group_sv_block(MB, CB, 4, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);     \
-        else if (!pair) group_sv_block(MB, CB, 2, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);      \
-        else group_sv_block(MB, CB, 2, 1, N, K, a, lda, Bb, type, c, ldc, beta, c0);                 \
+        if (f16) SV_KINDS(MB, CB, 1); else SV_KINDS(MB, CB, 0);                                      \
     } while (0)
             if (cb8) {
                 if (mb == 2) SV_CALL(2, 8); else SV_CALL(1, 8);
@@ -897,6 +922,7 @@ static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, s
                 else if (mb == 2) SV_CALL(2, 4); else SV_CALL(1, 4);
             }
 #undef SV_CALL
+#undef SV_KINDS
         }
         m0 += mb;
     }
