@@ -672,6 +672,35 @@ INLINE void group_tables(const uint8_t *meta, size_t gi, const int F16, const un
     }
 }
 
+/* fp16 metadata: the ng pairs of a row converted to float32 at dst (2 ng floats, written in
+   16-float steps).  The kernels convert a chunk of rows before they read any of it: a table
+   build that loads what a conversion just stored waits for the store. */
+INLINE void group_f16_pairs(const uint8_t *meta, size_t ng, float *dst)
+{
+    if (ng == 1) {
+        _mm_storel_pi((__m64 *)(void *)dst, _mm_cvtph_ps(_mm_cvtsi32_si128(*(const int *)(const void *)meta)));
+        return;
+    }
+    if (ng == 2) {
+        _mm_storeu_ps(dst, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)meta)));
+        return;
+    }
+    if (ng == 4) {
+        _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)meta)));
+        return;
+    }
+    for (size_t i = 0; i < ng; i += 8) {
+        const size_t n = ng - i < 8 ? ng - i : 8;
+        _mm512_storeu_ps(dst + 2 * i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(2 * n), meta + 4 * i)));
+    }
+}
+
+#define GROUP_QK_MAXK 1024
+
+/* Rows per fp16 conversion chunk, and the floats of its buffer (pairs of up to
+   GROUP_QK_MAXK / 16 groups per row). */
+#define GROUP_CHUNK 64
+
 /* Elements per block, and whether the table kernels take this type and width. */
 INLINE size_t group_block(const unsigned b) { return b == 8 ? 16 : b == 4 ? 32 : 64; }
 
@@ -723,24 +752,33 @@ static void group_prep_a(const float *a, float *o, size_t K, const unsigned b)
                 o[c + 16 * k + l] = a[c + per * l + k];
 }
 
-#define GROUP_QK_MAXK 1024
 
 /* MB rows of A (prepared) against rows [0, N) of B, NB rows at a time (MB * NB <= 16);
    F16: fp16 metadata (converted once per row of B). */
-INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int PAIR, const int F16, size_t N,
-                           size_t K, float alpha, const float *Ap, const uint8_t *B, int type, float *C,
-                           size_t ldc, size_t ms)
+INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int PAIR, const int F16,
+                           const int FULL, size_t n0s, size_t N, size_t K, float alpha, const float *Ap,
+                           const uint8_t *B, int type, float *C, size_t ldc)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
     const size_t blk = group_block(b);
     const int nv = (int)(group_block(b) / 16);
     const __m512 va = _mm512_set1_ps(alpha);
-    for (size_t n0 = 0; n0 < N; n0 += NB) {
-        const size_t nb = N - n0 < (size_t)NB ? N - n0 : (size_t)NB;
-        const uint8_t *rows[NB];
+    const size_t ng = K / g, ch = GROUP_CHUNK / NB * NB; /* chunk: whole blocks */
+    float scr[GROUP_CHUNK * 2 * (GROUP_QK_MAXK / 16)];
+    for (size_t q0 = n0s; q0 < N; q0 += ch) {
+    const size_t q1 = N - q0 < ch ? N : q0 + ch;
+    if (F16)
+        for (size_t n = q0; n < q1; n++)
+            group_f16_pairs(B + n * rb + cb, ng, scr + (n - q0) * 2 * ng);
+    for (size_t n0 = q0; n0 < q1; n0 += NB) {
+        const size_t nb = FULL ? (size_t)NB : N - n0;
+        const uint8_t *rows[NB], *meta[NB];
         UNROLL
-        for (int r = 0; r < NB; r++) /* rows past N repeat row n0: computed, never stored */
-            rows[r] = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
+        for (int r = 0; r < NB; r++) { /* rows past N repeat row n0: computed, never stored */
+            const size_t n = n0 + (FULL || (size_t)r < nb ? (size_t)r : 0);
+            rows[r] = B + n * rb;
+            meta[r] = F16 ? (const uint8_t *)(scr + (n - q0) * 2 * ng) : rows[r] + cb;
+        }
         __m512 acc[16];
         UNROLL
         for (int i = 0; i < 16; i++)
@@ -767,9 +805,9 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
             UNROLL
             for (int r = 0; r < NB; r++) {
                 __m512 t[2], x[4];
-                group_tables(rows[r] + cb, gi, F16, b, t);
+                group_tables(meta[r], gi, 0, b, t);
                 if (PAIR)
-                    group_tables(rows[r] + cb, gi + 1, F16, b, t + 1);
+                    group_tables(meta[r], gi + 1, 0, b, t + 1);
                 group_lookup(rows[r] + c * b / 8, b, PAIR, t, x);
                 UNROLL
                 for (int v = 0; v < nv; v++)
@@ -778,26 +816,48 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
                         acc[m * NB + r] = _mm512_fmadd_ps(a[m][v], x[v], acc[m * NB + r]);
             }
         }
-        float h[16];
-        _mm512_storeu_ps(h, _mm512_mul_ps(hsum16x16(acc), va));
-        for (size_t m = 0; m < ms; m++)     /* the rows of C this block stores (<= MB) */
-            for (size_t r = 0; r < nb; r++)
-                C[m * ldc + n0 + r] = h[m * NB + r];
+        const __m512 hv = _mm512_mul_ps(hsum16x16(acc), va);
+        if (FULL && NB == 16) {
+            _mm512_storeu_ps(C + n0, hv);
+        } else if (FULL && NB == 8) {
+            _mm256_storeu_ps(C + n0, _mm512_castps512_ps256(hv));
+            _mm256_storeu_ps(C + ldc + n0, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(hv), 1)));
+        } else {
+            float h[16];
+            _mm512_storeu_ps(h, hv);
+            UNROLL
+            for (int m = 0; m < MB; m++)
+                UNROLL
+                for (int r = 0; r < NB; r++)
+                    if (FULL || (size_t)r < nb)
+                        C[m * ldc + n0 + r] = h[m * NB + r];
+        }
+    }
     }
 }
 
+/* Full blocks of NB rows of B, then one block for the last N % NB (its missing rows computed
+   on a repeat of its first row, never stored). */
+#define GROUP_QK_SPLIT(MB, NB)                                                                      \
+    do {                                                                                           \
+        const size_t nw = N - N % NB;                                                              \
+        group_qk_block(MB, NB, b, PAIR, F16, 1, 0, nw, K, alpha, ap, B, type, C, ldc);             \
+        if (nw < N)                                                                                \
+            group_qk_block(MB, NB, b, PAIR, F16, 0, nw, N, K, alpha, ap, B, type, C, ldc);         \
+    } while (0)
 INLINE void group_qk_shape(const unsigned b, const int PAIR, const int F16, size_t mb, size_t N, size_t K,
                            float alpha, const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
 {
     if (mb == 1)
-        group_qk_block(1, 16, b, PAIR, F16, N, K, alpha, ap, B, type, C, ldc, 1);
+        GROUP_QK_SPLIT(1, 16);
     else if (mb == 2)
-        group_qk_block(2, 8, b, PAIR, F16, N, K, alpha, ap, B, type, C, ldc, 2);
+        GROUP_QK_SPLIT(2, 8);
     else if (mb == 3)
-        group_qk_block(3, 5, b, PAIR, F16, N, K, alpha, ap, B, type, C, ldc, 3);
+        GROUP_QK_SPLIT(3, 5);
     else
-        group_qk_block(4, 4, b, PAIR, F16, N, K, alpha, ap, B, type, C, ldc, 4);
+        GROUP_QK_SPLIT(4, 4);
 }
+#undef GROUP_QK_SPLIT
 
 INLINE void group_qk_rows(const unsigned b, const int PAIR, size_t mb, size_t N, size_t K, float alpha,
                           const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
@@ -839,7 +899,7 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
     const int blk = (int)group_block(b), nv = blk / 16, nbk = 16 * CB / blk;
-    const size_t g0 = c0 / g;
+    const size_t g0 = c0 / g, ng = (c0 + 16 * (size_t)CB - 1) / g - g0 + 1;
     size_t rel[8]; /* block j's group, from g0 (PAIR: its first group) */
     for (int j = 0; j < nbk; j++)
         rel[j] = (c0 + (size_t)(j * blk)) / g - g0;
@@ -849,8 +909,15 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
         UNROLL
         for (int v = 0; v < CB; v++)
             acc[m][v] = _mm512_setzero_ps();
-    for (size_t k = 0; k < K; k++) {
+    float scr[GROUP_CHUNK * 16];
+    for (size_t k0 = 0; k0 < K; k0 += GROUP_CHUNK) {
+    const size_t k1 = K - k0 < GROUP_CHUNK ? K : k0 + GROUP_CHUNK;
+    if (F16)
+        for (size_t k = k0; k < k1; k++)
+            group_f16_pairs(B + k * rb + cb + 4 * g0, ng, scr + 16 * (k - k0));
+    for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
+        const uint8_t *meta = F16 ? (const uint8_t *)(scr + 16 * (k - k0)) : row + cb + 8 * g0;
         __m512 p[4], t[2];
         UNROLL
         for (int m = 0; m < MB; m++)
@@ -859,9 +926,9 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
         for (int j = 0; j < nbk; j++) {
             __m512 x[4];
             if (j == 0 || PAIR || rel[j] != rel[j - 1]) {
-                group_tables(row + cb, g0 + rel[j], F16, b, t);
+                group_tables(meta, rel[j], 0, b, t);
                 if (PAIR)
-                    group_tables(row + cb, g0 + rel[j] + 1, F16, b, t + 1);
+                    group_tables(meta, rel[j] + 1, 0, b, t + 1);
             }
             group_lookup(row + (c0 + (size_t)(j * blk)) * b / 8, b, PAIR, t, x);
             UNROLL
@@ -872,6 +939,7 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
         }
         /* the rows stream from memory in decode: QK_PF bytes ahead, one prefetch per row */
         _mm_prefetch((const char *)row + QK_PF, _MM_HINT_T0);
+    }
     }
     const int per = b == 8 ? 1 : (int)(8 / b);
     for (int m = 0; m < MB; m++) {
