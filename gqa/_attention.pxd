@@ -55,6 +55,7 @@ cdef struct Params:
     gqa_row_max_fn row_max
     int Br, Bc, chunks, chunk_len
     float *partials       # split decode units: chunks x G x (m, l, P @ V[H]) per split unit
+    float *qprep          # split decode units whose query rows are prepared: G x H per unit, once per call
     int *items            # decode work item -> unit * (chunks + 1) + chunk + 1 (0: whole unit)
     int *split            # unit -> its index among the split units, or -1
     int *merged           # unit -> chunks finished so far

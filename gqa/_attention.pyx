@@ -650,12 +650,9 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
         for g in range(G):
             memset(part + g * (H + 2) + 2, 0, H * sizeof(float))
         return
-    if prepared(p, p.qn, rotation(p.rk, p, j)):
-        for g in range(G):
-            prep_row(p, a + <size_t>g * H, qbuf + <size_t>g * H, p.qn, position(p, b, 0),
-                     rotation(p.rk, p, j))
-        a = qbuf
-    elif (<size_t>a) & 63:
+    if p.qprep != NULL:        # prepared once per call (split_queries)
+        a = p.qprep + <size_t>p.split[b * p.Nkv + j] * G * H
+    if (<size_t>a) & 63:
         memcpy(qbuf, a, <size_t>G * H * sizeof(float))
         a = qbuf
     qk_keys(p, t, qk, b, j, end, a0, n, a, sc, n)
@@ -671,6 +668,22 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
         pr[0] = mx
         pr[1] = p.exp_sum(row, n, mx)
     sv_keys(p, t, b, j, end, a0, n, sc, n, part + 2, H + 2)
+
+
+cdef void split_queries(const Params *p) noexcept nogil:
+    """The query rows of every split decode unit as attention reads them (prep_row), into
+    p.qprep: once per call instead of once per key chunk."""
+    cdef int u, g, b, j
+    cdef const float *a
+    for u in range(p.B * p.Nkv):
+        if p.split[u] < 0:
+            continue
+        b = u // p.Nkv
+        j = u % p.Nkv
+        a = p.q + <size_t>b * p.q_tok + <size_t>j * p.G * p.H
+        for g in range(p.G):
+            prep_row(p, a + <size_t>g * p.H, p.qprep + (<size_t>p.split[u] * p.G + g) * p.H, p.qn,
+                     position(p, b, 0), rotation(p.rk, p, j))
 
 
 cdef void decode_merge(const Params *p, int b, int j, const float *parts) noexcept nogil:
@@ -981,6 +994,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.Bc = kv_block
     p.chunks = 1
     p.partials = NULL
+    p.qprep = NULL
     p.items = NULL
     if flash and not p.qk_mode and not p.hstage:     # staged windows: per query row (naive)
         if S > 1:
@@ -1020,7 +1034,8 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     scratch_raw = malloc(scratch_len * num_threads * sizeof(float) + 64)
     scratch = <float *>((<size_t>scratch_raw + 63) & ~(<size_t>63))
     if mode == 2:
-        p.partials = <float *>malloc(<size_t>nsplit * p.chunks * G * (H + 2) * sizeof(float))
+        p.partials = <float *>malloc((<size_t>nsplit * p.chunks * G * (H + 2) + <size_t>nsplit * G * H)
+                                     * sizeof(float))
         items_raw = malloc((<size_t>work_units + 2 * <size_t>units) * sizeof(int))
     if mode != 1 and num_threads > 1:
         ranges_raw = malloc(<size_t>num_threads * sizeof(gqa_work_range) + 64)
@@ -1056,6 +1071,10 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         # unit is written first (in place, each item writes what it alone reads -- but the
         # float windows move rows that every chunk of the unit may read)
         item_write = p.shared and p.hk == NULL
+        if prepared(&p, p.qn, p.rk):
+            p.qprep = p.partials + <size_t>nsplit * p.chunks * G * (H + 2)
+            with nogil:
+                split_queries(&p)
     if ranges != NULL:
         gqa_work_ranges_init(ranges, work_units, num_threads)
     # Decode items (mode 0 / 2) read only cache rows that they write themselves or that no
