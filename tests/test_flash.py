@@ -113,6 +113,36 @@ def test_decode_with_split_range_ends_same_bits_everywhere(feature):
                 np.testing.assert_array_equal(g[b, :, :n], w[b, :, :n])
 
 
+@pytest.mark.parametrize("splits", [2, 7])
+@pytest.mark.parametrize("prep", ["norm", "rotation", "both"])
+def test_flash_decoding_prepared_queries_match_naive(kernel_path, splits, prep):
+    """Split decode units read their query rows prepared once per call (QK norm, rotary, OSCAR
+    rotation): the same caches, and outputs within float rounding of the naive path."""
+    rng = np.random.default_rng(splits)
+    B, N, Nkv, H, past = 2, 4, 2, 32, 70
+    T = past + 1
+    q = rng.standard_normal((B, 1, N * H)).astype(np.float32)
+    k = rng.standard_normal((B, 1, Nkv * H)).astype(np.float32)
+    v = rng.standard_normal((B, 1, Nkv * H)).astype(np.float32)
+    cache = [gqa.quantize(rng.standard_normal((B, Nkv, T, H)).astype(np.float32), bits=4, group_size=16)
+             for _ in range(2)]
+    pos = np.arange(T, dtype=np.float32)[:, None] / 10000 ** (np.arange(H // 2) / (H // 2))
+    inp = dict(query=q, key=k, value=v, past_key=cache[0], past_value=cache[1],
+               seqlens_k=np.array([past, past - 9], np.int32), total_sequence_length=T,
+               cos_cache=np.cos(pos).astype(np.float32), sin_cache=np.sin(pos).astype(np.float32))
+    if prep in ("norm", "both"):
+        inp.update(q_norm_weight=rng.uniform(0.5, 1.5, H).astype(np.float32),
+                   k_norm_weight=rng.uniform(0.5, 1.5, H).astype(np.float32))
+    if prep in ("rotation", "both"):
+        rot = [np.stack([np.linalg.qr(rng.standard_normal((H, H)))[0] for _ in range(Nkv)]).astype(np.float32)
+               for _ in range(2)]
+        inp.update(oscar_rotation_k=rot[0], oscar_rotation_v=rot[1])
+    a = dict(num_heads=N, kv_num_heads=Nkv, do_rotary=1, k_quant_type="PER_GROUP", v_quant_type="PER_GROUP",
+             kv_cache_bit_width=4, kv_quant_group_size=16)
+    with gqa.config(kernel=kernel_path):
+        flash_vs_naive(inp, a, 2e-5, splits=splits)
+
+
 def test_copying_split_decode_waits_for_the_copy():
     """One unit in 8 chunks with fresh present buffers: every chunk reads rows that one
     thread copies from the past buffer first.  Found racing (a thread reading the far end of
