@@ -772,7 +772,7 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
             group_f16_pairs(B + n * rb + cb, ng, scr + (n - q0) * 2 * ng);
     for (size_t n0 = q0; n0 < q1; n0 += NB) {
         const size_t nb = FULL ? (size_t)NB : N - n0;
-        const uint8_t *rows[NB], *meta[NB];
+        const uint8_t *rows[16], *meta[16]; /* NB <= 16 (a fixed size: no VLA in the loop) */
         UNROLL
         for (int r = 0; r < NB; r++) { /* rows past N repeat row n0: computed, never stored */
             const size_t n = n0 + (FULL || (size_t)r < nb ? (size_t)r : 0);
