@@ -701,6 +701,18 @@ INLINE void group_f16_pairs(const uint8_t *meta, size_t ng, float *dst)
    GROUP_QK_MAXK / 16 groups per row). */
 #define GROUP_CHUNK 64
 
+/* INT2 in groups of 32 (PAIR): one table for the two groups gi, gi + 1 of a block, read from
+   their float32 pairs: entry 4h + c (h = 0, 1, repeated in entries 8-15) = fma(c, s, z) of
+   group gi + h -- the values of group_tables, in one vpermps table. */
+INLINE __m512 group_pair_table(const uint8_t *meta, size_t gi)
+{
+    const __m512 f = _mm512_castps128_ps512(_mm_loadu_ps((const float *)(const void *)meta + 2 * gi));
+    const __m512i is = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2);
+    const __m512i iz = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3);
+    return _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3),
+                           _mm512_permutexvar_ps(is, f), _mm512_permutexvar_ps(iz, f));
+}
+
 /* Elements per block, and whether the table kernels take this type and width. */
 INLINE size_t group_block(const unsigned b) { return b == 8 ? 16 : b == 4 ? 32 : 64; }
 
@@ -712,7 +724,7 @@ static int group_fast_avx512(int type, size_t cols)
 }
 
 /* The decoded vectors of one block (x[0 .. blk/16), in lookup order) from its code bytes q and
-   its group's tables t; PAIR (INT2 in groups of 32): t[0], t[1] = the tables of the block's
+   its group's tables t; PAIR (INT2 in groups of 32): t[0] = group_pair_table of the block's
    two groups, lanes 0-7 of each lookup in the first. */
 INLINE void group_lookup(const uint8_t *q8, const unsigned b, const int PAIR, const __m512 *t, __m512 *x)
 {
@@ -727,13 +739,13 @@ INLINE void group_lookup(const uint8_t *q8, const unsigned b, const int PAIR, co
         x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 2), t[0]);
         x[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t[0]);
         x[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 6), t[0]);
-    } else {
-        const __m512i lo = _mm512_set1_epi32(15);
-        const __m512i hi = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
+    } else { /* index = code | 4 for lanes 8-15 (the block's second group) */
+        const __m512i hi = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+        const __m512i three = _mm512_set1_epi32(3);
         UNROLL
         for (int k = 0; k < 4; k++)
-            x[k] = _mm512_permutex2var_ps(
-                t[0], _mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 2 * k), lo, hi, 0xEA), t[1]);
+            x[k] = _mm512_permutexvar_ps(_mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 2 * k), three, hi, 0xEA),
+                                         t[0]);
     }
 }
 
@@ -805,9 +817,10 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
             UNROLL
             for (int r = 0; r < NB; r++) {
                 __m512 t[2], x[4];
-                group_tables(meta[r], gi, 0, b, t);
                 if (PAIR)
-                    group_tables(meta[r], gi + 1, 0, b, t + 1);
+                    t[0] = group_pair_table(meta[r], gi);
+                else
+                    group_tables(meta[r], gi, 0, b, t);
                 group_lookup(rows[r] + c * b / 8, b, PAIR, t, x);
                 UNROLL
                 for (int v = 0; v < nv; v++)
@@ -926,9 +939,10 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
         for (int j = 0; j < nbk; j++) {
             __m512 x[4];
             if (j == 0 || PAIR || rel[j] != rel[j - 1]) {
-                group_tables(meta, rel[j], 0, b, t);
                 if (PAIR)
-                    group_tables(meta, rel[j] + 1, 0, b, t + 1);
+                    t[0] = group_pair_table(meta, rel[j]);
+                else
+                    group_tables(meta, rel[j], 0, b, t);
             }
             group_lookup(row + (c0 + (size_t)(j * blk)) * b / 8, b, PAIR, t, x);
             UNROLL
