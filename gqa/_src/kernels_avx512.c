@@ -795,11 +795,14 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
         UNROLL
         for (int i = 0; i < 16; i++)
             acc[i] = _mm512_setzero_ps();
-        /* B streams from memory in decode: the rows QK_PF bytes ahead, one prefetch per row
-           (hardware prefetchers stop at page boundaries; prefetches never fault) */
+        /* B streams from memory in decode: the rows QK_PF bytes ahead, the first and the last
+           byte of each (a row of 96 bytes spans two lines; hardware prefetchers stop at page
+           boundaries; prefetches never fault) */
         UNROLL
-        for (int r = 0; r < NB; r++)
+        for (int r = 0; r < NB; r++) {
             _mm_prefetch((const char *)rows[r] + QK_PF, _MM_HINT_T0);
+            _mm_prefetch((const char *)rows[r] + QK_PF + rb - 1, _MM_HINT_T0);
+        }
         size_t gi = 0, gend = g; /* the group of block c (PAIR: its first group, c / 32) */
         for (size_t c = 0; c < K; c += blk) {
             if (PAIR) {
@@ -951,8 +954,10 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
                 for (int m = 0; m < MB; m++)
                     acc[m][j * nv + v] = _mm512_fmadd_ps(x[v], p[m], acc[m][j * nv + v]);
         }
-        /* the rows stream from memory in decode: QK_PF bytes ahead, one prefetch per row */
+        /* the rows stream from memory in decode: QK_PF bytes ahead, the first and the last
+           byte of each */
         _mm_prefetch((const char *)row + QK_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + QK_PF + rb - 1, _MM_HINT_T0);
     }
     }
     const int per = b == 8 ? 1 : (int)(8 / b);
