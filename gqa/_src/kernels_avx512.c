@@ -795,13 +795,21 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
         UNROLL
         for (int i = 0; i < 16; i++)
             acc[i] = _mm512_setzero_ps();
-        /* B streams from memory in decode: the rows QK_PF bytes ahead, the first and the last
-           byte of each (a row of 96 bytes spans two lines; hardware prefetchers stop at page
+        /* B streams from memory in decode: every line of the block's rows QK_PF bytes ahead,
+           once (rows of 80-96 bytes span two lines; hardware prefetchers stop at page
            boundaries; prefetches never fault) */
-        UNROLL
-        for (int r = 0; r < NB; r++) {
-            _mm_prefetch((const char *)rows[r] + QK_PF, _MM_HINT_T0);
-            _mm_prefetch((const char *)rows[r] + QK_PF + rb - 1, _MM_HINT_T0);
+        {
+            const char *p0 = (const char *)rows[0] + QK_PF;
+            const size_t span = (size_t)NB * rb;
+            if (span <= 128 * (size_t)NB) {
+                UNROLL
+                for (int i = 0; i < 2 * NB; i++)
+                    if (64 * (size_t)i < span)
+                        _mm_prefetch(p0 + 64 * i, _MM_HINT_T0);
+            } else {
+                for (size_t off = 0; off < span; off += 64)
+                    _mm_prefetch(p0 + off, _MM_HINT_T0);
+            }
         }
         size_t gi = 0, gend = g; /* the group of block c (PAIR: its first group, c / 32) */
         for (size_t c = 0; c < K; c += blk) {
@@ -957,7 +965,8 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
         /* the rows stream from memory in decode: QK_PF bytes ahead, the first and the last
            byte of each */
         _mm_prefetch((const char *)row + QK_PF, _MM_HINT_T0);
-        _mm_prefetch((const char *)row + QK_PF + rb - 1, _MM_HINT_T0);
+        if (rb > 64) /* shorter rows: every line holds a row's first byte */
+            _mm_prefetch((const char *)row + QK_PF + rb - 1, _MM_HINT_T0);
     }
     }
     const int per = b == 8 ? 1 : (int)(8 / b);
