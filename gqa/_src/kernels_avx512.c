@@ -636,7 +636,7 @@ static inline size_t row_block(size_t M, size_t maxb)
  *   INT2, 64-element blocks (16 bytes): lane l of lookup k is element 4l + k;
  *   INT8, 16-element blocks: in order (convert, multiply, add: no table).
  * A block lies in one group (groups of a multiple of 32 / 64 / 16 columns), except INT2 with
- * groups of 32: a 64-element block spans two groups, looked up in a 32-entry pair of tables.
+ * groups of 32: a 64-element block spans two groups, looked up in one table of both (group_pair_table).
  * C[m, n] depends only on row m of A, row (qk) or column (sv) n of B and K: qk sums each row's
  * products in a fixed order and reduces 16 sums at a time with the hsum16x16 tree. */
 
