@@ -470,6 +470,27 @@ INLINE __m512 hsum16x16(const __m512 in[16])
     return _mm512_add_ps(_mm512_mask_blend_ps(0xCCCC, r[0], r[1]), _mm512_shuffle_ps(r[0], r[1], 0x4E));
 }
 
+/* A block's sums h (lane m * NB + r: row m of A, row r of B) into C[m * ldc + r] for the first
+   nb <= NB rows of B. */
+INLINE void qk_store(const int MB, const int NB, const __m512 h, float *C, size_t ldc, size_t nb)
+{
+    if (nb == (size_t)NB && NB == 16) {
+        _mm512_storeu_ps(C, h);
+    } else if (nb == (size_t)NB && NB == 8) {
+        _mm256_storeu_ps(C, _mm512_castps512_ps256(h));
+        _mm256_storeu_ps(C + ldc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h), 1)));
+    } else {
+        float out[16];
+        _mm512_storeu_ps(out, h);
+        UNROLL
+        for (int m = 0; m < MB; m++)
+            UNROLL
+            for (int r = 0; r < NB; r++)
+                if ((size_t)r < nb)
+                    C[m * ldc + r] = out[m * NB + r];
+    }
+}
+
 /* Rows of A as the qk kernels read them, for one block of rows: per-channel scales
    folded in (A[m,k] * s[k], one rounding per product like the scalar path's
    q * s), and for INT4 each 32-element block reordered as its even elements then
@@ -576,21 +597,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
                     acc[mb * NB + nb] =
                         _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, A + mb * lda + K16), b, acc[mb * NB + nb]);
             }
-        const __m512 h = _mm512_mul_ps(hsum16x16(acc), vm);
-        if (NB == 16) {
-            _mm512_storeu_ps(C + n, h);
-        } else if (NB == 8) {
-            _mm256_storeu_ps(C + n, _mm512_castps512_ps256(h));
-            _mm256_storeu_ps(C + ldc + n, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h), 1)));
-        } else {
-            float out[16];
-            _mm512_storeu_ps(out, h);
-            UNROLL
-            for (int mb = 0; mb < MB; mb++)
-                UNROLL
-                for (int nb = 0; nb < NB; nb++)
-                    C[mb * ldc + n + nb] = out[mb * NB + nb];
-        }
+        qk_store(MB, NB, _mm512_mul_ps(hsum16x16(acc), vm), C + n, ldc, NB);
     }
 }
 
@@ -840,22 +847,7 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
                         acc[m * NB + r] = _mm512_fmadd_ps(a[m][v], x[v], acc[m * NB + r]);
             }
         }
-        const __m512 hv = _mm512_mul_ps(hsum16x16(acc), va);
-        if (FULL && NB == 16) {
-            _mm512_storeu_ps(C + n0, hv);
-        } else if (FULL && NB == 8) {
-            _mm256_storeu_ps(C + n0, _mm512_castps512_ps256(hv));
-            _mm256_storeu_ps(C + ldc + n0, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(hv), 1)));
-        } else {
-            float h[16];
-            _mm512_storeu_ps(h, hv);
-            UNROLL
-            for (int m = 0; m < MB; m++)
-                UNROLL
-                for (int r = 0; r < NB; r++)
-                    if (FULL || (size_t)r < nb)
-                        C[m * ldc + n0 + r] = h[m * NB + r];
-        }
+        qk_store(MB, NB, _mm512_mul_ps(hsum16x16(acc), va), C + n0, ldc, nb);
     }
     }
 }
