@@ -852,57 +852,50 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
     }
 }
 
-/* Full blocks of NB rows of B, then one block for the last N % NB (its missing rows computed
-   on a repeat of its first row, never stored). */
-#define GROUP_QK_SPLIT(MB, NB)                                                                      \
-    do {                                                                                           \
-        const size_t nw = N - N % NB;                                                              \
-        group_qk_block(MB, NB, b, PAIR, F16, 1, 0, nw, K, alpha, ap, B, type, C, ldc);             \
-        if (nw < N)                                                                                \
-            group_qk_block(MB, NB, b, PAIR, F16, 0, nw, N, K, alpha, ap, B, type, C, ldc);         \
-    } while (0)
-INLINE void group_qk_shape(const unsigned b, const int PAIR, const int F16, size_t mb, size_t N, size_t K,
-                           float alpha, const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
-{
-    if (mb == 1)
-        GROUP_QK_SPLIT(1, 16);
-    else if (mb == 2)
-        GROUP_QK_SPLIT(2, 8);
-    else if (mb == 3)
-        GROUP_QK_SPLIT(3, 5);
-    else
-        GROUP_QK_SPLIT(4, 4);
-}
-#undef GROUP_QK_SPLIT
+/* One function per (rows of A x rows of B, kind, metadata): full blocks of NB rows of B, then one
+   block for the last N % NB (its missing rows computed on a repeat of its first row, never
+   stored).  Separate functions keep each variant's register allocation its own. */
+typedef void (*gqk_fn)(size_t, size_t, float, const float *, const uint8_t *, int, float *, size_t);
+#define GQK_INST(MB, NB, B_, P, F)                                                                   \
+    static __attribute__((noinline)) void gqk_##MB##_##B_##_##P##_##F(size_t N, size_t K, float alpha,  \
+        const float *ap, const uint8_t *B, int type, float *C, size_t ldc)                           \
+    {                                                                                                \
+        const size_t nw = N - N % NB;                                                                \
+        group_qk_block(MB, NB, B_, P, F, 1, 0, nw, K, alpha, ap, B, type, C, ldc);                   \
+        if (nw < N)                                                                                  \
+            group_qk_block(MB, NB, B_, P, F, 0, nw, N, K, alpha, ap, B, type, C, ldc);               \
+    }
+#define GQK_KINDS(MB, NB, F) GQK_INST(MB, NB, 8, 0, F) GQK_INST(MB, NB, 4, 0, F) GQK_INST(MB, NB, 2, 0, F) \
+    GQK_INST(MB, NB, 2, 1, F)
+#define GQK_SHAPE(MB, NB) GQK_KINDS(MB, NB, 0) GQK_KINDS(MB, NB, 1)
+GQK_SHAPE(1, 16) GQK_SHAPE(2, 8) GQK_SHAPE(3, 5) GQK_SHAPE(4, 4)
+#define GQK_ROW(MB, F) {gqk_##MB##_8_0_##F, gqk_##MB##_4_0_##F, gqk_##MB##_2_0_##F, gqk_##MB##_2_1_##F}
+/* [rows of A - 1][fp16 metadata][kind: INT8, INT4, INT2, INT2 in groups of 32] */
+static const gqk_fn gqk_fns[4][2][4] = {{GQK_ROW(1, 0), GQK_ROW(1, 1)}, {GQK_ROW(2, 0), GQK_ROW(2, 1)},
+                                        {GQK_ROW(3, 0), GQK_ROW(3, 1)}, {GQK_ROW(4, 0), GQK_ROW(4, 1)}};
+#undef GQK_INST
+#undef GQK_KINDS
+#undef GQK_SHAPE
+#undef GQK_ROW
 
-INLINE void group_qk_rows(const unsigned b, const int PAIR, size_t mb, size_t N, size_t K, float alpha,
-                          const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
+/* The kind index of gqk_fns / gsv_fns. */
+static int group_kind(int type)
 {
-    if (type & GQA_META_F16)
-        group_qk_shape(b, PAIR, 1, mb, N, K, alpha, ap, B, type, C, ldc);
-    else
-        group_qk_shape(b, PAIR, 0, mb, N, K, alpha, ap, B, type, C, ldc);
+    const unsigned b = gqa_group_bits(type);
+    return b == 8 ? 0 : b == 4 ? 1 : gqa_group_cols(type) == 32 ? 3 : 2;
 }
 
 static void group_qk_fast_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                                  const void *B, int type, float *C, size_t ldc)
 {
     const unsigned b = gqa_group_bits(type);
-    const int pair = b == 2 && gqa_group_cols(type) == 32;
+    const int kind = group_kind(type), f16 = (type & GQA_META_F16) != 0;
     float ap[4 * GROUP_QK_MAXK];
     for (size_t m0 = 0; m0 < M; m0 += 4) {
         const size_t mb = M - m0 < 4 ? M - m0 : 4;
         for (size_t m = 0; m < mb; m++)
             group_prep_a(A + (m0 + m) * lda, ap + m * K, K, b);
-        float *c = C + m0 * ldc;
-        if (b == 8)
-            group_qk_rows(8, 0, mb, N, K, alpha, ap, (const uint8_t *)B, type, c, ldc);
-        else if (b == 4)
-            group_qk_rows(4, 0, mb, N, K, alpha, ap, (const uint8_t *)B, type, c, ldc);
-        else if (!pair)
-            group_qk_rows(2, 0, mb, N, K, alpha, ap, (const uint8_t *)B, type, c, ldc);
-        else
-            group_qk_rows(2, 1, mb, N, K, alpha, ap, (const uint8_t *)B, type, c, ldc);
+        gqk_fns[mb - 1][f16][kind](N, K, alpha, ap, (const uint8_t *)B, type, C + m0 * ldc, ldc);
     }
 }
 
@@ -978,40 +971,45 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
     }
 }
 
+/* One function per (rows of A x 16-column vectors, kind, metadata), as for qk. */
+typedef void (*gsv_fn)(size_t, size_t, const float *, size_t, const uint8_t *, int, float *, size_t, float,
+                       size_t);
+#define GSV_INST(MB, CB, B_, P, F)                                                                   \
+    static __attribute__((noinline)) void gsv_##MB##x##CB##_##B_##_##P##_##F(size_t N, size_t K,        \
+        const float *A, size_t lda, const uint8_t *B, int type, float *C, size_t ldc, float beta,    \
+        size_t c0)                                                                                   \
+    {                                                                                                \
+        group_sv_block(MB, CB, B_, P, F, N, K, A, lda, B, type, C, ldc, beta, c0);                   \
+    }
+#define GSV_KINDS(MB, CB, F) GSV_INST(MB, CB, 8, 0, F) GSV_INST(MB, CB, 4, 0, F) GSV_INST(MB, CB, 2, 0, F) \
+    GSV_INST(MB, CB, 2, 1, F)
+#define GSV_SHAPE(MB, CB) GSV_KINDS(MB, CB, 0) GSV_KINDS(MB, CB, 1)
+GSV_SHAPE(1, 8) GSV_SHAPE(2, 8) GSV_SHAPE(1, 4) GSV_SHAPE(2, 4) GSV_SHAPE(3, 4) GSV_SHAPE(4, 4)
+#define GSV_ROW(MB, CB, F)                                                                           \
+    {gsv_##MB##x##CB##_8_0_##F, gsv_##MB##x##CB##_4_0_##F, gsv_##MB##x##CB##_2_0_##F, gsv_##MB##x##CB##_2_1_##F}
+/* [shape: 1x8 2x8 1x4 2x4 3x4 4x4][fp16 metadata][kind] */
+static const gsv_fn gsv_fns[6][2][4] = {
+    {GSV_ROW(1, 8, 0), GSV_ROW(1, 8, 1)}, {GSV_ROW(2, 8, 0), GSV_ROW(2, 8, 1)},
+    {GSV_ROW(1, 4, 0), GSV_ROW(1, 4, 1)}, {GSV_ROW(2, 4, 0), GSV_ROW(2, 4, 1)},
+    {GSV_ROW(3, 4, 0), GSV_ROW(3, 4, 1)}, {GSV_ROW(4, 4, 0), GSV_ROW(4, 4, 1)}};
+#undef GSV_INST
+#undef GSV_KINDS
+#undef GSV_SHAPE
+#undef GSV_ROW
+
 static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda,
                                  const void *B, int type, float *C, size_t ldc, float beta)
 {
-    const unsigned b = gqa_group_bits(type);
-    const int pair = b == 2 && gqa_group_cols(type) == 32, f16 = (type & GQA_META_F16) != 0;
+    const int kind = group_kind(type), f16 = (type & GQA_META_F16) != 0;
     const uint8_t *Bb = (const uint8_t *)B;
     size_t m0 = 0;
     while (m0 < M) {   /* blocks of rows: up to 2 over 128-column blocks, or up to 4 over 64 */
         const size_t left = M - m0;
         const int cb8 = N % 128 == 0 && left <= 2;
         const size_t mb = left >= 4 ? 4 : left;
-        const float *a = A + m0 * lda;
-        float *c = C + m0 * ldc;
-        for (size_t c0 = 0; c0 < N; c0 += cb8 ? 128 : 64) {
-#define SV_KINDS(MB, CB, F)                                                                          \
-    do {                                                                                             \
-        if (b == 8) group_sv_block(MB, CB, 8, 0, F, N, K, a, lda, Bb, type, c, ldc, beta, c0);       \
-        else if (b == 4) group_sv_block(MB, CB, 4, 0, F, N, K, a, lda, Bb, type, c, ldc, beta, c0);  \
-        else if (!pair) group_sv_block(MB, CB, 2, 0, F, N, K, a, lda, Bb, type, c, ldc, beta, c0);   \
-        else group_sv_block(MB, CB, 2, 1, F, N, K, a, lda, Bb, type, c, ldc, beta, c0);              \
-    } while (0)
-#define SV_CALL(MB, CB)                                                                              \
-    do {                                                                                             \
-        if (f16) SV_KINDS(MB, CB, 1); else SV_KINDS(MB, CB, 0);                                      \
-    } while (0)
-            if (cb8) {
-                if (mb == 2) SV_CALL(2, 8); else SV_CALL(1, 8);
-            } else {
-                if (mb == 4) SV_CALL(4, 4); else if (mb == 3) SV_CALL(3, 4);
-                else if (mb == 2) SV_CALL(2, 4); else SV_CALL(1, 4);
-            }
-#undef SV_CALL
-#undef SV_KINDS
-        }
+        const int shape = cb8 ? (int)mb - 1 : 1 + (int)mb;
+        for (size_t c0 = 0; c0 < N; c0 += cb8 ? 128 : 64)
+            gsv_fns[shape][f16][kind](N, K, A + m0 * lda, lda, Bb, type, C + m0 * ldc, ldc, beta, c0);
         m0 += mb;
     }
 }
