@@ -774,10 +774,11 @@ static void group_prep_a(const float *a, float *o, size_t K, const unsigned b)
 
 /* MB rows of A (prepared) against rows [0, N) of B, NB rows at a time (MB * NB <= 16);
    F16: fp16 metadata (converted once per row of B). */
-INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int PAIR, const int F16,
-                           const int FULL, size_t n0s, size_t N, size_t K, float alpha, const float *Ap,
-                           const uint8_t *B, int type, float *C, size_t ldc)
+INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int PAIR, const int FULL,
+                           size_t n0s, size_t N, size_t K, float alpha, const float *Ap, const uint8_t *B, int type,
+                           float *C, size_t ldc)
 {
+    const int F16 = (type & GQA_META_F16) != 0;
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
     const size_t blk = group_block(b);
     const int nv = (int)(group_block(b) / 16);
@@ -852,29 +853,25 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
     }
 }
 
-/* One function per (rows of A x rows of B, kind, metadata): full blocks of NB rows of B, then one
-   block for the last N % NB (its missing rows computed on a repeat of its first row, never
-   stored).  Separate functions keep each variant's register allocation its own. */
+/* One function per (rows of A x rows of B, kind): full blocks of NB rows of B, then one block
+   for the last N % NB (its missing rows computed on a repeat of its first row, never stored).
+   Separate functions keep each variant's register allocation its own. */
 typedef void (*gqk_fn)(size_t, size_t, float, const float *, const uint8_t *, int, float *, size_t);
-#define GQK_INST(MB, NB, B_, P, F)                                                                   \
-    static __attribute__((noinline)) void gqk_##MB##_##B_##_##P##_##F(size_t N, size_t K, float alpha,  \
+#define GQK_INST(MB, NB, B_, P)                                                                      \
+    static __attribute__((noinline)) void gqk_##MB##_##B_##_##P(size_t N, size_t K, float alpha,        \
         const float *ap, const uint8_t *B, int type, float *C, size_t ldc)                           \
     {                                                                                                \
         const size_t nw = N - N % NB;                                                                \
-        group_qk_block(MB, NB, B_, P, F, 1, 0, nw, K, alpha, ap, B, type, C, ldc);                   \
+        group_qk_block(MB, NB, B_, P, 1, 0, nw, K, alpha, ap, B, type, C, ldc);                      \
         if (nw < N)                                                                                  \
-            group_qk_block(MB, NB, B_, P, F, 0, nw, N, K, alpha, ap, B, type, C, ldc);               \
+            group_qk_block(MB, NB, B_, P, 0, nw, N, K, alpha, ap, B, type, C, ldc);                  \
     }
-#define GQK_KINDS(MB, NB, F) GQK_INST(MB, NB, 8, 0, F) GQK_INST(MB, NB, 4, 0, F) GQK_INST(MB, NB, 2, 0, F) \
-    GQK_INST(MB, NB, 2, 1, F)
-#define GQK_SHAPE(MB, NB) GQK_KINDS(MB, NB, 0) GQK_KINDS(MB, NB, 1)
+#define GQK_SHAPE(MB, NB) GQK_INST(MB, NB, 8, 0) GQK_INST(MB, NB, 4, 0) GQK_INST(MB, NB, 2, 0) GQK_INST(MB, NB, 2, 1)
 GQK_SHAPE(1, 16) GQK_SHAPE(2, 8) GQK_SHAPE(3, 5) GQK_SHAPE(4, 4)
-#define GQK_ROW(MB, F) {gqk_##MB##_8_0_##F, gqk_##MB##_4_0_##F, gqk_##MB##_2_0_##F, gqk_##MB##_2_1_##F}
-/* [rows of A - 1][fp16 metadata][kind: INT8, INT4, INT2, INT2 in groups of 32] */
-static const gqk_fn gqk_fns[4][2][4] = {{GQK_ROW(1, 0), GQK_ROW(1, 1)}, {GQK_ROW(2, 0), GQK_ROW(2, 1)},
-                                        {GQK_ROW(3, 0), GQK_ROW(3, 1)}, {GQK_ROW(4, 0), GQK_ROW(4, 1)}};
+#define GQK_ROW(MB) {gqk_##MB##_8_0, gqk_##MB##_4_0, gqk_##MB##_2_0, gqk_##MB##_2_1}
+/* [rows of A - 1][kind: INT8, INT4, INT2, INT2 in groups of 32] */
+static const gqk_fn gqk_fns[4][4] = {GQK_ROW(1), GQK_ROW(2), GQK_ROW(3), GQK_ROW(4)};
 #undef GQK_INST
-#undef GQK_KINDS
 #undef GQK_SHAPE
 #undef GQK_ROW
 
@@ -889,13 +886,13 @@ static void group_qk_fast_avx512(size_t M, size_t N, size_t K, float alpha, cons
                                  const void *B, int type, float *C, size_t ldc)
 {
     const unsigned b = gqa_group_bits(type);
-    const int kind = group_kind(type), f16 = (type & GQA_META_F16) != 0;
+    const int kind = group_kind(type);
     float ap[4 * GROUP_QK_MAXK];
     for (size_t m0 = 0; m0 < M; m0 += 4) {
         const size_t mb = M - m0 < 4 ? M - m0 : 4;
         for (size_t m = 0; m < mb; m++)
             group_prep_a(A + (m0 + m) * lda, ap + m * K, K, b);
-        gqk_fns[mb - 1][f16][kind](N, K, alpha, ap, (const uint8_t *)B, type, C + m0 * ldc, ldc);
+        gqk_fns[mb - 1][kind](N, K, alpha, ap, (const uint8_t *)B, type, C + m0 * ldc, ldc);
     }
 }
 
