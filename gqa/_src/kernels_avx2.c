@@ -596,10 +596,7 @@ static void group_prep_a_avx2(const float *a, float *o, size_t K, const unsigned
         memcpy(o, a, K * sizeof(float));
         return;
     }
-    for (size_t c = 0; c < K; c += blk)
-        for (size_t k = 0; k < per; k++)
-            for (size_t l = 0; l < blk / per; l++)
-                o[c + 8 * k + l] = a[c + per * l + k];
+    gqa_group_to_lookup_order(a, o, K, blk, per, 8);
 }
 
 INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, const int ORD, size_t N, size_t K,
@@ -699,17 +696,10 @@ INLINE void group_sv_ord_avx2(const int MB, const unsigned b, const int ORD, siz
     const int per = ORD ? (int)(8 / b) : 1;
     for (int m = 0; m < MB; m++) {
         float t[32];
-        float *cp = C + m * ldc + c0;
         UNROLL
         for (int v = 0; v < 4; v++)
             _mm256_storeu_ps(t + 8 * v, acc[m][v]);
-        for (int j = 0; j < nbk; j++)
-            for (int kk = 0; kk < per; kk++)
-                for (int l = 0; l < blk / per; l++) {
-                    const float o = t[j * blk + 8 * kk + l];
-                    float *d = cp + j * blk + per * l + kk;
-                    *d = beta == 0.0f ? o : beta * *d + o;
-                }
+        gqa_group_from_lookup_order(t, C + m * ldc + c0, nbk, blk, per, 8, beta);
     }
 }
 

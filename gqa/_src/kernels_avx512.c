@@ -647,41 +647,27 @@ static inline size_t row_block(size_t M, size_t maxb)
  * C[m, n] depends only on row m of A, row (qk) or column (sv) n of B and K: qk sums each row's
  * products in a fixed order and reduces 16 sums at a time with the hsum16x16 tree. */
 
-/* The lookup tables of one group from its (scale, zero) pair, float32 or converted from the
-   fp16 pair: INT4 / INT2 t[0] = fma(i, s, z) for i = 0..15 (INT2: i mod 4), one rounding (the
-   GEMMs' values may differ from the decoder's fl(fl(i * s) + z) by that rounding); INT8
-   t[0] = scale, t[1] = zero, broadcast. */
-INLINE void group_tables_sz(__m512 s, __m512 z, const unsigned b, __m512 *t)
+/* The lookup tables of group gi from the float32 (scale, zero) pairs at meta (a row's inline
+   fp32 metadata, or fp16 metadata converted by group_f16_pairs): INT4 / INT2 t[0] = fma(i, s, z)
+   for i = 0..15 (INT2: i mod 4), one rounding (the GEMMs' values may differ from the decoder's
+   fl(fl(i * s) + z) by that rounding); INT8 t[0] = scale, t[1] = zero, broadcast. */
+INLINE void group_tables(const uint8_t *meta, size_t gi, const unsigned b, __m512 *t)
 {
-    const __m512 iota = b == 2 ? _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)
-                               : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const float *f = (const float *)(const void *)meta + 2 * gi;
+    const __m512 s = _mm512_set1_ps(f[0]), z = _mm512_set1_ps(f[1]);
     if (b == 8) {
         t[0] = s;
         t[1] = z;
     } else {
+        const __m512 iota = b == 2 ? _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)
+                                   : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         t[0] = _mm512_fmadd_ps(iota, s, z);
     }
 }
 
-/* Group gi of a row's metadata meta: fp32 pairs broadcast from memory; fp16 pairs converted
-   one at a time. */
-INLINE void group_tables(const uint8_t *meta, size_t gi, const int F16, const unsigned b, __m512 *t)
-{
-    if (F16) {
-        uint32_t w;
-        memcpy(&w, meta + 4 * gi, 4);
-        const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)w)));
-        group_tables_sz(_mm512_permutexvar_ps(_mm512_setzero_si512(), f),
-                        _mm512_permutexvar_ps(_mm512_set1_epi32(1), f), b, t);
-    } else {
-        const float *f = (const float *)(const void *)meta + 2 * gi;
-        group_tables_sz(_mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]), b, t);
-    }
-}
-
 /* fp16 metadata: the ng pairs of a row converted to float32 at dst (2 ng floats, written in
-   16-float steps).  The kernels convert a chunk of rows before they read any of it: a table
-   build that loads what a conversion just stored waits for the store. */
+   16-float steps; exact-size loads for 1, 2 and 4 pairs -- masked 16-bit loads measured slow
+   per row).  The kernels convert a chunk of rows at a time, ahead of the table builds. */
 INLINE void group_f16_pairs(const uint8_t *meta, size_t ng, float *dst)
 {
     if (ng == 1) {
@@ -764,21 +750,17 @@ static void group_prep_a(const float *a, float *o, size_t K, const unsigned b)
         memcpy(o, a, K * sizeof(float));
         return;
     }
-    const size_t blk = group_block(b), per = 8 / b;
-    for (size_t c = 0; c < K; c += blk)
-        for (size_t k = 0; k < per; k++)
-            for (size_t l = 0; l < blk / per; l++)
-                o[c + 16 * k + l] = a[c + per * l + k];
+    gqa_group_to_lookup_order(a, o, K, group_block(b), 8 / b, 16);
 }
 
-
-/* MB rows of A (prepared) against rows [0, N) of B, NB rows at a time (MB * NB <= 16);
-   F16: fp16 metadata (converted once per row of B). */
+/* MB rows of A (prepared) against rows [n0s, N) of B, NB rows at a time (MB * NB <= 16); FULL:
+   N - n0s is a multiple of NB, else one block whose missing rows are computed on a repeat of its
+   first row and never stored.  fp16 metadata is converted a chunk of rows at a time. */
 INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int PAIR, const int FULL,
                            size_t n0s, size_t N, size_t K, float alpha, const float *Ap, const uint8_t *B, int type,
                            float *C, size_t ldc)
 {
-    const int F16 = (type & GQA_META_F16) != 0;
+    const int f16 = (type & GQA_META_F16) != 0;
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
     const size_t blk = group_block(b);
     const int nv = (int)(group_block(b) / 16);
@@ -787,7 +769,7 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
     float scr[GROUP_CHUNK * 2 * (GROUP_QK_MAXK / 16)];
     for (size_t q0 = n0s; q0 < N; q0 += ch) {
     const size_t q1 = N - q0 < ch ? N : q0 + ch;
-    if (F16)
+    if (f16)
         for (size_t n = q0; n < q1; n++)
             group_f16_pairs(B + n * rb + cb, ng, scr + (n - q0) * 2 * ng);
     for (size_t n0 = q0; n0 < q1; n0 += NB) {
@@ -797,7 +779,7 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
         for (int r = 0; r < NB; r++) { /* rows past N repeat row n0: computed, never stored */
             const size_t n = n0 + (FULL || (size_t)r < nb ? (size_t)r : 0);
             rows[r] = B + n * rb;
-            meta[r] = F16 ? (const uint8_t *)(scr + (n - q0) * 2 * ng) : rows[r] + cb;
+            meta[r] = f16 ? (const uint8_t *)(scr + (n - q0) * 2 * ng) : rows[r] + cb;
         }
         __m512 acc[16];
         UNROLL
@@ -839,7 +821,7 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
                 if (PAIR)
                     t[0] = group_pair_table(meta[r], gi);
                 else
-                    group_tables(meta[r], gi, 0, b, t);
+                    group_tables(meta[r], gi, b, t);
                 group_lookup(rows[r] + c * b / 8, b, PAIR, t, x);
                 UNROLL
                 for (int v = 0; v < nv; v++)
@@ -935,7 +917,7 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
                 if (PAIR)
                     t[0] = group_pair_table(meta, rel[j]);
                 else
-                    group_tables(meta, rel[j], 0, b, t);
+                    group_tables(meta, rel[j], b, t);
             }
             group_lookup(row + (c0 + (size_t)(j * blk)) * b / 8, b, PAIR, t, x);
             UNROLL
@@ -954,17 +936,10 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
     const int per = b == 8 ? 1 : (int)(8 / b);
     for (int m = 0; m < MB; m++) {
         float t[128];
-        float *cp = C + m * ldc + c0;
         UNROLL
         for (int v = 0; v < CB; v++)
             _mm512_storeu_ps(t + 16 * v, acc[m][v]);
-        for (int j = 0; j < nbk; j++)
-            for (int kk = 0; kk < per; kk++)
-                for (int l = 0; l < blk / per; l++) {
-                    const float o = t[j * blk + 16 * kk + l];
-                    float *d = cp + j * blk + per * l + kk;
-                    *d = beta == 0.0f ? o : beta * *d + o;
-                }
+        gqa_group_from_lookup_order(t, C + m * ldc + c0, nbk, blk, per, 16, beta);
     }
 }
 

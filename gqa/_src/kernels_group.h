@@ -243,6 +243,34 @@ static inline void gqa_group_sv(size_t M, size_t N, size_t K, const float *A, si
         free(t);
 }
 
+/* ---- lookup order: the SIMD table kernels' element order within a block ----
+ * A block of blk elements (per = 8 / bits codes a byte) comes out of its lookups as vectors of
+ * `lanes` floats: lane l of lookup k is element per * l + k (INT8, per = 1: in order). */
+
+/* Row a [K] of the GEMMs' A in lookup order (K a multiple of blk). */
+static inline void gqa_group_to_lookup_order(const float *a, float *o, size_t K, size_t blk, size_t per,
+                                             size_t lanes)
+{
+    for (size_t c = 0; c < K; c += blk)
+        for (size_t k = 0; k < per; k++)
+            for (size_t l = 0; l < blk / per; l++)
+                o[c + lanes * k + l] = a[c + per * l + k];
+}
+
+/* nbk blocks of accumulated SV columns t (lookup order) back into C's row c in column order:
+   c[i] = the sum (beta == 0) or beta * c[i] + the sum. */
+static inline void gqa_group_from_lookup_order(const float *t, float *c, int nbk, int blk, int per, int lanes,
+                                               float beta)
+{
+    for (int j = 0; j < nbk; j++)
+        for (int k = 0; k < per; k++)
+            for (int l = 0; l < blk / per; l++) {
+                const float o = t[j * blk + lanes * k + l];
+                float *d = c + j * blk + per * l + k;
+                *d = beta == 0.0f ? o : beta * *d + o;
+            }
+}
+
 /* The five group operations of one path, given its decoder and float32 GEMMs. */
 #define GQA_GROUP_OPS(path, decode, qk, sv)                                                          \
     static void group_dequantize_##path(const void *src, float *dst, size_t ldd, size_t rows,       \
