@@ -194,11 +194,12 @@ cdef int _threads(object n) except -1:
     return _config._check_threads(n, "num_threads")
 
 
-cdef int _finite_scale(object s, str name) except -1:
-    """Every element of a scale (float32, C-contiguous, aligned: as _contiguous gives it) is
+cdef object _finite_scale(object s, str name):
+    """The scale as the compute reads it (C-contiguous, aligned), once every element is
     finite: a NaN or infinite one makes every quantized write and read of its channels garbage
     (ONNX Runtime accepts it; we refuse it on every call, since a kept scale may be rewritten
     between calls)."""
+    s = _contiguous(s)
     cdef Py_ssize_t i, n = cnp.PyArray_SIZE(<cnp.ndarray>s)
     cdef const float *x = <const float *>cnp.PyArray_DATA(<cnp.ndarray>s)
     cdef const uint32_t *u = <const uint32_t *>x
@@ -206,7 +207,7 @@ cdef int _finite_scale(object s, str name) except -1:
         if (u[i] & 0x7f800000u) == 0x7f800000u:     # exponent all ones: inf or NaN
             raise ValueError(f"{name} element {i} is {x[i]}: scales must be finite (a non-finite "
                              "scale makes every quantized write and read of its channels garbage)")
-    return 0
+    return s
 
 
 # -- the signature ----------------------------------------------------------------------------
@@ -272,8 +273,8 @@ cdef class Signature:
     cdef Key keys[NARGS]
     cdef bint valid        # every argument was None or an ndarray of rank <= MAXD
     cdef Consts consts
-    cdef int cache_type, Hp, rot_half
-    cdef bint packed, f16, has_past, shared, quantized, grouped, fresh_present, copy_past, windowed
+    cdef int k_ct, v_ct, k_Hp, v_Hp, rot_half     # the caches' NumPy types and row widths
+    cdef bint packed, f16, has_past, shared, quantized, k_group, v_group, fresh_present, copy_past, windowed
     cdef bint win, hp_inplace, hp_fresh
     cdef object cache_dt, rho
 
@@ -298,7 +299,7 @@ cdef class Signature:
                 sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
                 q_norm_weight, k_norm_weight, present_key, present_value, tuple ext):
         cdef int N = op.num_heads, Nkv = op.kv_num_heads
-        cdef int B, S, D, H, L, Hp, Pbuf = 0, ktype, vtype, bits = op.kv_cache_bit_width
+        cdef int B, S, D, H, L, Hp, Pbuf = 0, ktype, vtype, k_ct, v_ct, k_Hp, v_Hp
         cdef int ft, ct, rot_half
         cdef bint packed, has_past, shared, k_pc = False, v_pc = False, bias_bb = False
         cdef bint bias_nb = False
@@ -340,30 +341,18 @@ cdef class Signature:
         if H == 0:
             raise ValueError("head_size must be > 0 (query last dimension is 0)")
 
-        # cache element types
+        # cache element types, K's and V's
         self.quantized = op.quantized
-        self.grouped = op.per_group
-        hp_name = "head_size" if not self.quantized or bits == 8 else "(head_size+1)//2"
-        if self.grouped:
-            if k_scale is not None or v_scale is not None:
-                raise ValueError("k_scale / v_scale must not be given for PER_GROUP caches (their "
-                                 "scales and zero points are stored in the cache rows)")
-            fmt = _group.group_format(bits, op.kv_quant_group_size, op.metadata_type, H, who="kv_")
-            ct, Hp = cnp.NPY_UINT8, fmt.row_bytes
-            ktype = vtype = fmt.type
-            hp_name = "gqa.group_row_bytes(head_size, bits, group, metadata)"
-        elif self.quantized:
-            ct = cnp.NPY_INT8 if bits == 8 else cnp.NPY_UINT8
-            Hp = H if bits == 8 else (H + 1) // 2
-            k_pc = _scale(k_scale, "k_scale", op.k_quant_type, Nkv * H)
-            v_pc = _scale(v_scale, "v_scale", op.v_quant_type, Nkv * H)
-            ktype = (S8_PT if bits == 8 else S4_PT) + k_pc
-            vtype = (S8_PT if bits == 8 else S4_PT) + v_pc
+        if self.quantized:
+            k_ct, k_Hp, ktype, k_pc, k_name = _side_format(op, "k", k_scale, Nkv, H)
+            v_ct, v_Hp, vtype, v_pc, v_name = _side_format(op, "v", v_scale, Nkv, H)
         else:
             if k_scale is not None or v_scale is not None:
                 raise ValueError("k_scale / v_scale must not be given when k_quant_type is NONE")
-            ct, Hp = ft, H
+            k_ct = v_ct = ft
+            k_Hp = v_Hp = H
             ktype = vtype = T_F32 if ft == cnp.NPY_FLOAT32 else T_F16
+            k_name = v_name = "head_size"
 
         _array(seqlens_k, "seqlens_k", cnp.NPY_INT32, -1, -1)
         if seqlens_k.shape != (B,):
@@ -374,16 +363,18 @@ cdef class Signature:
             raise ValueError("Input 'past_key' and 'past_value' shall be both present or both absent.")
         has_past = past_key is not None
         if has_past:
-            for name, x in (("past_key", past_key), ("past_value", past_value)):
+            for name, x, ct, Hp, hp_name in (("past_key", past_key, k_ct, k_Hp, k_name),
+                                             ("past_value", past_value, v_ct, v_Hp, v_name)):
                 _array(x, name, ct, -1, 4)
                 want = (B, Nkv, x.shape[2], Hp)
                 if x.shape != want:
                     raise ValueError(f"Input '{name}' must have shape (batch_size, kv_num_heads, "
                                      f"past_sequence_length, {hp_name}) "
                                      f"= ({B}, {Nkv}, *, {Hp}), got {x.shape}")
-            if past_key.shape != past_value.shape:
-                raise ValueError(f"Input 'past_key' and 'past_value' shall have the same shape; got "
-                                 f"{past_key.shape} and {past_value.shape}")
+            if past_key.shape[2] != past_value.shape[2]:
+                raise ValueError(f"Input 'past_key' and 'past_value' shall have the same "
+                                 f"past_sequence_length (dimension 2); got {past_key.shape} and "
+                                 f"{past_value.shape}")
             Pbuf = past_key.shape[2]
         shared = (present_key is not None and present_key is past_key) or \
                  (present_value is not None and present_value is past_value)
@@ -411,9 +402,13 @@ cdef class Signature:
             if Pbuf < op.local_window_size:
                 raise ValueError(f"sliding_window_cache=1: the cache capacity past_key.shape[2] = {Pbuf} "
                                  f"must be >= local_window_size = {op.local_window_size}")
-            if present_key is not None and not shared and present_key.shape[2] != Pbuf:
-                raise ValueError(f"present_key must have shape ({B}, {Nkv}, {Pbuf}, {Hp}) "
-                                 f"(sliding_window_cache=1: the capacity of past_key), got {present_key.shape}")
+            if present_key is not None and not shared:
+                for name, x, Hp in (("present_key", present_key, k_Hp),
+                                    ("present_value", present_value, v_Hp)):
+                    if x.shape[2] != Pbuf:
+                        raise ValueError(f"{name} must have shape ({B}, {Nkv}, {Pbuf}, {Hp}) "
+                                         f"(sliding_window_cache=1: the capacity of past_key), got "
+                                         f"{x.shape}")
 
         # optional inputs
         rot_half = _rotary(op.do_rotary, cos_cache, sin_cache, position_ids, ft, B, S, H)
@@ -462,21 +457,22 @@ cdef class Signature:
                                  f"not overlap {_KEPT_NAMES[i]} in in-place mode (present is past)")
         # present buffers of a call that is not in place: exact layout, no overlap with the
         # kept inputs or each other (the per-step inputs: every call)
-        cdef object cache_dt = np.dtype(cnp.PyArray_DescrFromType(ct))
+        cdef object k_dt = np.dtype(cnp.PyArray_DescrFromType(k_ct))
+        cdef object v_dt = np.dtype(cnp.PyArray_DescrFromType(v_ct))
         if present_key is not None and not shared:
-            for name, x in (("present_key", present_key), ("present_value", present_value)):
-                _present(x, name, B, Nkv, Hp, cache_dt)
+            for name, x, Hp, dt in (("present_key", present_key, k_Hp, k_dt),
+                                    ("present_value", present_value, v_Hp, v_dt)):
+                _present(x, name, B, Nkv, Hp, dt)
                 if first_alias(x, None, (past_key, past_value) + kept) >= 0:
                     raise ValueError(f"{name} must not overlap the inputs")
             if overlap(present_key, present_value):
                 raise ValueError("present_key and present_value must not overlap")
 
         alpha = op.scale if op.scale != 0.0 else float(np.float32(1.0) / np.sqrt(np.float32(H)))
-        row_bytes = Hp * cache_dt.itemsize
         self.consts = Consts(
             B=B, S=S, N=N, Nkv=Nkv, H=H, L=L, Pbuf=Pbuf, q_tok=D, kv_tok=D if packed else Nkv * H,
-            has_past=has_past, shared=shared or windowed, ktype=ktype, vtype=vtype, k_rb=row_bytes,
-            v_rb=row_bytes, k_pc=k_pc, v_pc=v_pc, alpha=alpha, softcap=op.softcap,
+            has_past=has_past, shared=shared or windowed, ktype=ktype, vtype=vtype,
+            k_rb=k_Hp * k_dt.itemsize, v_rb=v_Hp * v_dt.itemsize, k_pc=k_pc, v_pc=v_pc, alpha=alpha, softcap=op.softcap,
             W=op.local_window_size, causal=bool(op.causal), rot_half=rot_half,
             do_rotary=bool(op.do_rotary == 1 and rot_half), interleaved=op.rotary_interleaved == 1,
             pos_stride=(position_ids.shape[1] if position_ids is not None else S if windowed else 0),
@@ -484,13 +480,13 @@ cdef class Signature:
             qk_mode=op.qk_output, round_half=ft == cnp.NPY_FLOAT16, qk_eps=op.qk_norm_epsilon,
             sink=op.sink_size, recent=op.recent_size, hp_type=T_F32 if ft == cnp.NPY_FLOAT32 else T_F16,
             hp_causal=op.window_partition == "causal")
-        self.cache_type, self.cache_dt, self.Hp, self.rot_half = ct, cache_dt, Hp, rot_half
-        self.rho = op._rho
+        self.k_ct, self.v_ct, self.k_Hp, self.v_Hp, self.rot_half = k_ct, v_ct, k_Hp, v_Hp, rot_half
+        self.k_group, self.v_group, self.rho = op.k_group, op.v_group, op._rho
         self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
         self.fresh_present = present_key is None
         self.windowed = windowed
         self.copy_past = has_past and not shared and not (
-            _ready(past_key, ct) and _ready(past_value, ct))
+            _ready(past_key, k_ct) and _ready(past_value, v_ct))
 
     cdef int _check_windows(self, op, int B, int Nkv, int H, int L, int ft, bint windowed, phk, phv,
                             hpk, hpv, tuple others) except -1:
@@ -586,12 +582,9 @@ cdef class Signature:
         cdef tuple steps
         cdef Py_ssize_t i
         cdef object ks = _ONES, vs = _ONES
-        if self.grouped:
-            ks, vs = self.rho
-        elif self.quantized:
-            ks, vs = _contiguous(k_scale), _contiguous(v_scale)
-            _finite_scale(ks, "k_scale")
-            _finite_scale(vs, "v_scale")
+        if self.quantized:     # per side: the clip quantile of a group cache, else the scale
+            ks = self.rho[0] if self.k_group else _finite_scale(k_scale, "k_scale")
+            vs = self.rho[1] if self.v_group else _finite_scale(v_scale, "v_scale")
         if self.shared:
             steps = (query, key, value, seqlens_k, position_ids, attention_bias, total_sequence_length)
             i = first_alias(past_key, past_value, steps)
@@ -637,9 +630,10 @@ cdef class Signature:
         Tmax = q.Tmax
         self._bias_width(attention_bias, T)
         if not self.shared and not self.fresh_present:
-            for name, x in (("present_key", present_key), ("present_value", present_value)):
+            for name, x, Hp in (("present_key", present_key, self.k_Hp),
+                                ("present_value", present_value, self.v_Hp)):
                 if cnp.PyArray_DIM(<cnp.ndarray>x, 2) != Pres:
-                    raise ValueError(f"{name} must have shape {(B, Nkv, Pres, self.Hp)}, got "
+                    raise ValueError(f"{name} must have shape {(B, Nkv, Pres, Hp)}, got "
                                      f"{x.shape}")
             self._present_apart(present_key, present_value, query, key, value, seqlens_k,
                                 position_ids, attention_bias)
@@ -745,12 +739,13 @@ cdef class Signature:
         return 0
 
     cdef tuple _new_caches(self, int rows):
-        """Two new [B, Nkv, rows, Hp] caches of the cache dtype (contents unset)."""
+        """New K and V caches [B, Nkv, rows, Hp] of their dtypes (contents unset)."""
         cdef const Params *p = &self.consts.p
         cdef cnp.npy_intp dims[4]
-        dims[0] = p.B; dims[1] = p.Nkv; dims[2] = rows; dims[3] = self.Hp
-        return (cnp.PyArray_EMPTY(4, dims, self.cache_type, 0),
-                cnp.PyArray_EMPTY(4, dims, self.cache_type, 0))
+        dims[0] = p.B; dims[1] = p.Nkv; dims[2] = rows; dims[3] = self.k_Hp
+        k = cnp.PyArray_EMPTY(4, dims, self.k_ct, 0)
+        dims[3] = self.v_Hp
+        return k, cnp.PyArray_EMPTY(4, dims, self.v_ct, 0)
 
     cdef tuple _presents(self, past_key, past_value, present_key, present_value, int rows):
         """The present buffers of a call: the past ones in place, the caller's, or new ones
@@ -853,6 +848,25 @@ cdef class Signature:
         if self.f16:
             out = out.astype(np.float16)
         return out, present_key, present_value
+
+
+cdef tuple _side_format(op, str side, object scale, int Nkv, int H):
+    """One quantized cache (side "k" or "v"): (NumPy element type, row width, C type of
+    gqa_kernels.h, per-channel scales, the width's name in messages)."""
+    cdef str qtype = op.k_quant_type if side == "k" else op.v_quant_type
+    cdef int bits = op.k_cache_bit_width if side == "k" else op.v_cache_bit_width
+    cdef bint pc
+    if qtype == "PER_GROUP":
+        if scale is not None:
+            raise ValueError(f"{side}_scale must not be given when {side}_quant_type is PER_GROUP "
+                             "(its scales and zero points are stored in the cache rows)")
+        fmt = _group.group_format(bits, op.kv_quant_group_size, op.metadata_type, H, who="kv_")
+        return (cnp.NPY_UINT8, fmt.row_bytes, fmt.type, False,
+                "gqa.group_row_bytes(head_size, bits, group, metadata)")
+    pc = _scale(scale, f"{side}_scale", qtype, Nkv * H)
+    if bits == 8:
+        return cnp.NPY_INT8, H, S8_PT + pc, pc, "head_size"
+    return cnp.NPY_UINT8, (H + 1) // 2, S4_PT + pc, pc, "(head_size+1)//2"
 
 
 cdef bint _scale(object s, str name, str qtype, int nch) except -1:
@@ -986,7 +1000,7 @@ cdef tuple _ATTR_NAMES = ("num_heads", "kv_num_heads", "scale", "softcap", "loca
                           "qk_output", "k_quant_type", "v_quant_type", "kv_cache_bit_width",
                           "qk_norm_epsilon", "sliding_window_cache", "kv_quant_group_size",
                           "k_quant_rho", "v_quant_rho", "metadata_type", "sink_size", "recent_size",
-                          "window_partition")
+                          "window_partition", "k_cache_bit_width", "v_cache_bit_width")
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
@@ -1001,7 +1015,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                           kv_cache_bit_width=0, qk_norm_epsilon=1e-6, sliding_window_cache=0,
                           kv_quant_group_size=0, k_quant_rho=1.0, v_quant_rho=1.0,
                           metadata_type="fp32", sink_size=0, recent_size=0,
-                          window_partition="causal", present_key=None, present_value=None, present_hp_key=None,
+                          window_partition="causal", k_cache_bit_width=0, v_cache_bit_width=0,
+                          present_key=None, present_value=None, present_hp_key=None,
                           present_hp_value=None, num_threads=None):
     """Functional form of :class:`GroupQueryAttention` (inputs in ONNX order and names;
     attributes as keywords).  The operator of each set of attributes is made once and kept
@@ -1011,7 +1026,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                         do_rotary, rotary_interleaved, smooth_softmax, qk_output, k_quant_type,
                         v_quant_type, kv_cache_bit_width, qk_norm_epsilon, sliding_window_cache,
                         kv_quant_group_size, k_quant_rho, v_quant_rho, metadata_type, sink_size,
-                        recent_size, window_partition)
+                        recent_size, window_partition, k_cache_bit_width, v_cache_bit_width)
     # exact types only: a dict would take True or 1.0 for 1, which the operator refuses
     if not (type(num_heads) is int and type(kv_num_heads) is int
             and (type(scale) is float or type(scale) is int)
@@ -1025,7 +1040,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
             and (type(k_quant_rho) is float or type(k_quant_rho) is int)
             and (type(v_quant_rho) is float or type(v_quant_rho) is int)
             and type(metadata_type) is str and type(sink_size) is int and type(recent_size) is int
-            and type(window_partition) is str):
+            and type(window_partition) is str and type(k_cache_bit_width) is int
+            and type(v_cache_bit_width) is int):
         op = _new_operator(attrs)       # raises, or valid (NumPy integers): not kept
     else:
         op = _operator(attrs)

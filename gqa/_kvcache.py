@@ -89,18 +89,33 @@ def cache_options(name):
     return out
 
 
+def _side(mode):
+    """(quant type, bits, (bits, group, metadata) or None) of one tensor's mode name."""
+    g = group_mode(mode)
+    if g:
+        return "PER_GROUP", g[0], g
+    if mode in _TENSOR_MODES:
+        return _TENSOR_MODES[mode] + (None,)
+    raise ValueError(f"{mode!r} is not a cache mode of one tensor; valid: {', '.join(_TENSOR_MODES)} "
+                     "or int8/int4/int2-g<group>[-fp16]")
+
+
 def needs_scales(mode):
-    """True for the static quantized modes (scales from k_scales/v_scales or a calibration)."""
-    k, v = parse_mode(cache_options(mode)["mode"])
-    return _TENSOR_MODES.get(k, ("NONE", 0))[1] != 0
+    """True when K or V is a static quantized mode (scales from k_scales/v_scales or a
+    calibration)."""
+    sides = [_side(m) for m in parse_mode(cache_options(mode)["mode"])]
+    return any(q in ("PER_TENSOR", "PER_CHANNEL") for q, _, _ in sides)
 
 
 def parse_mode(mode):
     """A cache mode name -> (k_mode, v_mode).
 
-    ``"float"``, ``"int8-pt"``, ``"int8-pc"``, ``"int4-pt"``, ``"int4-pc"`` name both tensors;
-    ``"int4-pc/pt"`` names K's scaling, then V's (here K per channel, V per tensor); the
-    per-group modes ``"int{8,4,2}-g{group}[-fp16]"`` (:func:`group_mode`) both tensors."""
+    ``"float"``, ``"int8-pt"``, ``"int8-pc"``, ``"int4-pt"``, ``"int4-pc"`` name both tensors,
+    as do the per-group modes ``"int{8,4,2}-g{group}[-fp16]"`` (:func:`group_mode`);
+    ``"int4-pc/pt"`` names K's scaling, then V's (here K per channel, V per tensor), and
+    ``"<K's mode>/<V's mode>"`` any two quantized modes, e.g. ``"int4-pc/int2-g32"`` (static
+    per-channel INT4 K, per-group INT2 V; two per-group sides share one group size and
+    metadata type)."""
     if not isinstance(mode, str):
         raise TypeError(f"mode must be a str, got {type(mode).__name__}")
     if mode in _TENSOR_MODES or group_mode(mode):
@@ -108,36 +123,44 @@ def parse_mode(mode):
     head, sep, tail = mode.partition("/")
     if sep and head in _TENSOR_MODES and head != "float" and tail in ("pt", "pc"):
         return head, head.split("-")[0] + "-" + tail
+    quantized = lambda m: m != "float" and (m in _TENSOR_MODES or group_mode(m))  # noqa: E731
+    if sep and quantized(head) and quantized(tail):
+        return head, tail
     raise ValueError(f"mode={mode!r} is not a cache mode; valid: {', '.join(_TENSOR_MODES)}, "
-                     "int8-pc/pt, int8-pt/pc, int4-pc/pt, int4-pt/pc (K's scaling / V's), or "
-                     "int8/int4/int2-g<group>[-fp16] (per group)")
+                     "int8/int4/int2-g<group>[-fp16] (per group), or K's mode / V's mode: "
+                     "int4-pc/pt (K's scaling / V's) or two quantized modes (int4-pc/int2-g32)")
 
 
 def mode_name(k_mode, v_mode):
     """The inverse of parse_mode."""
     if k_mode == v_mode:
         return k_mode
-    return f"{k_mode}/{v_mode.split('-')[1]}"
+    if k_mode in _TENSOR_MODES and v_mode in _TENSOR_MODES and (
+            _TENSOR_MODES[k_mode][1] == _TENSOR_MODES[v_mode][1]):
+        return f"{k_mode}/{v_mode.split('-')[1]}"
+    return f"{k_mode}/{v_mode}"
 
 
 def _op_attributes(k_mode, v_mode, k_rho=1.0, v_rho=1.0):
-    g = group_mode(k_mode)
-    if g or group_mode(v_mode):
-        if k_mode != v_mode:
-            raise ValueError(f"k_mode={k_mode!r} and v_mode={v_mode!r}: a per-group cache has one "
-                             "format for K and V")
-        bits, group, metadata = g
-        return dict(k_quant_type="PER_GROUP", v_quant_type="PER_GROUP", kv_cache_bit_width=bits,
-                    kv_quant_group_size=group, metadata_type=metadata, k_quant_rho=k_rho,
-                    v_quant_rho=v_rho)
-    for name, m in (("k_mode", k_mode), ("v_mode", v_mode)):
-        if m not in _TENSOR_MODES:
-            raise ValueError(f"{name}={m!r} is not a cache mode; valid: {', '.join(_TENSOR_MODES)}")
-    (kq, kb), (vq, vb) = _TENSOR_MODES[k_mode], _TENSOR_MODES[v_mode]
-    if (kb == 0) != (vb == 0) or kb != vb:
+    (kq, kb, kg), (vq, vb, vg) = _side(k_mode), _side(v_mode)
+    if (kb == 0) != (vb == 0):
         raise ValueError(f"k_mode={k_mode!r} and v_mode={v_mode!r}: K and V must both be float or "
-                         "both quantized with the same bit width (one kv_cache_bit_width)")
-    return dict(k_quant_type=kq, v_quant_type=vq, kv_cache_bit_width=kb)
+                         "both quantized")
+    attrs = dict(k_quant_type=kq, v_quant_type=vq, kv_cache_bit_width=kb)
+    if kb != vb:
+        attrs.update(kv_cache_bit_width=0, k_cache_bit_width=kb, v_cache_bit_width=vb)
+    if kg and vg and kg[1:] != vg[1:]:
+        raise ValueError(f"k_mode={k_mode!r} and v_mode={v_mode!r}: per-group K and V share one "
+                         "group size and metadata type (kv_quant_group_size, metadata_type)")
+    for name, rho, g in (("k_rho", k_rho, kg), ("v_rho", v_rho, vg)):
+        if g is None and rho != 1.0:
+            raise ValueError(f"{name}={rho!r}: the clip quantile applies to a per-group mode, "
+                             f"{name[0].upper()}'s is {k_mode if name == 'k_rho' else v_mode!r}")
+    g = kg or vg
+    if g:
+        attrs.update(kv_quant_group_size=g[1], metadata_type=g[2], k_quant_rho=k_rho,
+                     v_quant_rho=v_rho)
+    return attrs
 
 
 def rotary_caches(max_positions, rotary_dim, base=10000.0):
@@ -178,8 +201,8 @@ class Calibration:
 
 
 def _scale(absmax, mode, margin):
-    quant, bits = _TENSOR_MODES[mode]
-    if bits == 0:
+    quant, bits, group = _side(mode)
+    if bits == 0 or group:
         return None
     a = absmax if quant == "PER_CHANNEL" else np.array([absmax.max()])
     return np.maximum(a * margin / _QMAX[bits], SCALE_FLOOR).astype(np.float32)
@@ -228,9 +251,9 @@ class KVCache:
         attrs = _op_attributes(k_mode, v_mode, k_rho, v_rho)
         self.k_mode, self.v_mode = k_mode, v_mode
         self.mode = mode_name(k_mode, v_mode)
-        self.bits = attrs["kv_cache_bit_width"]
-        self.group = group_mode(k_mode)          # (bits, group, metadata) of a per-group cache
-        self.fmt = (_group.group_format(*self.group, self.head_size) if self.group else None)
+        # per side (K, V): (quant type, bits, (bits, group, metadata) of a per-group mode or None)
+        self._sides = (_side(k_mode), _side(v_mode))
+        self.quantized = self._sides[0][1] != 0
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
             raise TypeError(f"dtype must be float32 or float16, got {self.dtype}")
@@ -252,14 +275,10 @@ class KVCache:
         self.sink_size, self.recent_size = self.ops[0].sink_size, self.ops[0].recent_size
         self.rotations = self._rotations(rotations)
         self.num_threads = num_threads
-        if self.fmt:
-            width, cdt = self.fmt.row_bytes, np.dtype(np.uint8)
-        else:
-            width = self.head_size if self.bits != 4 else (self.head_size + 1) // 2
-            cdt = {0: self.dtype, 8: np.dtype(np.int8), 4: np.dtype(np.uint8)}[self.bits]
-        shape = (self.batch_size, self.kv_num_heads, self.max_length, width)
-        self.key = [np.zeros(shape, cdt) for _ in range(self.num_layers)]
-        self.value = [np.zeros(shape, cdt) for _ in range(self.num_layers)]
+        (kw, kdt), (vw, vdt) = self._layout(0), self._layout(1)
+        rows = (self.batch_size, self.kv_num_heads, self.max_length)
+        self.key = [np.zeros(rows + (kw,), kdt) for _ in range(self.num_layers)]
+        self.value = [np.zeros(rows + (vw,), vdt) for _ in range(self.num_layers)]
         # the float windows (in place): [B, Nkv, sink_size + recent_size, H] of the query dtype
         hp = (self.batch_size, self.kv_num_heads, self.sink_size + self.recent_size, self.head_size)
         windows = self.sink_size + self.recent_size > 0
@@ -268,12 +287,20 @@ class KVCache:
         self._seqlens = np.zeros(self.batch_size, np.int32)
         self._set_length(0)
 
+    def _layout(self, i):
+        """(row width, dtype) of K's (i = 0) or V's (1) cache (the module docstring)."""
+        _, bits, group = self._sides[i]
+        if group:
+            return _group.group_format(*group, self.head_size).row_bytes, np.dtype(np.uint8)
+        width = self.head_size if bits != 4 else (self.head_size + 1) // 2
+        return width, {0: self.dtype, 8: np.dtype(np.int8), 4: np.dtype(np.uint8)}[bits]
+
     def _rotations(self, rotations):
         """Per layer (R_K, R_V) float32 [Nkv, H, H] or (None, None)."""
         none = [(None, None)] * self.num_layers
         if rotations is None:
             return none
-        if self.bits == 0:
+        if not self.quantized:
             raise ValueError("rotations apply to a quantized cache, this one is float")
         if isinstance(rotations, str):
             if rotations != "hadamard":
@@ -306,11 +333,17 @@ class KVCache:
         self._step_layers = 0
 
     def _scales(self, k_scales, v_scales, calibration, margin):
-        if self.bits == 0 or self.group:
+        static = [q in ("PER_TENSOR", "PER_CHANNEL") for q, _, _ in self._sides]
+        if not any(static):
             if k_scales is not None or v_scales is not None or calibration is not None:
-                raise ValueError(f"mode {self.mode!r} is a {'per-group' if self.group else 'float'} "
+                raise ValueError(f"mode {self.mode!r} is a {'per-group' if self.quantized else 'float'} "
                                  "cache: it takes no k_scales, v_scales or calibration")
             return [None] * self.num_layers, [None] * self.num_layers
+        for name, given, st, m in (("k_scales", k_scales, static[0], self.k_mode),
+                                   ("v_scales", v_scales, static[1], self.v_mode)):
+            if given is not None and not st:
+                raise ValueError(f"{name} must not be given: {name[0].upper()}'s mode {m!r} is "
+                                 "per-group (its scales are stored in the cache rows)")
         if calibration is not None:
             if k_scales is not None or v_scales is not None:
                 raise ValueError("give either calibration or k_scales/v_scales, not both")
@@ -325,11 +358,15 @@ class KVCache:
             if not (isinstance(margin, numbers.Real) and np.isfinite(margin) and margin > 0):
                 raise ValueError(f"margin must be a finite number > 0, got {margin!r}")
             k_scales, v_scales = calibration.scales(self.k_mode, self.v_mode, float(margin))
-        if k_scales is None or v_scales is None:
-            raise ValueError(f"mode {self.mode!r} is quantized: give k_scales and v_scales, or a "
-                             "calibration (KVCache.calibration() of a float cache)")
-        return (self._layer_scales("k_scales", k_scales, self.k_mode),
-                self._layer_scales("v_scales", v_scales, self.v_mode))
+        needed = [n for n, st in zip(("k_scales", "v_scales"), static) if st]
+        if any(x is None for x, st in zip((k_scales, v_scales), static) if st):
+            raise ValueError(f"mode {self.mode!r} is quantized with static scales: give "
+                             f"{' and '.join(needed)}, or a calibration (KVCache.calibration() of a "
+                             "float cache)")
+        return (self._layer_scales("k_scales", k_scales, self.k_mode) if static[0]
+                else [None] * self.num_layers,
+                self._layer_scales("v_scales", v_scales, self.v_mode) if static[1]
+                else [None] * self.num_layers)
 
     def _layer_scales(self, name, scales, mode):
         n = self.kv_num_heads * self.head_size if _TENSOR_MODES[mode][0] == "PER_CHANNEL" else 1
@@ -388,7 +425,7 @@ class KVCache:
         ``rotary_pairs=False``: plain per-channel maxima of K too, tighter for contexts no longer
         than the calibration run (INT4 gains from it there) and too small beyond (module
         docstring)."""
-        if self.bits != 0:
+        if self.quantized:
             raise ValueError(f"calibration() reads a float cache; this one is {self.mode!r}")
         if self._length == 0 or self._step_size:
             raise ValueError("calibration() needs a cache holding a whole calibration run (length > 0, "
@@ -424,10 +461,10 @@ class KVCache:
         if length > other.length or length > self.max_length:
             raise ValueError(f"length ({length}) must be <= other's length ({other.length}) and "
                              f"<= max_length ({self.max_length})")
-        if other.mode != self.mode and other.bits != 0:
+        if other.mode != self.mode and other.quantized:
             raise ValueError(f"copy_from takes a float cache or one of this mode ({self.mode!r}), "
                              f"got {other.mode!r}")
-        if self.bits != 0 and other.bits == 0:
+        if self.quantized and not other.quantized:
             self._copy_float(other, length)
             return
         rotated = any(r is not None for pair in self.rotations for r in pair)
@@ -456,17 +493,17 @@ class KVCache:
                 r = self.rotations[li][i]
                 if r is not None:
                     rows = np.einsum("bjtd,jde->bjte", rows, r).astype(np.float32)
-                if self.group:
-                    bits, group, metadata = self.group
-                    dst[li][:, :, :length] = quantize(rows, bits=bits, group_size=group, rho=rho[i],
+                quant, bits, group = self._sides[i]
+                if group:
+                    _, size, metadata = group
+                    dst[li][:, :, :length] = quantize(rows, bits=bits, group_size=size, rho=rho[i],
                                                       metadata=metadata)
                 else:
-                    mode, scales = (self.k_mode, self.k_scales) if i == 0 else (self.v_mode, self.v_scales)
-                    per_channel = _TENSOR_MODES[mode][0] == "PER_CHANNEL"
+                    scales = (self.k_scales, self.v_scales)[i][li]
                     H = self.head_size
                     for h in range(self.kv_num_heads):
-                        s = scales[li][h * H:(h + 1) * H] if per_channel else scales[li]
-                        dst[li][:, h, :length] = quantize(rows[:, h], s, bits=self.bits)
+                        s = scales[h * H:(h + 1) * H] if quant == "PER_CHANNEL" else scales
+                        dst[li][:, h, :length] = quantize(rows[:, h], s, bits=bits)
                 if hp[li] is not None:
                     hp[li][...] = 0
                     hp[li][:, :, :len(keep)] = rows[:, :, keep].astype(self.dtype)

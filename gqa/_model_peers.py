@@ -42,7 +42,7 @@ class NumpyAttention(KVCache):
     def __init__(self, **kwargs):
         kwargs.setdefault("mode", "float")
         super().__init__(**kwargs)
-        if self.bits != 0:
+        if self.quantized:
             raise ValueError("NumpyAttention is a float cache")
         if self.cos_cache is not None and not self.ops[0].rotary_interleaved:
             raise ValueError("NumpyAttention implements the interleaved rotary only")
@@ -82,8 +82,10 @@ class OrtAttention(KVCache):
             raise RuntimeError(f"onnxruntime {_ort_peer.ORT_VERSION} and onnx are needed "
                                "(pip install \"gqa[test]\")")
         super().__init__(**kwargs)
-        if _TENSOR_MODES[self.k_mode][0] != _TENSOR_MODES[self.v_mode][0]:
-            raise ValueError("onnxruntime needs k_quant_type == v_quant_type")
+        if self.k_mode not in _TENSOR_MODES or self.v_mode not in _TENSOR_MODES or (
+                _TENSOR_MODES[self.k_mode][0] != _TENSOR_MODES[self.v_mode][0]):
+            raise ValueError(f"onnxruntime 1.31.1 takes float or static quantized caches with "
+                             f"k_quant_type == v_quant_type, not mode {self.mode!r}")
         op = self.ops[0]
         self._attrs = dict(num_heads=self.num_heads, kv_num_heads=self.kv_num_heads,
                            do_rotary=op.do_rotary, rotary_interleaved=op.rotary_interleaved,

@@ -33,6 +33,35 @@ def _quant_attr(name, value):
     return u
 
 
+def _side_bits(kq, vq, bits, k_bits, v_bits):
+    """(K's, V's) code widths: k_cache_bit_width / v_cache_bit_width where given (> 0), else
+    kv_cache_bit_width; 0 for float caches.  K and V are both float or both quantized, each
+    side with its own type: PER_TENSOR / PER_CHANNEL take 4 or 8 bits, PER_GROUP 2, 4 or 8."""
+    if (kq == "NONE") != (vq == "NONE"):
+        raise ValueError(f"k_quant_type ({kq}) and v_quant_type ({vq}) must both be NONE or "
+                         "both quantized")
+    if kq == "NONE":
+        for name, b in (("kv_cache_bit_width", bits), ("k_cache_bit_width", k_bits),
+                        ("v_cache_bit_width", v_bits)):
+            if b != 0:
+                raise ValueError(f"{name} must be 0 when quantization is disabled, got {b}")
+        return 0, 0
+    out = []
+    for side, q, own in (("k", kq, k_bits), ("v", vq, v_bits)):
+        if own < 0:
+            raise ValueError(f"{side}_cache_bit_width must be >= 0 (0: kv_cache_bit_width), got {own}")
+        b = own or bits
+        name = f"{side}_cache_bit_width" if own else "kv_cache_bit_width"
+        if q == "PER_GROUP" and b not in (2, 4, 8):
+            raise ValueError(f"{name} must be 2, 4 or 8 for PER_GROUP caches, got {b} "
+                             f"({side.upper()} is PER_GROUP)")
+        if q != "PER_GROUP" and b not in (4, 8):
+            raise ValueError(f"{name} must be 4 or 8 when quantization is enabled, got {b} "
+                             f"({side.upper()} is {q}; 2 bits need PER_GROUP)")
+        out.append(b)
+    return tuple(out)
+
+
 class GroupQueryAttention:
     """One GroupQueryAttention node: attributes validated once, then called per step.
 
@@ -56,7 +85,7 @@ class GroupQueryAttention:
                  k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0,
                  qk_norm_epsilon=1e-6, sliding_window_cache=0, kv_quant_group_size=0,
                  k_quant_rho=1.0, v_quant_rho=1.0, metadata_type="fp32", sink_size=0, recent_size=0,
-                 window_partition="causal"):
+                 window_partition="causal", k_cache_bit_width=0, v_cache_bit_width=0):
         self.num_heads = _int_attr("num_heads", num_heads)
         self.kv_num_heads = _int_attr("kv_num_heads", kv_num_heads)
         if self.num_heads <= 0:
@@ -94,22 +123,12 @@ class GroupQueryAttention:
         self.k_quant_type = _quant_attr("k_quant_type", k_quant_type)
         self.v_quant_type = _quant_attr("v_quant_type", v_quant_type)
         self.kv_cache_bit_width = _int_attr("kv_cache_bit_width", kv_cache_bit_width)
-        kq, vq, bits = self.k_quant_type, self.v_quant_type, self.kv_cache_bit_width
-        self.per_group = kq == "PER_GROUP"
-        if self.per_group or vq == "PER_GROUP":
-            if kq != vq:
-                raise ValueError(f"k_quant_type ({kq}) and v_quant_type ({vq}) must both be PER_GROUP "
-                                 "or neither (one cache format for K and V)")
-            if bits not in (2, 4, 8):
-                raise ValueError(f"kv_cache_bit_width must be 2, 4 or 8 for PER_GROUP caches, got {bits}")
-        elif kq == "NONE" or vq == "NONE":
-            if kq != vq:
-                raise ValueError(f"k_quant_type ({kq}) and v_quant_type ({vq}) must both be NONE or "
-                                 "both quantized (PER_TENSOR / PER_CHANNEL)")
-            if bits != 0:
-                raise ValueError(f"kv_cache_bit_width must be 0 when quantization is disabled, got {bits}")
-        elif bits not in (4, 8):
-            raise ValueError(f"kv_cache_bit_width must be 4 or 8 when quantization is enabled, got {bits}")
+        kq, vq = self.k_quant_type, self.v_quant_type
+        self.k_cache_bit_width, self.v_cache_bit_width = _side_bits(kq, vq, self.kv_cache_bit_width,
+                                              _int_attr("k_cache_bit_width", k_cache_bit_width),
+                                              _int_attr("v_cache_bit_width", v_cache_bit_width))
+        self.k_group, self.v_group = kq == "PER_GROUP", vq == "PER_GROUP"
+        self.per_group = self.k_group or self.v_group
         self.quantized = kq != "NONE"
         self.kv_quant_group_size = _int_attr("kv_quant_group_size", kv_quant_group_size)
         if self.kv_quant_group_size < 0:
@@ -122,10 +141,12 @@ class GroupQueryAttention:
         if metadata_type not in _group.METADATA:
             raise ValueError(f"metadata_type must be 'fp32' or 'fp16', got {metadata_type!r}")
         self.metadata_type = metadata_type
-        if not self.per_group and (self.kv_quant_group_size or self.k_quant_rho != 1.0
-                                   or self.v_quant_rho != 1.0 or metadata_type != "fp32"):
-            raise ValueError("kv_quant_group_size, k_quant_rho, v_quant_rho and metadata_type "
-                             "apply to PER_GROUP caches only")
+        if not self.per_group and (self.kv_quant_group_size or metadata_type != "fp32"):
+            raise ValueError("kv_quant_group_size and metadata_type apply to PER_GROUP caches only")
+        for name, grouped in (("k_quant_rho", self.k_group), ("v_quant_rho", self.v_group)):
+            if not grouped and getattr(self, name) != 1.0:
+                raise ValueError(f"{name} applies to a PER_GROUP {name[0].upper()} cache only, "
+                                 f"k_quant_type is {kq} and v_quant_type {vq}")
         self.sink_size = _int_attr("sink_size", sink_size)
         self.recent_size = _int_attr("recent_size", recent_size)
         for name in ("sink_size", "recent_size"):

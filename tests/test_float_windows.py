@@ -19,6 +19,11 @@ FORMATS = {  # id -> attributes, (quantize rows -> codes, dequantize codes -> ro
                       kv_quant_group_size=8, metadata_type="fp16"),
     "int8-pt": dict(k_quant_type="PER_TENSOR", v_quant_type="PER_TENSOR", kv_cache_bit_width=8),
     "int4-pc": dict(k_quant_type="PER_CHANNEL", v_quant_type="PER_CHANNEL", kv_cache_bit_width=4),
+    # K and V of different types and widths (beyond onnxruntime main: one type for both)
+    "k4pc-v2g16": dict(k_quant_type="PER_CHANNEL", v_quant_type="PER_GROUP", k_cache_bit_width=4,
+                       v_cache_bit_width=2, kv_quant_group_size=16, v_quant_rho=0.9),
+    "k8g8-v4pt": dict(k_quant_type="PER_GROUP", v_quant_type="PER_TENSOR", kv_cache_bit_width=4,
+                      k_cache_bit_width=8, kv_quant_group_size=8, metadata_type="fp16"),
 }
 WINDOWS = {"s2r3": (2, 3), "s0r4": (0, 4), "s3r0": (3, 0)}
 
@@ -41,51 +46,59 @@ def _orth(seed):
     return out
 
 
-class Codec:
-    """NumPy statement of a format's codes (for bit-exact checks) and dequantized rows."""
+class Side:
+    """NumPy statement of one cache's codes (for bit-exact checks) and dequantized rows."""
 
-    def __init__(self, fmt, rng):
-        a = FORMATS[fmt]
-        self.attrs = dict(a)
-        self.group = a["k_quant_type"] == "PER_GROUP"
-        self.bits = a["kv_cache_bit_width"]
-        self.kw = {}
+    def __init__(self, a, side, rng):
+        self.group = a[f"{side}_quant_type"] == "PER_GROUP"
+        self.bits = a.get(f"{side}_cache_bit_width") or a["kv_cache_bit_width"]
+        self.scale = None
         if self.group:
             g = a["kv_quant_group_size"] or H
             self.g, self.m16 = g, a.get("metadata_type") == "fp16"
-            self.rho = (a.get("k_quant_rho", 1.0), a.get("v_quant_rho", 1.0))
+            self.rho = a.get(f"{side}_quant_rho", 1.0)
             self.width = gqa.group_row_bytes(H, self.bits, g, a.get("metadata_type", "fp32"))
             self.dtype = np.uint8
         else:
-            pc = a["k_quant_type"] == "PER_CHANNEL"
-            n = NKV * H if pc else 1
-            self.scale = [rng.uniform(0.02, 0.03, n).astype(F32) * (8 if self.bits == 4 else 1)
-                          for _ in range(2)]
-            self.kw = dict(k_scale=self.scale[0], v_scale=self.scale[1])
+            n = NKV * H if a[f"{side}_quant_type"] == "PER_CHANNEL" else 1
+            self.scale = rng.uniform(0.02, 0.03, n).astype(F32) * (8 if self.bits == 4 else 1)
             self.width = H if self.bits == 8 else H // 2
             self.dtype = np.int8 if self.bits == 8 else np.uint8
 
-    def codes(self, rows, i):
-        """rows float32 [..., Nkv, T, H] (K: i = 0, V: 1) -> the cache rows."""
+    def codes(self, rows):
+        """rows float32 [..., Nkv, T, H] -> the cache rows."""
         if self.group:
-            return group_quantize_ref(np.ascontiguousarray(rows), self.bits, self.g, self.rho[i], self.m16)
+            return group_quantize_ref(np.ascontiguousarray(rows), self.bits, self.g, self.rho, self.m16)
         out = np.empty(rows.shape[:-1] + (self.width,), self.dtype)
-        s = self.scale[i]
         for j in range(NKV):
-            sj = s[j * H:(j + 1) * H] if s.size > 1 else s
+            sj = self.scale[j * H:(j + 1) * H] if self.scale.size > 1 else self.scale
             out[..., j, :, :] = gqa.quantize(np.ascontiguousarray(rows[..., j, :, :]), sj, bits=self.bits)
         return out
 
-    def rows(self, codes, i):
+    def rows(self, codes):
         if self.group:
             return group_dequantize_ref(codes, self.bits, self.g, H, self.m16).astype(np.float64)
-        s = self.scale[i]
         out = np.empty(codes.shape[:-1] + (H,))
         for j in range(NKV):
-            sj = s[j * H:(j + 1) * H] if s.size > 1 else s
+            sj = self.scale[j * H:(j + 1) * H] if self.scale.size > 1 else self.scale
             out[..., j, :, :] = gqa.dequantize(np.ascontiguousarray(codes[..., j, :, :]), sj,
                                                bits=self.bits, head_size=H)
         return out
+
+
+class Codec:
+    """A format's two caches: K (i = 0) and V (i = 1), each with its own type and width."""
+
+    def __init__(self, fmt, rng):
+        self.attrs = dict(FORMATS[fmt])
+        self.sides = (Side(self.attrs, "k", rng), Side(self.attrs, "v", rng))
+        self.kw = {f"{n}_scale": s.scale for n, s in zip("kv", self.sides) if s.scale is not None}
+
+    def codes(self, rows, i):
+        return self.sides[i].codes(rows)
+
+    def rows(self, codes, i):
+        return self.sides[i].rows(codes)
 
 
 def counts(T, sink, recent):
@@ -130,7 +143,7 @@ class Run:
     def __init__(self, fmt, window, partition, rot, inplace, B=1, C=48, seed=0, ragged=None):
         self.rng = np.random.default_rng(seed)
         self.codec = Codec(fmt, self.rng)
-        self.sink, self.recent = WINDOWS[window]
+        self.sink, self.recent = WINDOWS[window] if window != "none" else (0, 0)
         self.partition = partition
         self.RK = self.RV = None
         if rot == "perm":
@@ -143,9 +156,9 @@ class Run:
                                           recent_size=self.recent, window_partition=partition,
                                           **self.codec.attrs)
         self.inplace, self.B, self.C = inplace, B, C
-        w = self.codec.width
-        self.pk = np.zeros((B, NKV, C, w), self.codec.dtype)
-        self.pv = np.zeros((B, NKV, C, w), self.codec.dtype)
+        ks, vs = self.codec.sides
+        self.pk = np.zeros((B, NKV, C, ks.width), ks.dtype)
+        self.pv = np.zeros((B, NKV, C, vs.width), vs.dtype)
         cap = self.sink + self.recent
         self.hk = np.zeros((B, NKV, cap, H), F32) if inplace else None
         self.hv = np.zeros((B, NKV, cap, H), F32) if inplace else None
@@ -176,14 +189,17 @@ class Run:
             Kf[b, :, p0:p0 + n] = kn[b, :, :n]
             Vf[b, :, p0:p0 + n] = vn[b, :, :n]
         ext = dict(oscar_rotation_k=self.RK, oscar_rotation_v=self.RV)
+        windows = self.sink + self.recent > 0
         if self.inplace:
+            ext.update(present_key=self.pk, present_value=self.pv)
+        if windows and self.inplace:
             ext.update(past_hp_key=self.hk, past_hp_value=self.hv, present_hp_key=self.hk,
-                       present_hp_value=self.hv, present_key=self.pk, present_value=self.pv)
-        elif not first:
+                       present_hp_value=self.hv)
+        elif windows and not first:
             ext.update(past_hp_key=self.hk, past_hp_value=self.hv)
         res = self.op(q, k, v, self.pk, self.pv, (new_lens - 1).astype(np.int32),
                       np.array(T, np.int32), **self.codec.kw, **ext)
-        out, pk, pv, hk, hv = res
+        out, pk, pv, hk, hv = res if windows else res + (self.hk, self.hv)
         if not self.inplace:
             self.pk, self.pv, self.hk, self.hv = pk, pv, hk, hv
         self.K, self.V, self.lens, self.first = Kf, Vf, new_lens, first
@@ -198,6 +214,8 @@ class Run:
                 assert np.array_equal(self.pk[b, :, :Tb], self.codec.codes(Kr[b, :, :Tb], 0))
                 assert np.array_equal(self.pv[b, :, :Tb], self.codec.codes(Vr[b, :, :Tb], 1))
             ns, nr = counts(Tb, self.sink, self.recent)
+            if ns + nr == 0:
+                continue
             keep = list(range(ns)) + list(range(Tb - nr, Tb))
             assert self.hk.shape[2] >= len(keep)
             np.testing.assert_allclose(self.hk[b, :, :len(keep)], Kr[b][:, keep], atol=2e-6, rtol=0)
@@ -230,6 +248,24 @@ def test_steps_against_float64(kernel_path, fmt, window, rot, partition, flash):
         for S in (7, 1, 1, 3, 1, 5, 1, 1, 1, 1):
             q, out, T, S = run.step(S)
             run.check(q, out, T, S, TOL, exact_codes=rot in ("none", "perm"))
+
+
+MIXED = [f for f in FORMATS if f.startswith("k")]
+
+
+@pytest.mark.parametrize("flash", [True, False], ids=["flash", "naive"])
+@pytest.mark.parametrize("rot", ["none", "orth"])
+@pytest.mark.parametrize("fmt", MIXED)
+def test_mixed_sides_long_decode(kernel_path, fmt, rot, flash):
+    """K and V of different types and widths, no windows: a prompt, then decode steps to
+    T = 120 with the keys split into chunks (flash decoding) or whole (naive); codes of
+    every row and every output against float64."""
+    run = Run(fmt, "none", "causal", rot, inplace=True, B=2, C=124, seed=17)
+    with gqa.config(kernel=kernel_path, flash=flash, decode_splits=3 if flash else None):
+        for S in [9] + [1] * 111:
+            q, out, T, S = run.step(S)
+            if T % 37 == 0 or T == 120:     # (T + 2 H + 16) u |v| ~ 1.2e-5 at T = 120
+                run.check(q, out, T, S, 2e-5, exact_codes=rot == "none")
 
 
 @pytest.mark.parametrize("partition", ["causal", "per_call"])

@@ -339,10 +339,21 @@ def test_operator_errors():
                  kv_cache_bit_width=4, kv_quant_group_size=32)
         a.update(kw)
         return gqa.GroupQueryAttention(**a)
-    with pytest.raises(ValueError, match="must both be PER_GROUP or neither"):
-        op(v_quant_type="PER_TENSOR")
+    with pytest.raises(ValueError, match="must both be NONE or both quantized"):
+        op(v_quant_type="NONE")
+    with pytest.raises(ValueError, match=r"kv_cache_bit_width must be 4 or 8 when quantization "
+                                         r"is enabled, got 2 \(V is PER_TENSOR; 2 bits need PER_GROUP\)"):
+        op(v_quant_type="PER_TENSOR", kv_cache_bit_width=2)
     with pytest.raises(ValueError, match="kv_cache_bit_width must be 2, 4 or 8 for PER_GROUP"):
         op(kv_cache_bit_width=3)
+    with pytest.raises(ValueError, match=r"k_cache_bit_width must be 2, 4 or 8 for PER_GROUP caches, got 3"):
+        op(k_cache_bit_width=3)
+    with pytest.raises(ValueError, match=r"v_cache_bit_width must be >= 0"):
+        op(v_cache_bit_width=-4)
+    with pytest.raises(ValueError, match="k_cache_bit_width must be 0 when quantization is disabled"):
+        gqa.GroupQueryAttention(num_heads=N, kv_num_heads=NKV, k_cache_bit_width=4)
+    with pytest.raises(ValueError, match="v_quant_rho applies to a PER_GROUP V cache only"):
+        op(v_quant_type="PER_CHANNEL", v_quant_rho=0.9)
     with pytest.raises(ValueError, match="kv_cache_bit_width must be 4 or 8"):
         gqa.GroupQueryAttention(num_heads=N, kv_num_heads=NKV, k_quant_type="PER_TENSOR",
                                 v_quant_type="PER_TENSOR", kv_cache_bit_width=2)
@@ -358,8 +369,23 @@ def test_operator_errors():
     with pytest.raises(ValueError, match="kv_quant_group_size=24 must divide head_size=64"):
         op(kv_quant_group_size=24)(**inp)
     bad = dict(inp, k_scale=np.ones(1, F32), v_scale=np.ones(1, F32))
-    with pytest.raises(ValueError, match="k_scale / v_scale must not be given for PER_GROUP"):
+    with pytest.raises(ValueError, match="k_scale must not be given when k_quant_type is PER_GROUP"):
         op()(**bad)
+    # K and V of their own types: each side's scale and row width
+    mixed = op(v_quant_type="PER_TENSOR", v_cache_bit_width=8)
+    with pytest.raises(ValueError, match="v_scale must be provided when v_quant_type is not NONE"):
+        mixed(**inp)
+    with pytest.raises(ValueError, match="k_scale must not be given when k_quant_type is PER_GROUP"):
+        mixed(**bad)
+    with pytest.raises(TypeError, match="past_value must have dtype int8"):
+        mixed(**dict(inp, v_scale=np.ones(1, F32)))
+    pv8 = np.zeros(inp["past_value"].shape[:3] + (H,), np.int8)
+    with pytest.raises(ValueError, match=r"past_sequence_length \(dimension 2\)"):
+        mixed(**dict(inp, v_scale=np.ones(1, F32), past_value=pv8[:, :, :-1], present_key=None,
+                     present_value=None))
+    with pytest.raises(ValueError, match=r"Input 'past_value' must have shape .*head_size\) = \(2, 2, \*, 64\)"):
+        mixed(**dict(inp, v_scale=np.ones(1, F32), past_value=pv8[..., :32], present_key=None,
+                     present_value=None))
     before = inp["past_key"].copy()
     with pytest.raises(ValueError, match=r"gqa.group_row_bytes\(head_size, bits, group, metadata\)"):
         op(metadata_type="fp16")(**inp)          # rows are 48 bytes, fp16 metadata wants 40

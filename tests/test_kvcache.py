@@ -32,7 +32,7 @@ def _scales(mode, seed=1):
 
 
 def _cache(mode="float", rotary=True, B=B, **kw):
-    if "k_scales" not in kw and "calibration" not in kw and needs_scales(mode):
+    if not {"k_scales", "v_scales", "calibration"} & set(kw) and needs_scales(mode):
         kw["k_scales"], kw["v_scales"] = _scales(mode)
     return gqa.KVCache(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=M,
                        batch_size=B, mode=mode, rotary=gqa.rotary_caches(M, H) if rotary else None, **kw)
@@ -230,7 +230,13 @@ def test_errors_name_the_problem_and_write_nothing():
     (dict(mode="int3"), ValueError, "mode='int3' is not a cache mode"),
     (dict(mode="int8-pc/pq"), ValueError, "is not a cache mode"),
     (dict(mode=8), TypeError, "mode must be a str"),
-    (dict(k_mode="int8-pt", v_mode="int4-pt"), ValueError, "same bit width"),
+    (dict(k_mode="int4-g16", v_mode="int2-g8"), ValueError, "share one group size and metadata type"),
+    (dict(mode="int4-pc/int2-g16", k_scales=[np.ones(32, np.float32)] * L, v_scales=[np.ones(1, np.float32)] * L),
+     ValueError, "v_scales must not be given: V's mode 'int2-g16' is per-group"),
+    (dict(mode="int4-pc/int2-g16"), ValueError, r"give k_scales, or a calibration"),
+    (dict(mode="int4-pt/int2-g16", k_rho=0.9, k_scales=np.ones(1, np.float32)), ValueError,
+     "k_rho=0.9: the clip quantile applies to a per-group mode"),
+    (dict(mode="int4-g16/float"), ValueError, "is not a cache mode"),
     (dict(k_mode="float", v_mode="int8-pt"), ValueError, "must both be float or both quantized"),
     (dict(k_mode="int8-pt"), ValueError, "k_mode and v_mode go together"),
     (dict(mode="int8-pt", k_scales=None, v_scales=None), ValueError, "give k_scales and v_scales, or a calibration"),
@@ -277,9 +283,75 @@ def test_calibration_errors():
 
 
 def test_mode_names_round_trip():
-    for m in MODES:
+    for m in MODES + MIXED + ["int4-g32", "int2-g64-fp16"]:
         assert mode_name(*parse_mode(m)) == m
     assert parse_mode("int4-pc/pt") == ("int4-pc", "int4-pt")
+    assert parse_mode("int4-pc/int2-g16") == ("int4-pc", "int2-g16")
+    assert mode_name("int8-pt", "int8-pc") == "int8-pt/pc"
+
+
+# K and V of their own types and widths: (mode, the operator's attributes written by hand)
+MIXED = ["int4-pc/int2-g16", "int8-pt/int4-pt", "int2-g8/int4-g8", "int8-g16-fp16/int4-pc"]
+MIXED_ATTRS = {
+    "int4-pc/int2-g16": dict(k_quant_type="PER_CHANNEL", v_quant_type="PER_GROUP", k_cache_bit_width=4,
+                             v_cache_bit_width=2, kv_quant_group_size=16),
+    "int8-pt/int4-pt": dict(k_quant_type="PER_TENSOR", v_quant_type="PER_TENSOR", k_cache_bit_width=8,
+                            v_cache_bit_width=4),
+    "int2-g8/int4-g8": dict(k_quant_type="PER_GROUP", v_quant_type="PER_GROUP", k_cache_bit_width=2,
+                            v_cache_bit_width=4, kv_quant_group_size=8),
+    "int8-g16-fp16/int4-pc": dict(k_quant_type="PER_GROUP", v_quant_type="PER_CHANNEL",
+                                  k_cache_bit_width=8, v_cache_bit_width=4, kv_quant_group_size=16,
+                                  metadata_type="fp16"),
+}
+
+
+@pytest.mark.parametrize("mode", MIXED)
+def test_mixed_modes_equal_the_hand_written_operator_loop(mode):
+    """K and V of different types and widths: each cache's layout, the static side's scales,
+    and outputs and caches bit for bit against operator calls written by hand."""
+    k_mode, v_mode = parse_mode(mode)
+    rng = np.random.default_rng(4)
+    scales = {}
+    for side, m in (("k", k_mode), ("v", v_mode)):
+        if m.endswith(("-pc", "-pt")):
+            n = NKV * H if m.endswith("pc") else 1
+            scales[f"{side}_scales"] = [rng.uniform(0.01, 0.05, n).astype(np.float32) for _ in range(L)]
+    cache = _cache(mode, **scales)
+    assert cache.mode == mode and needs_scales(mode) == bool(scales)
+    for arr, m in ((cache.key[0], k_mode), (cache.value[0], v_mode)):
+        g = gqa._kvcache.group_mode(m)
+        width = (gqa.group_row_bytes(H, g[0], g[1], g[2]) if g else H if m.startswith("int8") else H // 2)
+        assert arr.shape == (B, NKV, M, width)
+        assert arr.dtype == (np.int8 if m.startswith("int8") and not g else np.uint8)
+    attrs = dict(num_heads=N, kv_num_heads=NKV, do_rotary=1, **MIXED_ATTRS[mode])
+    kc = [np.zeros_like(a) for a in cache.key]
+    vc = [np.zeros_like(a) for a in cache.value]
+    cos, sin = gqa.rotary_caches(M, H)
+    T = 0
+    for step in _steps(8):
+        S = step[0][0].shape[1]
+        T += S
+        for li in range(L):
+            q, k, v = step[li]
+            ks = scales.get("k_scales", [None] * L)[li]
+            vs = scales.get("v_scales", [None] * L)[li]
+            want = gqa.group_query_attention(q, k, v, kc[li], vc[li], np.full(B, T - 1, np.int32), T,
+                                             cos, sin, k_scale=ks, v_scale=vs, present_key=kc[li],
+                                             present_value=vc[li], **attrs)[0]
+            np.testing.assert_array_equal(cache.attend(li, q, k, v), want)
+    for li in range(L):
+        np.testing.assert_array_equal(cache.key[li][:, :, :T], kc[li][:, :, :T])
+        np.testing.assert_array_equal(cache.value[li][:, :, :T], vc[li][:, :, :T])
+    # a float cache copied in: the codes the operator wrote (no rotation: exact)
+    src = _cache()
+    for step in _steps(8):
+        for li, (q, k, v) in enumerate(step):
+            src.attend(li, q, k, v)
+    dst = _cache(mode, **scales)
+    dst.copy_from(src)
+    for li in range(L):
+        np.testing.assert_array_equal(dst.key[li][:, :, :T], kc[li][:, :, :T])
+        np.testing.assert_array_equal(dst.value[li][:, :, :T], vc[li][:, :, :T])
 
 
 def test_readme_decoding_loop_runs(capsys):
