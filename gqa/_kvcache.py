@@ -274,6 +274,13 @@ class KVCache:
                                         **attrs) for _ in range(self.num_layers)]
         self.sink_size, self.recent_size = self.ops[0].sink_size, self.ops[0].recent_size
         self.rotations = self._rotations(rotations)
+        for i, (quant, _, _) in enumerate(self._sides):
+            if (calibration is not None and quant in ("PER_TENSOR", "PER_CHANNEL")
+                    and any(pair[i] is not None for pair in self.rotations)):
+                raise ValueError(f"a calibration holds the maxima of unrotated rows, and "
+                                 f"{'K' if i == 0 else 'V'}'s static scales would be applied to "
+                                 "rotated ones: with rotations give k_scales / v_scales measured "
+                                 "on the rotated rows")
         self.num_threads = num_threads
         (kw, kdt), (vw, vdt) = self._layout(0), self._layout(1)
         rows = (self.batch_size, self.kv_num_heads, self.max_length)

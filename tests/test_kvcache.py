@@ -277,6 +277,9 @@ def test_calibration_errors():
         _cache("int8-pt", calibration=cal, margin=0)
     with pytest.raises(ValueError, match="either calibration or k_scales"):
         _cache("int8-pt", calibration=cal, k_scales=[np.ones(1, np.float32)] * L)
+    with pytest.raises(ValueError, match="a calibration holds the maxima of unrotated rows, and V's"):
+        _cache("int4-g16/int4-pt", calibration=cal, rotations="hadamard")
+    assert _cache("int4-pt/int4-g16", calibration=cal, rotations=[(None, gqa.hadamard(H)[None].repeat(NKV, 0))] * L)
     with pytest.raises(TypeError, match="calibration must be a gqa.Calibration"):
         _cache("int8-pt", calibration={"k": 1})
     assert other.length == 0
