@@ -26,6 +26,9 @@
  *  - exp_sum: the AVX2 path's exp on 4 lanes (same operations), tail through a
  *    copy padded with -inf.
  *  - row_max: 4-lane compare-and-select maxima, NaN skipped (exact).
+ *  - per-group rows (kernels_group.h's drivers): quantized by the shared codec; decoded 8
+ *    elements at a time (group_decode_row_neon, the reference's bits) into a tile that the
+ *    float32 GEMMs above read, a block of rows per tile.
  * Packed rows have no alignment: every load and store goes through bytes.
  */
 #if defined(__aarch64__)
@@ -76,7 +79,44 @@ static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float 
                            const void *B, int type, const float *s, float *C, size_t ldc);
 static void sv_gemm_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                            int type, const float *s, float *C, size_t ldc, float beta);
-GQA_GROUP_OPS(neon, gqa_group_decode_row_ref, qk_gemm_neon, sv_gemm_neon)
+/* One group row decoded to float32, 8 elements at a time: element e of the 8 is bits
+   [b * (e % per), +b) of byte e / per (per = 8 / b codes a byte), picked by one table lookup
+   and one per-lane shift, then x = fl(fl(code * scale) + zero) -- a multiply and an add,
+   never fused: the reference decoder's bits.  Groups narrower than 8 columns go through the
+   reference decoder. */
+static void group_decode_row_neon(const uint8_t *row, float *dst, size_t cols, int type)
+{
+    const unsigned b = gqa_group_bits(type);
+    const size_t g = gqa_group_cols(type);
+    if (g % 8) {
+        gqa_group_decode_row_ref(row, dst, cols, type);
+        return;
+    }
+    static const uint8_t idx[3][8] = {{0, 1, 2, 3, 4, 5, 6, 7}, {0, 0, 1, 1, 2, 2, 3, 3},
+                                      {0, 0, 0, 0, 1, 1, 1, 1}};
+    static const int8_t shr[3][8] = {{0, 0, 0, 0, 0, 0, 0, 0}, {0, -4, 0, -4, 0, -4, 0, -4},
+                                     {0, -2, -4, -6, 0, -2, -4, -6}};
+    const int k = b == 8 ? 0 : b == 4 ? 1 : 2;
+    const uint8x8_t tbl = vld1_u8(idx[k]), mask = vdup_n_u8((uint8_t)((1u << b) - 1));
+    const int8x8_t sh = vld1_s8(shr[k]);
+    const uint8_t *meta = row + cols * b / 8;
+    for (size_t gi = 0; gi * g < cols; gi++) {
+        float sc, zr;
+        gqa_group_meta(meta, gi, type, &sc, &zr);
+        const float32x4_t s = vdupq_n_f32(sc), z = vdupq_n_f32(zr);
+        for (size_t c = gi * g; c < (gi + 1) * g; c += 8) {
+            uint64_t w = 0;
+            memcpy(&w, row + c * b / 8, b); /* the 8 elements' b bytes */
+            uint8x8_t q = vand_u8(vshl_u8(vtbl1_u8(vcreate_u8(w), tbl), sh), mask);
+            uint16x8_t q16 = vmovl_u8(q);
+            float32x4_t lo = vcvtq_f32_u32(vmovl_u16(vget_low_u16(q16)));
+            float32x4_t hi = vcvtq_f32_u32(vmovl_u16(vget_high_u16(q16)));
+            vst1q_f32(dst + c, vaddq_f32(vmulq_f32(lo, s), z));
+            vst1q_f32(dst + c + 4, vaddq_f32(vmulq_f32(hi, s), z));
+        }
+    }
+}
+GQA_GROUP_OPS(neon, group_decode_row_neon, qk_gemm_neon, sv_gemm_neon)
 
 static void quantize_neon(const float *src, size_t lda, void *dst, size_t rows, size_t cols, int type,
                           const float *s)
