@@ -39,6 +39,8 @@ import time
 
 import numpy as np
 
+from . import _kvcache
+
 MODES = {  # name -> (k_quant_type, v_quant_type, kv_cache_bit_width)
     "int8-pt": ("PER_TENSOR", "PER_TENSOR", 8),
     "int4-pt": ("PER_TENSOR", "PER_TENSOR", 4),
@@ -79,43 +81,46 @@ def flops(spec):
     return 4.0 * B * N * S * T * H
 
 
+def _side_cache(rng, mode, B, Nkv, T, H):
+    """One tensor's cache of capacity T in a one-tensor mode (codes of values |x| <= 0.5, like
+    the new rows') and its static scale (None for float and per-group caches)."""
+    quant, bits, group = _kvcache._side(mode)
+    if group:
+        from ._api import quantize
+        _, g, md = group
+        return quantize(rng.uniform(-0.5, 0.5, (B, Nkv, T, H)).astype(np.float32), bits=bits,
+                        group_size=g, metadata=md), None
+    if bits == 0:
+        return rng.uniform(-0.5, 0.5, (B, Nkv, T, H)).astype(np.float32), None
+    if bits == 8:
+        cache = rng.integers(-128, 128, (B, Nkv, T, H)).astype(np.int8)
+    else:
+        cache = rng.integers(0, 256, (B, Nkv, T, H // 2)).astype(np.uint8)
+    n = Nkv * H if quant == "PER_CHANNEL" else 1
+    # scales that cover the new rows' range (|x| <= 0.5), as a calibrated cache would
+    qmax = 127 if bits == 8 else 7
+    return cache, np.full(n, 0.5 / qmax, np.float32) * rng.uniform(0.9, 1.1, n).astype(np.float32)
+
+
 def build_inputs(spec):
-    """Deterministic inputs of one case: query/key/value of the new rows, a cache of
-    capacity T already holding T - S rows of codes (in-place mode: seqlens_k = T - 1)."""
+    """Deterministic inputs of one case: query/key/value of the new rows, caches of capacity T
+    already holding T - S rows (in-place mode: seqlens_k = T - 1), and the operator's
+    attributes (gqa/_kvcache.py's mode names: K's and V's caches may differ)."""
     B, N, Nkv, H, S, T = (spec[k] for k in ("B", "N", "Nkv", "H", "S", "T"))
-    kq, vq, bits = MODES[spec["mode"]]
+    k_mode, v_mode = _kvcache.parse_mode(spec["mode"])
     rng = np.random.default_rng(spec.get("seed", 0))
     u = lambda *shape: rng.uniform(-0.5, 0.5, shape).astype(np.float32)  # noqa: E731
     inp = dict(query=u(B, S, N * H), key=u(B, S, Nkv * H), value=u(B, S, Nkv * H))
-    group = _group_mode(spec["mode"])
-    if group:                # per-group rows of values like the new rows' (|x| <= 0.5)
-        from ._api import quantize
-        _, g, md = group
-        kc = quantize(u(B, Nkv, T, H), bits=bits, group_size=g, metadata=md)
-        vc = quantize(u(B, Nkv, T, H), bits=bits, group_size=g, metadata=md)
-        inp.update(past_key=kc, past_value=vc, seqlens_k=np.full(B, T - 1, np.int32),
-                   total_sequence_length=T)
-        return inp, dict(num_heads=N, kv_num_heads=Nkv, k_quant_type=kq, v_quant_type=vq,
-                         kv_cache_bit_width=bits, kv_quant_group_size=g, metadata_type=md)
-    if bits == 0:
-        kc, vc = u(B, Nkv, T, H), u(B, Nkv, T, H)
-    elif bits == 8:
-        kc = rng.integers(-128, 128, (B, Nkv, T, H)).astype(np.int8)
-        vc = rng.integers(-128, 128, (B, Nkv, T, H)).astype(np.int8)
-    else:
-        kc = rng.integers(0, 256, (B, Nkv, T, H // 2)).astype(np.uint8)
-        vc = rng.integers(0, 256, (B, Nkv, T, H // 2)).astype(np.uint8)
-    if bits:
-        qmax = 127 if bits == 8 else 7
-        nk = Nkv * H if kq == "PER_CHANNEL" else 1
-        nv = Nkv * H if vq == "PER_CHANNEL" else 1
-        # scales that cover the new rows' range (|x| <= 0.5), as a calibrated cache would
-        inp["k_scale"] = np.full(nk, 0.5 / qmax, np.float32) * rng.uniform(0.9, 1.1, nk).astype(np.float32)
-        inp["v_scale"] = np.full(nv, 0.5 / qmax, np.float32) * rng.uniform(0.9, 1.1, nv).astype(np.float32)
+    kc, ks = _side_cache(rng, k_mode, B, Nkv, T, H)
+    vc, vs = _side_cache(rng, v_mode, B, Nkv, T, H)
+    if ks is not None:
+        inp["k_scale"] = ks
+    if vs is not None:
+        inp["v_scale"] = vs
     inp.update(past_key=kc, past_value=vc, seqlens_k=np.full(B, T - 1, np.int32), total_sequence_length=T)
-    attrs = dict(num_heads=N, kv_num_heads=Nkv)
-    if bits:
-        attrs.update(k_quant_type=kq, v_quant_type=vq, kv_cache_bit_width=bits)
+    attrs = dict(num_heads=N, kv_num_heads=Nkv, **_kvcache._op_attributes(k_mode, v_mode))
+    if k_mode == "float":
+        del attrs["k_quant_type"], attrs["v_quant_type"], attrs["kv_cache_bit_width"]
     return inp, attrs
 
 
@@ -144,18 +149,16 @@ def _ours_function(spec):
 
 def cache_bytes(spec):
     """Bytes of K and V cache one decode call reads (T rows of every KV head)."""
-    bits = MODES[spec["mode"]][2]
-    row = spec["H"] * 4 if bits == 0 else spec["H"] if bits == 8 else (spec["H"] + 1) // 2
-    group = _group_mode(spec["mode"])
-    if group:
-        from ._group import row_bytes
-        row = row_bytes(spec["H"], *group)
-    return 2 * spec["B"] * spec["Nkv"] * spec["T"] * row
+    row = 0
+    for m in _kvcache.parse_mode(spec["mode"]):
+        width, dtype = _kvcache.cache_layout(m, spec["H"])
+        row += width * dtype.itemsize
+    return spec["B"] * spec["Nkv"] * spec["T"] * row
 
 
 def _ort(spec):
-    if _group_mode(spec["mode"]):
-        return None              # onnxruntime 1.31.1 has no per-group caches
+    if spec["mode"] not in MODES:
+        return None              # onnxruntime 1.31.1 has no per-group or mixed caches
     from . import _ort_peer
     inp, attrs = build_inputs(spec)
     kc, vc = inp.pop("past_key"), inp.pop("past_value")
@@ -165,7 +168,7 @@ def _ort(spec):
 
 
 def _torch_setup(spec, dequant):
-    if _group_mode(spec["mode"]):
+    if spec["mode"] not in MODES:
         return None
     import torch
     torch.set_num_threads(spec["threads"])
@@ -518,12 +521,6 @@ def _int_list(s, what):
     return out
 
 
-def _group_mode(mode):
-    """(bits, group_size, metadata) of a per-group mode name ("int4-g32", "int2-g64-fp16")."""
-    from ._kvcache import group_mode
-    return group_mode(mode)
-
-
 def _modes(s):
     out = []
     for m in str(s).split(","):
@@ -531,12 +528,12 @@ def _modes(s):
         if not m:
             continue
         m = MODE_ALIASES.get(m, m)
-        group = _group_mode(m)
-        if group:
-            MODES.setdefault(m, ("PER_GROUP", "PER_GROUP", group[0]))
-        if m not in MODES:
-            raise SystemExit(f"gqa bench: unknown mode {m!r}; valid: {', '.join(MODES)}, or "
-                             "per group int8/int4/int2-g<group>[-fp16]")
+        try:
+            _kvcache.parse_mode(m)
+        except ValueError:
+            raise SystemExit(f"gqa bench: unknown mode {m!r}; valid: {', '.join(MODES)}, per "
+                             "group int8/int4/int2-g<group>[-fp16], or K's mode / V's mode "
+                             "(int4-pc/int2-g64)") from None
         out.append(m)
     return out
 

@@ -100,6 +100,17 @@ def _side(mode):
                      "or int8/int4/int2-g<group>[-fp16]")
 
 
+def cache_layout(mode, head_size, dtype=np.float32):
+    """(row width, dtype) of one tensor's cache rows in a one-tensor mode: head_size floats of
+    `dtype`, head_size int8 codes, (head_size + 1) // 2 uint8 bytes of INT4 codes, or a
+    per-group row of gqa.group_row_bytes bytes (uint8)."""
+    _, bits, group = _side(mode)
+    if group:
+        return _group.group_format(*group, head_size).row_bytes, np.dtype(np.uint8)
+    width = head_size if bits != 4 else (head_size + 1) // 2
+    return width, {0: np.dtype(dtype), 8: np.dtype(np.int8), 4: np.dtype(np.uint8)}[bits]
+
+
 def needs_scales(mode):
     """True when K or V is a static quantized mode (scales from k_scales/v_scales or a
     calibration)."""
@@ -295,12 +306,8 @@ class KVCache:
         self._set_length(0)
 
     def _layout(self, i):
-        """(row width, dtype) of K's (i = 0) or V's (1) cache (the module docstring)."""
-        _, bits, group = self._sides[i]
-        if group:
-            return _group.group_format(*group, self.head_size).row_bytes, np.dtype(np.uint8)
-        width = self.head_size if bits != 4 else (self.head_size + 1) // 2
-        return width, {0: self.dtype, 8: np.dtype(np.int8), 4: np.dtype(np.uint8)}[bits]
+        """(row width, dtype) of K's (i = 0) or V's (1) cache."""
+        return cache_layout((self.k_mode, self.v_mode)[i], self.head_size, self.dtype)
 
     def _rotations(self, rotations):
         """Per layer (R_K, R_V) float32 [Nkv, H, H] or (None, None)."""

@@ -98,6 +98,22 @@ def test_bench_missing_peers_are_reported_and_skipped(tmp_path):
     assert "matplotlib is not installed" in out and not png.exists()
 
 
+def test_bench_per_group_and_mixed_modes(tmp_path):
+    """Per-group and mixed K/V modes are timed by gqa alone (no onnxruntime counterpart), their
+    bytes per call counted per side."""
+    path = tmp_path / "b.json"
+    modes = "int4-g8,int4-pc/int2-g16,int8-pt/int4-pt"
+    _run(["bench"] + TINY + ["--decode-T", "16", "--prefill-S", "", "--modes", modes,
+                             "--peers", "ort", "--json", str(path)], tmp_path)
+    res = json.loads(path.read_text())["results"]
+    assert [r["mode"] for r in res] == modes.split(",")
+    for r in res:
+        assert r["gqa"]["median_us"] > 0
+    spec = dict(B=1, Nkv=2, H=16, T=16)
+    assert _bench.cache_bytes(dict(spec, mode="int4-pc/int2-g16")) == 16 * 2 * (8 + 4 + 8)
+    assert _bench.cache_bytes(dict(spec, mode="int8-pt/int4-pt")) == 16 * 2 * (16 + 8)
+
+
 def test_bench_rejects_bad_options():
     with pytest.raises(SystemExit):
         _bench.main(["--modes", "int3"])
