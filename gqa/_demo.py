@@ -7,7 +7,8 @@ layer and the caches of a ``gqa.KVCache`` updated in place.  The prompt (built i
 times and more: with a float32 cache, an INT8 and an INT4 cache (``--modes``; by default K per
 channel and V per tensor, scales calibrated on the first 512 tokens of a documentation text,
 gqa/_texts.py), and per-group INT4 and INT2 caches with float windows (4 + 64 positions) and
-Hadamard rotations (configuration names of gqa/_kvcache.py ``cache_options``).  Each answer is streamed as it is generated, the prefill shown as a progress
+Hadamard rotations, and INT4 K with INT2 V (configuration names of gqa/_kvcache.py
+``cache_options``).  Each answer is streamed as it is generated, the prefill shown as a progress
 bar; then a table: prefill and decode tokens/s, the attention's share of decode time, KV cache
 bytes per position and allocated, and whether the answer equals the float cache's.
 
@@ -22,7 +23,8 @@ from . import _synthetic_demo
 from ._show import format_bytes, format_table
 
 PROMPT = "What is the capital of France, and what is the city known for?"
-MODES = ("float", "int8-pc/pt", "int4-pc/pt", "int4-g32+s4r64+had", "int2-g32+s4r64+had+rho0.9")
+MODES = ("float", "int8-pc/pt", "int4-pc/pt", "int4-g32+s4r64+had", "int2-g32+s4r64+had+rho0.9",
+         "int4-g32/int2-g32+s4r64+had+rho1/0.9")
 CALIBRATION_TOKENS = 512
 
 

@@ -125,12 +125,14 @@ def _run(args, tmp_path, timeout=300):
 def test_demo_command(tmp_path):
     out = _run(["demo", "--max-new-tokens", "12", "--threads", "1", "--progress", "off"], tmp_path)
     assert "[float] The capital of France is Paris" in out
+    mixed = "int4-g32/int2-g32+s4r64+had+rho1/0.9"
     rows = {line.split()[0]: line for line in out.splitlines() if line.split()[:1] and
-            line.split()[0] in ("float", "int8-pc/pt", "int4-pc/pt")}
-    assert set(rows) == {"float", "int8-pc/pt", "int4-pc/pt"}
+            line.split()[0] in ("float", "int8-pc/pt", "int4-pc/pt", mixed)}
+    assert set(rows) == {"float", "int8-pc/pt", "int4-pc/pt", mixed}
     assert rows["float"].rstrip().endswith("reference")
-    # SmolLM2: 30 layers x (K, V) x 3 KV heads x 64 channels
-    per_pos = {"float": 30 * 2 * 3 * 64 * 4, "int8-pc/pt": 30 * 2 * 3 * 64, "int4-pc/pt": 30 * 2 * 3 * 32}
+    # SmolLM2: 30 layers x (K, V) x 3 KV heads x 64 channels; per group of 32: 8 metadata bytes
+    per_pos = {"float": 30 * 2 * 3 * 64 * 4, "int8-pc/pt": 30 * 2 * 3 * 64, "int4-pc/pt": 30 * 2 * 3 * 32,
+               mixed: 30 * 3 * ((32 + 16) + (16 + 16))}
     for mode, n in per_pos.items():
         assert f"{n / 1024:.2f} KiB" in rows[mode], (mode, rows[mode])
 
