@@ -199,15 +199,17 @@ class WindowedDecode:
         self.op(self.q, self.k, self.v, self.kc, self.vc, self.seqlens, self.T, **self.kw)
 
 
-GROUP_MODES = {  # name -> (bits, group, metadata) of a per-group cache (gqa.KVCache mode names)
-    "int4-g32": (4, 32, "fp32"), "int4-g32-fp16": (4, 32, "fp16"), "int2-g64": (2, 64, "fp32"),
-    "int2-g32-fp16": (2, 32, "fp16"), "int8-g32": (8, 32, "fp32"),
+GROUP_MODES = {  # name -> K's and V's (bits, group, metadata) (gqa.KVCache mode names)
+    "int4-g32": [(4, 32, "fp32")] * 2, "int4-g32-fp16": [(4, 32, "fp16")] * 2,
+    "int2-g64": [(2, 64, "fp32")] * 2, "int2-g32-fp16": [(2, 32, "fp16")] * 2,
+    "int8-g32": [(8, 32, "fp32")] * 2, "int4-g32/int2-g32": [(4, 32, "fp32"), (2, 32, "fp32")],
 }
 
 
 class GroupDecode:
-    """One decode step (S = 1) at total length T on a per-group cache (PER_GROUP), in place,
-    with float windows (sink 4, recent 64) and Hadamard rotations or without them."""
+    """One decode step (S = 1) at total length T on a per-group cache (PER_GROUP; K and V
+    may have their own widths), in place, with float windows (sink 4, recent 64) and Hadamard
+    rotations or without them."""
     params = (PATHS, list(GROUP_MODES), [2048, 8192], ["plain", "windows+rotations"])
     param_names = ["path", "mode", "T", "extras"]
     timer = timeit.default_timer
@@ -215,16 +217,18 @@ class GroupDecode:
     def setup(self, path, mode, T, extras):
         _skip_unless_runnable(path)
         self.cfg = gqa.config(kernel=path)
-        bits, g, md = GROUP_MODES[mode]
+        (kb, g, md), (vb, _, _) = GROUP_MODES[mode]
         rng = np.random.default_rng(0)
         u = lambda *s: rng.uniform(-0.5, 0.5, s).astype(np.float32)  # noqa: E731
-        kc = gqa.quantize(u(1, NKV, T, H), bits=bits, group_size=g, metadata=md)
-        vc = gqa.quantize(u(1, NKV, T, H), bits=bits, group_size=g, metadata=md)
+        kc = gqa.quantize(u(1, NKV, T, H), bits=kb, group_size=g, metadata=md)
+        vc = gqa.quantize(u(1, NKV, T, H), bits=vb, group_size=g, metadata=md)
         win = extras != "plain"
+        widths = dict(kv_cache_bit_width=kb) if kb == vb else dict(k_cache_bit_width=kb,
+                                                                    v_cache_bit_width=vb)
         self.op = gqa.GroupQueryAttention(
             num_heads=N, kv_num_heads=NKV, k_quant_type="PER_GROUP", v_quant_type="PER_GROUP",
-            kv_cache_bit_width=bits, kv_quant_group_size=g, metadata_type=md,
-            sink_size=4 if win else 0, recent_size=64 if win else 0)
+            kv_quant_group_size=g, metadata_type=md, sink_size=4 if win else 0,
+            recent_size=64 if win else 0, **widths)
         self.args = (u(1, 1, N * H), u(1, 1, NKV * H), u(1, 1, NKV * H), kc, vc,
                      np.array([T - 1], np.int32), T)
         self.kw = dict(present_key=kc, present_value=vc)

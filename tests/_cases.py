@@ -5,14 +5,14 @@ import numpy as np
 
 def make_case(seed=0, B=1, S=4, past=0, N=4, Nkv=2, H=16, mode="PER_TENSOR", v_mode=None, bits=8,
               dtype=np.float32, buf=None, ragged=None, packed=False, rotary=None, interleaved=0,
-              rot_dim=None, pos_ids=False, bias=None, sink=False, **attrs):
+              rot_dim=None, pos_ids=False, bias=None, sink=False, v_bits=None, **attrs):
     """past: rows already cached per batch (decode / subsequent prompt when > 0);
+    v_bits: V's code width when it differs from K's (`bits`; attribute v_cache_bit_width);
     ragged: per-batch total lengths (first prompt: <= S; decode: past_b + S);
     buf: past buffer length (>= max past); bias: None | 'full' | 'b1' | 'n1' | 'both1'."""
     rng = np.random.default_rng(seed)
     v_mode = v_mode or mode
     quant = mode != "NONE"
-    Hp = H if bits == 8 else (H + 1) // 2
     if ragged is not None:
         Tb = np.array(ragged)
     else:
@@ -27,13 +27,12 @@ def make_case(seed=0, B=1, S=4, past=0, N=4, Nkv=2, H=16, mode="PER_TENSOR", v_m
     else:
         inp.update(query=u(B, S, N * H), key=u(B, S, Nkv * H), value=u(B, S, Nkv * H))
     if quant:
-        cdt = np.int8 if bits == 8 else np.uint8
-        if bits == 8:
-            pk = rng.integers(-128, 128, (B, Nkv, P, Hp)).astype(cdt)
-            pv = rng.integers(-128, 128, (B, Nkv, P, Hp)).astype(cdt)
-        else:
-            pk = rng.integers(0, 256, (B, Nkv, P, Hp)).astype(cdt)
-            pv = rng.integers(0, 256, (B, Nkv, P, Hp)).astype(cdt)
+        def codes(b):
+            if b == 8:
+                return rng.integers(-128, 128, (B, Nkv, P, H)).astype(np.int8)
+            return rng.integers(0, 256, (B, Nkv, P, (H + 1) // 2)).astype(np.uint8)
+        pk = codes(bits)
+        pv = codes(v_bits or bits)
         nk = Nkv * H if mode == "PER_CHANNEL" else 1
         nv = Nkv * H if v_mode == "PER_CHANNEL" else 1
         inp["k_scale"] = rng.uniform(0.002, 0.006, nk).astype(np.float32)
@@ -44,6 +43,8 @@ def make_case(seed=0, B=1, S=4, past=0, N=4, Nkv=2, H=16, mode="PER_TENSOR", v_m
     a = dict(num_heads=N, kv_num_heads=Nkv, **attrs)
     if quant:
         a.update(k_quant_type=mode, v_quant_type=v_mode, kv_cache_bit_width=bits)
+        if v_bits and v_bits != bits:
+            a["v_cache_bit_width"] = v_bits
     if rotary:
         rd = rot_dim or H
         max_pos = T + 5

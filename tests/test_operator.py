@@ -171,6 +171,33 @@ def test_mixed_kv_modes(kernel_path, kmode, vmode, bits):
     np.testing.assert_allclose(out, reference(inp, a, kd, vd), atol=2e-6, rtol=0)
 
 
+@pytest.mark.parametrize("kmode,vmode", [("PER_CHANNEL", "PER_TENSOR"), ("PER_TENSOR", "PER_TENSOR")])
+@pytest.mark.parametrize("kbits,vbits", [(8, 4), (4, 8)])
+@pytest.mark.parametrize("case", ["prompt", "decode", "decode-in-place"])
+def test_mixed_kv_widths(kernel_path, kmode, vmode, kbits, vbits, case):
+    """K and V of their own widths (v_cache_bit_width): each cache equals the run whose
+    caches both take its mode and width, and the output a float64 reference on the
+    dequantized caches."""
+    kw = dict(B=2, S=5, past=0) if case == "prompt" else dict(B=2, S=1, past=12, ragged=[6, 13])
+    kw.update(N=8, Nkv=2, H=64, buf=16 if case.endswith("place") else None)
+    inp, a = make_case(seed=7, mode=kmode, v_mode=vmode, bits=kbits, v_bits=vbits, **kw)
+    assert a["v_cache_bit_width"] == vbits
+    call = dict(present_key=inp["past_key"], present_value=inp["past_value"]) if case.endswith("place") else {}
+    pk0, pv0 = inp["past_key"].copy(), inp["past_value"].copy()
+    out, pk, pv = gqa.group_query_attention(**inp, **a, **call)
+    assert pk.dtype == (np.int8 if kbits == 8 else np.uint8) and pv.shape[3] == (64 if vbits == 8 else 32)
+    for i, (mode, bits, past, scale) in enumerate(((kmode, kbits, pk0, "k_scale"),
+                                                   (vmode, vbits, pv0, "v_scale"))):
+        one = make_case(seed=7, mode=mode, bits=bits, **kw)[1]
+        single = dict(inp, past_key=past, past_value=past.copy(), k_scale=inp[scale], v_scale=inp[scale])
+        ref = gqa.group_query_attention(**single, **one)[1 + i]
+        for b, t in enumerate(inp["seqlens_k"] + 1):    # in place, rows >= T_b are the caller's
+            assert np.array_equal((pk, pv)[i][b, :, :t], ref[b, :, :t]), f"{'KV'[i]} codes"
+    kd = dequant_cache(pk, inp["k_scale"], kmode, kbits, 64, 2)
+    vd = dequant_cache(pv, inp["v_scale"], vmode, vbits, 64, 2)
+    np.testing.assert_allclose(out, reference(inp, a, kd, vd), atol=2e-6, rtol=0)
+
+
 def test_reference_agrees_with_features(kernel_path):
     """The float64 reference itself matches our output for every score feature (so it can
     judge the cases onnxruntime does not support)."""

@@ -186,6 +186,8 @@ def m_attr(rng, inp, a, call, spec):
         ("k_quant_type", ["PER_GROUP", "", None, 8]),
         ("v_quant_type", ["PER_ROW", None]),
         ("kv_cache_bit_width", [6, 16, -8, 2, 8.0] if spec["mode"] != "NONE" else [4, 8]),
+        ("k_cache_bit_width", [3, 6, -4, 16, 4.0, True] if spec["mode"] != "NONE" else [4, 2]),
+        ("v_cache_bit_width", [1, -2, "8"] if spec["mode"] != "NONE" else [8]),
         ("do_rotary", [1.0, "1"]),
         ("smooth_softmax", [None]),
         ("qk_norm_epsilon", [-1e-6, float("nan"), float("inf"), "1e-6", True]),
