@@ -276,7 +276,7 @@ cdef class Signature:
     cdef int k_ct, v_ct, k_Hp, v_Hp, rot_half     # the caches' NumPy types and row widths
     cdef bint packed, f16, has_past, shared, quantized, k_group, v_group, fresh_present, copy_past, windowed
     cdef bint win, hp_inplace, hp_fresh
-    cdef object cache_dt, rho
+    cdef object rho
 
     def __init__(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                  sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
@@ -472,7 +472,8 @@ cdef class Signature:
         self.consts = Consts(
             B=B, S=S, N=N, Nkv=Nkv, H=H, L=L, Pbuf=Pbuf, q_tok=D, kv_tok=D if packed else Nkv * H,
             has_past=has_past, shared=shared or windowed, ktype=ktype, vtype=vtype,
-            k_rb=k_Hp * k_dt.itemsize, v_rb=v_Hp * v_dt.itemsize, k_pc=k_pc, v_pc=v_pc, alpha=alpha, softcap=op.softcap,
+            k_rb=k_Hp * k_dt.itemsize, v_rb=v_Hp * v_dt.itemsize, k_pc=k_pc, v_pc=v_pc,
+            alpha=alpha, softcap=op.softcap,
             W=op.local_window_size, causal=bool(op.causal), rot_half=rot_half,
             do_rotary=bool(op.do_rotary == 1 and rot_half), interleaved=op.rotary_interleaved == 1,
             pos_stride=(position_ids.shape[1] if position_ids is not None else S if windowed else 0),

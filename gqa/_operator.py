@@ -72,6 +72,10 @@ class GroupQueryAttention:
     ``k_norm_weight`` with ``qk_norm_epsilon`` (the per-head RMS norm of Q and K before
     rotary) go beyond its CPU kernel.
 
+    K and V may each have their own type (beyond onnxruntime: ``k_quant_type`` and
+    ``v_quant_type`` any of PER_TENSOR, PER_CHANNEL and PER_GROUP) and width
+    (``k_cache_bit_width`` / ``v_cache_bit_width``; 0 takes ``kv_cache_bit_width``).
+
     ``k_quant_type = v_quant_type = "PER_GROUP"`` (onnxruntime main's name) selects the
     per-group asymmetric caches: ``kv_cache_bit_width`` 8, 4 or 2, ``kv_quant_group_size``
     channels per group (0: the whole head), the clip quantiles ``k_quant_rho`` /
@@ -176,10 +180,15 @@ class GroupQueryAttention:
             raise ValueError(f"qk_norm_epsilon must be a finite number >= 0, got {self.qk_norm_epsilon}")
         self._signatures = {}     # gqa/_call.pyx: checked call signatures, by past buffer
 
+    def _widths(self):
+        if self.k_cache_bit_width == self.v_cache_bit_width == self.kv_cache_bit_width:
+            return f"kv_cache_bit_width={self.kv_cache_bit_width}"
+        return f"k_cache_bit_width={self.k_cache_bit_width}, v_cache_bit_width={self.v_cache_bit_width}"
+
     def __repr__(self):
         return (f"GroupQueryAttention(num_heads={self.num_heads}, kv_num_heads={self.kv_num_heads}, "
                 f"k_quant_type={self.k_quant_type!r}, v_quant_type={self.v_quant_type!r}, "
-                f"kv_cache_bit_width={self.kv_cache_bit_width})")
+                f"{self._widths()})")
 
     # -- the call ------------------------------------------------------------------
     # op(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
@@ -234,7 +243,7 @@ class MixedPrecisionGroupQueryAttention(GroupQueryAttention):
 
     def __repr__(self):
         return (f"MixedPrecisionGroupQueryAttention(num_heads={self.num_heads}, "
-                f"kv_num_heads={self.kv_num_heads}, kv_cache_bit_width={self.kv_cache_bit_width}, "
+                f"kv_num_heads={self.kv_num_heads}, {self._widths()}, "
                 f"kv_quant_group_size={self.kv_quant_group_size}, sink_size={self.sink_size}, "
                 f"recent_size={self.recent_size})")
 

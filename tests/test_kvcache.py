@@ -321,6 +321,8 @@ def test_mixed_modes_equal_the_hand_written_operator_loop(mode):
             scales[f"{side}_scales"] = [rng.uniform(0.01, 0.05, n).astype(np.float32) for _ in range(L)]
     cache = _cache(mode, **scales)
     assert cache.mode == mode and needs_scales(mode) == bool(scales)
+    widths = MIXED_ATTRS[mode]
+    assert f"v_cache_bit_width={widths['v_cache_bit_width']}" in repr(cache.ops[0])
     for arr, m in ((cache.key[0], k_mode), (cache.value[0], v_mode)):
         g = gqa._kvcache.group_mode(m)
         width = (gqa.group_row_bytes(H, g[0], g[1], g[2]) if g else H if m.startswith("int8") else H // 2)
