@@ -117,7 +117,8 @@ def _decode_bound(a, b, bits, g, k, metadata, alpha):
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 17])
 def test_qk_gemm_matches_oracle(kernel_path, bits, m, rng):
     for n, k, g in ((1, 64, 64), (7, 64, 16), (33, 128, 32), (130, 128, 8), (40, 256, 64),
-                    (19, 96, 48), (21, 96, 24)):     # groups that straddle 32- and 64-column blocks
+                    (19, 96, 48), (21, 96, 24),      # groups that straddle 32- and 64-column blocks
+                    (70, 128, 64), (9, 64, 64)):     # fp16 pairs converted 4 rows at a time + the rest
         for metadata in META:
             a = rng.standard_normal((m, k)).astype(F32)
             b = gqa.quantize(_rows(rng, n, k), bits=bits, group_size=g, metadata=metadata)
@@ -132,18 +133,19 @@ def test_qk_gemm_matches_oracle(kernel_path, bits, m, rng):
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 17])
 def test_sv_gemm_matches_oracle(kernel_path, bits, m, rng):
     for k, n, g in ((1, 64, 64), (7, 64, 16), (33, 128, 32), (300, 128, 8), (70, 256, 64), (0, 64, 32),
-                    (45, 96, 48), (38, 96, 24)):
-        for beta in (0.0, 1.0, 0.5):
+                    (45, 96, 48), (38, 96, 24), (71, 128, 64), (9, 64, 64)):
+        for beta, metadata in ((0.0, "fp32"), (1.0, "fp32"), (0.5, "fp32"), (0.0, "fp16"), (1.0, "fp16")):
+            f16 = metadata == "fp16"
             a = np.abs(rng.standard_normal((m, k))).astype(F32)
-            b = gqa.quantize(_rows(rng, k, n), bits=bits, group_size=g)
-            bd = group_dequantize_ref(b, bits, g, n) if k else np.zeros((0, n), F32)
+            b = gqa.quantize(_rows(rng, k, n), bits=bits, group_size=g, metadata=metadata)
+            bd = group_dequantize_ref(b, bits, g, n, f16) if k else np.zeros((0, n), F32)
             c0 = rng.standard_normal((m, n)).astype(F32)
             c = np.full((m, n), np.nan, F32) if beta == 0 else c0.copy()
-            gqa.sv_gemm(a, b, bits=bits, group_size=g, beta=beta, out=c, n=n)
-            extra = (2 * U32 * np.abs(a.astype(np.float64)) @ group_magnitude_ref(b, bits, g, n)
+            gqa.sv_gemm(a, b, bits=bits, group_size=g, beta=beta, out=c, n=n, metadata=metadata)
+            extra = (2 * U32 * np.abs(a.astype(np.float64)) @ group_magnitude_ref(b, bits, g, n, f16)
                      if k else 0.0)
             assert_within(c, sv_oracle(a, bd, beta, c0), sv_bound(a, bd, beta, c0) + extra,
-                          f"{kernel_path} bits={bits} M={m} K={k} N={n} beta={beta}")
+                          f"{kernel_path} bits={bits} M={m} K={k} N={n} beta={beta} {metadata}")
 
 
 def test_group_split_invariance(kernel_path, rng):

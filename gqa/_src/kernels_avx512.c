@@ -688,6 +688,35 @@ INLINE void group_f16_pairs(const uint8_t *meta, size_t ng, float *dst)
     }
 }
 
+/* The 8 bytes at p (the fp16 pairs of two groups) in the low half of a vector. */
+INLINE __m128i load8_lo(const uint8_t *p) { return _mm_loadl_epi64((const __m128i *)(const void *)p); }
+
+/* The fp16 pairs of n rows (stride rb, the first at meta, ng pairs each) as float32 at dst,
+   rows one after another (2 ng floats each): four rows per conversion where their pairs fill
+   one (1 and 2 pairs a row), so the conversion costs about two instructions a row. */
+INLINE void group_f16_rows(const uint8_t *meta, size_t rb, size_t n, size_t ng, float *dst)
+{
+    size_t r = 0;
+    if (ng == 1)
+        for (; r + 4 <= n; r += 4) {
+            const uint8_t *m = meta + r * rb;
+            __m128i h = _mm_cvtsi32_si128(*(const int *)(const void *)m);
+            h = _mm_insert_epi32(h, *(const int *)(const void *)(m + rb), 1);
+            h = _mm_insert_epi32(h, *(const int *)(const void *)(m + 2 * rb), 2);
+            h = _mm_insert_epi32(h, *(const int *)(const void *)(m + 3 * rb), 3);
+            _mm256_storeu_ps(dst + 2 * r, _mm256_cvtph_ps(h));
+        }
+    else if (ng == 2)
+        for (; r + 4 <= n; r += 4) {
+            const uint8_t *m = meta + r * rb;
+            const __m128i a = _mm_unpacklo_epi64(load8_lo(m), load8_lo(m + rb));
+            const __m128i c = _mm_unpacklo_epi64(load8_lo(m + 2 * rb), load8_lo(m + 3 * rb));
+            _mm512_storeu_ps(dst + 4 * r, _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(a), c, 1)));
+        }
+    for (; r < n; r++)
+        group_f16_pairs(meta + r * rb, ng, dst + 2 * ng * r);
+}
+
 #define GROUP_QK_MAXK 1024
 
 /* Rows per fp16 conversion chunk, and the floats of its buffer (pairs of up to
@@ -770,8 +799,7 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
     for (size_t q0 = n0s; q0 < N; q0 += ch) {
     const size_t q1 = N - q0 < ch ? N : q0 + ch;
     if (f16)
-        for (size_t n = q0; n < q1; n++)
-            group_f16_pairs(B + n * rb + cb, ng, scr + (n - q0) * 2 * ng);
+        group_f16_rows(B + q0 * rb + cb, rb, q1 - q0, ng, scr);
     for (size_t n0 = q0; n0 < q1; n0 += NB) {
         const size_t nb = FULL ? (size_t)NB : N - n0;
         const uint8_t *rows[16], *meta[16]; /* NB <= 16 (a fixed size: no VLA in the loop) */
@@ -901,11 +929,10 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
     for (size_t k0 = 0; k0 < K; k0 += GROUP_CHUNK) {
     const size_t k1 = K - k0 < GROUP_CHUNK ? K : k0 + GROUP_CHUNK;
     if (F16)
-        for (size_t k = k0; k < k1; k++)
-            group_f16_pairs(B + k * rb + cb + 4 * g0, ng, scr + 16 * (k - k0));
+        group_f16_rows(B + k0 * rb + cb + 4 * g0, rb, k1 - k0, ng, scr);
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
-        const uint8_t *meta = F16 ? (const uint8_t *)(scr + 16 * (k - k0)) : row + cb + 8 * g0;
+        const uint8_t *meta = F16 ? (const uint8_t *)(scr + 2 * ng * (k - k0)) : row + cb + 8 * g0;
         __m512 p[4], t[2];
         UNROLL
         for (int m = 0; m < MB; m++)
