@@ -26,9 +26,11 @@
  *  - exp_sum: the AVX2 path's exp on 4 lanes (same operations), tail through a
  *    copy padded with -inf.
  *  - row_max: 4-lane compare-and-select maxima, NaN skipped (exact).
- *  - per-group rows (kernels_group.h's drivers): quantized by the shared codec; decoded 8
- *    elements at a time (group_decode_row_neon, the reference's bits) into a tile that the
- *    float32 GEMMs above read, a block of rows per tile.
+ *  - per-group rows: quantized by the shared codec (kernels_group.h); qk / sv fused over the
+ *    rows (groups of a multiple of 8 columns, rows of a multiple of 32: see "per-group rows,
+ *    fused"), otherwise decoded 8 elements at a time (group_decode_row_neon, the reference's
+ *    bits) into a tile that the float32 GEMMs read (kernels_group.h's drivers); dequantize
+ *    through the same decoder.
  * Packed rows have no alignment: every load and store goes through bytes.
  */
 #if defined(__aarch64__)
@@ -333,10 +335,243 @@ static const qk_fn qk_blocks[6][9] = {QK_ROW(GQA_S8_PT), QK_ROW(GQA_S8_PC), QK_R
                                       QK_ROW(GQA_S4_PC), QK_ROW(GQA_F32), QK_ROW(GQA_F16)};
 static const int qk_nbs[9] = {1, 8, 8, 4, 4, 2, 2, 2, 2};
 
+/* ---- per-group rows, fused (groups of a multiple of 8 columns, rows of a multiple of 32) ----
+ * Each block of elements is formed as fma(code, scale, zero) in registers (one rounding;
+ * gqa.dequantize keeps the contract's two) and used at once by every row of A.  Ordered blocks
+ * (groups of a multiple of the block): INT4 16 elements from 8 bytes, the low nibbles
+ * (elements 0, 2, .., 14) then the high ones; INT2 32 elements from 8 bytes, lookup k (8 lanes)
+ * lane l = element 4l + k.  Otherwise (INT8, INT4 groups of 8, INT2 groups of 8 or 16) 8
+ * elements in order.  A is put in the blocks' order once per call (qk, kernels_group.h), the
+ * accumulated columns back in column order once per call (sv).  QK sums each (row of A, row of
+ * B) into one 4-lane accumulator in a fixed order and reduces it by vaddvq; SV accumulates
+ * 32-column blocks over the keys in order: C[m, n] depends only on row m of A, row (qk) or
+ * column (sv) n of B and K. */
+
+INLINE void group_meta_neon(const uint8_t *meta, size_t gi, int type, float32x4_t *s, float32x4_t *z)
+{
+    float32x4_t f;
+    if (type & GQA_META_F16) {
+        uint32_t w;
+        memcpy(&w, meta + 4 * gi, 4);
+        f = vcvt_f32_f16(vreinterpret_f16_u32(vdup_n_u32(w))); /* s z s z */
+    } else {
+        f = vcombine_f32(vld1_f32((const float *)(const void *)(meta + 8 * gi)), vdup_n_f32(0.0f));
+    }
+    *s = vdupq_laneq_f32(f, 0);
+    *z = vdupq_laneq_f32(f, 1);
+}
+
+/* Eight codes (u8 lanes) as two vectors of fma(code, s, z). */
+INLINE void group_values8(uint8x8_t q, float32x4_t s, float32x4_t z, float32x4_t *x)
+{
+    const uint16x8_t h = vmovl_u8(q);
+    x[0] = vfmaq_f32(z, vcvtq_f32_u32(vmovl_u16(vget_low_u16(h))), s);
+    x[1] = vfmaq_f32(z, vcvtq_f32_u32(vmovl_high_u16(h)), s);
+}
+
+INLINE size_t group_block_neon(const unsigned b, const int ORD) { return !ORD ? 8 : b == 4 ? 16 : 32; }
+
+static int group_ordered_neon(int type)
+{   /* INT8 keeps the natural order */
+    const unsigned b = gqa_group_bits(type);
+    return b != 8 && gqa_group_cols(type) % group_block_neon(b, 1) == 0;
+}
+
+/* The block at element c of a row (its group's s, z broadcast): blk / 4 vectors. */
+INLINE void group_decode_blk(const uint8_t *row, size_t c, const float32x4_t s, const float32x4_t z,
+                             const unsigned b, const int ORD, float32x4_t *x)
+{
+    if (b == 8) {
+        group_values8(vld1_u8(row + c), s, z, x);
+    } else if (!ORD) { /* 8 codes in order: one table lookup and one per-lane shift (as decode) */
+        static const uint8_t idx[2][8] = {{0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 0, 0, 1, 1, 1, 1}};
+        static const int8_t shr[2][8] = {{0, -4, 0, -4, 0, -4, 0, -4}, {0, -2, -4, -6, 0, -2, -4, -6}};
+        const int k = b == 4 ? 0 : 1;
+        uint64_t w = 0;
+        memcpy(&w, row + c * b / 8, b);
+        const uint8x8_t q = vand_u8(vshl_u8(vtbl1_u8(vcreate_u8(w), vld1_u8(idx[k])), vld1_s8(shr[k])),
+                                    vdup_n_u8((uint8_t)((1u << b) - 1)));
+        group_values8(q, s, z, x);
+    } else if (b == 4) {
+        const uint8x8_t v = vld1_u8(row + c / 2);
+        group_values8(vand_u8(v, vdup_n_u8(0x0F)), s, z, x);
+        group_values8(vshr_n_u8(v, 4), s, z, x + 2);
+    } else {
+        const uint8x8_t v = vld1_u8(row + c / 4), three = vdup_n_u8(3);
+        group_values8(vand_u8(v, three), s, z, x);
+        group_values8(vand_u8(vshr_n_u8(v, 2), three), s, z, x + 2);
+        group_values8(vand_u8(vshr_n_u8(v, 4), three), s, z, x + 4);
+        group_values8(vshr_n_u8(v, 6), s, z, x + 6);
+    }
+}
+
+/* C = alpha A B^T for MB rows of A (prepared: the blocks' order) and rows of B NB at a time
+   (MB * NB = 8); rows past N repeat the block's first row (computed, never stored); ms rows
+   of C are stored. */
+INLINE void group_qk_blk_neon(const int MB, const int NB, const unsigned b, const int ORD, size_t N, size_t K,
+                              float alpha, const float *Ap, const uint8_t *B, int type, float *C, size_t ldc,
+                              size_t ms)
+{
+    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
+    const size_t blk = group_block_neon(b, ORD);
+    const int nv = (int)(blk / 4);
+    for (size_t n0 = 0; n0 < N; n0 += NB) {
+        const size_t nb = N - n0 < (size_t)NB ? N - n0 : (size_t)NB;
+        float32x4_t acc[8];
+        UNROLL
+        for (int i = 0; i < 8; i++)
+            acc[i] = vdupq_n_f32(0.0f);
+        UNROLL
+        for (int r = 0; r < NB; r++) {
+            const uint8_t *row = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
+            __builtin_prefetch(row + 4096);
+            for (size_t c0 = 0, gi = 0; c0 < K; c0 += g, gi++) {
+                float32x4_t s, z;
+                group_meta_neon(row + cb, gi, type, &s, &z);
+                for (size_t c = c0; c < c0 + g; c += blk) {
+                    float32x4_t x[8];
+                    group_decode_blk(row, c, s, z, b, ORD, x);
+                    UNROLL
+                    for (int v = 0; v < nv; v++)
+                        UNROLL
+                        for (int m = 0; m < MB; m++)
+                            acc[m * NB + r] = vfmaq_f32(acc[m * NB + r], vld1q_f32(Ap + m * K + c + 4 * v), x[v]);
+                }
+            }
+        }
+        for (size_t m = 0; m < ms; m++)
+            for (size_t r = 0; r < nb; r++)
+                C[m * ldc + n0 + r] = vaddvq_f32(acc[m * NB + r]) * alpha;
+    }
+}
+
+INLINE void group_qk_rows_neon(const unsigned b, const int ORD, size_t mb, size_t N, size_t K, float alpha,
+                               const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
+{
+    if (mb == 1)
+        group_qk_blk_neon(1, 8, b, ORD, N, K, alpha, ap, B, type, C, ldc, 1);
+    else if (mb == 2)
+        group_qk_blk_neon(2, 4, b, ORD, N, K, alpha, ap, B, type, C, ldc, 2);
+    else
+        group_qk_blk_neon(4, 2, b, ORD, N, K, alpha, ap, B, type, C, ldc, mb);
+}
+
+static int group_fast_neon(int type, size_t cols)
+{
+    return gqa_group_cols(type) % 8 == 0 && cols % 32 == 0 && cols <= 1024;
+}
+
+static void group_qk_fast_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                               const void *B, int type, float *C, size_t ldc)
+{
+    const unsigned b = gqa_group_bits(type);
+    const int ord = group_ordered_neon(type);
+    const size_t blk = group_block_neon(b, ord);
+    const uint8_t *Bb = (const uint8_t *)B;
+    float buf[4 * 1024];
+    for (size_t m0 = 0; m0 < M; m0 += 4) {
+        const size_t mb = M - m0 < 4 ? M - m0 : 4;
+        for (size_t m = 0; m < 4; m++) { /* rows past mb: a copy of the last (never stored) */
+            const float *a = A + (m0 + (m < mb ? m : mb - 1)) * lda;
+            if (ord)
+                gqa_group_to_lookup_order(a, buf + m * K, K, blk, 8 / b, 8);
+            else
+                memcpy(buf + m * K, a, K * sizeof(float));
+        }
+        float *c = C + m0 * ldc;
+        if (b == 8)
+            group_qk_rows_neon(8, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
+        else if (b == 4 && ord)
+            group_qk_rows_neon(4, 1, mb, N, K, alpha, buf, Bb, type, c, ldc);
+        else if (b == 4)
+            group_qk_rows_neon(4, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
+        else if (ord)
+            group_qk_rows_neon(2, 1, mb, N, K, alpha, buf, Bb, type, c, ldc);
+        else
+            group_qk_rows_neon(2, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
+    }
+}
+
+/* SV over columns [c0, c0 + 32) for MB (1 or 2) rows of A. */
+INLINE void group_sv_blk_neon(const int MB, const unsigned b, const int ORD, size_t N, size_t K, const float *A,
+                              size_t lda, const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
+{
+    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
+    const int blk = (int)group_block_neon(b, ORD), nv = blk / 4, nbk = 32 / blk;
+    size_t gidx[4]; /* the group of each block (divisions once per call, not per key) */
+    for (int j = 0; j < nbk; j++)
+        gidx[j] = (c0 + (size_t)(j * blk)) / g;
+    float32x4_t acc[2][8];
+    UNROLL
+    for (int m = 0; m < MB; m++)
+        UNROLL
+        for (int v = 0; v < 8; v++)
+            acc[m][v] = vdupq_n_f32(0.0f);
+    for (size_t k = 0; k < K; k++) {
+        const uint8_t *row = B + k * rb;
+        __builtin_prefetch(row + c0 * b / 8 + 4096);
+        float32x4_t p[2], s = vdupq_n_f32(0.0f), z = s;
+        UNROLL
+        for (int m = 0; m < MB; m++)
+            p[m] = vdupq_n_f32(A[m * lda + k]);
+        UNROLL
+        for (int j = 0; j < nbk; j++) {
+            float32x4_t x[8];
+            if (j == 0 || gidx[j] != gidx[j - 1])
+                group_meta_neon(row + cb, gidx[j], type, &s, &z);
+            group_decode_blk(row, c0 + (size_t)(j * blk), s, z, b, ORD, x);
+            UNROLL
+            for (int v = 0; v < nv; v++)
+                UNROLL
+                for (int m = 0; m < MB; m++)
+                    acc[m][j * nv + v] = vfmaq_f32(acc[m][j * nv + v], x[v], p[m]);
+        }
+    }
+    const int per = ORD ? (int)(8 / b) : 1;
+    for (int m = 0; m < MB; m++) {
+        float t[32];
+        UNROLL
+        for (int v = 0; v < 8; v++)
+            vst1q_f32(t + 4 * v, acc[m][v]);
+        gqa_group_from_lookup_order(t, C + m * ldc + c0, nbk, blk, per, 8, beta);
+    }
+}
+
+static void group_sv_fast_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                               int type, float *C, size_t ldc, float beta)
+{
+    const unsigned b = gqa_group_bits(type);
+    const uint8_t *Bb = (const uint8_t *)B;
+    const int ord = group_ordered_neon(type);
+    for (size_t m0 = 0; m0 < M; m0 += 2) {
+        const float *a = A + m0 * lda;
+        float *c = C + m0 * ldc;
+        const int two = M - m0 >= 2;
+        for (size_t c0 = 0; c0 < N; c0 += 32) {
+#define GSV_CALL(MB)                                                                               \
+    do {                                                                                           \
+        if (b == 8) group_sv_blk_neon(MB, 8, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);         \
+        else if (b == 4 && ord) group_sv_blk_neon(MB, 4, 1, N, K, a, lda, Bb, type, c, ldc, beta, c0); \
+        else if (b == 4) group_sv_blk_neon(MB, 4, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);    \
+        else if (ord) group_sv_blk_neon(MB, 2, 1, N, K, a, lda, Bb, type, c, ldc, beta, c0);       \
+        else group_sv_blk_neon(MB, 2, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);                \
+    } while (0)
+            if (two) GSV_CALL(2); else GSV_CALL(1);
+#undef GSV_CALL
+        }
+    }
+}
+
 static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    if (GQA_IS_GROUP(type)) { group_qk_neon(M, N, K, alpha, A, lda, B, type, C, ldc); return; }
+    if (GQA_IS_GROUP(type)) {
+        if (group_fast_neon(type, K))
+            group_qk_fast_neon(M, N, K, alpha, A, lda, B, type, C, ldc);
+        else
+            group_qk_neon(M, N, K, alpha, A, lda, B, type, C, ldc);
+        return;
+    }
     const size_t rb = gqa_row_bytes(type, K);
     const float mult = alpha * post_scale(type, s);
     const uint8_t *Bb = (const uint8_t *)B;
@@ -455,7 +690,13 @@ static const size_t sv_kc[6] = {128, 128, 256, 256, 32, 64};
 static void sv_gemm_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                          int type, const float *s, float *C, size_t ldc, float beta)
 {
-    if (GQA_IS_GROUP(type)) { group_sv_neon(M, N, K, A, lda, B, type, C, ldc, beta); return; }
+    if (GQA_IS_GROUP(type)) {
+        if (group_fast_neon(type, N))
+            group_sv_fast_neon(M, N, K, A, lda, B, type, C, ldc, beta);
+        else
+            group_sv_neon(M, N, K, A, lda, B, type, C, ldc, beta);
+        return;
+    }
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
     const float mult = post_scale(type, s);
