@@ -795,6 +795,9 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
     const int nv = (int)(group_block(b) / 16);
     const __m512 va = _mm512_set1_ps(alpha);
     const size_t ng = K / g, ch = GROUP_CHUNK / NB * NB; /* chunk: whole blocks */
+    /* fp16: the chunk's conversion reads up to ch rows ahead, so the prefetches run that far
+       further ahead (the rows it reads are in cache by then) */
+    const size_t pf = QK_PF + (f16 ? ch * rb : 0);
     float scr[GROUP_CHUNK * 2 * (GROUP_QK_MAXK / 16)];
     for (size_t q0 = n0s; q0 < N; q0 += ch) {
     const size_t q1 = N - q0 < ch ? N : q0 + ch;
@@ -817,7 +820,7 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
            once (rows of 80-96 bytes span two lines; hardware prefetchers stop at page
            boundaries; prefetches never fault) */
         {
-            const char *p0 = (const char *)rows[0] + QK_PF;
+            const char *p0 = (const char *)rows[0] + pf;
             const size_t span = (size_t)NB * rb;
             if (span <= 128 * (size_t)NB) {
                 UNROLL
@@ -926,6 +929,7 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
         for (int v = 0; v < CB; v++)
             acc[m][v] = _mm512_setzero_ps();
     float scr[GROUP_CHUNK * 16];
+    const size_t pf = QK_PF + (F16 ? GROUP_CHUNK * rb : 0); /* as in group_qk_block */
     for (size_t k0 = 0; k0 < K; k0 += GROUP_CHUNK) {
     const size_t k1 = K - k0 < GROUP_CHUNK ? K : k0 + GROUP_CHUNK;
     if (F16)
@@ -955,9 +959,9 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
         }
         /* the rows stream from memory in decode: QK_PF bytes ahead, the first and the last
            byte of each */
-        _mm_prefetch((const char *)row + QK_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + pf, _MM_HINT_T0);
         if (rb > 64) /* shorter rows: every line holds a row's first byte */
-            _mm_prefetch((const char *)row + QK_PF + rb - 1, _MM_HINT_T0);
+            _mm_prefetch((const char *)row + pf + rb - 1, _MM_HINT_T0);
     }
     }
     const int per = b == 8 ? 1 : (int)(8 / b);
