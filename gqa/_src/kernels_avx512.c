@@ -641,9 +641,11 @@ static inline size_t row_block(size_t M, size_t maxb)
  * accumulated columns are put back in order once per call (sv):
  *   INT4, 32-element blocks (16 bytes): the low nibbles (elements 0, 2, .., 30), then the high;
  *   INT2, 64-element blocks (16 bytes): lane l of lookup k is element 4l + k;
+ *   INT2 in groups of 32 (PAIR), 32-element blocks (8 bytes, the block's group): the bytes in
+ *   both halves of the lanes, so a vector holds two 8-lane lookups (lane l of 8-lane lookup k
+ *   is element 4l + k);
  *   INT8, 16-element blocks: in order (convert, multiply, add: no table).
- * A block lies in one group (groups of a multiple of 32 / 64 / 16 columns), except INT2 with
- * groups of 32: a 64-element block spans two groups, looked up in one table of both (group_pair_table).
+ * A block lies in one group (groups of a multiple of 32 / 64 / 16 columns; INT2 of 32).
  * C[m, n] depends only on row m of A, row (qk) or column (sv) n of B and K: qk sums each row's
  * products in a fixed order and reduces 16 sums at a time with the hsum16x16 tree. */
 
@@ -723,63 +725,57 @@ INLINE void group_f16_rows(const uint8_t *meta, size_t rb, size_t n, size_t ng, 
    GROUP_QK_MAXK / 16 groups per row). */
 #define GROUP_CHUNK 64
 
-/* INT2 in groups of 32 (PAIR): one table for the two groups gi, gi + 1 of a block, read from
-   their float32 pairs: entry 4h + c (h = 0, 1, repeated in entries 8-15) = fma(c, s, z) of
-   group gi + h -- the values of group_tables, in one vpermps table. */
-INLINE __m512 group_pair_table(const uint8_t *meta, size_t gi)
-{
-    const __m512 f = _mm512_castps128_ps512(_mm_loadu_ps((const float *)(const void *)meta + 2 * gi));
-    const __m512i is = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2);
-    const __m512i iz = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3);
-    return _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3),
-                           _mm512_permutexvar_ps(is, f), _mm512_permutexvar_ps(iz, f));
-}
+/* Elements per block, and whether the table kernels take this type and width.  PAIR: INT2 in
+   groups of 32, one group a block (32 elements from 8 bytes). */
+INLINE size_t group_block(const unsigned b, const int PAIR) { return b == 8 ? 16 : b == 4 || PAIR ? 32 : 64; }
 
-/* Elements per block, and whether the table kernels take this type and width. */
-INLINE size_t group_block(const unsigned b) { return b == 8 ? 16 : b == 4 ? 32 : 64; }
+/* Lanes per lookup in a block's element order: 16, or 8 for PAIR (a 16-lane vector holds two
+   8-lane lookups of one 8-byte group). */
+INLINE size_t group_lanes(const int PAIR) { return PAIR ? 8 : 16; }
 
 static int group_fast_avx512(int type, size_t cols)
 {
     const unsigned b = gqa_group_bits(type);
-    const size_t g = gqa_group_cols(type), blk = group_block(b);
+    const size_t g = gqa_group_cols(type), blk = group_block(b, 0);
     return cols % 64 == 0 && (g % blk == 0 || (b == 2 && g == 32));
 }
 
-/* The decoded vectors of one block (x[0 .. blk/16), in lookup order) from its code bytes q and
-   its group's tables t; PAIR (INT2 in groups of 32): t[0] = group_pair_table of the block's
-   two groups, lanes 0-7 of each lookup in the first. */
+/* The decoded vectors of one block (x[0 .. blk/16), in lookup order) from its code bytes q8 and
+   its group's tables t.  PAIR (INT2 in groups of 32): the block's 8 bytes in both halves of the
+   lanes, shifted per half, so vector v holds 8-lane lookups 2v (lanes 0-7) and 2v + 1. */
 INLINE void group_lookup(const uint8_t *q8, const unsigned b, const int PAIR, const __m512 *t, __m512 *x)
 {
+    if (PAIR) {
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_castpd_si128(_mm_loaddup_pd((const double *)(const void *)q8)));
+        x[0] = _mm512_permutexvar_ps(
+            _mm512_srlv_epi32(q, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2)), t[0]);
+        x[1] = _mm512_permutexvar_ps(
+            _mm512_srlv_epi32(q, _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6)), t[0]);
+        return;
+    }
     const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q8));
     if (b == 8) {
         x[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), t[0], t[1]);
     } else if (b == 4) {
         x[0] = _mm512_permutexvar_ps(q, t[0]);
         x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t[0]);
-    } else if (!PAIR) {
+    } else {
         x[0] = _mm512_permutexvar_ps(q, t[0]);
         x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 2), t[0]);
         x[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t[0]);
         x[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 6), t[0]);
-    } else { /* index = code | 4 for lanes 8-15 (the block's second group) */
-        const __m512i hi = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
-        const __m512i three = _mm512_set1_epi32(3);
-        UNROLL
-        for (int k = 0; k < 4; k++)
-            x[k] = _mm512_permutexvar_ps(_mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 2 * k), three, hi, 0xEA),
-                                         t[0]);
     }
 }
 
 /* Row m of A in lookup order (INT4: per 32-block evens then odds; INT2: per 64-block
-   element 4l + k at 16k + l). */
-static void group_prep_a(const float *a, float *o, size_t K, const unsigned b)
+   element 4l + k at 16k + l; PAIR: per 32-block element 4l + k at 8k + l). */
+static void group_prep_a(const float *a, float *o, size_t K, const unsigned b, const int pair)
 {
     if (b == 8) {
         memcpy(o, a, K * sizeof(float));
         return;
     }
-    gqa_group_to_lookup_order(a, o, K, group_block(b), 8 / b, 16);
+    gqa_group_to_lookup_order(a, o, K, group_block(b, pair), 8 / b, group_lanes(pair));
 }
 
 /* MB rows of A (prepared) against rows [n0s, N) of B, NB rows at a time (MB * NB <= 16); FULL:
@@ -791,8 +787,8 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
 {
     const int f16 = (type & GQA_META_F16) != 0;
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
-    const size_t blk = group_block(b);
-    const int nv = (int)(group_block(b) / 16);
+    const size_t blk = group_block(b, PAIR);
+    const int nv = (int)(blk / 16);
     const __m512 va = _mm512_set1_ps(alpha);
     const size_t ng = K / g, ch = GROUP_CHUNK / NB * NB; /* chunk: whole blocks */
     /* fp16: the chunk's conversion reads up to ch rows ahead, so the prefetches run that far
@@ -832,11 +828,9 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
                     _mm_prefetch(p0 + off, _MM_HINT_T0);
             }
         }
-        size_t gi = 0, gend = g; /* the group of block c (PAIR: its first group, c / 32) */
+        size_t gi = 0, gend = g; /* the group of block c */
         for (size_t c = 0; c < K; c += blk) {
-            if (PAIR) {
-                gi = c / 32;
-            } else if (c == gend) {
+            if (c == gend) {
                 gi++;
                 gend += g;
             }
@@ -849,10 +843,7 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
             UNROLL
             for (int r = 0; r < NB; r++) {
                 __m512 t[2], x[4];
-                if (PAIR)
-                    t[0] = group_pair_table(meta[r], gi);
-                else
-                    group_tables(meta[r], gi, b, t);
+                group_tables(meta[r], gi, b, t);
                 group_lookup(rows[r] + c * b / 8, b, PAIR, t, x);
                 UNROLL
                 for (int v = 0; v < nv; v++)
@@ -904,7 +895,7 @@ static void group_qk_fast_avx512(size_t M, size_t N, size_t K, float alpha, cons
     for (size_t m0 = 0; m0 < M; m0 += 4) {
         const size_t mb = M - m0 < 4 ? M - m0 : 4;
         for (size_t m = 0; m < mb; m++)
-            group_prep_a(A + (m0 + m) * lda, ap + m * K, K, b);
+            group_prep_a(A + (m0 + m) * lda, ap + m * K, K, b, kind == 3);
         gqk_fns[mb - 1][kind](N, K, alpha, ap, (const uint8_t *)B, type, C + m0 * ldc, ldc);
     }
 }
@@ -917,9 +908,9 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
                            size_t ldc, float beta, size_t c0)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
-    const int blk = (int)group_block(b), nv = blk / 16, nbk = 16 * CB / blk;
+    const int blk = (int)group_block(b, PAIR), nv = blk / 16, nbk = 16 * CB / blk;
     const size_t g0 = c0 / g, ng = (c0 + 16 * (size_t)CB - 1) / g - g0 + 1;
-    size_t rel[8]; /* block j's group, from g0 (PAIR: its first group) */
+    size_t rel[8]; /* block j's group, from g0 */
     for (int j = 0; j < nbk; j++)
         rel[j] = (c0 + (size_t)(j * blk)) / g - g0;
     __m512 acc[4][8];
@@ -944,12 +935,8 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
         UNROLL
         for (int j = 0; j < nbk; j++) {
             __m512 x[4];
-            if (j == 0 || PAIR || rel[j] != rel[j - 1]) {
-                if (PAIR)
-                    t[0] = group_pair_table(meta, rel[j]);
-                else
-                    group_tables(meta, rel[j], b, t);
-            }
+            if (j == 0 || rel[j] != rel[j - 1])
+                group_tables(meta, rel[j], b, t);
             group_lookup(row + (c0 + (size_t)(j * blk)) * b / 8, b, PAIR, t, x);
             UNROLL
             for (int v = 0; v < nv; v++)
@@ -970,7 +957,7 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
         UNROLL
         for (int v = 0; v < CB; v++)
             _mm512_storeu_ps(t + 16 * v, acc[m][v]);
-        gqa_group_from_lookup_order(t, C + m * ldc + c0, nbk, blk, per, 16, beta);
+        gqa_group_from_lookup_order(t, C + m * ldc + c0, nbk, blk, per, (int)group_lanes(PAIR), beta);
     }
 }
 
