@@ -543,12 +543,9 @@ INLINE __m256 group_codes8(const uint8_t *row, size_t c, const unsigned b)
     return _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(3)));
 }
 
-/* Blocks of elements decoded together.  Ordered (ORD, groups of a multiple of the block): INT4
-   16 elements from 8 bytes, the low nibbles (elements 0, 2, .., 14) then the high ones; INT2 32
-   elements from 8 bytes, vector k lane l = element 4l + k.  Otherwise (INT8, or groups of 8
-   columns) 8 elements in order.  A is reordered to match once per call (qk), the accumulated
-   columns put back in order once per call (sv). */
-INLINE size_t group_block_avx2(const unsigned b, const int ORD) { return !ORD ? 8 : b == 4 ? 16 : 32; }
+/* Blocks of elements decoded together: kernels_group.h's 8-byte blocks (gqa_group_block8).  A
+   is reordered to match once per call (qk), the accumulated columns put back in order once per
+   call (sv). */
 
 /* Ordered INT2: the group's values fma(c, s, z) for c = i & 3 in an 8-entry vpermps table t[0]
    (an index's bit 2 is the next code: the table repeats), the value fma(code, s, z) gives.
@@ -582,16 +579,10 @@ INLINE void group_decode_ord(const uint8_t *row, size_t c, const __m256 s, const
     }
 }
 
-static int group_ordered_avx2(int type)
-{   /* INT8 keeps the natural order */
-    const unsigned b = gqa_group_bits(type);
-    return b != 8 && gqa_group_cols(type) % group_block_avx2(b, 1) == 0;
-}
-
 /* Row a of A in the blocks' element order. */
 static void group_prep_a_avx2(const float *a, float *o, size_t K, const unsigned b, const int ord)
 {
-    const size_t blk = group_block_avx2(b, ord), per = 8 / b;
+    const size_t blk = gqa_group_block8(b, ord), per = 8 / b;
     if (!ord) {
         memcpy(o, a, K * sizeof(float));
         return;
@@ -604,7 +595,7 @@ INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, cons
                               size_t ms)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
-    const size_t blk = group_block_avx2(b, ORD);
+    const size_t blk = gqa_group_block8(b, ORD);
     const int nv = (int)(blk / 8);
     const __m128 va = _mm_set1_ps(alpha);
     for (size_t n0 = 0; n0 < N; n0 += NB) {
@@ -658,7 +649,7 @@ INLINE void group_sv_ord_avx2(const int MB, const unsigned b, const int ORD, siz
                               size_t lda, const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
-    const int blk = (int)group_block_avx2(b, ORD), nv = blk / 8, nbk = 32 / blk;
+    const int blk = (int)gqa_group_block8(b, ORD), nv = blk / 8, nbk = 32 / blk;
     size_t gidx[4];   /* the group of each block (divisions once per call, not per key) */
     for (int j = 0; j < nbk; j++)
         gidx[j] = (c0 + (size_t)(j * blk)) / g;
@@ -712,7 +703,7 @@ static void group_qk_fast_avx2(size_t M, size_t N, size_t K, float alpha, const 
                                const void *B, int type, float *C, size_t ldc)
 {
     const unsigned b = gqa_group_bits(type);
-    const int ord = group_ordered_avx2(type);
+    const int ord = gqa_group_ordered8(type);
     const uint8_t *Bb = (const uint8_t *)B;
     float buf[4 * 1024];
     for (size_t m0 = 0; m0 < M; m0 += 4) {
@@ -738,7 +729,7 @@ static void group_sv_fast_avx2(size_t M, size_t N, size_t K, const float *A, siz
 {
     const unsigned b = gqa_group_bits(type);
     const uint8_t *Bb = (const uint8_t *)B;
-    const int ord = group_ordered_avx2(type);
+    const int ord = gqa_group_ordered8(type);
     for (size_t m0 = 0; m0 < M; m0 += 2) {
         const float *a = A + m0 * lda;
         float *c = C + m0 * ldc;

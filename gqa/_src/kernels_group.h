@@ -271,6 +271,19 @@ static inline void gqa_group_from_lookup_order(const float *t, float *c, int nbk
             }
 }
 
+/* ---- the 8-byte blocks of the AVX2 and NEON fused kernels ----
+ * Ordered (groups of a multiple of the block): INT4 16 elements from 8 bytes, the low nibbles
+ * (elements 0, 2, .., 14) then the high ones; INT2 32 elements from 8 bytes, 8-lane lookup k
+ * lane l = element 4l + k.  Otherwise (INT8, or groups of 8 columns, INT2 of 16) 8 elements in
+ * order. */
+static inline size_t gqa_group_block8(unsigned b, int ordered) { return !ordered ? 8 : b == 4 ? 16 : 32; }
+
+static inline int gqa_group_ordered8(int type)
+{   /* INT8 keeps the natural order */
+    const unsigned b = gqa_group_bits(type);
+    return b != 8 && gqa_group_cols(type) % gqa_group_block8(b, 1) == 0;
+}
+
 /* The five group operations of one path, given its decoder and float32 GEMMs. */
 #define GQA_GROUP_OPS(path, decode, qk, sv)                                                          \
     static void group_dequantize_##path(const void *src, float *dst, size_t ldd, size_t rows,       \

@@ -337,15 +337,12 @@ static const int qk_nbs[9] = {1, 8, 8, 4, 4, 2, 2, 2, 2};
 
 /* ---- per-group rows, fused (groups of a multiple of 8 columns, rows of a multiple of 32) ----
  * Each block of elements is formed as fma(code, scale, zero) in registers (one rounding;
- * gqa.dequantize keeps the contract's two) and used at once by every row of A.  Ordered blocks
- * (groups of a multiple of the block): INT4 16 elements from 8 bytes, the low nibbles
- * (elements 0, 2, .., 14) then the high ones; INT2 32 elements from 8 bytes, lookup k (8 lanes)
- * lane l = element 4l + k.  Otherwise (INT8, INT4 groups of 8, INT2 groups of 8 or 16) 8
- * elements in order.  A is put in the blocks' order once per call (qk, kernels_group.h), the
- * accumulated columns back in column order once per call (sv).  QK sums each (row of A, row of
- * B) into one 4-lane accumulator in a fixed order and reduces it by vaddvq; SV accumulates
- * 32-column blocks over the keys in order: C[m, n] depends only on row m of A, row (qk) or
- * column (sv) n of B and K. */
+ * gqa.dequantize keeps the contract's two) and used at once by every row of A, in the 8-byte
+ * blocks of kernels_group.h (gqa_group_block8).  A is put in the blocks' order once per call
+ * (qk), the accumulated columns back in column order once per call (sv).  QK sums each (row of
+ * A, row of B) into one 4-lane accumulator in a fixed order and reduces it by vaddvq; SV
+ * accumulates 32-column blocks over the keys in order: C[m, n] depends only on row m of A, row
+ * (qk) or column (sv) n of B and K. */
 
 INLINE void group_meta_neon(const uint8_t *meta, size_t gi, int type, float32x4_t *s, float32x4_t *z)
 {
@@ -367,14 +364,6 @@ INLINE void group_values8(uint8x8_t q, float32x4_t s, float32x4_t z, float32x4_t
     const uint16x8_t h = vmovl_u8(q);
     x[0] = vfmaq_f32(z, vcvtq_f32_u32(vmovl_u16(vget_low_u16(h))), s);
     x[1] = vfmaq_f32(z, vcvtq_f32_u32(vmovl_high_u16(h)), s);
-}
-
-INLINE size_t group_block_neon(const unsigned b, const int ORD) { return !ORD ? 8 : b == 4 ? 16 : 32; }
-
-static int group_ordered_neon(int type)
-{   /* INT8 keeps the natural order */
-    const unsigned b = gqa_group_bits(type);
-    return b != 8 && gqa_group_cols(type) % group_block_neon(b, 1) == 0;
 }
 
 /* The block at element c of a row (its group's s, z broadcast): blk / 4 vectors. */
@@ -413,7 +402,7 @@ INLINE void group_qk_blk_neon(const int MB, const int NB, const unsigned b, cons
                               size_t ms)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
-    const size_t blk = group_block_neon(b, ORD);
+    const size_t blk = gqa_group_block8(b, ORD);
     const int nv = (int)(blk / 4);
     for (size_t n0 = 0; n0 < N; n0 += NB) {
         const size_t nb = N - n0 < (size_t)NB ? N - n0 : (size_t)NB;
@@ -465,8 +454,8 @@ static void group_qk_fast_neon(size_t M, size_t N, size_t K, float alpha, const 
                                const void *B, int type, float *C, size_t ldc)
 {
     const unsigned b = gqa_group_bits(type);
-    const int ord = group_ordered_neon(type);
-    const size_t blk = group_block_neon(b, ord);
+    const int ord = gqa_group_ordered8(type);
+    const size_t blk = gqa_group_block8(b, ord);
     const uint8_t *Bb = (const uint8_t *)B;
     float buf[4 * 1024];
     for (size_t m0 = 0; m0 < M; m0 += 4) {
@@ -497,7 +486,7 @@ INLINE void group_sv_blk_neon(const int MB, const unsigned b, const int ORD, siz
                               size_t lda, const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
-    const int blk = (int)group_block_neon(b, ORD), nv = blk / 4, nbk = 32 / blk;
+    const int blk = (int)gqa_group_block8(b, ORD), nv = blk / 4, nbk = 32 / blk;
     size_t gidx[4]; /* the group of each block (divisions once per call, not per key) */
     for (int j = 0; j < nbk; j++)
         gidx[j] = (c0 + (size_t)(j * blk)) / g;
@@ -542,7 +531,7 @@ static void group_sv_fast_neon(size_t M, size_t N, size_t K, const float *A, siz
 {
     const unsigned b = gqa_group_bits(type);
     const uint8_t *Bb = (const uint8_t *)B;
-    const int ord = group_ordered_neon(type);
+    const int ord = gqa_group_ordered8(type);
     for (size_t m0 = 0; m0 < M; m0 += 2) {
         const float *a = A + m0 * lda;
         float *c = C + m0 * ldc;
