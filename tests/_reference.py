@@ -114,7 +114,7 @@ def group_tau_ref(row, rho):
 def group_quantize_ref(x, bits, group, rho=1.0, meta16=False):
     """uint8 rows [..., H*bits/8 + (H/group)*2*meta_bytes] of float32 x[..., H] in the per-group
     asymmetric format, written from its definition (README, numeric contract):
-    per group lo/hi of the clipped values (NaN skipped; 0, 0 when all NaN), scale =
+    per group lo/hi of the clipped values (NaN skipped; 0, 0 when all NaN; a zero lo is +0), scale =
     fl32(hi - lo) / (2^bits - 1) (1 unless > 0), code = clamp(rint(fl32(v - lo) / scale), 0, Q)
     with NaN -> Q, codes LSB first, then (scale, lo) per group as float32 or float16."""
     x = np.asarray(x)
@@ -134,6 +134,7 @@ def group_quantize_ref(x, bits, group, rho=1.0, meta16=False):
                 gv = v[c0:c0 + group]
                 ok = gv[~np.isnan(gv)]
                 lo, hi = (ok.min(), ok.max()) if ok.size else (F32(0), F32(0))
+                lo = F32(lo + F32(0))            # a zero minimum is +0 (not -0)
                 scale = F32(F32(hi - lo) / q_max)
                 if not scale > 0:
                     scale = F32(1.0)

@@ -66,6 +66,21 @@ def test_quantize_hand_checked_codes(kernel_path):
     assert d.max() <= 4.0 + 1e-6 and d.min() >= -4.0 - 1e-6
 
 
+def test_clip_quantile_on_ties_and_orders(kernel_path, rng):
+    """The clip's k-th smallest |x| (a selection over the row) on rows that stress it: sorted
+    either way, few distinct values, all equal, signed zeros and NaN, and rows wider than the
+    stack buffer (2048 columns)."""
+    for h in (24, 64, 256, 2048):
+        base = rng.standard_normal(h).astype(F32)
+        rows = np.stack([np.sort(base), np.sort(base)[::-1], np.round(base * 2) / 2,
+                         np.full(h, 0.75, F32), np.where(np.arange(h) % 3 == 0, -0.0, base),
+                         np.where(np.arange(h) % 5 == 1, np.nan, base), rng.permutation(np.tile(base[:4], h // 4))])
+        for rho in (0.999, 0.96, 0.9, 0.5, 0.05, 1e-6):
+            got = gqa.quantize(rows.astype(F32), bits=4, group_size=8, rho=rho)
+            want = group_quantize_ref(rows.astype(F32), 4, 8, rho, False)
+            assert np.array_equal(got, want), (kernel_path, h, rho)
+
+
 @pytest.mark.parametrize("bits", [8, 4, 2])
 def test_quantize_edge_rows(kernel_path, bits):
     """NaN, infinities, denormals, all-NaN and constant groups, float32 extremes."""

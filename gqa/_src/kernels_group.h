@@ -8,7 +8,8 @@
  *   tau   = the k-th smallest |x[i]| (0-based, NaN counted as +inf), k = min(trunc(fl32(rho *
  *           cols)), cols - 1), when 0 < rho < 1; otherwise no clip (tau = +inf);
  *   v[i]  = min(max(x[i], -tau), tau)                      (NaN stays NaN)
- *   per group: lo = min v, hi = max v over the group (NaN skipped; lo = hi = 0 when all NaN),
+ *   per group: lo = min v, hi = max v over the group (NaN skipped; lo = hi = 0 when all NaN;
+ *           lo = fl32(lo + 0): a zero minimum is +0),
  *           scale = fl32(hi - lo) / Q with Q = 2^b - 1, scale = 1 unless scale > 0,
  *           code = clamp(rint(fl32(v - lo) / scale), 0, Q), half to even, NaN -> Q,
  *           stored: scale and zero = lo (as binary16, round to nearest even, with
@@ -43,34 +44,49 @@ static inline void gqa_group_meta(const uint8_t *meta, size_t g, int type, float
     }
 }
 
-/* The k-th smallest of a[0:n] (k < n; a is reordered; a holds no NaN): quickselect with a
-   three-way partition around the middle element. */
-static inline float gqa_select_kth(float *a, size_t n, size_t k)
+/* The k-th smallest of a[0:n] (k < n; a holds no NaN; a and b, n floats each, are scratch):
+   quickselect with a three-way partition around the median of three, written branch-free
+   (every element is stored at both ends of the other buffer and the counts advance by the
+   comparisons), then insertion sort below 16 elements.  Any correct selection gives the same
+   value, so the codes do not depend on the method. */
+static inline float gqa_select_kth(float *a, float *b, size_t n, size_t k)
 {
-    size_t lo = 0, hi = n; /* the answer lies in a[lo:hi] */
-    while (hi - lo > 1) {
-        float pivot = a[lo + (hi - lo) / 2], t;
-        size_t lt = lo, i = lo, gt = hi;
-        while (i < gt) {
-            if (a[i] < pivot) {
-                t = a[lt]; a[lt] = a[i]; a[i] = t;
-                lt++;
-                i++;
-            } else if (a[i] > pivot) {
-                gt--;
-                t = a[gt]; a[gt] = a[i]; a[i] = t;
-            } else {
-                i++;
-            }
+    float *src = a;
+    int in_a = 1; /* src lies in a (else in b); each partition writes into the other buffer */
+    while (n > 16) {
+        float *dst = in_a ? b : a;
+        float x0 = src[0], x1 = src[n / 2], x2 = src[n - 1], t;
+        if (x0 > x1) { t = x0; x0 = x1; x1 = t; }
+        if (x1 > x2) { x1 = x2; }
+        const float pivot = x0 > x1 ? x0 : x1; /* the median of the three */
+        size_t lt = 0, gt = 0;
+        for (size_t i = 0; i < n; i++) {
+            const float v = src[i];
+            dst[lt] = v;
+            dst[n - 1 - gt] = v;
+            lt += v < pivot;
+            gt += v > pivot;
         }
-        if (k < lt)
-            hi = lt;
-        else if (k >= gt)
-            lo = gt;
-        else
+        if (k < lt) {
+            n = lt;
+        } else if (k >= n - gt) {
+            k -= n - gt;
+            dst += n - gt;
+            n = gt;
+        } else {
             return pivot;
+        }
+        src = dst;
+        in_a = !in_a;
     }
-    return a[lo];
+    for (size_t i = 1; i < n; i++) {
+        const float v = src[i];
+        size_t j = i;
+        for (; j > 0 && src[j - 1] > v; j--)
+            src[j] = src[j - 1];
+        src[j] = v;
+    }
+    return src[k];
 }
 
 /* tau of the row (see the header comment); +inf when rho does not clip. */
@@ -78,8 +94,8 @@ static inline float gqa_group_tau(const float *x, size_t cols, float rho)
 {
     if (!(rho > 0.0f && rho < 1.0f) || cols == 0)
         return INFINITY;
-    float stack[1024];
-    float *a = cols <= 1024 ? stack : (float *)malloc(cols * sizeof(float));
+    float stack[2048];
+    float *a = cols <= 1024 ? stack : (float *)malloc(2 * cols * sizeof(float));
     if (a == NULL)
         return INFINITY;
     for (size_t i = 0; i < cols; i++) {
@@ -90,7 +106,7 @@ static inline float gqa_group_tau(const float *x, size_t cols, float rho)
     size_t k = (size_t)kf;
     if (k >= cols)
         k = cols - 1;
-    float tau = gqa_select_kth(a, cols, k);
+    float tau = gqa_select_kth(a, a + cols, cols, k);
     if (a != stack)
         free(a);
     return tau;
@@ -121,6 +137,7 @@ static inline void gqa_group_quantize_row(const float *x, uint8_t *dst, size_t c
         }
         if (lo > hi)
             lo = hi = 0.0f;
+        lo += 0.0f; /* a zero minimum is +0: which of -0 and +0 a min finds depends on the order */
         float range = hi - lo;
         float scale = range / Q;
         if (!(scale > 0.0f))
