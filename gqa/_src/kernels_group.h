@@ -44,71 +44,43 @@ static inline void gqa_group_meta(const uint8_t *meta, size_t g, int type, float
     }
 }
 
-/* The k-th smallest of a[0:n] (k < n; a holds no NaN; a and b, n floats each, are scratch):
-   quickselect with a three-way partition around the median of three, written branch-free
-   (every element is stored at both ends of the other buffer and the counts advance by the
-   comparisons), then insertion sort below 16 elements.  Any correct selection gives the same
-   value, so the codes do not depend on the method. */
-static inline float gqa_select_kth(float *a, float *b, size_t n, size_t k)
-{
-    float *src = a;
-    int in_a = 1; /* src lies in a (else in b); each partition writes into the other buffer */
-    while (n > 16) {
-        float *dst = in_a ? b : a;
-        float x0 = src[0], x1 = src[n / 2], x2 = src[n - 1], t;
-        if (x0 > x1) { t = x0; x0 = x1; x1 = t; }
-        if (x1 > x2) { x1 = x2; }
-        const float pivot = x0 > x1 ? x0 : x1; /* the median of the three */
-        size_t lt = 0, gt = 0;
-        for (size_t i = 0; i < n; i++) {
-            const float v = src[i];
-            dst[lt] = v;
-            dst[n - 1 - gt] = v;
-            lt += v < pivot;
-            gt += v > pivot;
-        }
-        if (k < lt) {
-            n = lt;
-        } else if (k >= n - gt) {
-            k -= n - gt;
-            dst += n - gt;
-            n = gt;
-        } else {
-            return pivot;
-        }
-        src = dst;
-        in_a = !in_a;
-    }
-    for (size_t i = 1; i < n; i++) {
-        const float v = src[i];
-        size_t j = i;
-        for (; j > 0 && src[j - 1] > v; j--)
-            src[j] = src[j - 1];
-        src[j] = v;
-    }
-    return src[k];
-}
-
-/* tau of the row (see the header comment); +inf when rho does not clip. */
+/* tau of the row (see the header comment); +inf when rho does not clip.  The k-th smallest |x|
+   is found by bisection on the bit patterns (non-negative floats order as their uint32
+   patterns; NaN counts as +inf, 0x7f800000): the smallest pattern t with more than k elements
+   <= t, which is an element's.  Each of the 31 steps is one counting pass, a loop a compiler
+   vectorizes; any correct selection gives the same value. */
 static inline float gqa_group_tau(const float *x, size_t cols, float rho)
 {
     if (!(rho > 0.0f && rho < 1.0f) || cols == 0)
         return INFINITY;
-    float stack[2048];
-    float *a = cols <= 1024 ? stack : (float *)malloc(2 * cols * sizeof(float));
-    if (a == NULL)
+    int32_t stack[1024]; /* the patterns are < 2^31: signed compares order them too */
+    int32_t *u = cols <= 1024 ? stack : (int32_t *)malloc(cols * sizeof(int32_t));
+    if (u == NULL)
         return INFINITY;
     for (size_t i = 0; i < cols; i++) {
         float v = fabsf(x[i]);
-        a[i] = v != v ? INFINITY : v;
+        v = v != v ? INFINITY : v;
+        memcpy(u + i, &v, 4);
     }
     float kf = rho * (float)cols;
     size_t k = (size_t)kf;
     if (k >= cols)
         k = cols - 1;
-    float tau = gqa_select_kth(a, a + cols, cols, k);
-    if (a != stack)
-        free(a);
+    int32_t lo = 0, hi = 0x7f800000; /* the answer lies in [lo, hi] */
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        int32_t n = 0;
+        for (size_t i = 0; i < cols; i++)
+            n += u[i] <= mid;
+        if ((size_t)n > k)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    if (u != stack)
+        free(u);
+    float tau;
+    memcpy(&tau, &lo, 4);
     return tau;
 }
 
@@ -116,6 +88,52 @@ static inline float gqa_group_clip(float x, float tau)
 {
     x = x > tau ? tau : x;
     return x < -tau ? -tau : x;
+}
+
+/* lo and hi of one group's clipped values x[0:n] (NaN skipped; lo > hi when all NaN): eight
+   lane-wise minima and maxima, then combined -- the same values as one running min / max
+   (min and max of a set do not depend on the order, zeros aside, and a zero lo is made +0),
+   written so that a compiler vectorizes it under each path's flags. */
+static inline void gqa_group_range(const float *x, size_t n, float tau, float *lo_out, float *hi_out)
+{
+    float lo8[8], hi8[8];
+    for (int j = 0; j < 8; j++) {
+        lo8[j] = INFINITY;
+        hi8[j] = -INFINITY;
+    }
+    size_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int j = 0; j < 8; j++) {
+            const float v = gqa_group_clip(x[c + j], tau);
+            lo8[j] = v < lo8[j] ? v : lo8[j];
+            hi8[j] = v > hi8[j] ? v : hi8[j];
+        }
+    for (; c < n; c++) {
+        const float v = gqa_group_clip(x[c], tau);
+        lo8[0] = v < lo8[0] ? v : lo8[0];
+        hi8[0] = v > hi8[0] ? v : hi8[0];
+    }
+    float lo = lo8[0], hi = hi8[0];
+    for (int j = 1; j < 8; j++) {
+        lo = lo8[j] < lo ? lo8[j] : lo;
+        hi = hi8[j] > hi ? hi8[j] : hi;
+    }
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+/* The codes of one group's values x[0:n], one per byte (the per-element part of the codec, a
+   loop a compiler vectorizes). */
+static inline void gqa_group_codes(const float *x, uint8_t *q8, size_t n, float tau, float lo, float scale,
+                                   float Q)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float d = gqa_group_clip(x[i], tau) - lo;
+        float q = rintf(d / scale);
+        q = q < Q ? q : Q; /* NaN fails the compare -> Q */
+        q = q > 0.0f ? q : 0.0f;
+        q8[i] = (uint8_t)(int)q;
+    }
 }
 
 static inline void gqa_group_quantize_row(const float *x, uint8_t *dst, size_t cols, int type,
@@ -126,15 +144,11 @@ static inline void gqa_group_quantize_row(const float *x, uint8_t *dst, size_t c
     const size_t g = gqa_group_cols(type), code_bytes = cols * b / 8;
     const float tau = gqa_group_tau(x, cols, rho == NULL ? 0.0f : rho[0]);
     uint8_t *meta = dst + code_bytes;
-    memset(dst, 0, code_bytes);
+    uint8_t q8[256];
     for (size_t gi = 0; gi * g < cols; gi++) {
         const size_t c0 = gi * g;
-        float lo = INFINITY, hi = -INFINITY;
-        for (size_t c = c0; c < c0 + g; c++) {
-            float v = gqa_group_clip(x[c], tau);
-            lo = v < lo ? v : lo;
-            hi = v > hi ? v : hi;
-        }
+        float lo, hi;
+        gqa_group_range(x + c0, g, tau, &lo, &hi);
         if (lo > hi)
             lo = hi = 0.0f;
         lo += 0.0f; /* a zero minimum is +0: which of -0 and +0 a min finds depends on the order */
@@ -142,12 +156,18 @@ static inline void gqa_group_quantize_row(const float *x, uint8_t *dst, size_t c
         float scale = range / Q;
         if (!(scale > 0.0f))
             scale = 1.0f;
-        for (size_t c = c0; c < c0 + g; c++) {
-            float d = gqa_group_clip(x[c], tau) - lo;
-            float q = rintf(d / scale);
-            q = q < Q ? q : Q; /* NaN fails the compare -> Q */
-            q = q > 0.0f ? q : 0.0f;
-            dst[c / per] |= (uint8_t)((unsigned)q << (b * (c % per)));
+        for (size_t c = c0; c < c0 + g; c += 256) { /* codes a chunk at a time, then packed */
+            const size_t n = c0 + g - c < 256 ? c0 + g - c : 256;
+            gqa_group_codes(x + c, q8, n, tau, lo, scale, Q);
+            uint8_t *d = dst + c / per;
+            if (b == 8)
+                memcpy(d, q8, n);
+            else if (b == 4)
+                for (size_t i = 0; i < n / 2; i++)
+                    d[i] = (uint8_t)(q8[2 * i] | q8[2 * i + 1] << 4);
+            else
+                for (size_t i = 0; i < n / 4; i++)
+                    d[i] = (uint8_t)(q8[4 * i] | q8[4 * i + 1] << 2 | q8[4 * i + 2] << 4 | q8[4 * i + 3] << 6);
         }
         if (type & GQA_META_F16) {
             uint16_t h[2] = {gqa_f2h(scale), gqa_f2h(lo)};
