@@ -13,7 +13,8 @@
  *    INT4: nibbles q+8 paired inside 64-bit lanes and narrowed with vpmovqb;
  *    an odd width's pad nibble is 8.
  *  - dequantize: code * s, one rounding, bit-identical to the scalar path.
- *    dequantize_t (flash K tiles): 16 x 16 blocks transposed in registers,
+ *    dequantize_t (flash K tiles; group rows decoded 16 at a time first): 16 x 16 blocks
+ *    transposed in registers,
  *    column blocks outer so each pass fills 16 destination rows front to back;
  *    the ragged edges are the same blocks with masked loads and stores.
  *  - GEMMs read B as unscaled codes.  Per-tensor scales multiply the finished
@@ -364,10 +365,39 @@ typedef void (*deqt_fn)(const void *, float *, size_t, size_t, size_t, const flo
 static const deqt_fn deqt_fns[6] = {deqt_GQA_S8_PT, deqt_GQA_S8_PC, deqt_GQA_S4_PT,
                                     deqt_GQA_S4_PC, deqt_GQA_F32, deqt_GQA_F16};
 
+/* Group rows transposed (flash K tiles): 16 rows decoded (group_decode_row_avx512, the
+   decoder's bits) into a tile, then 16 x 16 blocks transposed in registers as deqt_block does;
+   rows of more than 256 columns or not a multiple of 16: kernels_group.h's driver. */
+static void group_deqt_avx512(const void *src, float *dst, size_t ldd, size_t rows, size_t cols, int type)
+{
+    if (cols % 16 || cols > 256) {
+        group_dequantize_t_avx512(src, dst, ldd, rows, cols, type);
+        return;
+    }
+    float t[16 * 256];
+    const size_t rb = gqa_row_bytes(type, cols);
+    for (size_t r = 0; r < rows; r += 16) {
+        const size_t nr = rows - r < 16 ? rows - r : 16;
+        for (size_t i = 0; i < nr; i++)
+            group_decode_row_avx512((const uint8_t *)src + (r + i) * rb, t + i * cols, cols, type);
+        const __mmask16 m = mask16(nr);
+        for (size_t c = 0; c < cols; c += 16) {
+            __m512 v[16];
+            UNROLL
+            for (int i = 0; i < 16; i++) /* missing rows read as 0 and are not stored */
+                v[i] = (size_t)i < nr ? _mm512_loadu_ps(t + i * cols + c) : _mm512_setzero_ps();
+            transpose16(v);
+            UNROLL
+            for (int j = 0; j < 16; j++)
+                _mm512_mask_storeu_ps(dst + (c + j) * ldd + r, m, v[j]);
+        }
+    }
+}
+
 static void dequantize_t_avx512(const void *src, float *dst, size_t ldd, size_t rows,
                                 size_t cols, int type, const float *s)
 {
-    if (GQA_IS_GROUP(type)) { group_dequantize_t_avx512(src, dst, ldd, rows, cols, type); return; }
+    if (GQA_IS_GROUP(type)) { group_deqt_avx512(src, dst, ldd, rows, cols, type); return; }
     deqt_fns[type](src, dst, ldd, rows, cols, s);
 }
 

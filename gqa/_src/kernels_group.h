@@ -219,18 +219,26 @@ static inline float *gqa_group_tile(float *buf, size_t need)
     return need <= GQA_GROUP_TILE ? buf : (float *)malloc(need * sizeof(float));
 }
 
+/* dst[c * ldd + r] = row r's value c: 16 rows decoded at a time (8 when rows are wider than
+   256 columns, ...), then written out column by column, 16 consecutive floats a column (one
+   line, not one line per value). */
 static inline void gqa_group_dequantize_t(const void *src, float *dst, size_t ldd, size_t rows,
                                           size_t cols, int type, gqa_group_decode_fn decode)
 {
     float buf[GQA_GROUP_TILE];
-    float *t = gqa_group_tile(buf, cols);
+    size_t nb = cols == 0 ? 1 : GQA_GROUP_TILE / cols;
+    nb = nb > 16 ? 16 : nb < 1 ? 1 : nb;
+    float *t = gqa_group_tile(buf, nb * cols);
     size_t rb = gqa_row_bytes(type, cols);
     if (t == NULL)
         return;
-    for (size_t r = 0; r < rows; r++) {
-        decode((const uint8_t *)src + r * rb, t, cols, type);
+    for (size_t r0 = 0; r0 < rows; r0 += nb) {
+        const size_t n = rows - r0 < nb ? rows - r0 : nb;
+        for (size_t i = 0; i < n; i++)
+            decode((const uint8_t *)src + (r0 + i) * rb, t + i * cols, cols, type);
         for (size_t c = 0; c < cols; c++)
-            dst[c * ldd + r] = t[c];
+            for (size_t i = 0; i < n; i++)
+                dst[c * ldd + r0 + i] = t[i * cols + c];
     }
     if (t != buf)
         free(t);
