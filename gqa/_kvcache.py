@@ -1,16 +1,19 @@
 """The decoding-loop API: per-layer KV caches of one sequence batch, one operator per layer.
 
 ``KVCache`` owns, for each of a model's attention layers, a key and a value cache allocated
-once for ``max_length`` positions (float, INT8 or INT4 codes; per-tensor or per-channel
-scales; K and V modes may differ), the layer's ``GroupQueryAttention`` (kept, so every call
+once for ``max_length`` positions (float, INT8 or INT4 codes with per-tensor or per-channel
+scales, or per-group INT8 / INT4 / INT2 rows; K and V modes and widths may differ), optional
+float windows and rotations, the layer's ``GroupQueryAttention`` (kept, so every call
 after the first reuses the operator's checked signature) and the sequence length.  A model calls
 ``cache.attend(layer, q, k, v)`` once per layer per step; the cache writes the step's S new
 positions in place and returns the attention output.
 
 Layout and bookkeeping (the contract):
-- ``cache.key[layer]`` / ``cache.value[layer]``: ``[B, Nkv, max_length, Hp]`` with ``Hp = H``
-  (float32/float16 or int8 codes) or ``(H + 1) // 2`` (INT4, two codes per uint8, README "INT4
-  layout").  Rows ``[0, length)`` hold the sequence; rows past it are never read.
+- ``cache.key[layer]`` / ``cache.value[layer]``: ``[B, Nkv, max_length, Hp]``, each of its own
+  mode (:func:`cache_layout`): ``Hp = H`` (float32/float16 or int8 codes), ``(H + 1) // 2``
+  (INT4, two codes per uint8, README "INT4 layout") or ``gqa.group_row_bytes(H, bits, group,
+  metadata)`` (per-group uint8 rows).  Rows ``[0, length)`` hold the sequence; rows past it are
+  never read.
 - ``length`` is the number of positions every layer holds.  A step gives each layer the same
   S tokens once, in any layer order; the length advances by S when the last layer has had
   them.  Every batch entry has the same length (no ragged batches here); after the first

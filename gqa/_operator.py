@@ -59,6 +59,8 @@ def _side_bits(kq, vq, bits, k_bits, v_bits):
             raise ValueError(f"{name} must be 4 or 8 when quantization is enabled, got {b} "
                              f"({side.upper()} is {q}; 2 bits need PER_GROUP)")
         out.append(b)
+    if bits not in (0, 2, 4, 8):  # unused when both sides give their own width: still no junk
+        raise ValueError(f"kv_cache_bit_width must be 0, 2, 4 or 8, got {bits}")
     return tuple(out)
 
 

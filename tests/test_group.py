@@ -367,6 +367,8 @@ def test_operator_errors():
         op(k_cache_bit_width=3)
     with pytest.raises(ValueError, match=r"v_cache_bit_width must be >= 0"):
         op(v_cache_bit_width=-4)
+    with pytest.raises(ValueError, match=r"kv_cache_bit_width must be 0, 2, 4 or 8, got 3"):
+        op(kv_cache_bit_width=3, k_cache_bit_width=4, v_cache_bit_width=2)
     with pytest.raises(ValueError, match="k_cache_bit_width must be 0 when quantization is disabled"):
         gqa.GroupQueryAttention(num_heads=N, kv_num_heads=NKV, k_cache_bit_width=4)
     with pytest.raises(ValueError, match="v_quant_rho applies to a PER_GROUP V cache only"):
