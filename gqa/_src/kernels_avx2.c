@@ -579,17 +579,6 @@ INLINE void group_decode_ord(const uint8_t *row, size_t c, const __m256 s, const
     }
 }
 
-/* Row a of A in the blocks' element order. */
-static void group_prep_a_avx2(const float *a, float *o, size_t K, const unsigned b, const int ord)
-{
-    const size_t blk = gqa_group_block8(b, ord), per = 8 / b;
-    if (!ord) {
-        memcpy(o, a, K * sizeof(float));
-        return;
-    }
-    gqa_group_to_lookup_order(a, o, K, blk, per, 8);
-}
-
 INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, const int ORD, size_t N, size_t K,
                               float alpha, const float *Ap, const uint8_t *B, int type, float *C, size_t ldc,
                               size_t ms)
@@ -694,66 +683,15 @@ INLINE void group_sv_ord_avx2(const int MB, const unsigned b, const int ORD, siz
     }
 }
 
-static int group_fast_avx2(int type, size_t cols)
-{
-    return gqa_group_cols(type) % 8 == 0 && cols % 32 == 0;
-}
-
-static void group_qk_fast_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
-                               const void *B, int type, float *C, size_t ldc)
-{
-    const unsigned b = gqa_group_bits(type);
-    const int ord = gqa_group_ordered8(type);
-    const uint8_t *Bb = (const uint8_t *)B;
-    float buf[4 * 1024];
-    for (size_t m0 = 0; m0 < M; m0 += 4) {
-        const size_t mb = M - m0 < 4 ? M - m0 : 4;
-        for (size_t m = 0; m < 4; m++) /* rows past mb: a copy of the last (never stored) */
-            group_prep_a_avx2(A + (m0 + (m < mb ? m : mb - 1)) * lda, buf + m * K, K, b, ord);
-        float *c = C + m0 * ldc;
-        if (b == 8)
-            group_qk_ord_rows(8, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
-        else if (b == 4 && ord)
-            group_qk_ord_rows(4, 1, mb, N, K, alpha, buf, Bb, type, c, ldc);
-        else if (b == 4)
-            group_qk_ord_rows(4, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
-        else if (ord)
-            group_qk_ord_rows(2, 1, mb, N, K, alpha, buf, Bb, type, c, ldc);
-        else
-            group_qk_ord_rows(2, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
-    }
-}
-
-static void group_sv_fast_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
-                               int type, float *C, size_t ldc, float beta)
-{
-    const unsigned b = gqa_group_bits(type);
-    const uint8_t *Bb = (const uint8_t *)B;
-    const int ord = gqa_group_ordered8(type);
-    for (size_t m0 = 0; m0 < M; m0 += 2) {
-        const float *a = A + m0 * lda;
-        float *c = C + m0 * ldc;
-        const int two = M - m0 >= 2;
-        for (size_t c0 = 0; c0 < N; c0 += 32) {
-#define SV2_CALL(MB)                                                                               \
-    do {                                                                                           \
-        if (b == 8) group_sv_ord_avx2(MB, 8, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);         \
-        else if (b == 4 && ord) group_sv_ord_avx2(MB, 4, 1, N, K, a, lda, Bb, type, c, ldc, beta, c0); \
-        else if (b == 4) group_sv_ord_avx2(MB, 4, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);    \
-        else if (ord) group_sv_ord_avx2(MB, 2, 1, N, K, a, lda, Bb, type, c, ldc, beta, c0);       \
-        else group_sv_ord_avx2(MB, 2, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);                \
-    } while (0)
-            if (two) SV2_CALL(2); else SV2_CALL(1);
-#undef SV2_CALL
-        }
-    }
-}
+#define group_sv_ord_avx2_1(...) group_sv_ord_avx2(1, __VA_ARGS__)
+#define group_sv_ord_avx2_2(...) group_sv_ord_avx2(2, __VA_ARGS__)
+GQA_GROUP_FUSED(avx2, group_qk_ord_rows, group_sv_ord_avx2)
 
 static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
 {
     if (GQA_IS_GROUP(type)) {
-        if (group_fast_avx2(type, K) && K <= 1024)
+        if (group_fast_avx2(type, K))
             group_qk_fast_avx2(M, N, K, alpha, A, lda, B, type, C, ldc);
         else
             group_qk_avx2(M, N, K, alpha, A, lda, B, type, C, ldc);

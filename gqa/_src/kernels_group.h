@@ -329,6 +329,65 @@ static inline int gqa_group_ordered8(int type)
     return b != 8 && gqa_group_cols(type) % gqa_group_block8(b, 1) == 0;
 }
 
+/* Row a [K] of A in the 8-byte blocks' element order of `type` (8-lane lookups). */
+static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
+{
+    const unsigned b = gqa_group_bits(type);
+    if (gqa_group_ordered8(type))
+        gqa_group_to_lookup_order(a, o, K, gqa_group_block8(b, 1), 8 / b, 8);
+    else
+        memcpy(o, a, K * sizeof(float));
+}
+
+/* The fused per-group QK / SV drivers of a path with 8-byte blocks (AVX2, NEON), given its
+   kernels qk_rows(b, ORD, mb, N, K, alpha, A', B, type, C, ldc) over mb <= 4 prepared rows of
+   A, and sv_blk_1 / sv_blk_2(b, ORD, N, K, A, lda, B, type, C, ldc, beta, c0) over 32 columns
+   and 1 / 2 rows of A (GQA_GROUP_KIND_CALL: one call per (bits, ordered) kind, from b and ord).  Rows of A past M in a block of four: copies of the last (never stored).
+   group_fast_<path>: the shapes they take (groups of a multiple of 8 columns, rows of a
+   multiple of 32 and at most 1024). */
+#define GQA_GROUP_KIND_CALL(F, ...)                                                                  \
+    do {                                                                                             \
+        if (b == 8) F(8, 0, __VA_ARGS__);                                                            \
+        else if (b == 4 && ord) F(4, 1, __VA_ARGS__);                                                \
+        else if (b == 4) F(4, 0, __VA_ARGS__);                                                       \
+        else if (ord) F(2, 1, __VA_ARGS__);                                                          \
+        else F(2, 0, __VA_ARGS__);                                                                   \
+    } while (0)
+#define GQA_GROUP_FUSED(path, qk_rows, sv_blk)                                                      \
+    static int group_fast_##path(int type, size_t cols)                                              \
+    {                                                                                                \
+        return gqa_group_cols(type) % 8 == 0 && cols % 32 == 0 && cols <= 1024;                      \
+    }                                                                                                \
+    static void group_qk_fast_##path(size_t M, size_t N, size_t K, float alpha, const float *A,      \
+                                     size_t lda, const void *B, int type, float *C, size_t ldc)      \
+    {                                                                                                \
+        const unsigned b = gqa_group_bits(type);                                                     \
+        const int ord = gqa_group_ordered8(type);                                                    \
+        float buf[4 * 1024];                                                                         \
+        for (size_t m0 = 0; m0 < M; m0 += 4) {                                                       \
+            const size_t mb = M - m0 < 4 ? M - m0 : 4;                                               \
+            for (size_t m = 0; m < 4; m++)                                                           \
+                gqa_group_prep8(A + (m0 + (m < mb ? m : mb - 1)) * lda, buf + m * K, K, type);       \
+            GQA_GROUP_KIND_CALL(qk_rows, mb, N, K, alpha, buf, (const uint8_t *)B, type, C + m0 * ldc, \
+                                ldc);                                                                \
+        }                                                                                            \
+    }                                                                                                \
+    static void group_sv_fast_##path(size_t M, size_t N, size_t K, const float *A, size_t lda,       \
+                                     const void *B, int type, float *C, size_t ldc, float beta)      \
+    {                                                                                                \
+        const unsigned b = gqa_group_bits(type);                                                     \
+        const int ord = gqa_group_ordered8(type);                                                    \
+        for (size_t m0 = 0; m0 < M; m0 += 2)                                                         \
+            for (size_t c0 = 0; c0 < N; c0 += 32) {                                                  \
+                if (M - m0 >= 2)                                                                     \
+                    GQA_GROUP_KIND_CALL(sv_blk##_2, N, K, A + m0 * lda, lda, (const uint8_t *)B, type, \
+                                        C + m0 * ldc, ldc, beta, c0);                                \
+                else                                                                                 \
+                    GQA_GROUP_KIND_CALL(sv_blk##_1, N, K, A + m0 * lda, lda, (const uint8_t *)B, type, \
+                                        C + m0 * ldc, ldc, beta, c0);                                \
+            }                                                                                        \
+    }
+
 /* The five group operations of one path, given its decoder and float32 GEMMs. */
 #define GQA_GROUP_OPS(path, decode, qk, sv)                                                          \
     static void group_dequantize_##path(const void *src, float *dst, size_t ldd, size_t rows,       \

@@ -445,42 +445,6 @@ INLINE void group_qk_rows_neon(const unsigned b, const int ORD, size_t mb, size_
         group_qk_blk_neon(4, 2, b, ORD, N, K, alpha, ap, B, type, C, ldc, mb);
 }
 
-static int group_fast_neon(int type, size_t cols)
-{
-    return gqa_group_cols(type) % 8 == 0 && cols % 32 == 0 && cols <= 1024;
-}
-
-static void group_qk_fast_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
-                               const void *B, int type, float *C, size_t ldc)
-{
-    const unsigned b = gqa_group_bits(type);
-    const int ord = gqa_group_ordered8(type);
-    const size_t blk = gqa_group_block8(b, ord);
-    const uint8_t *Bb = (const uint8_t *)B;
-    float buf[4 * 1024];
-    for (size_t m0 = 0; m0 < M; m0 += 4) {
-        const size_t mb = M - m0 < 4 ? M - m0 : 4;
-        for (size_t m = 0; m < 4; m++) { /* rows past mb: a copy of the last (never stored) */
-            const float *a = A + (m0 + (m < mb ? m : mb - 1)) * lda;
-            if (ord)
-                gqa_group_to_lookup_order(a, buf + m * K, K, blk, 8 / b, 8);
-            else
-                memcpy(buf + m * K, a, K * sizeof(float));
-        }
-        float *c = C + m0 * ldc;
-        if (b == 8)
-            group_qk_rows_neon(8, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
-        else if (b == 4 && ord)
-            group_qk_rows_neon(4, 1, mb, N, K, alpha, buf, Bb, type, c, ldc);
-        else if (b == 4)
-            group_qk_rows_neon(4, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
-        else if (ord)
-            group_qk_rows_neon(2, 1, mb, N, K, alpha, buf, Bb, type, c, ldc);
-        else
-            group_qk_rows_neon(2, 0, mb, N, K, alpha, buf, Bb, type, c, ldc);
-    }
-}
-
 /* SV over columns [c0, c0 + 32) for MB (1 or 2) rows of A. */
 INLINE void group_sv_blk_neon(const int MB, const unsigned b, const int ORD, size_t N, size_t K, const float *A,
                               size_t lda, const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
@@ -526,30 +490,9 @@ INLINE void group_sv_blk_neon(const int MB, const unsigned b, const int ORD, siz
     }
 }
 
-static void group_sv_fast_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
-                               int type, float *C, size_t ldc, float beta)
-{
-    const unsigned b = gqa_group_bits(type);
-    const uint8_t *Bb = (const uint8_t *)B;
-    const int ord = gqa_group_ordered8(type);
-    for (size_t m0 = 0; m0 < M; m0 += 2) {
-        const float *a = A + m0 * lda;
-        float *c = C + m0 * ldc;
-        const int two = M - m0 >= 2;
-        for (size_t c0 = 0; c0 < N; c0 += 32) {
-#define GSV_CALL(MB)                                                                               \
-    do {                                                                                           \
-        if (b == 8) group_sv_blk_neon(MB, 8, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);         \
-        else if (b == 4 && ord) group_sv_blk_neon(MB, 4, 1, N, K, a, lda, Bb, type, c, ldc, beta, c0); \
-        else if (b == 4) group_sv_blk_neon(MB, 4, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);    \
-        else if (ord) group_sv_blk_neon(MB, 2, 1, N, K, a, lda, Bb, type, c, ldc, beta, c0);       \
-        else group_sv_blk_neon(MB, 2, 0, N, K, a, lda, Bb, type, c, ldc, beta, c0);                \
-    } while (0)
-            if (two) GSV_CALL(2); else GSV_CALL(1);
-#undef GSV_CALL
-        }
-    }
-}
+#define group_sv_blk_neon_1(...) group_sv_blk_neon(1, __VA_ARGS__)
+#define group_sv_blk_neon_2(...) group_sv_blk_neon(2, __VA_ARGS__)
+GQA_GROUP_FUSED(neon, group_qk_rows_neon, group_sv_blk_neon)
 
 static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
