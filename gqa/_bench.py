@@ -118,10 +118,7 @@ def build_inputs(spec):
     if vs is not None:
         inp["v_scale"] = vs
     inp.update(past_key=kc, past_value=vc, seqlens_k=np.full(B, T - 1, np.int32), total_sequence_length=T)
-    attrs = dict(num_heads=N, kv_num_heads=Nkv, **_kvcache._op_attributes(k_mode, v_mode))
-    if k_mode == "float":
-        del attrs["k_quant_type"], attrs["v_quant_type"], attrs["kv_cache_bit_width"]
-    return inp, attrs
+    return inp, dict(num_heads=N, kv_num_heads=Nkv, **_kvcache._op_attributes(k_mode, v_mode))
 
 
 # ----------------------------------------------------------------------------------------

@@ -103,6 +103,11 @@ def _side(mode):
                      "or int8/int4/int2-g<group>[-fp16]")
 
 
+def _static(mode):
+    """A one-tensor mode with static scales (per tensor or per channel)?"""
+    return _side(mode)[0] in ("PER_TENSOR", "PER_CHANNEL")
+
+
 def cache_layout(mode, head_size, dtype=np.float32):
     """(row width, dtype) of one tensor's cache rows in a one-tensor mode: head_size floats of
     `dtype`, head_size int8 codes, (head_size + 1) // 2 uint8 bytes of INT4 codes, or a
@@ -117,8 +122,7 @@ def cache_layout(mode, head_size, dtype=np.float32):
 def needs_scales(mode):
     """True when K or V is a static quantized mode (scales from k_scales/v_scales or a
     calibration)."""
-    sides = [_side(m) for m in parse_mode(cache_options(mode)["mode"])]
-    return any(q in ("PER_TENSOR", "PER_CHANNEL") for q, _, _ in sides)
+    return any(_static(m) for m in parse_mode(cache_options(mode)["mode"]))
 
 
 def parse_mode(mode):
@@ -166,10 +170,10 @@ def _op_attributes(k_mode, v_mode, k_rho=1.0, v_rho=1.0):
     if kg and vg and kg[1:] != vg[1:]:
         raise ValueError(f"k_mode={k_mode!r} and v_mode={v_mode!r}: per-group K and V share one "
                          "group size and metadata type (kv_quant_group_size, metadata_type)")
-    for name, rho, g in (("k_rho", k_rho, kg), ("v_rho", v_rho, vg)):
+    for name, rho, g, mode in (("k_rho", k_rho, kg, k_mode), ("v_rho", v_rho, vg, v_mode)):
         if g is None and rho != 1.0:
             raise ValueError(f"{name}={rho!r}: the clip quantile applies to a per-group mode, "
-                             f"{name[0].upper()}'s is {k_mode if name == 'k_rho' else v_mode!r}")
+                             f"{name[0].upper()}'s is {mode!r}")
     g = kg or vg
     if g:
         attrs.update(kv_quant_group_size=g[1], metadata_type=g[2], k_quant_rho=k_rho,
@@ -288,8 +292,8 @@ class KVCache:
                                         **attrs) for _ in range(self.num_layers)]
         self.sink_size, self.recent_size = self.ops[0].sink_size, self.ops[0].recent_size
         self.rotations = self._rotations(rotations)
-        for i, (quant, _, _) in enumerate(self._sides):
-            if (calibration is not None and quant in ("PER_TENSOR", "PER_CHANNEL")
+        for i, m in enumerate((k_mode, v_mode)):
+            if (calibration is not None and _static(m)
                     and any(pair[i] is not None for pair in self.rotations)):
                 raise ValueError(f"a calibration holds the maxima of unrotated rows, and "
                                  f"{'K' if i == 0 else 'V'}'s static scales would be applied to "
@@ -350,7 +354,7 @@ class KVCache:
         self._step_layers = 0
 
     def _scales(self, k_scales, v_scales, calibration, margin):
-        static = [q in ("PER_TENSOR", "PER_CHANNEL") for q, _, _ in self._sides]
+        static = [_static(self.k_mode), _static(self.v_mode)]
         if not any(static):
             if k_scales is not None or v_scales is not None or calibration is not None:
                 raise ValueError(f"mode {self.mode!r} is a {'per-group' if self.quantized else 'float'} "

@@ -671,7 +671,7 @@ static inline size_t row_block(size_t M, size_t maxb)
  * accumulated columns are put back in order once per call (sv):
  *   INT4, 32-element blocks (16 bytes): the low nibbles (elements 0, 2, .., 30), then the high;
  *   INT2, 64-element blocks (16 bytes): lane l of lookup k is element 4l + k;
- *   INT2 in groups of 32 (PAIR), 32-element blocks (8 bytes, the block's group): the bytes in
+ *   INT2 in groups of 32 (G32), 32-element blocks (8 bytes, the block's group): the bytes in
  *   both halves of the lanes, so a vector holds two 8-lane lookups (lane l of 8-lane lookup k
  *   is element 4l + k);
  *   INT8, 16-element blocks: in order (convert, multiply, add: no table).
@@ -755,13 +755,13 @@ INLINE void group_f16_rows(const uint8_t *meta, size_t rb, size_t n, size_t ng, 
    GROUP_QK_MAXK / 16 groups per row). */
 #define GROUP_CHUNK 64
 
-/* Elements per block, and whether the table kernels take this type and width.  PAIR: INT2 in
+/* Elements per block, and whether the table kernels take this type and width.  G32: INT2 in
    groups of 32, one group a block (32 elements from 8 bytes). */
-INLINE size_t group_block(const unsigned b, const int PAIR) { return b == 8 ? 16 : b == 4 || PAIR ? 32 : 64; }
+INLINE size_t group_block(const unsigned b, const int G32) { return b == 8 ? 16 : b == 4 || G32 ? 32 : 64; }
 
-/* Lanes per lookup in a block's element order: 16, or 8 for PAIR (a 16-lane vector holds two
+/* Lanes per lookup in a block's element order: 16, or 8 for G32 (a 16-lane vector holds two
    8-lane lookups of one 8-byte group). */
-INLINE size_t group_lanes(const int PAIR) { return PAIR ? 8 : 16; }
+INLINE size_t group_lanes(const int G32) { return G32 ? 8 : 16; }
 
 static int group_fast_avx512(int type, size_t cols)
 {
@@ -771,11 +771,11 @@ static int group_fast_avx512(int type, size_t cols)
 }
 
 /* The decoded vectors of one block (x[0 .. blk/16), in lookup order) from its code bytes q8 and
-   its group's tables t.  PAIR (INT2 in groups of 32): the block's 8 bytes in both halves of the
+   its group's tables t.  G32 (INT2 in groups of 32): the block's 8 bytes in both halves of the
    lanes, shifted per half, so vector v holds 8-lane lookups 2v (lanes 0-7) and 2v + 1. */
-INLINE void group_lookup(const uint8_t *q8, const unsigned b, const int PAIR, const __m512 *t, __m512 *x)
+INLINE void group_lookup(const uint8_t *q8, const unsigned b, const int G32, const __m512 *t, __m512 *x)
 {
-    if (PAIR) {
+    if (G32) {
         const __m512i q = _mm512_cvtepu8_epi32(_mm_castpd_si128(_mm_loaddup_pd((const double *)(const void *)q8)));
         x[0] = _mm512_permutexvar_ps(
             _mm512_srlv_epi32(q, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2)), t[0]);
@@ -798,26 +798,26 @@ INLINE void group_lookup(const uint8_t *q8, const unsigned b, const int PAIR, co
 }
 
 /* Row m of A in lookup order (INT4: per 32-block evens then odds; INT2: per 64-block
-   element 4l + k at 16k + l; PAIR: per 32-block element 4l + k at 8k + l). */
-static void group_prep_a(const float *a, float *o, size_t K, const unsigned b, const int pair)
+   element 4l + k at 16k + l; G32: per 32-block element 4l + k at 8k + l). */
+static void group_prep_a(const float *a, float *o, size_t K, const unsigned b, const int g32)
 {
     if (b == 8) {
         memcpy(o, a, K * sizeof(float));
         return;
     }
-    gqa_group_to_lookup_order(a, o, K, group_block(b, pair), 8 / b, group_lanes(pair));
+    gqa_group_to_lookup_order(a, o, K, group_block(b, g32), 8 / b, group_lanes(g32));
 }
 
 /* MB rows of A (prepared) against rows [n0s, N) of B, NB rows at a time (MB * NB <= 16); FULL:
    N - n0s is a multiple of NB, else one block whose missing rows are computed on a repeat of its
    first row and never stored.  fp16 metadata is converted a chunk of rows at a time. */
-INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int PAIR, const int FULL,
+INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const int G32, const int FULL,
                            size_t n0s, size_t N, size_t K, float alpha, const float *Ap, const uint8_t *B, int type,
                            float *C, size_t ldc)
 {
     const int f16 = (type & GQA_META_F16) != 0;
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), cb = K * b / 8;
-    const size_t blk = group_block(b, PAIR);
+    const size_t blk = group_block(b, G32);
     const int nv = (int)(blk / 16);
     const __m512 va = _mm512_set1_ps(alpha);
     const size_t ng = K / g, ch = GROUP_CHUNK / NB * NB; /* chunk: whole blocks */
@@ -874,7 +874,7 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
             for (int r = 0; r < NB; r++) {
                 __m512 t[2], x[4];
                 group_tables(meta[r], gi, b, t);
-                group_lookup(rows[r] + c * b / 8, b, PAIR, t, x);
+                group_lookup(rows[r] + c * b / 8, b, G32, t, x);
                 UNROLL
                 for (int v = 0; v < nv; v++)
                     UNROLL
@@ -933,12 +933,12 @@ static void group_qk_fast_avx512(size_t M, size_t N, size_t K, float alpha, cons
 /* SV over columns [c0, c0 + 16 CB) for MB rows of A: accumulators in lookup order, put back
    in column order once at the end.  A block's tables are built once per row of B and group:
    consecutive blocks of one group share them. */
-INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const int PAIR, const int F16, size_t N,
+INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const int G32, const int F16, size_t N,
                            size_t K, const float *A, size_t lda, const uint8_t *B, int type, float *C,
                            size_t ldc, float beta, size_t c0)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
-    const int blk = (int)group_block(b, PAIR), nv = blk / 16, nbk = 16 * CB / blk;
+    const int blk = (int)group_block(b, G32), nv = blk / 16, nbk = 16 * CB / blk;
     const size_t g0 = c0 / g, ng = (c0 + 16 * (size_t)CB - 1) / g - g0 + 1;
     size_t rel[8]; /* block j's group, from g0 */
     for (int j = 0; j < nbk; j++)
@@ -967,7 +967,7 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
             __m512 x[4];
             if (j == 0 || rel[j] != rel[j - 1])
                 group_tables(meta, rel[j], b, t);
-            group_lookup(row + (c0 + (size_t)(j * blk)) * b / 8, b, PAIR, t, x);
+            group_lookup(row + (c0 + (size_t)(j * blk)) * b / 8, b, G32, t, x);
             UNROLL
             for (int v = 0; v < nv; v++)
                 UNROLL
@@ -987,7 +987,7 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
         UNROLL
         for (int v = 0; v < CB; v++)
             _mm512_storeu_ps(t + 16 * v, acc[m][v]);
-        gqa_group_from_lookup_order(t, C + m * ldc + c0, nbk, blk, per, (int)group_lanes(PAIR), beta);
+        gqa_group_from_lookup_order(t, C + m * ldc + c0, nbk, blk, per, (int)group_lanes(G32), beta);
     }
 }
 

@@ -45,8 +45,8 @@ static inline void gqa_group_meta(const uint8_t *meta, size_t g, int type, float
 }
 
 /* tau of the row (see the header comment); +inf when rho does not clip.  The k-th smallest |x|
-   is found by bisection on the bit patterns (non-negative floats order as their uint32
-   patterns; NaN counts as +inf, 0x7f800000): the smallest pattern t with more than k elements
+   is found by bisection on the bit patterns (non-negative floats order as their bit
+   patterns, all below 2^31; NaN counts as +inf, 0x7f800000): the smallest pattern t with more than k elements
    <= t, which is an element's.  Each of the 31 steps is one counting pass, a loop a compiler
    vectorizes; any correct selection gives the same value. */
 static inline float gqa_group_tau(const float *x, size_t cols, float rho)
@@ -342,7 +342,8 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
 /* The fused per-group QK / SV drivers of a path with 8-byte blocks (AVX2, NEON), given its
    kernels qk_rows(b, ORD, mb, N, K, alpha, A', B, type, C, ldc) over mb <= 4 prepared rows of
    A, and sv_blk_1 / sv_blk_2(b, ORD, N, K, A, lda, B, type, C, ldc, beta, c0) over 32 columns
-   and 1 / 2 rows of A (GQA_GROUP_KIND_CALL: one call per (bits, ordered) kind, from b and ord).  Rows of A past M in a block of four: copies of the last (never stored).
+   and 1 / 2 rows of A (GQA_GROUP_KIND_CALL: one call per (bits, ordered) kind, from b and
+   ord).  Rows of A past M in a block of four: copies of the last (never stored).
    group_fast_<path>: the shapes they take (groups of a multiple of 8 columns, rows of a
    multiple of 32 and at most 1024). */
 #define GQA_GROUP_KIND_CALL(F, ...)                                                                  \

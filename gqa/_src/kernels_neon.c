@@ -81,11 +81,33 @@ static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float 
                            const void *B, int type, const float *s, float *C, size_t ldc);
 static void sv_gemm_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                            int type, const float *s, float *C, size_t ldc, float beta);
-/* One group row decoded to float32, 8 elements at a time: element e of the 8 is bits
+/* Codes [c, c + 8) of a group row in order (c % 8 == 0), one per u8 lane: element e is bits
    [b * (e % per), +b) of byte e / per (per = 8 / b codes a byte), picked by one table lookup
-   and one per-lane shift, then x = fl(fl(code * scale) + zero) -- a multiply and an add,
-   never fused: the reference decoder's bits.  Groups narrower than 8 columns go through the
-   reference decoder. */
+   and one per-lane shift. */
+INLINE uint8x8_t group_codes8_neon(const uint8_t *row, size_t c, const unsigned b)
+{
+    static const uint8_t idx[3][8] = {{0, 1, 2, 3, 4, 5, 6, 7}, {0, 0, 1, 1, 2, 2, 3, 3},
+                                      {0, 0, 0, 0, 1, 1, 1, 1}};
+    static const int8_t shr[3][8] = {{0, 0, 0, 0, 0, 0, 0, 0}, {0, -4, 0, -4, 0, -4, 0, -4},
+                                     {0, -2, -4, -6, 0, -2, -4, -6}};
+    const int k = b == 8 ? 0 : b == 4 ? 1 : 2;
+    uint64_t w = 0;
+    memcpy(&w, row + c * b / 8, b); /* the 8 elements' b bytes */
+    return vand_u8(vshl_u8(vtbl1_u8(vcreate_u8(w), vld1_u8(idx[k])), vld1_s8(shr[k])),
+                   vdup_n_u8((uint8_t)((1u << b) - 1)));
+}
+
+/* Eight codes (u8 lanes) as two float32 vectors (exact). */
+INLINE void group_float8(uint8x8_t q, float32x4_t *f)
+{
+    const uint16x8_t h = vmovl_u8(q);
+    f[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(h)));
+    f[1] = vcvtq_f32_u32(vmovl_high_u16(h));
+}
+
+/* One group row decoded to float32, 8 elements at a time (group_codes8_neon), then
+   x = fl(fl(code * scale) + zero) -- a multiply and an add, never fused: the reference
+   decoder's bits.  Groups narrower than 8 columns go through the reference decoder. */
 static void group_decode_row_neon(const uint8_t *row, float *dst, size_t cols, int type)
 {
     const unsigned b = gqa_group_bits(type);
@@ -94,27 +116,16 @@ static void group_decode_row_neon(const uint8_t *row, float *dst, size_t cols, i
         gqa_group_decode_row_ref(row, dst, cols, type);
         return;
     }
-    static const uint8_t idx[3][8] = {{0, 1, 2, 3, 4, 5, 6, 7}, {0, 0, 1, 1, 2, 2, 3, 3},
-                                      {0, 0, 0, 0, 1, 1, 1, 1}};
-    static const int8_t shr[3][8] = {{0, 0, 0, 0, 0, 0, 0, 0}, {0, -4, 0, -4, 0, -4, 0, -4},
-                                     {0, -2, -4, -6, 0, -2, -4, -6}};
-    const int k = b == 8 ? 0 : b == 4 ? 1 : 2;
-    const uint8x8_t tbl = vld1_u8(idx[k]), mask = vdup_n_u8((uint8_t)((1u << b) - 1));
-    const int8x8_t sh = vld1_s8(shr[k]);
     const uint8_t *meta = row + cols * b / 8;
     for (size_t gi = 0; gi * g < cols; gi++) {
         float sc, zr;
         gqa_group_meta(meta, gi, type, &sc, &zr);
         const float32x4_t s = vdupq_n_f32(sc), z = vdupq_n_f32(zr);
         for (size_t c = gi * g; c < (gi + 1) * g; c += 8) {
-            uint64_t w = 0;
-            memcpy(&w, row + c * b / 8, b); /* the 8 elements' b bytes */
-            uint8x8_t q = vand_u8(vshl_u8(vtbl1_u8(vcreate_u8(w), tbl), sh), mask);
-            uint16x8_t q16 = vmovl_u8(q);
-            float32x4_t lo = vcvtq_f32_u32(vmovl_u16(vget_low_u16(q16)));
-            float32x4_t hi = vcvtq_f32_u32(vmovl_u16(vget_high_u16(q16)));
-            vst1q_f32(dst + c, vaddq_f32(vmulq_f32(lo, s), z));
-            vst1q_f32(dst + c + 4, vaddq_f32(vmulq_f32(hi, s), z));
+            float32x4_t f[2];
+            group_float8(group_codes8_neon(row, c, b), f);
+            vst1q_f32(dst + c, vaddq_f32(vmulq_f32(f[0], s), z));
+            vst1q_f32(dst + c + 4, vaddq_f32(vmulq_f32(f[1], s), z));
         }
     }
 }
@@ -361,9 +372,10 @@ INLINE void group_meta_neon(const uint8_t *meta, size_t gi, int type, float32x4_
 /* Eight codes (u8 lanes) as two vectors of fma(code, s, z). */
 INLINE void group_values8(uint8x8_t q, float32x4_t s, float32x4_t z, float32x4_t *x)
 {
-    const uint16x8_t h = vmovl_u8(q);
-    x[0] = vfmaq_f32(z, vcvtq_f32_u32(vmovl_u16(vget_low_u16(h))), s);
-    x[1] = vfmaq_f32(z, vcvtq_f32_u32(vmovl_high_u16(h)), s);
+    float32x4_t f[2];
+    group_float8(q, f);
+    x[0] = vfmaq_f32(z, f[0], s);
+    x[1] = vfmaq_f32(z, f[1], s);
 }
 
 /* The block at element c of a row (its group's s, z broadcast): blk / 4 vectors. */
@@ -372,15 +384,8 @@ INLINE void group_decode_blk(const uint8_t *row, size_t c, const float32x4_t s, 
 {
     if (b == 8) {
         group_values8(vld1_u8(row + c), s, z, x);
-    } else if (!ORD) { /* 8 codes in order: one table lookup and one per-lane shift (as decode) */
-        static const uint8_t idx[2][8] = {{0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 0, 0, 1, 1, 1, 1}};
-        static const int8_t shr[2][8] = {{0, -4, 0, -4, 0, -4, 0, -4}, {0, -2, -4, -6, 0, -2, -4, -6}};
-        const int k = b == 4 ? 0 : 1;
-        uint64_t w = 0;
-        memcpy(&w, row + c * b / 8, b);
-        const uint8x8_t q = vand_u8(vshl_u8(vtbl1_u8(vcreate_u8(w), vld1_u8(idx[k])), vld1_s8(shr[k])),
-                                    vdup_n_u8((uint8_t)((1u << b) - 1)));
-        group_values8(q, s, z, x);
+    } else if (!ORD) { /* 8 codes in order */
+        group_values8(group_codes8_neon(row, c, b), s, z, x);
     } else if (b == 4) {
         const uint8x8_t v = vld1_u8(row + c / 2);
         group_values8(vand_u8(v, vdup_n_u8(0x0F)), s, z, x);
