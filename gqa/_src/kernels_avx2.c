@@ -623,17 +623,6 @@ INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, cons
     }
 }
 
-INLINE void group_qk_ord_rows(const unsigned b, const int ORD, size_t mb, size_t N, size_t K, float alpha,
-                              const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
-{
-    if (mb == 1)
-        group_qk_ord_avx2(1, 8, b, ORD, N, K, alpha, ap, B, type, C, ldc, 1);
-    else if (mb == 2)
-        group_qk_ord_avx2(2, 4, b, ORD, N, K, alpha, ap, B, type, C, ldc, 2);
-    else
-        group_qk_ord_avx2(4, 2, b, ORD, N, K, alpha, ap, B, type, C, ldc, mb);
-}
-
 INLINE void group_sv_ord_avx2(const int MB, const unsigned b, const int ORD, size_t N, size_t K, const float *A,
                               size_t lda, const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
 {
@@ -685,7 +674,7 @@ INLINE void group_sv_ord_avx2(const int MB, const unsigned b, const int ORD, siz
 
 #define group_sv_ord_avx2_1(...) group_sv_ord_avx2(1, __VA_ARGS__)
 #define group_sv_ord_avx2_2(...) group_sv_ord_avx2(2, __VA_ARGS__)
-GQA_GROUP_FUSED(avx2, group_qk_ord_rows, group_sv_ord_avx2)
+GQA_GROUP_FUSED(avx2, group_qk_ord_avx2, group_sv_ord_avx2)
 
 static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)

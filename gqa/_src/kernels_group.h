@@ -340,10 +340,12 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
 }
 
 /* The fused per-group QK / SV drivers of a path with 8-byte blocks (AVX2, NEON), given its
-   kernels qk_rows(b, ORD, mb, N, K, alpha, A', B, type, C, ldc) over mb <= 4 prepared rows of
-   A, and sv_blk_1 / sv_blk_2(b, ORD, N, K, A, lda, B, type, C, ldc, beta, c0) over 32 columns
-   and 1 / 2 rows of A (GQA_GROUP_KIND_CALL: one call per (bits, ordered) kind, from b and
-   ord).  Rows of A past M in a block of four: copies of the last (never stored).
+   kernels qk_blk(MB, NB, b, ORD, N, K, alpha, A', B, type, C, ldc, ms) over MB x NB = 8
+   (rows of prepared A x rows of B; shapes 1 x 8, 2 x 4, 4 x 2, ms rows stored), and
+   sv_blk_1 / sv_blk_2(b, ORD, N, K, A, lda, B, type, C, ldc, beta, c0) over 32 columns and
+   1 / 2 rows of A (GQA_GROUP_KIND_CALL: one call per (bits, ordered) kind, from b and ord).
+   Rows of A past M in a block of four: copies of the last (never stored).  Expanded in a
+   path's unit, whose INLINE forces inlining (the kernels specialize on b and ORD).
    group_fast_<path>: the shapes they take (groups of a multiple of 8 columns, rows of a
    multiple of 32 and at most 1024). */
 #define GQA_GROUP_KIND_CALL(F, ...)                                                                  \
@@ -354,7 +356,18 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
         else if (ord) F(2, 1, __VA_ARGS__);                                                          \
         else F(2, 0, __VA_ARGS__);                                                                   \
     } while (0)
-#define GQA_GROUP_FUSED(path, qk_rows, sv_blk)                                                      \
+#define GQA_GROUP_FUSED(path, qk_blk, sv_blk)                                                       \
+    INLINE void group_qk_rows_##path(const unsigned b, const int ORD, size_t mb, size_t N, size_t K, \
+                                     float alpha, const float *ap, const uint8_t *B, int type,       \
+                                     float *C, size_t ldc)                                           \
+    {                                                                                                \
+        if (mb == 1)                                                                                 \
+            qk_blk(1, 8, b, ORD, N, K, alpha, ap, B, type, C, ldc, 1);                               \
+        else if (mb == 2)                                                                            \
+            qk_blk(2, 4, b, ORD, N, K, alpha, ap, B, type, C, ldc, 2);                               \
+        else                                                                                         \
+            qk_blk(4, 2, b, ORD, N, K, alpha, ap, B, type, C, ldc, mb);                              \
+    }                                                                                                \
     static int group_fast_##path(int type, size_t cols)                                              \
     {                                                                                                \
         return gqa_group_cols(type) % 8 == 0 && cols % 32 == 0 && cols <= 1024;                      \
@@ -369,8 +382,8 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
             const size_t mb = M - m0 < 4 ? M - m0 : 4;                                               \
             for (size_t m = 0; m < 4; m++)                                                           \
                 gqa_group_prep8(A + (m0 + (m < mb ? m : mb - 1)) * lda, buf + m * K, K, type);       \
-            GQA_GROUP_KIND_CALL(qk_rows, mb, N, K, alpha, buf, (const uint8_t *)B, type, C + m0 * ldc, \
-                                ldc);                                                                \
+            GQA_GROUP_KIND_CALL(group_qk_rows_##path, mb, N, K, alpha, buf, (const uint8_t *)B, type,  \
+                                C + m0 * ldc, ldc);                                                  \
         }                                                                                            \
     }                                                                                                \
     static void group_sv_fast_##path(size_t M, size_t N, size_t K, const float *A, size_t lda,       \

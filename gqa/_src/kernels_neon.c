@@ -439,17 +439,6 @@ INLINE void group_qk_blk_neon(const int MB, const int NB, const unsigned b, cons
     }
 }
 
-INLINE void group_qk_rows_neon(const unsigned b, const int ORD, size_t mb, size_t N, size_t K, float alpha,
-                               const float *ap, const uint8_t *B, int type, float *C, size_t ldc)
-{
-    if (mb == 1)
-        group_qk_blk_neon(1, 8, b, ORD, N, K, alpha, ap, B, type, C, ldc, 1);
-    else if (mb == 2)
-        group_qk_blk_neon(2, 4, b, ORD, N, K, alpha, ap, B, type, C, ldc, 2);
-    else
-        group_qk_blk_neon(4, 2, b, ORD, N, K, alpha, ap, B, type, C, ldc, mb);
-}
-
 /* SV over columns [c0, c0 + 32) for MB (1 or 2) rows of A. */
 INLINE void group_sv_blk_neon(const int MB, const unsigned b, const int ORD, size_t N, size_t K, const float *A,
                               size_t lda, const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
@@ -497,7 +486,7 @@ INLINE void group_sv_blk_neon(const int MB, const unsigned b, const int ORD, siz
 
 #define group_sv_blk_neon_1(...) group_sv_blk_neon(1, __VA_ARGS__)
 #define group_sv_blk_neon_2(...) group_sv_blk_neon(2, __VA_ARGS__)
-GQA_GROUP_FUSED(neon, group_qk_rows_neon, group_sv_blk_neon)
+GQA_GROUP_FUSED(neon, group_qk_blk_neon, group_sv_blk_neon)
 
 static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
