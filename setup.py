@@ -26,6 +26,7 @@ from setuptools.command.build_ext import build_ext
 SRC = os.path.join("gqa", "_src")
 HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "work_ranges.h",
                                           "team_spread.h")]
+PXI = [os.path.join("gqa", f) for f in ("_prepare.pxi", "_cache_rows.pxi")]   # in _attention.pyx
 
 # path name -> (source, gcc/clang flags, a snippet using one intrinsic of the tier)
 X86_PATHS = {
@@ -132,7 +133,7 @@ class BuildExt(build_ext):
 
 
 def ext(name, *extra_sources):
-    return Extension(f"gqa.{name}", [f"gqa/{name}.pyx", *extra_sources], depends=list(HEADERS),
+    return Extension(f"gqa.{name}", [f"gqa/{name}.pyx", *extra_sources], depends=HEADERS + PXI,
                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
 
 
@@ -141,7 +142,9 @@ extensions = [
     ext("_kernels"),
     ext("_attention"),
     ext("_window"),
-    ext("_call"),
+    ext("_checks"),
+    ext("_plan"),
+    ext("_signature"),
 ]
 
 setup(

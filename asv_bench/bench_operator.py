@@ -69,7 +69,7 @@ class Decode:
 
 class CallOverhead:
     """A decode step at T = 16 (the attention itself is ~1 us): what a call costs beyond the
-    kernels -- a repeat on a kept signature (gqa/_call.pyx, "short"), the signature checks
+    kernels -- a repeat on a kept signature (gqa/_signature.pyx, "short"), the signature checks
     of a first call (a new operator each time, "full") and the function
     (gqa.group_query_attention, which keeps an operator per attribute set)."""
     params = (["short", "full", "function"],)

@@ -60,7 +60,8 @@ else:
     from ._rotation import calibrate_rotations, hadamard, oscar_rotation
     from ._kvcache import Calibration, KVCache, rotary_caches
     from ._window import resident as window_resident
-    from ._group import row_bytes as group_row_bytes
+    from ._formats import (CacheFormat, cache_options, group_row_bytes, mode_name, needs_scales,
+                           parse_mode)
 
 __all__ = [
     "__version__", "config", "get_config", "available_kernels", "active_kernel", "show_config",
@@ -68,4 +69,5 @@ __all__ = [
     "MixedPrecisionGroupQueryAttention", "mixed_precision_group_query_attention", "hadamard",
     "oscar_rotation", "calibrate_rotations",
     "KVCache", "Calibration", "rotary_caches", "window_resident", "group_row_bytes",
+    "CacheFormat", "parse_mode", "mode_name", "cache_options", "needs_scales",
 ]

@@ -3,13 +3,13 @@
 Static formats (a scale argument) follow ONNX Runtime's MLAS contract (see README): INT8
 codes are int8; INT4 codes are uint8 with two +8-biased nibbles per byte, the even element
 in the low nibble.  Per-group formats (``group_size=``, no scale) are uint8 rows of codes
-and inline (scale, zero) metadata (gqa/_group.py, README).  Every function releases the GIL
+and inline (scale, zero) metadata (gqa/_formats.py, README).  Every function releases the GIL
 while computing.
 """
 import numpy as np
 
-from . import _group
 from . import _kernels
+from ._formats import CacheFormat, rho_value
 from . import _validate as v
 
 _F32 = (np.dtype(np.float32),)
@@ -27,17 +27,17 @@ class _Format:
                 raise TypeError("scale is required for the static INT8/INT4 formats "
                                 "(pass group_size= for a per-group format)")
             self.scale, pc = v.scale(scale, "scale", cols)
-            self.type = v.quant_type(self.bits, pc)
-            self.dtype = np.dtype(np.int8) if self.bits == 8 else _U8
-            self.width = v.packed_width(self.bits, cols)
+            f = CacheFormat("PER_CHANNEL" if pc else "PER_TENSOR", self.bits)
+            self.type, self.dtype, self.width = f.ctype(cols), f.dtype(), f.row_width(cols)
         else:
             if scale is not None:
                 raise ValueError("scale must be None for a per-group format (its scales are "
                                  "stored in the rows)")
-            f = _group.group_format(bits, group_size, metadata, cols)
-            self.bits, self.type, self.dtype, self.width = f.bits, f.type, _U8, f.row_bytes
+            f = CacheFormat.group_format(bits, group_size, metadata)
+            self.bits, self.type, self.dtype, self.width = (f.bits, f.ctype(cols), f.dtype(),
+                                                            f.row_width(cols))
             self.scale = (_NO_SCALE if rho is None else
-                          np.array([_group.rho_value(rho, "rho")], dtype=np.float32))
+                          np.array([rho_value(rho, "rho")], dtype=np.float32))
 
     def codes(self, x, name, ndim=None, min_ndim=None):
         return v.array(x, name, (self.dtype,), ndim=ndim, min_ndim=min_ndim)

@@ -1,4 +1,4 @@
-# Declarations shared with gqa/_call.pyx (the operator's call and its checks).
+# Declarations shared with gqa/_signature.pyx (the operator's call and its checks).
 from libc.stdint cimport uint8_t, int64_t
 from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn
 
@@ -77,7 +77,3 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil
 # The same rules as the operator's ValueError (messages name the argument).
 cdef int check_lengths(Params *p, int64_t max_pos) except -1
-# Arrays a and b share a byte (anything but two ndarrays: False).
-cdef bint overlap(object a, object b)
-# Index of the first of `inputs` sharing memory with kc or vc, else -1 (in-place mode).
-cdef Py_ssize_t first_alias(kc, vc, tuple inputs)

@@ -1,6 +1,6 @@
 # cython: language_level=3
 """GroupQueryAttention compute: cache write, then attention, over (batch, KV head)
-units in parallel.  All inputs were validated by gqa/_call.pyx; every pointer
+units in parallel.  All inputs were validated by gqa/_signature.pyx; every pointer
 here addresses a buffer whose bounds that module checked.
 
 Layouts (float32 unless noted):
@@ -39,7 +39,7 @@ cdef extern from "team_spread.h" nogil:
     void gqa_team_spread(uint64_t *taken)
 
 cdef enum:
-    ROT_MAX = 1024       # the widest head a rotation takes (gqa/_call.pyx checks it)
+    ROT_MAX = 1024       # the widest head a rotation takes (gqa/_signature.pyx checks it)
 
 cdef extern from "float.h":
     float FLT_MAX
@@ -48,345 +48,8 @@ cdef extern from "math.h":
     float INFINITY
 
 
-cdef inline void *ptr(object a):
-    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
-
-
-cdef inline int past_len(const Params *p, int b) noexcept nogil:
-    """Rows of past K/V kept for batch b: the write offset of the new rows."""
-    cdef int Tb = p.seqlens[b] + 1
-    if p.L == 0:
-        return Tb
-    if not p.has_past or p.first_prompt:
-        return 0
-    return Tb - p.S
-
-
-cdef inline int causal_past(const Params *p, int b) noexcept nogil:
-    """Absolute position of query row 0 of batch b."""
-    if not p.has_past or p.first_prompt:
-        return 0
-    return p.seqlens[b] + 1 - p.S
-
-
-cdef inline int64_t position(const Params *p, int b, int s) noexcept nogil:
-    """Rotary position of token s of batch b (ONNX Runtime's rules: a first prompt
-    uses position_ids[0, 0] + s, other calls position_ids[b, s] or past + s); in
-    int64, as given, so that length_error sees a position no int can hold."""
-    if p.first_prompt:
-        return p.pos_ids[0] + s if p.pos_ids != NULL else s
-    if p.pos_ids != NULL:
-        return p.pos_ids[<size_t>b * p.pos_stride + s]
-    return causal_past(p, b) + s
-
-
-cdef void rope(const Params *p, const float *x, float *o, int pos) noexcept nogil:
-    """Rotary embedding of one head row; channels >= 2*rot_half are copied (o may be x).
-    Rounded as ONNX Runtime's x86 kernel rounds (bit-exact float caches): x0' = fma(x0, c,
-    -(x1*s)), x1' = fma(x0, s, x1*c)."""
-    cdef int i, R2 = p.rot_half
-    cdef const float *c = p.cos + <size_t>pos * R2
-    cdef const float *s = p.sin + <size_t>pos * R2
-    cdef float x0, x1
-    if p.interleaved:
-        for i in range(R2):
-            x0 = x[2 * i]
-            x1 = x[2 * i + 1]
-            o[2 * i] = fmaf(x0, c[i], -(x1 * s[i]))
-            o[2 * i + 1] = fmaf(x0, s[i], x1 * c[i])
-    else:
-        for i in range(R2):
-            x0 = x[i]
-            x1 = x[i + R2]
-            o[i] = fmaf(x0, c[i], -(x1 * s[i]))
-            o[i + R2] = fmaf(x0, s[i], x1 * c[i])
-    if 2 * R2 < p.H and o != x:
-        memcpy(o + 2 * R2, x + 2 * R2, (p.H - 2 * R2) * sizeof(float))
-    if p.round_half:
-        round_to_half(o, p.H)
-
-
-cdef void rms_norm(const Params *p, const float *x, float *o, const float *w) noexcept nogil:
-    """The per-head RMS norm of the QK-norm inputs: o[i] = (x[i] * r) * w[i] in float32 with
-    r = 1 / sqrt(mean(x^2) + eps), the mean of squares summed in double in channel order
-    (the same bits on every path and thread count); float16 calls round o to half."""
-    cdef int i, H = p.H
-    cdef double ss = 0.0
-    cdef float r
-    for i in range(H):
-        ss = ss + <double>x[i] * x[i]
-    r = <float>(1.0 / sqrt(ss / H + p.qk_eps))
-    for i in range(H):
-        o[i] = (x[i] * r) * w[i]
-    if p.round_half:
-        round_to_half(o, H)
-
-
-cdef inline bint prepared(const Params *p, const float *w, const float *R) noexcept nogil:
-    """Rows weighted by w (p.qn or p.kn) or turned by R are changed before attention reads them."""
-    return p.do_rotary or w != NULL or R != NULL
-
-
-cdef inline const float *rotation(const float *R, const Params *p, int j) noexcept nogil:
-    """The rotation [H, H] of KV head j (R: p.rk or p.rv), or NULL."""
-    return R + <size_t>j * p.H * p.H if R != NULL else NULL
-
-
-cdef void rotate(const float *x, float *o, const float *R, int H) noexcept nogil:
-    """o = x R for one head row (R [H, H] row-major: o[e] = sum_d x[d] R[d, e]), with the
-    active path's float32 SV kernel; o must not overlap x."""
-    active_table().sv_gemm(1, H, H, x, H, R, GQA_F32, NULL, o, H, 0.0)
-
-
-cdef void prep_row(const Params *p, const float *x, float *o, const float *w, int pos,
-                   const float *R) noexcept nogil:
-    """o = head row x as attention reads it: RMS-normed with weight w (when w != NULL), then
-    rotated at position pos (when p.do_rotary), then turned by R (when R != NULL: o = x R, the
-    OSCAR rotation of post-rotary Q and K), in that order; a copy when none applies."""
-    cdef float buf[ROT_MAX]
-    if R == NULL:
-        prep_plain(p, x, o, w, pos)
-    elif w != NULL or p.do_rotary:
-        prep_plain(p, x, buf, w, pos)
-        rotate(buf, o, R, p.H)
-    else:
-        rotate(x, o, R, p.H)
-    if R != NULL and p.round_half:
-        round_to_half(o, p.H)
-
-
-cdef void prep_plain(const Params *p, const float *x, float *o, const float *w, int pos) noexcept nogil:
-    """prep_row without a rotation."""
-    if w != NULL:
-        rms_norm(p, x, o, w)
-        if p.do_rotary:
-            rope(p, o, o, pos)
-    elif p.do_rotary:
-        rope(p, x, o, pos)
-    else:
-        memcpy(o, x, p.H * sizeof(float))
-
-
-cdef inline uint8_t *k_row(const Params *p, int b, int j, size_t r) noexcept nogil:
-    """Row r of the K cache slice of batch b, KV head j (rows of p.k_rb bytes, Pres per slice)."""
-    return p.kc + ((<size_t>b * p.Nkv + j) * p.Pres + r) * p.k_rb
-
-
-cdef inline uint8_t *v_row(const Params *p, int b, int j, size_t r) noexcept nogil:
-    return p.vc + ((<size_t>b * p.Nkv + j) * p.Pres + r) * p.v_rb
-
-
-cdef inline const float *k_scales(const Params *p, int j) noexcept nogil:
-    """The scales of KV head j: its H channels (per channel) or the one scale (per tensor)."""
-    return p.ks + (<size_t>j * p.H if p.k_pc else 0)
-
-
-cdef inline const float *v_scales(const Params *p, int j) noexcept nogil:
-    return p.vs + (<size_t>j * p.H if p.v_pc else 0)
-
-
-# -- float windows (sink_size / recent_size): for a query row whose keys end at Tq, positions
-#    [0, ns) and [Tq - nr, Tq) (hp_counts of Tq) are read as floats, the others from the codes;
-#    Tq is the row's own causal end (window_partition "causal") or the call's Tb ("per_call",
-#    onnxruntime main's).  The readers' float rows (p.fk / p.fv, p.fcap rows per (b, j)) are
-#    the present windows, or for a causal multi-token step the staging rows: the past windows
-#    followed by the step's S new rows.  Both map position pos to row pos < A ? pos : A + pos - C.
-
-cdef inline void hp_counts(const Params *p, int Tb, int *ns, int *nr) noexcept nogil:
-    """Window rows of a sequence of Tb positions: the first ns = min(sink, Tb), then the
-    last nr = min(recent, Tb - ns)."""
-    ns[0] = p.nsink if p.nsink < Tb else Tb
-    nr[0] = p.nrecent if p.nrecent < Tb - ns[0] else Tb - ns[0]
-
-
-cdef inline uint8_t *hp_row(const Params *p, uint8_t *w, int cap, int b, int j, int r) noexcept nogil:
-    """Row r of window rows w (cap rows per (b, j)) of batch b, KV head j."""
-    return w + ((<size_t>b * p.Nkv + j) * cap + r) * p.hp_rb
-
-
-cdef inline int float_row(const Params *p, int b, int pos) noexcept nogil:
-    """The row of position pos among the readers' float rows."""
-    cdef int T0, A, nr
-    T0 = past_len(p, b) if p.hstage else p.seqlens[b] + 1
-    hp_counts(p, T0, &A, &nr)
-    return pos if pos < A else A + pos - (T0 - nr)
-
-
-cdef inline bint segment(const Params *p, int b, int Tq, int r0, int r1, int *e, int *hrow) noexcept nogil:
-    """The run [r0, e) (e <= r1) of positions of batch b that a query row with keys ending at
-    Tq reads from one place: True with hrow = the float row of position r0 (rows follow
-    positions), False for the codes."""
-    cdef int ns, nr
-    if p.fk == NULL:
-        e[0] = r1
-        return False
-    if not p.hcausal:
-        Tq = p.seqlens[b] + 1
-    hp_counts(p, Tq, &ns, &nr)
-    if r0 < ns:
-        e[0] = ns if ns < r1 else r1
-    elif r0 < Tq - nr:
-        e[0] = Tq - nr if Tq - nr < r1 else r1
-        return False
-    else:
-        e[0] = r1
-    hrow[0] = float_row(p, b, r0)
-    return True
-
-
-cdef void qk_keys(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j, int Tq,
-                  int r0, int n, const float *a, float *sc, int ldc) noexcept nogil:
-    """sc[g, i] = alpha * a[g] . K[r0 + i] for the G query rows a (row stride H), i < n."""
-    cdef int r = r0, e, hrow
-    while r < r0 + n:
-        if segment(p, b, Tq, r, r0 + n, &e, &hrow):
-            t.qk_gemm(p.G, e - r, p.H, p.alpha, a, p.H, hp_row(p, p.fk, p.fcap, b, j, hrow),
-                      p.hp_type, NULL, sc + (r - r0), ldc)
-        else:
-            qk(p.G, e - r, p.H, p.alpha, a, p.H, k_row(p, b, j, r), p.ktype, k_scales(p, j),
-               sc + (r - r0), ldc)
-        r = e
-
-
-cdef void sv_keys(const Params *p, const gqa_kernels *t, int b, int j, int Tq, int r0, int n,
-                  const float *P, int ldp, float *o, int ldo) noexcept nogil:
-    """o[g] = sum_i P[g, i] V[r0 + i] over i < n (n >= 1; o overwritten)."""
-    cdef int r = r0, e, hrow
-    cdef float beta = 0.0
-    while r < r0 + n:
-        if segment(p, b, Tq, r, r0 + n, &e, &hrow):
-            t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, hp_row(p, p.fv, p.fcap, b, j, hrow),
-                      p.hp_type, NULL, o, ldo, beta)
-        else:
-            t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, v_row(p, b, j, r), p.vtype,
-                      v_scales(p, j), o, ldo, beta)
-        beta = 1.0
-        r = e
-
-
-cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb,
-                   float *Kt, float *Vt) noexcept nogil:
-    """The flash tiles of keys [k0, k0 + nb): Kt [H, nb] (K transposed) and Vt [nb, H]; the
-    tiles are shared by the query rows, so the windows are the call's (per_call)."""
-    cdef int r = k0, e, hrow, Tb = p.seqlens[b] + 1
-    while r < k0 + nb:
-        if segment(p, b, Tb, r, k0 + nb, &e, &hrow):
-            t.dequantize_t(hp_row(p, p.fk, p.fcap, b, j, hrow), Kt + (r - k0), nb, e - r, p.H,
-                           p.hp_type, NULL)
-            t.dequantize(hp_row(p, p.fv, p.fcap, b, j, hrow), Vt + <size_t>(r - k0) * p.H, p.H,
-                         e - r, p.H, p.hp_type, NULL)
-        else:
-            t.dequantize_t(k_row(p, b, j, r), Kt + (r - k0), nb, e - r, p.H, p.ktype, k_scales(p, j))
-            t.dequantize(v_row(p, b, j, r), Vt + <size_t>(r - k0) * p.H, p.H, e - r, p.H, p.vtype,
-                         v_scales(p, j))
-        r = e
-
-
-cdef void hp_put(const Params *p, const gqa_kernels *t, const uint8_t *f, int b, int j, int pos,
-                 const float *row) noexcept nogil:
-    """Store a new row (as attention reads it) of position pos among the readers' float rows f
-    (p.fk or p.fv): every new row when they are a causal multi-token step's staging rows, else
-    the rows of the window positions after this call."""
-    cdef int Tb = p.seqlens[b] + 1, ns, nr
-    if pos >= Tb:           # a ragged first prompt's rows past the entry's length: never read
-        return
-    if not p.hstage:
-        hp_counts(p, Tb, &ns, &nr)
-        if ns <= pos < Tb - nr:
-            return          # history: in the codes only
-    t.quantize(row, p.H, hp_row(p, <uint8_t *>f, p.fcap, b, j, float_row(p, b, pos)), 1, p.H,
-               p.hp_type, NULL)
-
-
-cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, uint8_t *stage, int b, int j,
-                  int Told) noexcept nogil:
-    """Before the new rows arrive: the past windows of Told positions (past: a separate buffer,
-    or NULL in place) -- into the staging rows (stage != NULL) as they are, or into window
-    buffer w: the sink rows, and the recent rows that stay recent moved down to their new
-    place (rows not written are zeroed when w is a new buffer)."""
-    cdef int Tb = p.seqlens[b] + 1, ns_o, nr_o, ns, nr, lo
-    cdef uint8_t *dst = hp_row(p, w, p.hcap, b, j, 0)
-    cdef const uint8_t *src = dst
-    cdef size_t rb = p.hp_rb
-    hp_counts(p, Told, &ns_o, &nr_o)
-    if past != NULL:
-        src = past + (<size_t>b * p.Nkv + j) * p.hpast * rb
-    if stage != NULL:
-        memcpy(hp_row(p, stage, p.fcap, b, j, 0), src, (ns_o + nr_o) * rb)
-        return
-    hp_counts(p, Tb, &ns, &nr)
-    if past != NULL:
-        memset(dst, 0, p.hcap * rb)
-        memcpy(dst, src, ns_o * rb)
-    # an old recent row stays when its position is >= Tb - nr (ns == ns_o whenever nr_o > 0)
-    lo = Tb - nr if Tb - nr > Told - nr_o else Told - nr_o
-    if lo < Told:
-        memmove(dst + (ns + lo - (Tb - nr)) * rb, src + (ns_o + lo - (Told - nr_o)) * rb,
-                (Told - lo) * rb)
-
-
-cdef void hp_settle(const Params *p, uint8_t *w, const uint8_t *stage, int b, int j) noexcept nogil:
-    """After a causal multi-token step's rows are staged: window buffer w of (b, j) gets the
-    windows of the new length from the staging rows (the rest zeroed)."""
-    cdef int Tb = p.seqlens[b] + 1, ns, nr
-    cdef size_t rb = p.hp_rb
-    cdef uint8_t *dst = hp_row(p, w, p.hcap, b, j, 0)
-    hp_counts(p, Tb, &ns, &nr)
-    memset(dst, 0, p.hcap * rb)
-    memcpy(dst, hp_row(p, <uint8_t *>stage, p.fcap, b, j, 0), ns * rb)
-    memcpy(dst + ns * rb, hp_row(p, <uint8_t *>stage, p.fcap, b, j, float_row(p, b, Tb - nr)),
-           nr * rb)
-
-
-cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float *tmp) noexcept nogil:
-    """present[b, j]: zero-fill and copy past rows unless sharing the past buffer, then
-    quantize the L new rows at row past_len(b) (K after its QK norm and rotary; K and V turned
-    by their rotations); the float windows rolled forward and given the new rows they keep."""
-    cdef int s, pb = past_len(p, b)
-    cdef size_t slot = <size_t>b * p.Nkv + j
-    cdef uint8_t *kd = k_row(p, b, j, 0)
-    cdef uint8_t *vd = v_row(p, b, j, 0)
-    cdef const float *src
-    cdef const float *rk = rotation(p.rk, p, j)
-    cdef const float *rv = rotation(p.rv, p, j)
-    cdef uint8_t *sk = <uint8_t *>p.fk if p.hstage else NULL
-    cdef uint8_t *sv = <uint8_t *>p.fv if p.hstage else NULL
-    if not p.shared:
-        memset(kd, 0, p.Pres * p.k_rb)
-        memset(vd, 0, p.Pres * p.v_rb)
-        if p.has_past and pb > 0:
-            memcpy(kd, p.pk + slot * p.Pbuf * p.k_rb, pb * p.k_rb)
-            memcpy(vd, p.pv + slot * p.Pbuf * p.v_rb, pb * p.v_rb)
-    if p.hk != NULL:
-        hp_move(p, p.hk, p.phk, sk, b, j, pb)
-        hp_move(p, p.hv, p.phv, sv, b, j, pb)
-    if p.L == 0:
-        return
-    for s in range(p.L):
-        src = p.k + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * p.H
-        if prepared(p, p.kn, rk):
-            prep_row(p, src, tmp, p.kn, position(p, b, s), rk)
-            src = tmp
-        t.quantize(src, p.H, k_row(p, b, j, pb + s), 1, p.H, p.ktype, k_scales(p, j))
-        if p.hk != NULL:
-            hp_put(p, t, p.fk, b, j, pb + s, src)
-    if rv == NULL and p.hv == NULL:
-        t.quantize(p.v + <size_t>b * p.L * p.kv_tok + <size_t>j * p.H, p.kv_tok,
-                   v_row(p, b, j, pb), p.L, p.H, p.vtype, v_scales(p, j))
-        return
-    for s in range(p.L):
-        src = p.v + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * p.H
-        if rv != NULL:
-            rotate(src, tmp, rv, p.H)
-            if p.round_half:
-                round_to_half(tmp, p.H)
-            src = tmp
-        t.quantize(src, p.H, v_row(p, b, j, pb + s), 1, p.H, p.vtype, v_scales(p, j))
-        if p.hv != NULL:
-            hp_put(p, t, p.fv, b, j, pb + s, src)
-    if p.hstage:
-        hp_settle(p, p.hk, sk, b, j)
-        hp_settle(p, p.hv, sv, b, j)
+include "_prepare.pxi"
+include "_cache_rows.pxi"
 
 
 cdef float nan_or_max(const Params *p, const float *x, int n) noexcept nogil:
@@ -757,67 +420,9 @@ cdef void unrotate(const Params *p, const gqa_kernels *t, int u, float *tmp) noe
     t.qk_gemm(p.G, p.H, p.H, 1.0, tmp, p.H, rotation(p.rv, p, j), GQA_F32, NULL, o, p.H)
 
 
-cdef inline void _extent(cnp.ndarray a, char **lo, char **hi):
-    """[lo, hi): the bytes an array of any strides (negative included) can address."""
-    cdef char *p = <char *>cnp.PyArray_DATA(a)
-    cdef Py_ssize_t d, step, low = 0, high = cnp.PyArray_ITEMSIZE(a)
-    for d in range(cnp.PyArray_NDIM(a)):
-        if cnp.PyArray_DIM(a, d) == 0:
-            lo[0] = p
-            hi[0] = p
-            return
-        step = cnp.PyArray_STRIDE(a, d) * (cnp.PyArray_DIM(a, d) - 1)
-        if step < 0:
-            low += step
-        else:
-            high += step
-    lo[0] = p + low
-    hi[0] = p + high
-
-
-cdef bint _meets(object x, char *lo, char *hi, object c):
-    """x shares a byte with array c, whose bytes span [lo, hi) (see _extent): a bounds test,
-    confirmed exactly (np.shares_memory) only when the bounds meet, so interleaved strided
-    views of one buffer are not refused.  Anything but an ndarray shares none."""
-    cdef char *xlo
-    cdef char *xhi
-    if not isinstance(x, cnp.ndarray):
-        return False
-    _extent(<cnp.ndarray>x, &xlo, &xhi)
-    return xlo < hi and lo < xhi and bool(np.shares_memory(x, c))
-
-
-cdef bint overlap(object a, object b):
-    """True when arrays a and b share a byte (anything else -- None, an int -- shares none)."""
-    cdef char *lo
-    cdef char *hi
-    if not isinstance(b, cnp.ndarray):
-        return False
-    _extent(<cnp.ndarray>b, &lo, &hi)
-    return _meets(a, lo, hi, b)
-
-
-cdef Py_ssize_t first_alias(kc, vc, tuple inputs):
-    """Index of the first of `inputs` sharing memory with kc or vc, else -1 (overlap, with
-    the two caches' byte ranges taken once)."""
-    cdef Py_ssize_t i
-    cdef char *klo = NULL
-    cdef char *khi = NULL
-    cdef char *vlo = NULL
-    cdef char *vhi = NULL
-    if isinstance(kc, cnp.ndarray):     # else an empty range: nothing meets it
-        _extent(<cnp.ndarray>kc, &klo, &khi)
-    if isinstance(vc, cnp.ndarray):
-        _extent(<cnp.ndarray>vc, &vlo, &vhi)
-    for i in range(len(inputs)):
-        if _meets(inputs[i], klo, khi, kc) or _meets(inputs[i], vlo, vhi, vc):
-            return i
-    return -1
-
-
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil:
     """The rules on seqlens_k and rotary positions that keep every read and write inside
-    its buffer, stated once for both callers (run, and the call checks of gqa/_call.pyx):
+    its buffer, stated once for both callers (run, and the call checks of gqa/_signature.pyx):
     0 when all hold, with p.Tmax = max_b T_b; else the broken rule -- 1 seqlens_k[b] out
     of [0, min(Pres, T)), 2 too small for S, 3 more past rows than past_key has, 4 rotary
     position of (b, s) outside [0, max_pos) -- with where = {b, s}."""
@@ -847,7 +452,7 @@ cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil:
 
 cdef int check_lengths(Params *p, int64_t max_pos) except -1:
     """length_error as the operator's ValueError (one statement of the rules and their
-    messages, for the call's checks in gqa/_call.pyx and for run's own copies)."""
+    messages, for the call's checks in gqa/_signature.pyx and for run's own copies)."""
     cdef int where[2]
     where[0] = 0
     where[1] = 0
@@ -876,7 +481,7 @@ cdef int check_lengths(Params *p, int64_t max_pos) except -1:
 
 
 cdef class Consts:
-    """The parameters of one input signature (see gqa/_call.pyx, Signature); reused across calls."""
+    """The parameters of one input signature (see gqa/_signature.pyx, Signature); reused across calls."""
 
     def __init__(self, *, int B, int S, int N, int Nkv, int H, int L, int Pbuf, size_t q_tok,
                  size_t kv_tok, bint has_past, bint shared, int ktype, int vtype, size_t k_rb,

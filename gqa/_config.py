@@ -18,10 +18,10 @@ def _process_cpus():
         return max(1, os.cpu_count() or 1)
 
 
-# The CPU count the decode plan is made for (gqa/_call.pyx), read once at import.
+# The CPU count the decode plan is made for (gqa/_signature.pyx), read once at import.
 PLAN_CPUS = _process_cpus()
 
-# changed only in place (_apply): gqa/_call.pyx keeps a reference to this dict
+# changed only in place (_apply): gqa/_signature.pyx keeps a reference to this dict
 _settings = {"kernel": "auto", "flash": True, "approx_vnni": False, "num_threads": None,
              "flash_blocks": None, "decode_splits": None}
 

@@ -119,12 +119,18 @@ cdef void round_to_half(float *x, size_t n) noexcept nogil:
 cdef extern from "gqa_kernels.h" nogil:
     int gqa_group_type(int kind, size_t group, int meta16)
     size_t gqa_row_bytes_c "gqa_row_bytes"(int type, size_t cols)
-    int GQA_G8_C "GQA_G8"
 
 
-def group_type(int bits, size_t group, bint meta16):
-    """The C type value (gqa_kernels.h) of a per-group format; arguments validated by the caller."""
-    return gqa_group_type(GQA_G8_C + {8: 0, 4: 1, 2: 2}[bits], group, meta16)
+# gqa_type_t (gqa_kernels.h, its one statement) by name, for gqa/_formats.py
+TYPE_CODES = {"GQA_S8_PT": GQA_S8_PT, "GQA_S8_PC": GQA_S8_PC, "GQA_S4_PT": GQA_S4_PT,
+              "GQA_S4_PC": GQA_S4_PC, "GQA_F32": GQA_F32, "GQA_F16": GQA_F16,
+              "GQA_G8": GQA_G8, "GQA_G4": GQA_G4, "GQA_G2": GQA_G2}
+
+
+def group_type(int kind, size_t group, bint meta16):
+    """The C type value (gqa_group_type) of a per-group format of kind GQA_G8 / G4 / G2;
+    arguments validated by the caller (gqa/_formats.py)."""
+    return gqa_group_type(kind, group, meta16)
 
 
 def row_bytes(int type, size_t cols):

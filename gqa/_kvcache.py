@@ -33,152 +33,18 @@ Layout and bookkeeping (the contract):
   of resolution (a margin of 1.25 on INT4 leaves 5.6 of the 7 steps to the calibrated range).
 """
 import numbers
-import re
 
 import numpy as np
 
-from . import _group
+from ._formats import CacheFormat, attributes, cache_options, mode_name, parse_mode
 from ._operator import GroupQueryAttention
 
-# one cache mode per tensor: (quant type, bits)
-_TENSOR_MODES = {"float": ("NONE", 0), "int8-pt": ("PER_TENSOR", 8), "int8-pc": ("PER_CHANNEL", 8),
-                 "int4-pt": ("PER_TENSOR", 4), "int4-pc": ("PER_CHANNEL", 4)}
-_QMAX = {8: 127.0, 4: 7.0}
 SCALE_FLOOR = 1e-6
 
 
-_GROUP_MODE = re.compile(r"int([842])-g(\d+)(-fp16)?")
-
-
-def group_mode(mode):
-    """(bits, group_size, metadata) of a per-group mode name such as ``"int4-g32"`` (groups of
-    32 channels, float32 scale and zero point) or ``"int2-g64-fp16"`` (float16 metadata);
-    ``g0`` is one group per head.  None for the other modes."""
-    m = _GROUP_MODE.fullmatch(mode) if isinstance(mode, str) else None
-    if m is None:
-        return None
-    return int(m.group(1)), int(m.group(2)), "fp16" if m.group(3) else "fp32"
-
-
-_OPTION = re.compile(r"\+s(\d+)r(\d+)|\+(had|rot)|\+rho(\d*\.?\d+)(?:/(\d*\.?\d+))?")
-
-
-def cache_options(name):
-    """KVCache keywords of a configuration name: a mode, then optionally ``+s<sink>r<recent>``
-    (float windows of the first sink and last recent positions), ``+had`` (Hadamard
-    rotations) or ``+rot`` (calibrated rotations, given separately), and ``+rho<k>[/<v>]`` (the
-    clip quantiles of a per-group cache), e.g. ``"int2-g32+s4r64+rot+rho0.9"``."""
-    if not isinstance(name, str):
-        raise TypeError(f"a cache configuration must be a str, got {type(name).__name__}")
-    base, _, rest = name.partition("+")
-    out = dict(mode=base)
-    rest = "+" + rest if rest else ""
-    pos = 0
-    for m in _OPTION.finditer(rest):
-        if m.start() != pos:
-            break
-        pos = m.end()
-        if m.group(3):
-            out["rotations"] = "hadamard" if m.group(3) == "had" else "calibrated"
-        elif m.group(4):
-            out["k_rho"] = float(m.group(4))
-            out["v_rho"] = float(m.group(5) or m.group(4))
-        else:
-            out["sink_size"], out["recent_size"] = int(m.group(1)), int(m.group(2))
-    if pos != len(rest):
-        raise ValueError(f"{name!r} is not a cache configuration: a mode, then +s<sink>r<recent>, "
-                         "+had / +rot and +rho<k>[/<v>]")
-    parse_mode(base)
-    return out
-
-
-def _side(mode):
-    """(quant type, bits, (bits, group, metadata) or None) of one tensor's mode name."""
-    g = group_mode(mode)
-    if g:
-        return "PER_GROUP", g[0], g
-    if mode in _TENSOR_MODES:
-        return _TENSOR_MODES[mode] + (None,)
-    raise ValueError(f"{mode!r} is not a cache mode of one tensor; valid: {', '.join(_TENSOR_MODES)} "
-                     "or int8/int4/int2-g<group>[-fp16]")
-
-
-def _static(mode):
-    """A one-tensor mode with static scales (per tensor or per channel)?"""
-    return _side(mode)[0] in ("PER_TENSOR", "PER_CHANNEL")
-
-
 def cache_layout(mode, head_size, dtype=np.float32):
-    """(row width, dtype) of one tensor's cache rows in a one-tensor mode: head_size floats of
-    `dtype`, head_size int8 codes, (head_size + 1) // 2 uint8 bytes of INT4 codes, or a
-    per-group row of gqa.group_row_bytes bytes (uint8)."""
-    _, bits, group = _side(mode)
-    if group:
-        return _group.group_format(*group, head_size).row_bytes, np.dtype(np.uint8)
-    width = head_size if bits != 4 else (head_size + 1) // 2
-    return width, {0: np.dtype(dtype), 8: np.dtype(np.int8), 4: np.dtype(np.uint8)}[bits]
-
-
-def needs_scales(mode):
-    """True when K or V is a static quantized mode (scales from k_scales/v_scales or a
-    calibration)."""
-    return any(_static(m) for m in parse_mode(cache_options(mode)["mode"]))
-
-
-def parse_mode(mode):
-    """A cache mode name -> (k_mode, v_mode).
-
-    ``"float"``, ``"int8-pt"``, ``"int8-pc"``, ``"int4-pt"``, ``"int4-pc"`` name both tensors,
-    as do the per-group modes ``"int{8,4,2}-g{group}[-fp16]"`` (:func:`group_mode`);
-    ``"int4-pc/pt"`` names K's scaling, then V's (here K per channel, V per tensor), and
-    ``"<K's mode>/<V's mode>"`` any two quantized modes, e.g. ``"int4-pc/int2-g32"`` (static
-    per-channel INT4 K, per-group INT2 V; two per-group sides share one group size and
-    metadata type)."""
-    if not isinstance(mode, str):
-        raise TypeError(f"mode must be a str, got {type(mode).__name__}")
-    if mode in _TENSOR_MODES or group_mode(mode):
-        return mode, mode
-    head, sep, tail = mode.partition("/")
-    if sep and head in _TENSOR_MODES and head != "float" and tail in ("pt", "pc"):
-        return head, head.split("-")[0] + "-" + tail
-    quantized = lambda m: m != "float" and (m in _TENSOR_MODES or group_mode(m))  # noqa: E731
-    if sep and quantized(head) and quantized(tail):
-        return head, tail
-    raise ValueError(f"mode={mode!r} is not a cache mode; valid: {', '.join(_TENSOR_MODES)}, "
-                     "int8/int4/int2-g<group>[-fp16] (per group), or K's mode / V's mode: "
-                     "int4-pc/pt (K's scaling / V's) or two quantized modes (int4-pc/int2-g32)")
-
-
-def mode_name(k_mode, v_mode):
-    """The inverse of parse_mode."""
-    if k_mode == v_mode:
-        return k_mode
-    if k_mode in _TENSOR_MODES and v_mode in _TENSOR_MODES and (
-            _TENSOR_MODES[k_mode][1] == _TENSOR_MODES[v_mode][1]):
-        return f"{k_mode}/{v_mode.split('-')[1]}"
-    return f"{k_mode}/{v_mode}"
-
-
-def _op_attributes(k_mode, v_mode, k_rho=1.0, v_rho=1.0):
-    (kq, kb, kg), (vq, vb, vg) = _side(k_mode), _side(v_mode)
-    if (kb == 0) != (vb == 0):
-        raise ValueError(f"k_mode={k_mode!r} and v_mode={v_mode!r}: K and V must both be float or "
-                         "both quantized")
-    attrs = dict(k_quant_type=kq, v_quant_type=vq, kv_cache_bit_width=kb)
-    if kb != vb:
-        attrs.update(kv_cache_bit_width=0, k_cache_bit_width=kb, v_cache_bit_width=vb)
-    if kg and vg and kg[1:] != vg[1:]:
-        raise ValueError(f"k_mode={k_mode!r} and v_mode={v_mode!r}: per-group K and V share one "
-                         "group size and metadata type (kv_quant_group_size, metadata_type)")
-    for name, rho, g, mode in (("k_rho", k_rho, kg, k_mode), ("v_rho", v_rho, vg, v_mode)):
-        if g is None and rho != 1.0:
-            raise ValueError(f"{name}={rho!r}: the clip quantile applies to a per-group mode, "
-                             f"{name[0].upper()}'s is {mode!r}")
-    g = kg or vg
-    if g:
-        attrs.update(kv_quant_group_size=g[1], metadata_type=g[2], k_quant_rho=k_rho,
-                     v_quant_rho=v_rho)
-    return attrs
+    """(row width, dtype) of one tensor's cache rows for a format name (gqa/_formats.py)."""
+    return CacheFormat.parse(mode).layout(head_size, dtype)
 
 
 def rotary_caches(max_positions, rotary_dim, base=10000.0):
@@ -219,11 +85,41 @@ class Calibration:
 
 
 def _scale(absmax, mode, margin):
-    quant, bits, group = _side(mode)
-    if bits == 0 or group:
+    f = CacheFormat.parse(mode)
+    if not f.static:
         return None
-    a = absmax if quant == "PER_CHANNEL" else np.array([absmax.max()])
-    return np.maximum(a * margin / _QMAX[bits], SCALE_FLOOR).astype(np.float32)
+    a = absmax if f.per_channel else np.array([absmax.max()])
+    return np.maximum(a * margin / f.top_code, SCALE_FLOOR).astype(np.float32)
+
+
+def _configuration(name, given):
+    """The KVCache keywords of a mode or configuration name (gqa/_formats.py's
+    cache_options), merged with those given: an option the name sets may not also be given
+    otherwise.  Returns mode, k_rho, v_rho, sink_size, recent_size and rotations."""
+    if not isinstance(name, str):
+        raise TypeError(f"mode must be a str, got {type(name).__name__}")
+    options = cache_options(name)
+    defaults = dict(k_rho=1.0, v_rho=1.0, sink_size=0, recent_size=0, rotations=None)
+    out = dict(given, mode=options.pop("mode"))
+    rot = options.pop("rotations", None)
+    for key, value in options.items():
+        if not _is_default(given[key], defaults[key]):
+            raise ValueError(f"mode={name!r} sets {key}; it must not be given as well "
+                             f"(got {key}={given[key]!r})")
+        out[key] = value
+    if rot == "hadamard":
+        if given["rotations"] is not None:
+            raise ValueError(f"mode={name!r} sets rotations ('+had'); it must not be given as well")
+        out["rotations"] = "hadamard"
+    elif rot == "calibrated" and (given["rotations"] is None or isinstance(given["rotations"], str)):
+        raise ValueError(f"mode={name!r} names calibrated rotations ('+rot'): give them as "
+                         "rotations=[(R_K, R_V), ...] (gqa.calibrate_rotations)")
+    return out
+
+
+def _is_default(value, default):
+    return value is default or (default is not None and isinstance(value, numbers.Real)
+                                and not isinstance(value, bool) and value == default)
 
 
 def _positive_int(name, value, minimum=1):
@@ -265,13 +161,18 @@ class KVCache:
         if (k_mode is None) != (v_mode is None):
             raise ValueError("k_mode and v_mode go together (or use mode= for both)")
         if k_mode is None:
-            k_mode, v_mode = parse_mode(mode)
-        attrs = _op_attributes(k_mode, v_mode, k_rho, v_rho)
-        self.k_mode, self.v_mode = k_mode, v_mode
-        self.mode = mode_name(k_mode, v_mode)
-        # per side (K, V): (quant type, bits, (bits, group, metadata) of a per-group mode or None)
-        self._sides = (_side(k_mode), _side(v_mode))
-        self.quantized = self._sides[0][1] != 0
+            options = _configuration(mode, dict(k_rho=k_rho, v_rho=v_rho, sink_size=sink_size,
+                                                recent_size=recent_size, rotations=rotations))
+            k_rho, v_rho = options["k_rho"], options["v_rho"]
+            sink_size, recent_size = options["sink_size"], options["recent_size"]
+            rotations = options["rotations"]
+            self.k_format, self.v_format = parse_mode(options["mode"])
+        else:
+            self.k_format, self.v_format = CacheFormat.parse(k_mode), CacheFormat.parse(v_mode)
+        attrs = attributes(self.k_format, self.v_format, k_rho, v_rho)
+        self.k_mode, self.v_mode = self.k_format.name, self.v_format.name
+        self.mode = mode_name(self.k_format, self.v_format)
+        self.quantized = self.k_format.quantized
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
             raise TypeError(f"dtype must be float32 or float16, got {self.dtype}")
@@ -292,15 +193,16 @@ class KVCache:
                                         **attrs) for _ in range(self.num_layers)]
         self.sink_size, self.recent_size = self.ops[0].sink_size, self.ops[0].recent_size
         self.rotations = self._rotations(rotations)
-        for i, m in enumerate((k_mode, v_mode)):
-            if (calibration is not None and _static(m)
+        for i, f in enumerate((self.k_format, self.v_format)):
+            if (calibration is not None and f.static
                     and any(pair[i] is not None for pair in self.rotations)):
                 raise ValueError(f"a calibration holds the maxima of unrotated rows, and "
                                  f"{'K' if i == 0 else 'V'}'s static scales would be applied to "
                                  "rotated ones: with rotations give k_scales / v_scales measured "
                                  "on the rotated rows")
         self.num_threads = num_threads
-        (kw, kdt), (vw, vdt) = self._layout(0), self._layout(1)
+        (kw, kdt), (vw, vdt) = (f.layout(self.head_size, self.dtype)
+                                for f in (self.k_format, self.v_format))
         rows = (self.batch_size, self.kv_num_heads, self.max_length)
         self.key = [np.zeros(rows + (kw,), kdt) for _ in range(self.num_layers)]
         self.value = [np.zeros(rows + (vw,), vdt) for _ in range(self.num_layers)]
@@ -311,10 +213,6 @@ class KVCache:
         self.hp_value = [np.zeros(hp, self.dtype) if windows else None for _ in range(self.num_layers)]
         self._seqlens = np.zeros(self.batch_size, np.int32)
         self._set_length(0)
-
-    def _layout(self, i):
-        """(row width, dtype) of K's (i = 0) or V's (1) cache."""
-        return cache_layout((self.k_mode, self.v_mode)[i], self.head_size, self.dtype)
 
     def _rotations(self, rotations):
         """Per layer (R_K, R_V) float32 [Nkv, H, H] or (None, None)."""
@@ -354,7 +252,7 @@ class KVCache:
         self._step_layers = 0
 
     def _scales(self, k_scales, v_scales, calibration, margin):
-        static = [_static(self.k_mode), _static(self.v_mode)]
+        static = [self.k_format.static, self.v_format.static]
         if not any(static):
             if k_scales is not None or v_scales is not None or calibration is not None:
                 raise ValueError(f"mode {self.mode!r} is a {'per-group' if self.quantized else 'float'} "
@@ -390,7 +288,7 @@ class KVCache:
                 else [None] * self.num_layers)
 
     def _layer_scales(self, name, scales, mode):
-        n = self.kv_num_heads * self.head_size if _TENSOR_MODES[mode][0] == "PER_CHANNEL" else 1
+        n = self.kv_num_heads * self.head_size if CacheFormat.parse(mode).per_channel else 1
         if isinstance(scales, np.ndarray) and scales.ndim <= 1:
             scales = [scales] * self.num_layers
         scales = list(scales)
@@ -514,17 +412,16 @@ class KVCache:
                 r = self.rotations[li][i]
                 if r is not None:
                     rows = np.einsum("bjtd,jde->bjte", rows, r).astype(np.float32)
-                quant, bits, group = self._sides[i]
-                if group:
-                    _, size, metadata = group
-                    dst[li][:, :, :length] = quantize(rows, bits=bits, group_size=size, rho=rho[i],
-                                                      metadata=metadata)
+                f = (self.k_format, self.v_format)[i]
+                if f.grouped:
+                    dst[li][:, :, :length] = quantize(rows, bits=f.bits, group_size=f.group,
+                                                      rho=rho[i], metadata=f.metadata)
                 else:
                     scales = (self.k_scales, self.v_scales)[i][li]
                     H = self.head_size
                     for h in range(self.kv_num_heads):
-                        s = scales[h * H:(h + 1) * H] if quant == "PER_CHANNEL" else scales
-                        dst[li][:, h, :length] = quantize(rows[:, h], s, bits=bits)
+                        s = scales[h * H:(h + 1) * H] if f.per_channel else scales
+                        dst[li][:, h, :length] = quantize(rows[:, h], s, bits=f.bits)
                 if hp[li] is not None:
                     hp[li][...] = 0
                     hp[li][:, :, :len(keep)] = rows[:, :, keep].astype(self.dtype)

@@ -1,67 +1,139 @@
-"""The GroupQueryAttention operator (ONNX Runtime 1.31.1 CPU contract).
+"""The GroupQueryAttention operator (ONNX Runtime 1.31.1 CPU contract) and its functional form.
 
-The attributes are validated here, once, when the operator is made; a call's inputs are
-validated in gqa/_call.pyx, completely, before any output or caller buffer is written, and
-the compute (gqa/_attention.pyx) then runs without the GIL.
+``ATTRIBUTES`` is the one statement of the operator's attributes: name, kind, default, the
+check of its own value and what it means.  The class, the function, their signatures and the
+reprs are made from it; the rules that join several attributes are in
+``GroupQueryAttention._combine``; cache formats are gqa/_formats.py's.  A call's inputs are
+validated in gqa/_signature.pyx, completely, before any output or caller buffer is written,
+and the compute (gqa/_attention.pyx) then runs without the GIL.
 """
+import inspect
 import numbers
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
-from . import _call
-from . import _group
+from . import _signature
+from . import _formats
 from . import _validate as v
 
-_QUANT_TYPES = ("NONE", "PER_TENSOR", "PER_CHANNEL", "PER_GROUP")
+INT32_MAX = 2 ** 31 - 1   # sizes and lengths reach the compute as C int
+_REQUIRED = inspect.Parameter.empty
 
-_INT32_MAX = 2 ** 31 - 1   # sizes and lengths reach the compute as C int
 
-
-def _int_attr(name, value):
+def _int(name, value):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     return int(value)
 
 
-def _quant_attr(name, value):
+def _real(name, value):
+    return v.real(value, name)
+
+
+def _rho(name, value):
+    return _formats.rho_value(value, name)
+
+
+def _str(name, value):
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-    u = value.upper()
-    if u not in _QUANT_TYPES:
-        raise ValueError(f"Invalid KV quantization type {name}={value!r}. "
-                         f"Valid values are: NONE, PER_TENSOR, PER_CHANNEL, PER_GROUP")
-    return u
+    return value
 
 
-def _side_bits(kq, vq, bits, k_bits, v_bits):
-    """(K's, V's) code widths: k_cache_bit_width / v_cache_bit_width where given (> 0), else
-    kv_cache_bit_width; 0 for float caches.  K and V are both float or both quantized, each
-    side with its own type: PER_TENSOR / PER_CHANNEL take 4 or 8 bits, PER_GROUP 2, 4 or 8."""
-    if (kq == "NONE") != (vq == "NONE"):
-        raise ValueError(f"k_quant_type ({kq}) and v_quant_type ({vq}) must both be NONE or "
-                         "both quantized")
-    if kq == "NONE":
-        for name, b in (("kv_cache_bit_width", bits), ("k_cache_bit_width", k_bits),
-                        ("v_cache_bit_width", v_bits)):
-            if b != 0:
-                raise ValueError(f"{name} must be 0 when quantization is disabled, got {b}")
-        return 0, 0
-    out = []
-    for side, q, own in (("k", kq, k_bits), ("v", vq, v_bits)):
-        if own < 0:
-            raise ValueError(f"{side}_cache_bit_width must be >= 0 (0: kv_cache_bit_width), got {own}")
-        b = own or bits
-        name = f"{side}_cache_bit_width" if own else "kv_cache_bit_width"
-        if q == "PER_GROUP" and b not in (2, 4, 8):
-            raise ValueError(f"{name} must be 2, 4 or 8 for PER_GROUP caches, got {b} "
-                             f"({side.upper()} is PER_GROUP)")
-        if q != "PER_GROUP" and b not in (4, 8):
-            raise ValueError(f"{name} must be 4 or 8 when quantization is enabled, got {b} "
-                             f"({side.upper()} is {q}; 2 bits need PER_GROUP)")
-        out.append(b)
-    if bits not in (0, 2, 4, 8):  # unused when both sides give their own width: still no junk
-        raise ValueError(f"kv_cache_bit_width must be 0, 2, 4 or 8, got {bits}")
-    return tuple(out)
+def _in(*allowed, hint=""):
+    def check(name, value):
+        if value not in allowed:
+            raise ValueError(f"{name} must be {' or '.join(map(repr, allowed))}{hint}, got {value!r}")
+    return check
+
+
+def _range(lo, hi=INT32_MAX, hint=""):
+    def check(name, value):
+        if not lo <= value <= hi:
+            raise ValueError(f"{name} must be in [{lo}, {hi}]{hint}, got {value}")
+    return check
+
+
+def _positive(name, value):
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    if value > INT32_MAX:
+        raise ValueError(f"{name} must be <= {INT32_MAX}, got {value}")
+
+
+def _qk_output(name, value):
+    if value not in (0, 1, 2):
+        raise ValueError(f"qk_output attribute received unsupported value {value}; "
+                         "valid: 0 (none), 1 (before softmax), 2 (after softmax)")
+
+
+def _softcap(name, value):
+    if not value >= 0:
+        raise ValueError(f"softcap must be >= 0 (0 disables it), got {value}")
+
+
+def _epsilon(name, value):
+    if not (0.0 <= value < float("inf")):
+        raise ValueError(f"qk_norm_epsilon must be a finite number >= 0, got {value}")
+
+
+def _local_window(name, value):
+    if value < -1:
+        raise ValueError(f"local_window_size must be -1 (disabled) or >= 0, got {value}")
+    if value > INT32_MAX:
+        raise ValueError(f"local_window_size must be <= {INT32_MAX}, got {value}")
+
+
+class Attribute(NamedTuple):
+    name: str
+    parse: Callable            # (name, value) -> the value of its kind, or TypeError
+    default: object            # _REQUIRED: no default
+    check: Optional[Callable]  # (name, parsed value) -> None, or ValueError
+    doc: str
+
+
+ATTRIBUTES = (
+    Attribute("num_heads", _int, _REQUIRED, _positive, "query heads N"),
+    Attribute("kv_num_heads", _int, _REQUIRED, _positive, "key / value heads Nkv (N % Nkv == 0)"),
+    Attribute("scale", _real, 0.0, None, "score scale; 0: 1/sqrt(head_size)"),
+    Attribute("softcap", _real, 0.0, _softcap, "softcap * tanh(score / softcap); 0: off"),
+    Attribute("local_window_size", _int, -1, _local_window, "keys a query sees; -1: all"),
+    Attribute("causal", _int, 1, _in(0, 1), "1: causal mask (0: none, no local window)"),
+    Attribute("do_rotary", _int, 0, None, "1: rotary on Q and K (cos_cache / sin_cache)"),
+    Attribute("rotary_interleaved", _int, 0, None, "1: rotary pairs (2i, 2i+1), else halves"),
+    Attribute("smooth_softmax", _int, -1, None, "1: softmax with an extra zero logit"),
+    Attribute("qk_output", _int, 0, _qk_output, "output_qk: 0 none, 1 before, 2 after softmax"),
+    Attribute("k_quant_type", _formats.quant_type, "NONE", None,
+              "NONE, PER_TENSOR, PER_CHANNEL or PER_GROUP"),
+    Attribute("v_quant_type", _formats.quant_type, "NONE", None,
+              "NONE, PER_TENSOR, PER_CHANNEL or PER_GROUP"),
+    Attribute("kv_cache_bit_width", _int, 0, None, "code bits of both caches (0: float)"),
+    Attribute("qk_norm_epsilon", _real, 1e-6, _epsilon, "epsilon of the QK RMS norm"),
+    Attribute("sliding_window_cache", _int, 0, _in(0, 1),
+              "1: the cache holds the last local_window_size positions"),
+    Attribute("kv_quant_group_size", _int, 0, None, "channels per group (PER_GROUP; 0: head)"),
+    Attribute("k_quant_rho", _rho, 1.0, None, "K's clip quantile (PER_GROUP)"),
+    Attribute("v_quant_rho", _rho, 1.0, None, "V's clip quantile (PER_GROUP)"),
+    Attribute("metadata_type", _str, "fp32", None, "fp32 / fp16 group scale and zero point"),
+    Attribute("sink_size", _int, 0, _range(0), "first positions kept in float"),
+    Attribute("recent_size", _int, 0, _range(0), "last positions kept in float"),
+    Attribute("window_partition", _str, "causal", _in("causal", "per_call"),
+              "which rows of a step the float windows take"),
+    Attribute("k_cache_bit_width", _int, 0, None, "K's code bits (0: kv_cache_bit_width)"),
+    Attribute("v_cache_bit_width", _int, 0, None, "V's code bits (0: kv_cache_bit_width)"),
+)
+ATTRIBUTE_NAMES = tuple(a.name for a in ATTRIBUTES)
+# the call's inputs and keywords: gqa/_signature.pyx's op_call, their one statement
+_CALL_PARAMETERS = tuple(inspect.signature(_signature.op_call).parameters.values())[1:]
+_CALL_NAMES = frozenset(p.name for p in _CALL_PARAMETERS)
+
+
+def _keyword_signature(attributes):
+    """The signature of an __init__ taking these attributes as keywords."""
+    kw = [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, default=a.default)
+          for a in attributes]
+    return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)] + kw)
 
 
 class GroupQueryAttention:
@@ -70,13 +142,14 @@ class GroupQueryAttention:
     ``GroupQueryAttention(num_heads=32, kv_num_heads=8, k_quant_type="PER_TENSOR",
     v_quant_type="PER_TENSOR", kv_cache_bit_width=8)(query, key, value, past_key, ...)``
     returns ``(output, present_key, present_value[, output_qk])``.  Attribute names,
-    meanings and defaults are ONNX Runtime's (see the README); ``q_norm_weight`` /
-    ``k_norm_weight`` with ``qk_norm_epsilon`` (the per-head RMS norm of Q and K before
-    rotary) go beyond its CPU kernel.
+    meanings and defaults are ONNX Runtime's (``gqa._operator.ATTRIBUTES``, the README's
+    table); ``q_norm_weight`` / ``k_norm_weight`` with ``qk_norm_epsilon`` (the per-head RMS
+    norm of Q and K before rotary) go beyond its CPU kernel.
 
     K and V may each have their own type (beyond onnxruntime: ``k_quant_type`` and
     ``v_quant_type`` any of PER_TENSOR, PER_CHANNEL and PER_GROUP) and width
     (``k_cache_bit_width`` / ``v_cache_bit_width``; 0 takes ``kv_cache_bit_width``).
+    ``k_format`` / ``v_format`` are the resulting :class:`gqa.CacheFormat` of each side.
 
     ``k_quant_type = v_quant_type = "PER_GROUP"`` (onnxruntime main's name) selects the
     per-group asymmetric caches: ``kv_cache_bit_width`` 8, 4 or 2, ``kv_quant_group_size``
@@ -86,134 +159,123 @@ class GroupQueryAttention:
     there are no k_scale / v_scale inputs.
     """
 
-    def __init__(self, *, num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window_size=-1,
-                 causal=1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1, qk_output=0,
-                 k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0,
-                 qk_norm_epsilon=1e-6, sliding_window_cache=0, kv_quant_group_size=0,
-                 k_quant_rho=1.0, v_quant_rho=1.0, metadata_type="fp32", sink_size=0, recent_size=0,
-                 window_partition="causal", k_cache_bit_width=0, v_cache_bit_width=0):
-        self.num_heads = _int_attr("num_heads", num_heads)
-        self.kv_num_heads = _int_attr("kv_num_heads", kv_num_heads)
-        if self.num_heads <= 0:
-            raise ValueError(f"num_heads must be > 0, got {self.num_heads}")
-        if self.kv_num_heads <= 0:
-            raise ValueError(f"kv_num_heads must be > 0, got {self.kv_num_heads}")
-        for name in ("num_heads", "kv_num_heads"):
-            if getattr(self, name) > _INT32_MAX:
-                raise ValueError(f"{name} must be <= {_INT32_MAX}, got {getattr(self, name)}")
+    def __init__(self, **attributes):
+        for name in attributes:
+            if name not in ATTRIBUTE_NAMES:
+                raise TypeError(f"{type(self).__name__} got an unexpected attribute {name!r}")
+        for a in ATTRIBUTES:
+            value = attributes.get(a.name, a.default)
+            if value is _REQUIRED:
+                raise TypeError(f"{type(self).__name__} needs the attribute {a.name!r}")
+            value = a.parse(a.name, value)
+            if a.check is not None:
+                a.check(a.name, value)
+            setattr(self, a.name, value)
+        self._combine()
+        self._signatures = {}     # gqa/_signature.pyx: checked call signatures, by past buffer
+
+    __init__.__signature__ = _keyword_signature(ATTRIBUTES)
+
+    def _combine(self):
+        """The rules that join several attributes, and what is derived from them."""
         if self.num_heads % self.kv_num_heads:
             raise ValueError("num_heads must be a multiple of kv_num_heads. Got num_heads % "
                              f"kv_num_heads == {self.num_heads % self.kv_num_heads}")
-        self.scale = v.real(scale, "scale")
-        self.softcap = v.real(softcap, "softcap")
-        if self.softcap < 0:
-            raise ValueError(f"softcap must be >= 0 (0 disables it), got {self.softcap}")
-        self.local_window_size = _int_attr("local_window_size", local_window_size)
-        if self.local_window_size < -1:
-            raise ValueError(f"local_window_size must be -1 (disabled) or >= 0, got {self.local_window_size}")
-        if self.local_window_size > _INT32_MAX:
-            raise ValueError(f"local_window_size must be <= {_INT32_MAX}, got {self.local_window_size}")
-        self.causal = _int_attr("causal", causal)
-        if self.causal not in (0, 1):
-            raise ValueError(f"causal must be 0 or 1, got {self.causal}")
         if self.causal == 0 and self.local_window_size != -1:
             raise ValueError("local_window_size must be -1 when causal is 0, got "
                              f"{self.local_window_size}")
-        self.do_rotary = _int_attr("do_rotary", do_rotary)
-        self.rotary_interleaved = _int_attr("rotary_interleaved", rotary_interleaved)
-        self.smooth_softmax = _int_attr("smooth_softmax", smooth_softmax)
-        self.qk_output = _int_attr("qk_output", qk_output)
-        if self.qk_output not in (0, 1, 2):
-            raise ValueError(f"qk_output attribute received unsupported value {self.qk_output}; "
-                             "valid: 0 (none), 1 (before softmax), 2 (after softmax)")
-        self.k_quant_type = _quant_attr("k_quant_type", k_quant_type)
-        self.v_quant_type = _quant_attr("v_quant_type", v_quant_type)
-        self.kv_cache_bit_width = _int_attr("kv_cache_bit_width", kv_cache_bit_width)
-        kq, vq = self.k_quant_type, self.v_quant_type
-        self.k_cache_bit_width, self.v_cache_bit_width = _side_bits(kq, vq, self.kv_cache_bit_width,
-                                              _int_attr("k_cache_bit_width", k_cache_bit_width),
-                                              _int_attr("v_cache_bit_width", v_cache_bit_width))
-        self.k_group, self.v_group = kq == "PER_GROUP", vq == "PER_GROUP"
-        self.per_group = self.k_group or self.v_group
-        self.quantized = kq != "NONE"
-        self.kv_quant_group_size = _int_attr("kv_quant_group_size", kv_quant_group_size)
-        if self.kv_quant_group_size < 0:
-            raise ValueError(f"kv_quant_group_size must be >= 0 (0: one group per head), got "
-                             f"{self.kv_quant_group_size}")
-        self.k_quant_rho = _group.rho_value(k_quant_rho, "k_quant_rho")
-        self.v_quant_rho = _group.rho_value(v_quant_rho, "v_quant_rho")
-        if not isinstance(metadata_type, str):
-            raise TypeError(f"metadata_type must be a str, got {type(metadata_type).__name__}")
-        if metadata_type not in _group.METADATA:
-            raise ValueError(f"metadata_type must be 'fp32' or 'fp16', got {metadata_type!r}")
-        self.metadata_type = metadata_type
-        if not self.per_group and (self.kv_quant_group_size or metadata_type != "fp32"):
-            raise ValueError("kv_quant_group_size and metadata_type apply to PER_GROUP caches only")
-        for name, grouped in (("k_quant_rho", self.k_group), ("v_quant_rho", self.v_group)):
-            if not grouped and getattr(self, name) != 1.0:
+        self.k_format, self.v_format = _formats.side_formats(
+            self.k_quant_type, self.v_quant_type, self.kv_cache_bit_width, self.k_cache_bit_width,
+            self.v_cache_bit_width, self.kv_quant_group_size, self.metadata_type)
+        self.k_cache_bit_width, self.v_cache_bit_width = self.k_format.bits, self.v_format.bits
+        self.quantized = self.k_format.quantized
+        for name, f in (("k_quant_rho", self.k_format), ("v_quant_rho", self.v_format)):
+            if not f.grouped and getattr(self, name) != 1.0:
                 raise ValueError(f"{name} applies to a PER_GROUP {name[0].upper()} cache only, "
-                                 f"k_quant_type is {kq} and v_quant_type {vq}")
-        self.sink_size = _int_attr("sink_size", sink_size)
-        self.recent_size = _int_attr("recent_size", recent_size)
-        for name in ("sink_size", "recent_size"):
-            if not 0 <= getattr(self, name) <= _INT32_MAX:
-                raise ValueError(f"{name} must be in [0, {_INT32_MAX}], got {getattr(self, name)}")
-        if window_partition not in ("causal", "per_call"):
-            raise ValueError(f"window_partition must be 'causal' or 'per_call', got {window_partition!r}")
-        self.window_partition = window_partition
-        if (self.sink_size or self.recent_size) and not self.quantized:
+                                 f"k_quant_type is {self.k_quant_type} and v_quant_type "
+                                 f"{self.v_quant_type}")
+        windows = self.sink_size or self.recent_size
+        if windows and not self.quantized:
             raise ValueError("sink_size / recent_size keep float windows beside a quantized cache: "
                              "k_quant_type must not be NONE")
-        # the quantizer's parameter for each cache (gqa_kernels.h: rho for group types)
-        self._rho = (np.array([self.k_quant_rho], np.float32), np.array([self.v_quant_rho], np.float32))
-        self.sliding_window_cache = _int_attr("sliding_window_cache", sliding_window_cache)
-        if self.sliding_window_cache not in (0, 1):
-            raise ValueError(f"sliding_window_cache must be 0 or 1, got {self.sliding_window_cache}")
         if self.sliding_window_cache and self.local_window_size <= 0:
             raise ValueError("sliding_window_cache=1 requires local_window_size > 0, got "
                              f"{self.local_window_size}")
         if self.sliding_window_cache and self.qk_output:
             raise ValueError("qk_output is not implemented with sliding_window_cache=1 (as in "
                              "onnxruntime)")
-        if (self.sink_size or self.recent_size) and self.sliding_window_cache:
+        if windows and self.sliding_window_cache:
             raise ValueError("sink_size / recent_size do not combine with sliding_window_cache=1")
-        self.qk_norm_epsilon = v.real(qk_norm_epsilon, "qk_norm_epsilon")
-        if not (0.0 <= self.qk_norm_epsilon < float("inf")):
-            raise ValueError(f"qk_norm_epsilon must be a finite number >= 0, got {self.qk_norm_epsilon}")
-        self._signatures = {}     # gqa/_call.pyx: checked call signatures, by past buffer
+        # the quantizer's parameter of each cache (gqa_kernels.h: rho for group types)
+        self._rho = (np.array([self.k_quant_rho], np.float32), np.array([self.v_quant_rho], np.float32))
 
-    def _widths(self):
-        if self.k_cache_bit_width == self.v_cache_bit_width == self.kv_cache_bit_width:
-            return f"kv_cache_bit_width={self.kv_cache_bit_width}"
-        return f"k_cache_bit_width={self.k_cache_bit_width}, v_cache_bit_width={self.v_cache_bit_width}"
+    def attributes(self):
+        """Every attribute's value, in the table's order."""
+        return {name: getattr(self, name) for name in ATTRIBUTE_NAMES}
 
     def __repr__(self):
-        return (f"GroupQueryAttention(num_heads={self.num_heads}, kv_num_heads={self.kv_num_heads}, "
-                f"k_quant_type={self.k_quant_type!r}, v_quant_type={self.v_quant_type!r}, "
-                f"{self._widths()})")
+        shown = [f"{a.name}={getattr(self, a.name)!r}" for a in ATTRIBUTES
+                 if a.default is _REQUIRED or getattr(self, a.name) != a.default]
+        return f"{type(self).__name__}({', '.join(shown)})"
 
-    # -- the call ------------------------------------------------------------------
-    # op(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
-    #    total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
-    #    attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
-    #    k_norm_weight=None, past_hp_key=None, past_hp_value=None, oscar_rotation_k=None,
-    #    oscar_rotation_v=None, *, present_key=None, present_value=None, present_hp_key=None,
-    #    present_hp_value=None, num_threads=None)
-    # -> (output, present_key, present_value[, output_qk][, present_hp_key, present_hp_value]);
-    # every check and the compute are in
-    # gqa/_call.pyx, which keeps the checked signatures of recent calls in _signatures.
-    __call__ = _call.op_call
+    # op(query, key, ..., oscar_rotation_v, *, present_key, ..., num_threads): every check and
+    # the compute are in gqa/_signature.pyx, which keeps the checked signatures of recent calls
+    # in _signatures.
+    __call__ = _signature.op_call
 
 
-group_query_attention = _call.group_query_attention
+_OPS = {}          # (name, type, value) of each attribute given -> the kept operator
+_MAX_OPERATORS = 64
+
+
+def _kept_operator(attributes):
+    """The kept operator of these attributes (validated when first made); exact types in the
+    key, so True or 1.0 do not find the operator of 1."""
+    try:
+        key = tuple([(k, type(x), x) for k, x in attributes.items()])
+        op = _OPS.get(key)
+    except TypeError:            # an unhashable value: made (and refused or taken), not kept
+        return GroupQueryAttention(**attributes)
+    if op is None:
+        op = GroupQueryAttention(**attributes)
+        if len(_OPS) >= _MAX_OPERATORS:
+            _OPS.clear()
+        _OPS[key] = op
+    return op
+
+
+def group_query_attention(*inputs, **keywords):
+    """Functional form of :class:`GroupQueryAttention`: inputs in ONNX order and names (the
+    operator call's, also as keywords), attributes as keywords.  The operator of each set of
+    attributes is made once and kept (up to 64 sets), so a loop that calls this function per
+    layer and step pays what a kept operator pays."""
+    attributes, call = {}, {}
+    for k, x in keywords.items():
+        (call if k in _CALL_NAMES else attributes)[k] = x
+    return _kept_operator(attributes)(*inputs, **call)
+
+
+def _function_signature(attributes):
+    params = list(_CALL_PARAMETERS)
+    inputs = [p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    keywords = [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    attrs = [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, default=a.default)
+             for a in attributes]
+    return inspect.Signature(inputs + attrs + keywords)
+
+
+group_query_attention.__signature__ = _function_signature(ATTRIBUTES)
 
 
 def _format_version(value):
-    v = _int_attr("cache_format_version", value)
-    if v != 1:
+    x = _int("cache_format_version", value)
+    if x != 1:
         raise ValueError(f"cache_format_version must be 1 (the packed row layout of this release), "
-                         f"got {v}")
-    return v
+                         f"got {x}")
+    return x
+
+
+_MIXED_FIXED = ("k_quant_type", "v_quant_type")
 
 
 class MixedPrecisionGroupQueryAttention(GroupQueryAttention):
@@ -229,25 +291,19 @@ class MixedPrecisionGroupQueryAttention(GroupQueryAttention):
     rotations without windows; attention_bias and every score feature with float16 inputs.
     """
 
-    def __init__(self, *, num_heads, kv_num_heads, kv_cache_bit_width=2, kv_quant_group_size=0,
-                 k_quant_rho=1.0, v_quant_rho=1.0, metadata_type="fp32", sink_size=0,
-                 recent_size=0, cache_format_version=1, window_partition="causal", **attributes):
-        for name in ("k_quant_type", "v_quant_type"):
+    def __init__(self, *, kv_cache_bit_width=2, cache_format_version=1, **attributes):
+        for name in _MIXED_FIXED:
             if name in attributes:
                 raise TypeError(f"MixedPrecisionGroupQueryAttention has no {name}: its caches are "
                                 "PER_GROUP")
         self.cache_format_version = _format_version(cache_format_version)
-        super().__init__(num_heads=num_heads, kv_num_heads=kv_num_heads, k_quant_type="PER_GROUP",
-                         v_quant_type="PER_GROUP", kv_cache_bit_width=kv_cache_bit_width,
-                         kv_quant_group_size=kv_quant_group_size, k_quant_rho=k_quant_rho,
-                         v_quant_rho=v_quant_rho, metadata_type=metadata_type, sink_size=sink_size,
-                         recent_size=recent_size, window_partition=window_partition, **attributes)
+        super().__init__(k_quant_type="PER_GROUP", v_quant_type="PER_GROUP",
+                         kv_cache_bit_width=kv_cache_bit_width, **attributes)
 
-    def __repr__(self):
-        return (f"MixedPrecisionGroupQueryAttention(num_heads={self.num_heads}, "
-                f"kv_num_heads={self.kv_num_heads}, {self._widths()}, "
-                f"kv_quant_group_size={self.kv_quant_group_size}, sink_size={self.sink_size}, "
-                f"recent_size={self.recent_size})")
+    __init__.__signature__ = inspect.Signature(
+        [p.replace(default=2) if p.name == "kv_cache_bit_width" else p
+         for p in _keyword_signature([a for a in ATTRIBUTES if a.name not in _MIXED_FIXED]).parameters.values()]
+        + [inspect.Parameter("cache_format_version", inspect.Parameter.KEYWORD_ONLY, default=1)])
 
 
 def mixed_precision_group_query_attention(*inputs, kv_cache_bit_width=2, cache_format_version=1,
@@ -255,7 +311,7 @@ def mixed_precision_group_query_attention(*inputs, kv_cache_bit_width=2, cache_f
     """Functional form of :class:`MixedPrecisionGroupQueryAttention` (inputs in ONNX order and
     names, attributes as keywords): the kept PER_GROUP operator of the function
     ``group_query_attention``, so a loop pays what a kept operator pays."""
-    for name in ("k_quant_type", "v_quant_type"):
+    for name in _MIXED_FIXED:
         if name in keywords:
             raise TypeError(f"mixed_precision_group_query_attention has no {name}: its caches are "
                             "PER_GROUP")

@@ -4,6 +4,8 @@ import numbers
 
 import numpy as np
 
+from ._formats import CacheFormat
+
 
 def array(x, name, dtypes, ndim=None, min_ndim=None):
     """x must be a NumPy array of one of `dtypes` (and the given rank)."""
@@ -72,22 +74,13 @@ def real(x, name):
     return float(x)
 
 
-def packed_width(b, cols):
-    return cols if b == 8 else (cols + 1) // 2
-
-
-def quant_type(b, per_channel):
-    """The C enum gqa_type_t for a bit width and granularity."""
-    return (0 if b == 8 else 2) + (1 if per_channel else 0)
-
-
 def unpacked_width(b, packed, given, name):
     """Logical width of rows stored in `packed` bytes; `given` disambiguates odd INT4 widths."""
     if given is None:
         return packed if b == 8 else 2 * packed
     if isinstance(given, bool) or not isinstance(given, numbers.Integral) or given < 0:
         raise ValueError(f"{name} must be a non-negative int, got {given!r}")
-    if packed_width(b, given) != packed:
+    if CacheFormat("PER_TENSOR", b).row_width(given) != packed:
         raise ValueError(f"{name}={given} does not match packed rows of {packed} bytes "
                          f"(expected {name} with {'(n+1)//2' if b == 4 else 'n'} == {packed})")
     return int(given)

@@ -1,4 +1,4 @@
-# The windowed KV cache's layout rules (see _window.pyx), for gqa/_call.pyx.
+# The windowed KV cache's layout rules (see _window.pyx), for gqa/_signature.pyx.
 cimport numpy as cnp
 
 cpdef long long resident(long long T, long long C, long long W)

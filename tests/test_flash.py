@@ -7,7 +7,7 @@ import pytest
 
 import gqa
 from _cases import make_case
-from gqa._call import flash_plan
+from gqa._plan import flash_plan
 
 TOL = {("PER_TENSOR", 8): 1e-4, ("PER_CHANNEL", 8): 1e-4, ("PER_TENSOR", 4): 1e-3,
        ("PER_CHANNEL", 4): 1e-3, ("NONE", 0): 1e-5}

@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 import gqa
-from gqa._kvcache import mode_name, needs_scales, parse_mode
+from gqa import CacheFormat, needs_scales
+
+
+def parse_mode(mode):
+    """(K's, V's) format names of a mode."""
+    return tuple(f.name for f in gqa.parse_mode(mode))
+
+
+def mode_name(k, v):
+    return gqa.mode_name(CacheFormat.parse(k), CacheFormat.parse(v))
 
 from _reference import quantize_ref
 
@@ -324,7 +333,8 @@ def test_mixed_modes_equal_the_hand_written_operator_loop(mode):
     widths = MIXED_ATTRS[mode]
     assert f"v_cache_bit_width={widths['v_cache_bit_width']}" in repr(cache.ops[0])
     for arr, m in ((cache.key[0], k_mode), (cache.value[0], v_mode)):
-        g = gqa._kvcache.group_mode(m)
+        f = CacheFormat.parse(m)
+        g = (f.bits, f.group, f.metadata) if f.grouped else None
         width = (gqa.group_row_bytes(H, g[0], g[1], g[2]) if g else H if m.startswith("int8") else H // 2)
         assert arr.shape == (B, NKV, M, width)
         assert arr.dtype == (np.int8 if m.startswith("int8") and not g else np.uint8)

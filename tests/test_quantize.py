@@ -507,12 +507,13 @@ def test_dequantize_transposed_kernel(kernel_path, mode, rng):
     """The kernel table's dequantize_t (used to build flash K tiles; reached through the
     private gqa._kernels module): out[c, r] == dequantize(codes)[r, c], exactly."""
     from gqa import _kernels
-    from gqa import _validate as v
+    from gqa._formats import CacheFormat
     bits, pc = MODES[mode]
     for rows, h in ((1, 1), (5, 7), (9, 64), (33, 129)):
         codes = (rng.integers(-128, 128, size=(rows, h)).astype(np.int8) if bits == 8 else
                  rng.integers(0, 256, size=(rows, packed_width(4, h))).astype(np.uint8))
         scale = np.geomspace(1e-3, 10, h if pc else 1).astype(F32)
         out = np.full((h, rows), np.nan, F32)
-        _kernels.dequantize_t(codes, out, scale, rows, h, v.quant_type(bits, pc))
+        ctype = CacheFormat("PER_CHANNEL" if pc else "PER_TENSOR", bits).ctype(h)
+        _kernels.dequantize_t(codes, out, scale, rows, h, ctype)
         assert np.array_equal(out, dequantize_ref(codes, scale, bits, h).T), (rows, h)

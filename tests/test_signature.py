@@ -1,4 +1,4 @@
-"""The checked signature of a repeated call (gqa/_call.pyx): a repeat skips the signature
+"""The checked signature of a repeated call (gqa/_signature.pyx): a repeat skips the signature
 checks but never the value checks -- same results as a fresh operator (which checks
 everything), the same error and message for every invalid value, and any change of the
 signature checks it again."""
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gqa
-from gqa import _call
+from gqa import _signature as _call
 from _cases import make_case
 
 ARGS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",

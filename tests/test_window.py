@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import gqa
 import _ort
-from gqa import _call
+from gqa import _signature as _call
 from gqa._window import resident
 
 needs_ort = pytest.mark.skipif(not _ort.available(), reason="onnxruntime==1.31.1 not installed")

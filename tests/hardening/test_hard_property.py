@@ -29,7 +29,7 @@ def _snapshot(inp):
 
 def check_repeat(inp, a, call, rt, flash):
     """The same call twice through one operator, on the same buffers (an in-place cache
-    restored in between): the repeat takes the short path of gqa/_call.pyx where it applies;
+    restored in between): the repeat takes the short path of gqa/_signature.pyx where it applies;
     both equal the flash result bit for bit."""
     i3, c3 = fresh_call(inp, call)
     start = (i3["past_key"].copy(), i3["past_value"].copy()) if call else None

@@ -26,11 +26,13 @@ import numbers
 
 import numpy as np
 
-from gqa._attention cimport Consts, Params, run, first_alias, overlap, check_lengths
+from gqa._attention cimport Consts, Params, run, check_lengths
 from gqa cimport _window
-from gqa._dispatch cimport omp_max_threads
-from gqa import _config, _dispatch, _group
-from gqa import _validate
+from gqa._checks cimport (_array, _ready, _f32, _contiguous, _total_length, _threads,
+                          _finite_scale, _side_format, _rotary, _present, overlap, first_alias)
+from gqa._dispatch cimport GQA_F32, GQA_F16
+from gqa._plan cimport _plan
+from gqa import _config
 
 cnp.import_array()
 
@@ -39,25 +41,12 @@ cdef enum:
     MAXD = 4
     INT32_MAX = 2147483647
     MAX_SIGNATURES = 64  # per operator: one per past buffer of a loop over layers
-    MAX_OPERATORS = 64   # kept by the function: one per attribute set
-
-# gqa_type_t values (gqa_kernels.h)
-cdef enum:
-    S8_PT = 0
-    S8_PC = 1
-    S4_PT = 2
-    S4_PC = 3
-    T_F32 = 4
-    T_F16 = 5
     ROT_MAX = 1024       # the widest head a rotation takes (_attention.pyx)
 
 cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_ARRAY_WRITEABLE
 cdef int READY = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED
 
 cdef dict _SETTINGS = _config._settings   # updated in place by gqa.config
-cdef size_t _L2 = _dispatch.l2_cache_bytes() or 512 * 1024   # unknown: assume a small (Zen 3) L2
-cdef int _CPUS = _config.PLAN_CPUS       # CPUs this process may run on (affinity mask)
-cdef int _UNITS = max(8, _CPUS)
 cdef object _ONES = np.ones(1, np.float32)   # the scales of a float cache (never read)
 cdef object _F32 = np.dtype(np.float32)
 cdef object _F16 = np.dtype(np.float16)
@@ -74,143 +63,10 @@ cdef tuple _STEP_NAMES = ("query", "key", "value", "seqlens_k", "position_ids", 
 cdef long long _built = 0                 # Signatures built (tests: a repeat builds none)
 
 
-# -- the decode plan ----------------------------------------------------------------------
-
-cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int *q_block, int *kv_block,
-                int *splits, int *ranges):
-    """Tile sizes of the flash path and the split of decode work (see _attention.run: the
-    (batch, KV head) units form `ranges` contiguous ranges and the last unit of each range is
-    cut into `splits` key chunks).  They depend on the shapes, the L2 size and the CPU count
-    only -- never on the thread count -- so results do not either.
-    K and V tiles (2 x kv_rows x H float32) take about 1/8 of L2; a query tile holds
-    ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times."""
-    cdef int units = B * Nkv
-    blocks = _SETTINGS["flash_blocks"]
-    if blocks is not None:
-        q_block[0], kv_block[0] = blocks
-    else:
-        kv_block[0] = max(16, min(256, <int>(_L2 // (64 * H))))
-        q_block[0] = max(4, 128 // G)
-    sp = _SETTINGS["decode_splits"]
-    splits[0] = 1
-    ranges[0] = units
-    if sp is not None:
-        splits[0] = sp
-    elif S == 1 and 0 < units < _UNITS:
-        # fewer units than max(8, CPUs) leave cores idle or unevenly loaded: split every
-        # unit's keys so there are that many pieces, in chunks of >= 256 keys (no units, an
-        # empty batch: nothing to split)
-        splits[0] = max(1, min(-(-_UNITS // units), Tmax // 256))
-    elif S == 1 and units >= 2 * _CPUS:
-        # one range per CPU, and each range's last unit in up to 4 chunks of >= 512 keys:
-        # whole units keep their cache rows in one core's L2 from call to call, and the
-        # chunks let the cores finish together when one runs slower (shared machines)
-        splits[0] = max(1, min(4, Tmax // 512))
-        ranges[0] = _CPUS
-
-
-def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax):
-    """(q_block, kv_block, splits, ranges) of a call: see _plan."""
-    cdef int q_block, kv_block, splits, ranges
-    _plan(B, S, Nkv, G, H, Tmax, &q_block, &kv_block, &splits, &ranges)
-    return q_block, kv_block, splits, ranges
-
-
 def signatures_built():
     """How many call signatures have been checked and built in this process."""
     return _built
 
-
-# -- argument checks ------------------------------------------------------------------------
-
-cdef int _array(object x, str name, int t1, int t2, int ndim) except -1:
-    """x must be an ndarray of type number t1 (or t2, -1: none) and rank ndim (-1: any); a
-    refusal is gqa/_validate.py's (one statement of the rule and its messages)."""
-    cdef int t
-    if isinstance(x, cnp.ndarray):
-        t = cnp.PyArray_TYPE(<cnp.ndarray>x)
-        if (t == t1 or t == t2) and (ndim < 0 or cnp.PyArray_NDIM(<cnp.ndarray>x) == ndim):
-            return 0
-    dtypes = tuple(np.dtype(cnp.PyArray_DescrFromType(d)) for d in (t1, t2) if d >= 0)
-    _validate.array(x, name, dtypes, ndim=ndim if ndim >= 0 else None)
-    raise AssertionError(f"gqa/_validate.py accepted {name}, which gqa/_call.pyx refused")
-
-
-cdef inline bint _ready(object x, int type_num) noexcept:
-    """The compute can read x as it is: that dtype, C-contiguous, aligned (None: nothing)."""
-    if x is None:
-        return True
-    cdef cnp.ndarray a = <cnp.ndarray>x
-    return cnp.PyArray_TYPE(a) == type_num and (cnp.PyArray_FLAGS(a) & READY) == READY
-
-
-cdef inline object _f32(object x):
-    """A float32, C-contiguous, aligned view or copy of a float input (None stays None)."""
-    if x is None or _ready(x, cnp.NPY_FLOAT32):
-        return x
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    return x if x.flags.aligned else x.copy()
-
-
-cdef inline object _contiguous(object x):
-    """A C-contiguous, aligned view or copy of an input (inputs are never written)."""
-    if x is None or (cnp.PyArray_FLAGS(<cnp.ndarray>x) & READY) == READY:
-        return x
-    return np.require(x, requirements=["C", "A"])
-
-
-cdef long long _total_length(object t) except -1:
-    """total_sequence_length: a Python int or a one-element int32 array, in [1, INT32_MAX]."""
-    if type(t) is int and 1 <= t <= INT32_MAX:
-        return t
-    if isinstance(t, (bool, np.bool_)):
-        raise TypeError("total_sequence_length must be an int or a one-element int32 array")
-    if isinstance(t, cnp.ndarray):
-        if cnp.PyArray_TYPE(<cnp.ndarray>t) != cnp.NPY_INT32:
-            raise TypeError(f"total_sequence_length must have dtype int32, got {t.dtype}")
-        if cnp.PyArray_SIZE(<cnp.ndarray>t) != 1:
-            raise ValueError("total_sequence_length tensor must be of one element, "
-                             f"got shape {t.shape}")
-        v = int(t.reshape(-1)[0])
-    elif isinstance(t, numbers.Integral):
-        v = int(t)
-    else:
-        raise TypeError("total_sequence_length must be an int or a one-element int32 array, "
-                        f"got {type(t).__name__}")
-    if v < 1:
-        raise ValueError(f"total_sequence_length must be >= 1, got {v}")
-    if v > INT32_MAX:
-        raise ValueError(f"total_sequence_length must be <= {INT32_MAX} (int32), got {v}")
-    return v
-
-
-cdef int _threads(object n) except -1:
-    """Threads of a call: num_threads, else gqa.config's, else OpenMP's default."""
-    if n is None:
-        nt = _SETTINGS["num_threads"]
-        return nt if nt is not None else max(1, omp_max_threads())
-    if type(n) is int and 1 <= n <= INT32_MAX:
-        return n
-    return _config._check_threads(n, "num_threads")
-
-
-cdef object _finite_scale(object s, str name):
-    """The scale as the compute reads it (C-contiguous, aligned), once every element is
-    finite: a NaN or infinite one makes every quantized write and read of its channels garbage
-    (ONNX Runtime accepts it; we refuse it on every call, since a kept scale may be rewritten
-    between calls)."""
-    s = _contiguous(s)
-    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(<cnp.ndarray>s)
-    cdef const float *x = <const float *>cnp.PyArray_DATA(<cnp.ndarray>s)
-    cdef const uint32_t *u = <const uint32_t *>x
-    for i in range(n):
-        if (u[i] & 0x7f800000u) == 0x7f800000u:     # exponent all ones: inf or NaN
-            raise ValueError(f"{name} element {i} is {x[i]}: scales must be finite (a non-finite "
-                             "scale makes every quantized write and read of its channels garbage)")
-    return s
-
-
-# -- the signature ----------------------------------------------------------------------------
 
 cdef struct Key:
     int present, type_num, ndim, flags
@@ -351,7 +207,7 @@ cdef class Signature:
                 raise ValueError("k_scale / v_scale must not be given when k_quant_type is NONE")
             k_ct = v_ct = ft
             k_Hp = v_Hp = H
-            ktype = vtype = T_F32 if ft == cnp.NPY_FLOAT32 else T_F16
+            ktype = vtype = GQA_F32 if ft == cnp.NPY_FLOAT32 else GQA_F16
             k_name = v_name = "head_size"
 
         _array(seqlens_k, "seqlens_k", cnp.NPY_INT32, -1, -1)
@@ -479,10 +335,10 @@ cdef class Signature:
             pos_stride=(position_ids.shape[1] if position_ids is not None else S if windowed else 0),
             bias_bb=bias_bb, bias_nb=bias_nb, smooth=op.smooth_softmax == 1,
             qk_mode=op.qk_output, round_half=ft == cnp.NPY_FLOAT16, qk_eps=op.qk_norm_epsilon,
-            sink=op.sink_size, recent=op.recent_size, hp_type=T_F32 if ft == cnp.NPY_FLOAT32 else T_F16,
+            sink=op.sink_size, recent=op.recent_size, hp_type=GQA_F32 if ft == cnp.NPY_FLOAT32 else GQA_F16,
             hp_causal=op.window_partition == "causal")
         self.k_ct, self.v_ct, self.k_Hp, self.v_Hp, self.rot_half = k_ct, v_ct, k_Hp, v_Hp, rot_half
-        self.k_group, self.v_group, self.rho = op.k_group, op.v_group, op._rho
+        self.k_group, self.v_group, self.rho = op.k_format.grouped, op.v_format.grouped, op._rho
         self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
         self.fresh_present = present_key is None
         self.windowed = windowed
@@ -851,89 +707,7 @@ cdef class Signature:
         return out, present_key, present_value
 
 
-cdef tuple _side_format(op, str side, object scale, int Nkv, int H):
-    """One quantized cache (side "k" or "v"): (NumPy element type, row width, C type of
-    gqa_kernels.h, per-channel scales, the width's name in messages)."""
-    cdef str qtype = op.k_quant_type if side == "k" else op.v_quant_type
-    cdef int bits = op.k_cache_bit_width if side == "k" else op.v_cache_bit_width
-    cdef bint pc
-    if qtype == "PER_GROUP":
-        if scale is not None:
-            raise ValueError(f"{side}_scale must not be given when {side}_quant_type is PER_GROUP "
-                             "(its scales and zero points are stored in the cache rows)")
-        fmt = _group.group_format(bits, op.kv_quant_group_size, op.metadata_type, H, who="kv_")
-        return (cnp.NPY_UINT8, fmt.row_bytes, fmt.type, False,
-                "gqa.group_row_bytes(head_size, bits, group, metadata)")
-    pc = _scale(scale, f"{side}_scale", qtype, Nkv * H)
-    if bits == 8:
-        return cnp.NPY_INT8, H, S8_PT + pc, pc, "head_size"
-    return cnp.NPY_UINT8, (H + 1) // 2, S4_PT + pc, pc, "(head_size+1)//2"
-
-
-cdef bint _scale(object s, str name, str qtype, int nch) except -1:
-    """A quantization scale: float32, 1 element (PER_TENSOR) or nch (PER_CHANNEL)."""
-    if s is None:
-        raise ValueError(f"{name} must be provided when {name[0]}_quant_type is not NONE")
-    if not isinstance(s, cnp.ndarray):
-        raise TypeError(f"{name} must be a float32 numpy.ndarray, got {type(s).__name__}")
-    if cnp.PyArray_TYPE(<cnp.ndarray>s) != cnp.NPY_FLOAT32:
-        raise TypeError(f"{name} must be float tensor (float32), got {s.dtype}")
-    cdef bint pc = qtype == "PER_CHANNEL"
-    cdef Py_ssize_t want = nch if pc else 1
-    if cnp.PyArray_SIZE(<cnp.ndarray>s) != want:
-        raise ValueError(f"{name} shape mismatch: expected {want} elements "
-                         f"({'kv_num_heads * head_size' if want != 1 else 'per-tensor'}), got {s.size}")
-    return pc
-
-
-cdef int _rotary(int do_rotary, cos, sin, pos, int ft, int B, int S, int H) except -1:
-    """Signature checks of the rotary inputs; rotary_dim / 2 when rotary applies, else 0."""
-    if (cos is None) != (sin is None):
-        raise ValueError("Input 'cos_cache' and 'sin_cache' shall be both present or both absent.")
-    if pos is not None:
-        _array(pos, "position_ids", cnp.NPY_INT64, -1, 2)
-    if cos is None:
-        if do_rotary == 1:
-            raise ValueError("cos_cache and sin_cache must be provided when do_rotary is true")
-        return 0
-    _array(cos, "cos_cache", ft, -1, 2)
-    _array(sin, "sin_cache", ft, -1, 2)
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos_cache and sin_cache must have the same shape; got {cos.shape} and {sin.shape}")
-    if H % 16:
-        raise ValueError(f"head_size shall be a multiple of 16 when rotary caches are given. "
-                         f"Got head_size % 16 == {H % 16}")
-    cdef Py_ssize_t half = cos.shape[1]
-    if half > (H // 16) * 8 or half % 8 or half == 0:
-        raise ValueError(f"cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8; "
-                         f"got {half} (head_size {H})")
-    if pos is not None:
-        if pos.shape[0] != B:
-            raise ValueError(f"position_ids dimension 0 must be equal to the batch size, got {pos.shape[0]}")
-        if pos.shape[1] < S:
-            raise ValueError(f"position_ids dimension 1 must be at least sequence length, got {pos.shape[1]}")
-    return half if do_rotary == 1 else 0
-
-
-cdef int _present(object out, str name, int B, int Nkv, int Hp, object dtype) except -1:
-    """A caller-supplied present buffer (not in place): dtype, shape (B, Nkv, *, Hp) --
-    dimension 2 is checked on every call, against max(T, past length) --, C-contiguous,
-    aligned, writeable."""
-    if not isinstance(out, cnp.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
-    if out.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {out.dtype}")
-    if out.ndim != 4 or out.shape[0] != B or out.shape[1] != Nkv or out.shape[3] != Hp:
-        raise ValueError(f"{name} must have shape ({B}, {Nkv}, max(total_sequence_length, "
-                         f"past_sequence_length), {Hp}), got {tuple(out.shape)}")
-    if (cnp.PyArray_FLAGS(<cnp.ndarray>out) & READY) != READY:
-        raise ValueError(f"{name} must be C-contiguous and aligned")
-    if not (cnp.PyArray_FLAGS(<cnp.ndarray>out) & cnp.NPY_ARRAY_WRITEABLE):
-        raise ValueError(f"{name} must be writeable")
-    return 0
-
-
-# -- the operator's call and the function ---------------------------------------------------
+# -- the operator's call ------------------------------------------------------------------
 
 cdef inline size_t _slot(object past_key, object query):
     """The key of a call's Signature among an operator's recent ones: its past buffer (each
@@ -974,81 +748,3 @@ def op_call(self, query, key=None, value=None, past_key=None, past_value=None, s
                     cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
                     v_scale, q_norm_weight, k_norm_weight, present_key, present_value, num_threads,
                     ext)
-
-
-cdef dict _OPS = {}          # attributes -> GroupQueryAttention, for the function
-
-
-cdef object _new_operator(tuple attrs):
-    """A GroupQueryAttention of these attributes (which it validates)."""
-    from gqa._operator import GroupQueryAttention    # that module imports this one
-    return GroupQueryAttention(**dict(zip(_ATTR_NAMES, attrs)))
-
-
-cdef object _operator(tuple attrs):
-    """The kept operator of these attributes (validated when first made)."""
-    op = _OPS.get(attrs)
-    if op is None:
-        op = _new_operator(attrs)
-        if len(_OPS) >= MAX_OPERATORS:
-            _OPS.clear()
-        _OPS[attrs] = op
-    return op
-
-
-cdef tuple _ATTR_NAMES = ("num_heads", "kv_num_heads", "scale", "softcap", "local_window_size",
-                          "causal", "do_rotary", "rotary_interleaved", "smooth_softmax",
-                          "qk_output", "k_quant_type", "v_quant_type", "kv_cache_bit_width",
-                          "qk_norm_epsilon", "sliding_window_cache", "kv_quant_group_size",
-                          "k_quant_rho", "v_quant_rho", "metadata_type", "sink_size", "recent_size",
-                          "window_partition", "k_cache_bit_width", "v_cache_bit_width")
-
-
-def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
-                          seqlens_k=None, total_sequence_length=None, cos_cache=None,
-                          sin_cache=None, position_ids=None, attention_bias=None, head_sink=None,
-                          k_scale=None, v_scale=None, q_norm_weight=None, k_norm_weight=None,
-                          past_hp_key=None, past_hp_value=None, oscar_rotation_k=None,
-                          oscar_rotation_v=None, *,
-                          num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window_size=-1,
-                          causal=1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1,
-                          qk_output=0, k_quant_type="NONE", v_quant_type="NONE",
-                          kv_cache_bit_width=0, qk_norm_epsilon=1e-6, sliding_window_cache=0,
-                          kv_quant_group_size=0, k_quant_rho=1.0, v_quant_rho=1.0,
-                          metadata_type="fp32", sink_size=0, recent_size=0,
-                          window_partition="causal", k_cache_bit_width=0, v_cache_bit_width=0,
-                          present_key=None, present_value=None, present_hp_key=None,
-                          present_hp_value=None, num_threads=None):
-    """Functional form of :class:`GroupQueryAttention` (inputs in ONNX order and names;
-    attributes as keywords).  The operator of each set of attributes is made once and kept
-    (up to 64 sets), so a loop that calls this function per layer and step pays what a kept
-    operator pays."""
-    cdef tuple attrs = (num_heads, kv_num_heads, scale, softcap, local_window_size, causal,
-                        do_rotary, rotary_interleaved, smooth_softmax, qk_output, k_quant_type,
-                        v_quant_type, kv_cache_bit_width, qk_norm_epsilon, sliding_window_cache,
-                        kv_quant_group_size, k_quant_rho, v_quant_rho, metadata_type, sink_size,
-                        recent_size, window_partition, k_cache_bit_width, v_cache_bit_width)
-    # exact types only: a dict would take True or 1.0 for 1, which the operator refuses
-    if not (type(num_heads) is int and type(kv_num_heads) is int
-            and (type(scale) is float or type(scale) is int)
-            and (type(softcap) is float or type(softcap) is int)
-            and type(local_window_size) is int and type(causal) is int and type(do_rotary) is int
-            and type(rotary_interleaved) is int and type(smooth_softmax) is int
-            and type(qk_output) is int and type(k_quant_type) is str
-            and type(v_quant_type) is str and type(kv_cache_bit_width) is int
-            and (type(qk_norm_epsilon) is float or type(qk_norm_epsilon) is int)
-            and type(sliding_window_cache) is int and type(kv_quant_group_size) is int
-            and (type(k_quant_rho) is float or type(k_quant_rho) is int)
-            and (type(v_quant_rho) is float or type(v_quant_rho) is int)
-            and type(metadata_type) is str and type(sink_size) is int and type(recent_size) is int
-            and type(window_partition) is str and type(k_cache_bit_width) is int
-            and type(v_cache_bit_width) is int):
-        op = _new_operator(attrs)       # raises, or valid (NumPy integers): not kept
-    else:
-        op = _operator(attrs)
-    return op_call(op, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-                   cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
-                   v_scale, q_norm_weight, k_norm_weight, past_hp_key, past_hp_value,
-                   oscar_rotation_k, oscar_rotation_v, present_key=present_key,
-                   present_value=present_value, present_hp_key=present_hp_key,
-                   present_hp_value=present_hp_value, num_threads=num_threads)

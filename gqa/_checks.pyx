@@ -1,0 +1,251 @@
+# cython: language_level=3
+"""The argument rules that the call's checks (gqa/_signature.pyx) apply to one argument at a
+time: kinds, dtypes, shapes, flags, finite scales, lengths, thread counts and memory overlap.
+Each raises before anything is written, naming the argument and what was expected
+(ValueError for values and shapes, TypeError for kinds and dtypes)."""
+cimport numpy as cnp
+from libc.stdint cimport uint32_t
+
+import numbers
+
+import numpy as np
+
+from gqa._dispatch cimport omp_max_threads
+from gqa import _config
+from gqa import _validate
+
+cnp.import_array()
+
+cdef enum:
+    INT32_MAX = 2147483647
+
+cdef int READY = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED
+cdef dict _SETTINGS = _config._settings   # updated in place by gqa.config
+
+
+cdef int _array(object x, str name, int t1, int t2, int ndim) except -1:
+    """x must be an ndarray of type number t1 (or t2, -1: none) and rank ndim (-1: any); a
+    refusal is gqa/_validate.py's (one statement of the rule and its messages)."""
+    cdef int t
+    if isinstance(x, cnp.ndarray):
+        t = cnp.PyArray_TYPE(<cnp.ndarray>x)
+        if (t == t1 or t == t2) and (ndim < 0 or cnp.PyArray_NDIM(<cnp.ndarray>x) == ndim):
+            return 0
+    dtypes = tuple(np.dtype(cnp.PyArray_DescrFromType(d)) for d in (t1, t2) if d >= 0)
+    _validate.array(x, name, dtypes, ndim=ndim if ndim >= 0 else None)
+    raise AssertionError(f"gqa/_validate.py accepted {name}, which gqa/_checks.pyx refused")
+
+
+cdef bint _ready(object x, int type_num) noexcept:
+    """The compute can read x as it is: that dtype, C-contiguous, aligned (None: nothing)."""
+    if x is None:
+        return True
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    return cnp.PyArray_TYPE(a) == type_num and (cnp.PyArray_FLAGS(a) & READY) == READY
+
+
+cdef object _f32(object x):
+    """A float32, C-contiguous, aligned view or copy of a float input (None stays None)."""
+    if x is None or _ready(x, cnp.NPY_FLOAT32):
+        return x
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x if x.flags.aligned else x.copy()
+
+
+cdef object _contiguous(object x):
+    """A C-contiguous, aligned view or copy of an input (inputs are never written)."""
+    if x is None or (cnp.PyArray_FLAGS(<cnp.ndarray>x) & READY) == READY:
+        return x
+    return np.require(x, requirements=["C", "A"])
+
+
+cdef long long _total_length(object t) except -1:
+    """total_sequence_length: a Python int or a one-element int32 array, in [1, INT32_MAX]."""
+    if type(t) is int and 1 <= t <= INT32_MAX:
+        return t
+    if isinstance(t, (bool, np.bool_)):
+        raise TypeError("total_sequence_length must be an int or a one-element int32 array")
+    if isinstance(t, cnp.ndarray):
+        if cnp.PyArray_TYPE(<cnp.ndarray>t) != cnp.NPY_INT32:
+            raise TypeError(f"total_sequence_length must have dtype int32, got {t.dtype}")
+        if cnp.PyArray_SIZE(<cnp.ndarray>t) != 1:
+            raise ValueError("total_sequence_length tensor must be of one element, "
+                             f"got shape {t.shape}")
+        v = int(t.reshape(-1)[0])
+    elif isinstance(t, numbers.Integral):
+        v = int(t)
+    else:
+        raise TypeError("total_sequence_length must be an int or a one-element int32 array, "
+                        f"got {type(t).__name__}")
+    if v < 1:
+        raise ValueError(f"total_sequence_length must be >= 1, got {v}")
+    if v > INT32_MAX:
+        raise ValueError(f"total_sequence_length must be <= {INT32_MAX} (int32), got {v}")
+    return v
+
+
+cdef int _threads(object n) except -1:
+    """Threads of a call: num_threads, else gqa.config's, else OpenMP's default."""
+    if n is None:
+        nt = _SETTINGS["num_threads"]
+        return nt if nt is not None else max(1, omp_max_threads())
+    if type(n) is int and 1 <= n <= INT32_MAX:
+        return n
+    return _config._check_threads(n, "num_threads")
+
+
+cdef object _finite_scale(object s, str name):
+    """The scale as the compute reads it (C-contiguous, aligned), once every element is
+    finite: a NaN or infinite one makes every quantized write and read of its channels garbage
+    (ONNX Runtime accepts it; we refuse it on every call, since a kept scale may be rewritten
+    between calls)."""
+    s = _contiguous(s)
+    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(<cnp.ndarray>s)
+    cdef const float *x = <const float *>cnp.PyArray_DATA(<cnp.ndarray>s)
+    cdef const uint32_t *u = <const uint32_t *>x
+    for i in range(n):
+        if (u[i] & 0x7f800000u) == 0x7f800000u:     # exponent all ones: inf or NaN
+            raise ValueError(f"{name} element {i} is {x[i]}: scales must be finite (a non-finite "
+                             "scale makes every quantized write and read of its channels garbage)")
+    return s
+
+
+cdef tuple _side_format(op, str side, object scale, int Nkv, int H):
+    """One quantized cache (side "k" or "v", its gqa.CacheFormat op.k_format / op.v_format):
+    (NumPy element type, row width, C type of gqa_kernels.h, per-channel scales, the width's
+    name in messages)."""
+    fmt = op.k_format if side == "k" else op.v_format
+    cdef bint pc
+    if fmt.grouped:
+        if scale is not None:
+            raise ValueError(f"{side}_scale must not be given when {side}_quant_type is PER_GROUP "
+                             "(its scales and zero points are stored in the cache rows)")
+        names = ("kv_quant_group_size", "head_size")
+        return (cnp.NPY_UINT8, fmt.row_width(H, names), fmt.ctype(H, names=names), False,
+                "gqa.group_row_bytes(head_size, bits, group, metadata)")
+    pc = _scale(scale, f"{side}_scale", fmt.quant, Nkv * H)
+    return (fmt.dtype().num, fmt.row_width(H), fmt.ctype(H), pc,
+            "head_size" if fmt.bits == 8 else "(head_size+1)//2")
+
+
+cdef bint _scale(object s, str name, str qtype, int nch) except -1:
+    """A quantization scale: float32, 1 element (PER_TENSOR) or nch (PER_CHANNEL)."""
+    if s is None:
+        raise ValueError(f"{name} must be provided when {name[0]}_quant_type is not NONE")
+    if not isinstance(s, cnp.ndarray):
+        raise TypeError(f"{name} must be a float32 numpy.ndarray, got {type(s).__name__}")
+    if cnp.PyArray_TYPE(<cnp.ndarray>s) != cnp.NPY_FLOAT32:
+        raise TypeError(f"{name} must be float tensor (float32), got {s.dtype}")
+    cdef bint pc = qtype == "PER_CHANNEL"
+    cdef Py_ssize_t want = nch if pc else 1
+    if cnp.PyArray_SIZE(<cnp.ndarray>s) != want:
+        raise ValueError(f"{name} shape mismatch: expected {want} elements "
+                         f"({'kv_num_heads * head_size' if want != 1 else 'per-tensor'}), got {s.size}")
+    return pc
+
+
+cdef int _rotary(int do_rotary, cos, sin, pos, int ft, int B, int S, int H) except -1:
+    """Signature checks of the rotary inputs; rotary_dim / 2 when rotary applies, else 0."""
+    if (cos is None) != (sin is None):
+        raise ValueError("Input 'cos_cache' and 'sin_cache' shall be both present or both absent.")
+    if pos is not None:
+        _array(pos, "position_ids", cnp.NPY_INT64, -1, 2)
+    if cos is None:
+        if do_rotary == 1:
+            raise ValueError("cos_cache and sin_cache must be provided when do_rotary is true")
+        return 0
+    _array(cos, "cos_cache", ft, -1, 2)
+    _array(sin, "sin_cache", ft, -1, 2)
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos_cache and sin_cache must have the same shape; got {cos.shape} and {sin.shape}")
+    if H % 16:
+        raise ValueError(f"head_size shall be a multiple of 16 when rotary caches are given. "
+                         f"Got head_size % 16 == {H % 16}")
+    cdef Py_ssize_t half = cos.shape[1]
+    if half > (H // 16) * 8 or half % 8 or half == 0:
+        raise ValueError(f"cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8; "
+                         f"got {half} (head_size {H})")
+    if pos is not None:
+        if pos.shape[0] != B:
+            raise ValueError(f"position_ids dimension 0 must be equal to the batch size, got {pos.shape[0]}")
+        if pos.shape[1] < S:
+            raise ValueError(f"position_ids dimension 1 must be at least sequence length, got {pos.shape[1]}")
+    return half if do_rotary == 1 else 0
+
+
+cdef int _present(object out, str name, int B, int Nkv, int Hp, object dtype) except -1:
+    """A caller-supplied present buffer (not in place): dtype, shape (B, Nkv, *, Hp) --
+    dimension 2 is checked on every call, against max(T, past length) --, C-contiguous,
+    aligned, writeable."""
+    if not isinstance(out, cnp.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {out.dtype}")
+    if out.ndim != 4 or out.shape[0] != B or out.shape[1] != Nkv or out.shape[3] != Hp:
+        raise ValueError(f"{name} must have shape ({B}, {Nkv}, max(total_sequence_length, "
+                         f"past_sequence_length), {Hp}), got {tuple(out.shape)}")
+    if (cnp.PyArray_FLAGS(<cnp.ndarray>out) & READY) != READY:
+        raise ValueError(f"{name} must be C-contiguous and aligned")
+    if not (cnp.PyArray_FLAGS(<cnp.ndarray>out) & cnp.NPY_ARRAY_WRITEABLE):
+        raise ValueError(f"{name} must be writeable")
+    return 0
+
+
+# -- memory overlap ---------------------------------------------------------------------------
+
+cdef inline void _extent(cnp.ndarray a, char **lo, char **hi):
+    """[lo, hi): the bytes an array of any strides (negative included) can address."""
+    cdef char *p = <char *>cnp.PyArray_DATA(a)
+    cdef Py_ssize_t d, step, low = 0, high = cnp.PyArray_ITEMSIZE(a)
+    for d in range(cnp.PyArray_NDIM(a)):
+        if cnp.PyArray_DIM(a, d) == 0:
+            lo[0] = p
+            hi[0] = p
+            return
+        step = cnp.PyArray_STRIDE(a, d) * (cnp.PyArray_DIM(a, d) - 1)
+        if step < 0:
+            low += step
+        else:
+            high += step
+    lo[0] = p + low
+    hi[0] = p + high
+
+
+cdef bint _meets(object x, char *lo, char *hi, object c):
+    """x shares a byte with array c, whose bytes span [lo, hi) (see _extent): a bounds test,
+    confirmed exactly (np.shares_memory) only when the bounds meet, so interleaved strided
+    views of one buffer are not refused.  Anything but an ndarray shares none."""
+    cdef char *xlo
+    cdef char *xhi
+    if not isinstance(x, cnp.ndarray):
+        return False
+    _extent(<cnp.ndarray>x, &xlo, &xhi)
+    return xlo < hi and lo < xhi and bool(np.shares_memory(x, c))
+
+
+cdef bint overlap(object a, object b):
+    """True when arrays a and b share a byte (anything else -- None, an int -- shares none)."""
+    cdef char *lo
+    cdef char *hi
+    if not isinstance(b, cnp.ndarray):
+        return False
+    _extent(<cnp.ndarray>b, &lo, &hi)
+    return _meets(a, lo, hi, b)
+
+
+cdef Py_ssize_t first_alias(kc, vc, tuple inputs):
+    """Index of the first of `inputs` sharing memory with kc or vc, else -1 (overlap, with
+    the two caches' byte ranges taken once)."""
+    cdef Py_ssize_t i
+    cdef char *klo = NULL
+    cdef char *khi = NULL
+    cdef char *vlo = NULL
+    cdef char *vhi = NULL
+    if isinstance(kc, cnp.ndarray):     # else an empty range: nothing meets it
+        _extent(<cnp.ndarray>kc, &klo, &khi)
+    if isinstance(vc, cnp.ndarray):
+        _extent(<cnp.ndarray>vc, &vlo, &vhi)
+    for i in range(len(inputs)):
+        if _meets(inputs[i], klo, khi, kc) or _meets(inputs[i], vlo, vhi, vc):
+            return i
+    return -1

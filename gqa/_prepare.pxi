@@ -1,0 +1,121 @@
+# Included by gqa/_attention.pyx (one translation unit: these inline into the compute).
+# The query and key rows as the compute uses them: positions, rotary, the QK RMS norm and the
+# rotations, in float32 (rows of H elements; rotations [Nkv, H, H], x -> x R).
+
+cdef inline void *ptr(object a):
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef inline int past_len(const Params *p, int b) noexcept nogil:
+    """Rows of past K/V kept for batch b: the write offset of the new rows."""
+    cdef int Tb = p.seqlens[b] + 1
+    if p.L == 0:
+        return Tb
+    if not p.has_past or p.first_prompt:
+        return 0
+    return Tb - p.S
+
+
+cdef inline int causal_past(const Params *p, int b) noexcept nogil:
+    """Absolute position of query row 0 of batch b."""
+    if not p.has_past or p.first_prompt:
+        return 0
+    return p.seqlens[b] + 1 - p.S
+
+
+cdef inline int64_t position(const Params *p, int b, int s) noexcept nogil:
+    """Rotary position of token s of batch b (ONNX Runtime's rules: a first prompt
+    uses position_ids[0, 0] + s, other calls position_ids[b, s] or past + s); in
+    int64, as given, so that length_error sees a position no int can hold."""
+    if p.first_prompt:
+        return p.pos_ids[0] + s if p.pos_ids != NULL else s
+    if p.pos_ids != NULL:
+        return p.pos_ids[<size_t>b * p.pos_stride + s]
+    return causal_past(p, b) + s
+
+
+cdef void rope(const Params *p, const float *x, float *o, int pos) noexcept nogil:
+    """Rotary embedding of one head row; channels >= 2*rot_half are copied (o may be x).
+    Rounded as ONNX Runtime's x86 kernel rounds (bit-exact float caches): x0' = fma(x0, c,
+    -(x1*s)), x1' = fma(x0, s, x1*c)."""
+    cdef int i, R2 = p.rot_half
+    cdef const float *c = p.cos + <size_t>pos * R2
+    cdef const float *s = p.sin + <size_t>pos * R2
+    cdef float x0, x1
+    if p.interleaved:
+        for i in range(R2):
+            x0 = x[2 * i]
+            x1 = x[2 * i + 1]
+            o[2 * i] = fmaf(x0, c[i], -(x1 * s[i]))
+            o[2 * i + 1] = fmaf(x0, s[i], x1 * c[i])
+    else:
+        for i in range(R2):
+            x0 = x[i]
+            x1 = x[i + R2]
+            o[i] = fmaf(x0, c[i], -(x1 * s[i]))
+            o[i + R2] = fmaf(x0, s[i], x1 * c[i])
+    if 2 * R2 < p.H and o != x:
+        memcpy(o + 2 * R2, x + 2 * R2, (p.H - 2 * R2) * sizeof(float))
+    if p.round_half:
+        round_to_half(o, p.H)
+
+
+cdef void rms_norm(const Params *p, const float *x, float *o, const float *w) noexcept nogil:
+    """The per-head RMS norm of the QK-norm inputs: o[i] = (x[i] * r) * w[i] in float32 with
+    r = 1 / sqrt(mean(x^2) + eps), the mean of squares summed in double in channel order
+    (the same bits on every path and thread count); float16 calls round o to half."""
+    cdef int i, H = p.H
+    cdef double ss = 0.0
+    cdef float r
+    for i in range(H):
+        ss = ss + <double>x[i] * x[i]
+    r = <float>(1.0 / sqrt(ss / H + p.qk_eps))
+    for i in range(H):
+        o[i] = (x[i] * r) * w[i]
+    if p.round_half:
+        round_to_half(o, H)
+
+
+cdef inline bint prepared(const Params *p, const float *w, const float *R) noexcept nogil:
+    """Rows weighted by w (p.qn or p.kn) or turned by R are changed before attention reads them."""
+    return p.do_rotary or w != NULL or R != NULL
+
+
+cdef inline const float *rotation(const float *R, const Params *p, int j) noexcept nogil:
+    """The rotation [H, H] of KV head j (R: p.rk or p.rv), or NULL."""
+    return R + <size_t>j * p.H * p.H if R != NULL else NULL
+
+
+cdef void rotate(const float *x, float *o, const float *R, int H) noexcept nogil:
+    """o = x R for one head row (R [H, H] row-major: o[e] = sum_d x[d] R[d, e]), with the
+    active path's float32 SV kernel; o must not overlap x."""
+    active_table().sv_gemm(1, H, H, x, H, R, GQA_F32, NULL, o, H, 0.0)
+
+
+cdef void prep_row(const Params *p, const float *x, float *o, const float *w, int pos,
+                   const float *R) noexcept nogil:
+    """o = head row x as attention reads it: RMS-normed with weight w (when w != NULL), then
+    rotated at position pos (when p.do_rotary), then turned by R (when R != NULL: o = x R, the
+    OSCAR rotation of post-rotary Q and K), in that order; a copy when none applies."""
+    cdef float buf[ROT_MAX]
+    if R == NULL:
+        prep_plain(p, x, o, w, pos)
+    elif w != NULL or p.do_rotary:
+        prep_plain(p, x, buf, w, pos)
+        rotate(buf, o, R, p.H)
+    else:
+        rotate(x, o, R, p.H)
+    if R != NULL and p.round_half:
+        round_to_half(o, p.H)
+
+
+cdef void prep_plain(const Params *p, const float *x, float *o, const float *w, int pos) noexcept nogil:
+    """prep_row without a rotation."""
+    if w != NULL:
+        rms_norm(p, x, o, w)
+        if p.do_rotary:
+            rope(p, o, o, pos)
+    elif p.do_rotary:
+        rope(p, x, o, pos)
+    else:
+        memcpy(o, x, p.H * sizeof(float))
