@@ -18,11 +18,11 @@ _MODEL = []
 
 
 def _model():
-    from gqa import _gguf
+    from gqa.apps import gguf as _gguf
     if not _gguf.available():
         raise NotImplementedError(f"the real model is not installed: {_gguf.INSTALL_HINT}")
     if not _MODEL:
-        from gqa._llama import Llama
+        from gqa.apps.llama import Llama
         _MODEL.append(Llama.load())
     return _MODEL[0]
 
@@ -41,7 +41,7 @@ class ModelPerplexity:
             model = _model()
         except NotImplementedError:
             return None
-        from gqa import _eval, _texts
+        from gqa.apps import eval as _eval, texts as _texts
         ev = np.array(model.encode(_texts.evaluation_text()))[:513]
         cal = model.calibration(model.encode(_texts.calibration_text())[:512])
         r = _eval.perplexities(model, ev, cal, QUANT_MODES)
@@ -65,7 +65,7 @@ class ModelDecode:
     repeat = (2, 5, 20.0)
 
     def setup(self, mode, T):
-        from gqa import _texts
+        from gqa.apps import texts as _texts
         self.model = model = _model()
         ids = np.array(model.encode(_texts.evaluation_text()))[:T]
         src = model.new_cache(T - 1)

@@ -61,7 +61,7 @@ else:
     from ._kvcache import Calibration, KVCache, rotary_caches
     from ._window import resident as window_resident
     from ._formats import (CacheFormat, cache_options, group_row_bytes, mode_name, needs_scales,
-                           parse_mode)
+                           operator_attributes, parse_mode)
 
 __all__ = [
     "__version__", "config", "get_config", "available_kernels", "active_kernel", "show_config",
@@ -70,4 +70,5 @@ __all__ = [
     "oscar_rotation", "calibrate_rotations",
     "KVCache", "Calibration", "rotary_caches", "window_resident", "group_row_bytes",
     "CacheFormat", "parse_mode", "mode_name", "cache_options", "needs_scales",
+    "operator_attributes",
 ]

@@ -8,7 +8,7 @@ import sys
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    from . import _bench, _demo, _eval
+    from .apps import bench as _bench, demo as _demo, eval as _eval
     p = argparse.ArgumentParser(
         prog="python -m gqa",
         description="gqa: Group Query Attention over an INT8/INT4 quantized KV cache, on CPU. "

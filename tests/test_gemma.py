@@ -6,7 +6,7 @@ windowed layers hold their capacity whatever the length.  Skipped without the pa
 import numpy as np
 import pytest
 
-from gqa import _gemma, _gguf, _texts
+from gqa.apps import gemma as _gemma, gguf as _gguf, texts as _texts
 
 pytestmark = pytest.mark.skipif(_gguf.readers_missing() != [] or _gemma.model_path() is None,
                                 reason=f"needs {_gemma.MODEL_PACKAGE} and the demo extra's readers")

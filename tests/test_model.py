@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gqa
-from gqa import _gguf, _ort_peer, _texts
+from gqa.apps import gguf as _gguf, ort_peer as _ort_peer, texts as _texts
 
 pytestmark = pytest.mark.skipif(
     not _gguf.available(), reason=f"the real model is not installed: {_gguf.INSTALL_HINT}")
@@ -23,7 +23,7 @@ PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__)))
 
 @pytest.fixture(scope="module")
 def model():
-    from gqa._llama import Llama
+    from gqa.apps.llama import Llama
     return Llama.load()
 
 
@@ -45,7 +45,7 @@ def test_forward_with_gqa_matches_numpy_attention(model):
     """Float cache: logits within 1e-4 of their scale (max |logit|) over a prompt and 16
     decode steps.  Float32 attention in two summation orders differs by ~1e-6 per layer; 30
     layers and the output matrix keep the logits within a few 1e-6 of their scale (seen 2e-6)."""
-    from gqa._model_peers import NumpyAttention
+    from gqa.apps.model_peers import NumpyAttention
     prompt, tail = _prompt_and_tail(model)
     n = len(prompt) + len(tail)
     ref = _logits(model, model.new_cache(n, cls=NumpyAttention), prompt, tail)
@@ -59,7 +59,7 @@ def test_onnxruntime_in_the_loop_matches(model):
     """The eval's onnxruntime side computes the same model: float cache logits within 1e-4 of
     their scale; INT8 per tensor layer 0 caches bit-exact (later layers see inputs that differ
     by float rounding, so their codes may differ by a step)."""
-    from gqa._model_peers import OrtAttention
+    from gqa.apps.model_peers import OrtAttention
     prompt, tail = _prompt_and_tail(model)
     tail = tail[:4]
     n = len(prompt) + len(tail)
@@ -76,7 +76,7 @@ def test_onnxruntime_in_the_loop_matches(model):
 
 
 def test_greedy_answer_names_paris(model):
-    from gqa._demo import PROMPT
+    from gqa.apps.demo import PROMPT
     prompt = model.chat_prompt(PROMPT)
     r = model.generate(prompt, model.new_cache(len(prompt) + 24), 24)
     assert "Paris" in model.decode(r["ids"])
@@ -98,7 +98,7 @@ def test_int8_perplexity_close_to_float(model):
     """INT8 per channel: at most 1 % above the float cache's perplexity (computed here), scales
     calibrated on another text; INT4 per tensor, far coarser, is visibly worse (the measure
     sees quantization at all)."""
-    from gqa._eval import perplexities
+    from gqa.apps.eval import perplexities
     ev = np.array(model.encode(_texts.evaluation_text()))[:257]
     cal = model.calibration(model.encode(_texts.calibration_text())[:256])
     r = perplexities(model, ev, cal, modes=("int8-pc", "int4-pt"), decode_tail=8)

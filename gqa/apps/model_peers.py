@@ -13,8 +13,8 @@ attention for the step, caches updated in place):
 """
 import numpy as np
 
-from . import _ort_peer
-from ._kvcache import KVCache, _TENSOR_MODES
+from . import ort_peer as _ort_peer
+from gqa import KVCache
 
 
 def _split_packed(query, key, value, N, Nkv, H):
@@ -82,8 +82,7 @@ class OrtAttention(KVCache):
             raise RuntimeError(f"onnxruntime {_ort_peer.ORT_VERSION} and onnx are needed "
                                "(pip install \"gqa[test]\")")
         super().__init__(**kwargs)
-        if self.k_mode not in _TENSOR_MODES or self.v_mode not in _TENSOR_MODES or (
-                _TENSOR_MODES[self.k_mode][0] != _TENSOR_MODES[self.v_mode][0]):
+        if self.k_format.grouped or self.k_format.quant != self.v_format.quant:
             raise ValueError(f"onnxruntime 1.31.1 takes float or static quantized caches with "
                              f"k_quant_type == v_quant_type, not mode {self.mode!r}")
         op = self.ops[0]

@@ -13,9 +13,9 @@ full-length caches masked by ``local_window_size`` -- the two must give the same
 """
 import numpy as np
 
-from ._kvcache import KVCache, rotary_caches
-from ._llama import Llama, rms_norm
-from ._operator import GroupQueryAttention
+from gqa import KVCache, rotary_caches
+from .llama import Llama, rms_norm
+from gqa import GroupQueryAttention
 
 LOCAL_ROPE_BASE = 10000.0
 GLOBAL_EVERY = 6          # layers 5, 11, 17, ... are global
@@ -48,7 +48,7 @@ class Gemma3(Llama):
 
     @classmethod
     def load(cls, path):
-        from . import _gguf
+        from . import gguf as _gguf
         meta, weights, tok, template = _gguf.read(path)
         if meta["arch"] != "gemma3":
             raise ValueError(f"{path}: a {meta['arch']} model, not gemma3")
@@ -148,7 +148,7 @@ def window_check(model, tokens, prompt_tokens, new_tokens, chunk=256, capacity=N
 def main(argv=None):
     """``python -m gqa._gemma [TOKENS [PROMPT_TOKENS]]``: the window check's figures."""
     import sys
-    from . import _texts
+    from . import texts as _texts
     argv = sys.argv[1:] if argv is None else argv
     n = int(argv[0]) if argv else 1024
     prompt = int(argv[1]) if len(argv) > 1 else min(700, n)

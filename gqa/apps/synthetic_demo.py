@@ -25,8 +25,9 @@ import time
 
 import numpy as np
 
-from ._kvcache import rotary_caches
-from ._show import format_bytes, format_table
+from gqa import rotary_caches
+from .blas import blas_threads
+from .terminal import Progress, format_bytes, format_table
 
 MODES = {"float32": "float", "int8": "int8-pc/pt", "int4": "int4-pc/pt"}  # gqa.KVCache modes
 DEFAULTS = dict(layers=8, prompt=256, steps=256, heads=32, kv_heads=8, head_size=128, model_dim=256,
@@ -52,92 +53,14 @@ class Model:
             self.wo.append(g(N * H, D, std=0.5 / np.sqrt(N * H)))
 
 
-class blas_threads:
-    """Context manager: NumPy's BLAS (OpenBLAS) limited to `n` threads, where that can be
-    done (threadpoolctl, else OpenBLAS's own setter found among the loaded libraries).
-
-    Why: after each matrix product OpenBLAS's worker threads keep spinning for a while; on a
-    small machine they then take the cores that the attention call's OpenMP threads need
-    (and the attention's threads, spinning in turn, slow the next product).  The projections
-    of this demo are small enough for one thread.  `.how` says what was done."""
-
-    _NAMES = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-              "openblas_set_num_threads64_", "openblas_set_num_threads")
-
-    def __init__(self, n):
-        self.n, self.how, self._undo = n, "unchanged (no OpenBLAS found)", None
-
-    def __enter__(self):
-        try:
-            from threadpoolctl import threadpool_limits
-            lim = threadpool_limits(self.n, user_api="blas")
-            self._undo, self.how = lim.restore_original_limits, f"{self.n} thread (threadpoolctl)"
-            return self
-        except Exception:  # noqa: BLE001  (threadpoolctl is optional)
-            pass
-        try:
-            import ctypes
-            libs = set()
-            with open("/proc/self/maps") as f:
-                for line in f:
-                    path = line.split()[-1]
-                    if "openblas" in path.lower() and ".so" in path:
-                        libs.add(path)
-            for path in sorted(libs):
-                lib = ctypes.CDLL(path)
-                for name in self._NAMES:
-                    setter = getattr(lib, name, None)
-                    getter = getattr(lib, name.replace("set_num", "get_num"), None)
-                    if setter is None or getter is None:
-                        continue
-                    setter.argtypes, getter.restype = [ctypes.c_int], ctypes.c_int
-                    before = getter()
-                    setter(self.n)
-                    self._undo = lambda s=setter, b=before: s(b)
-                    self.how = f"{self.n} thread (OpenBLAS, was {before})"
-                    return self
-        except Exception:  # noqa: BLE001  (not Linux, or no such library: leave BLAS alone)
-            pass
-        return self
-
-    def __exit__(self, *exc):
-        if self._undo is not None:
-            self._undo()
-        return False
-
-
 def _rms(x):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-6))
-
-
-class Progress:
-    """A tiny progress bar on stderr (only when stderr is a terminal, or forced)."""
-
-    def __init__(self, total, enabled):
-        self.total, self.done, self.enabled, self._last = max(1, total), 0, enabled, 0.0
-        self.t0 = time.perf_counter()
-
-    def update(self, n, label):
-        self.done += n
-        now = time.perf_counter()
-        if not self.enabled or (now - self._last < 0.1 and self.done < self.total):
-            return
-        self._last = now
-        frac = min(1.0, self.done / self.total)
-        fill = int(30 * frac)
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (30 - fill)}] {100 * frac:5.1f}% {now - self.t0:5.1f}s  {label:<24}")
-        sys.stderr.flush()
-
-    def close(self):
-        if self.enabled:
-            sys.stderr.write("\r" + " " * 80 + "\r")
-            sys.stderr.flush()
 
 
 def run_loop(model, tokens, prompt, steps, mode, calibration, threads, cos, sin, progress):
     """One pass over prompt + decode steps.  mode: "float32" | "int8" | "int4" (K per channel,
     V per tensor, scales from `calibration`).  -> dict(outputs [prompt+steps, D], cache, times)."""
-    from ._kvcache import KVCache
+    from gqa import KVCache
     L, D = model.L, model.D
     cap = prompt + steps
     cache = KVCache(num_layers=L, num_heads=model.N, kv_num_heads=model.Nkv, head_size=model.H,

@@ -17,10 +17,9 @@ runs the synthetic decoding loop (``--synthetic``: gqa/_synthetic_demo.py) inste
 """
 import sys
 
-import numpy as np
 
-from . import _synthetic_demo
-from ._show import format_bytes, format_table
+from . import synthetic_demo as _synthetic_demo
+from .terminal import Progress, format_bytes, format_table
 
 PROMPT = "What is the capital of France, and what is the city known for?"
 MODES = ("float", "int8-pc/pt", "int4-pc/pt", "int4-g32+s4r64+had", "int2-g32+s4r64+had+rho0.9",
@@ -45,9 +44,9 @@ class _Stream:
 
 def run_model(args, out):
     import gqa
-    from ._llama import Llama
-    from . import _texts
-    from ._kvcache import cache_options, needs_scales
+    from .llama import Llama
+    from . import texts as _texts
+    from gqa import cache_options, needs_scales
     modes = args.modes.split(",")
     for m in modes:
         try:
@@ -81,7 +80,7 @@ def run_model(args, out):
             rotations = rotations or model.calibrate_rotations(cal_ids)
             kw["rotations"] = rotations
         cache = model.new_cache(cap, num_threads=args.threads, **kw)
-        bar = _synthetic_demo.Progress(model.num_layers, enabled)
+        bar = Progress(model.num_layers, enabled)
         print(f"\n[{mode}] ", end="", file=out)
         out.flush()
         r = model.generate(prompt, cache, args.max_new_tokens, on_token=_Stream(model, out),
@@ -125,7 +124,7 @@ def add_arguments(p):
 
 def run(args, out=None):
     out = out or sys.stdout
-    from . import _gguf
+    from . import gguf as _gguf
     if not args.synthetic:
         if _gguf.available():
             if args.max_new_tokens < 1:

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from ._kvcache import KVCache, rotary_caches
+from gqa import KVCache, rotary_caches
 
 
 def rms_norm(x, w, eps):
@@ -67,7 +67,7 @@ class Llama:
     @classmethod
     def load(cls, path=None):
         """The model of the GGUF file at ``path`` (default: gqa/_gguf.model_path())."""
-        from . import _gguf
+        from . import gguf as _gguf
         return cls(*_gguf.read(path or _gguf.model_path()))
 
     # -- caches ---------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class Llama:
         """Per layer ``(R_K, R_V)`` (gqa/_rotation.py, onnxruntime main's OSCAR recipe) from a
         float-cache run over ``tokens``: the covariances of each KV head's post-rotary queries
         and of its attention outputs, their eigenvectors, then the Hadamard and bit-reversal."""
-        from ._rotation import calibrate_rotations
+        from gqa import calibrate_rotations
         tokens = np.asarray(tokens)
         cache = self.new_cache(len(tokens), cls=_RotationRecorder)
         for pos in range(0, len(tokens), chunk):
@@ -152,7 +152,7 @@ class Llama:
 
     def chat_prompt(self, user_text, system=None):
         """Token ids of a one-turn chat, rendered with the model's chat template."""
-        from ._gguf import render_chat
+        from .gguf import render_chat
         msgs = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": user_text}]
         return self.encode(render_chat(self.chat_template, msgs))

@@ -29,9 +29,9 @@ import time
 
 import numpy as np
 
-from . import _texts
-from ._kvcache import cache_options, needs_scales
-from ._show import format_table
+from . import texts as _texts
+from gqa import cache_options, needs_scales
+from .terminal import format_table
 
 PPL_MODES = ("float", "int8-pt", "int8-pc", "int8-pc/pt", "int4-pt", "int4-pc/pt", "int4-pc")
 DECODE_TAIL = 32
@@ -68,8 +68,8 @@ def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE
 
 
 def _sides(model, args, calibration, rotations=None):
-    from ._model_peers import NumpyAttention, OrtAttention
-    from . import _ort_peer
+    from .model_peers import NumpyAttention, OrtAttention
+    from . import ort_peer as _ort_peer
     import gqa
     ort_threads = args.threads or gqa.get_config()["effective_num_threads"]
     sides = {}
@@ -235,9 +235,10 @@ def add_arguments(p):
 def run(args, out=None):
     out = out or sys.stdout
     import gqa
-    from . import _gguf
-    from ._llama import Llama
-    from ._synthetic_demo import Progress, blas_threads
+    from . import gguf as _gguf
+    from .llama import Llama
+    from .terminal import Progress
+    from .blas import blas_threads
     if args.quick:
         args.contexts, args.decode_T, args.steps, args.rounds = [512], [512, 2048], 4, 2
     what = set(args.what.split(","))

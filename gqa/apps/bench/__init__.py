@@ -1,0 +1,200 @@
+"""``python -m gqa bench``: this package against its peers, measured in the same run.
+
+Every row (one shape, one cache mode, one thread count) is measured for gqa and for each
+peer in alternation -- gqa, peer 1, peer 2, ..., gqa, peer 1, ... -- so that drift of a
+shared, noisy machine hits all alike; the table shows medians and the ratio
+``peer_time / gqa_time`` (> 1: gqa is faster).
+
+Peers (each optional; a missing one is reported and skipped):
+
+* ``ort``       onnxruntime, one-node com.microsoft.GroupQueryAttention graph; past and present
+                bound to the same buffers through IOBinding (in place, like gqa), every input
+                and the output bound once: only ``run_with_iobinding`` is timed.
+* ``ort-naive`` the same in a subprocess with ``ORT_GQA_DISABLE_FLASH_ATTENTION=1`` (its naive
+                path); the subprocess times itself on command, in the same alternation.
+* ``torch``     ``torch.nn.functional.scaled_dot_product_attention``: ``torch-f32`` on a float32
+                cache, and ``torch-dq`` (quantized modes): the cache kept as gqa's codes, the new
+                rows quantized into it, the whole cache dequantized into preallocated float32
+                buffers, then SDPA.
+* ``ggml``      llama.cpp's ``ggml_flash_attn_ext`` through ``../shared/tools/peers/ggml_peer.py``
+                (only when asked, and only with llama-cpp-python installed); KV types q8_0 (INT8),
+                q4_0 (INT4), f16 (float).
+
+gqa is timed in both forms a user calls: the kept operator (``gqa``, the reference of every
+ratio) and ``gqa.group_query_attention`` (column ``gqa-fn``, its ratio fn/op: 1.00 = as fast).
+Decode rows give the cache bytes read per second (GB/s).  ``--shape`` takes several shapes
+(``;``-separated) or ``real`` (the seed shape and the heads of common models); ``--layers L``
+adds decode rows inside a loop over L layers with a NumPy projection between calls (see
+gqa/apps/bench/layers.py).
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import numpy as np
+from .cases import REAL_SHAPES, SEED_SHAPE, _ours, _ours_function, cache_bytes, flops
+from .peers import DEFAULT_PEERS, GGML_SCRIPT, PEER_COLUMNS, PEER_NAMES, _Local, _ort, discover_peers
+from .plan import DEFAULTS, QUICK, _peaks, _peers, plan_rows
+from .report import _loadavg, plot, results_table, targets
+from ..terminal import Progress
+from .timing import measure_row
+
+
+def run(args, out=None, argv=None):
+    out = out or sys.stdout
+    import gqa
+    rows, threads = plan_rows(args)
+    peaks = _peaks(args.peak_gflops, threads)
+    peer_names = _peers(args.peers)
+    sides, status = discover_peers(peer_names, args)
+    columns = [c for p in peer_names for c in PEER_COLUMNS[p]]
+    ours = [_Local("gqa", _ours), _Local("gqa-fn", _ours_function)]
+    from .layers import LayerSide
+    in_loop = [LayerSide("gqa", _ours), LayerSide("gqa-fn", _ours_function)]
+    if "ort" in peer_names and status.get("ort", "").startswith("ok"):
+        in_loop.append(LayerSide("ort", _ort))
+    rounds_dec = args.repeats if args.repeats else (5 if args.quick else 15)
+    rounds_pre = args.repeats if args.repeats else (3 if args.quick else 5)
+
+    cfg = gqa.get_config()
+    header = [f"gqa {gqa.__version__} bench: path {cfg['active_kernel']}, "
+              f"{platform.machine()}, {os.cpu_count()} CPUs; Python {platform.python_version()}, "
+              f"numpy {np.__version__}"]
+    load0 = _loadavg()
+    if load0 is not None:
+        header.append(f"  load average at start: {load0:.2f} on {os.cpu_count()} CPUs"
+                      + ("  (busy: expect noisy numbers)" if load0 > 0.5 else ""))
+    for c in columns:
+        header.append(f"  {c:10s} {status.get(c, 'not asked')}")
+    if not columns:
+        header.append("  (no peers asked: --peers ort,ort-naive,torch,ggml)")
+    for line in header:
+        print(line, file=out)
+    out.flush()
+
+    enabled = {"on": True, "off": False}.get(args.progress, sys.stderr.isatty())
+    total = sum(1 + (rounds_pre if r["phase"] == "prefill" else rounds_dec) for r in rows)
+    progress = Progress(total, enabled)
+    results = []
+    try:
+        for spec in rows:
+            label = f"{spec['phase']} {spec['T']} {spec['mode']} {spec['threads']}t"
+            rounds = rounds_pre if spec["phase"] == "prefill" else rounds_dec
+            layered = spec["phase"] == "layers"
+            res = measure_row(spec, in_loop if layered else ours + sides, rounds, progress, label,
+                              args.gap_ms / 1e3)
+            rec = dict(spec, gqa=res.pop("gqa"), gqa_fn=res.pop("gqa-fn"), peers={})
+            o = rec["gqa"].get("median_us")
+            if o and rec["gqa_fn"].get("median_us"):
+                rec["gqa_fn"]["ratio"] = rec["gqa_fn"]["median_us"] / o
+            for c in columns:
+                r = res.get(c) or {"error": status.get(c, "missing")}
+                if c not in res and status.get(c, "").startswith("missing"):
+                    r = {"missing": True}
+                elif c not in res and layered:
+                    r = {"na": True}
+                if o and r.get("median_us"):
+                    r["ratio"] = r["median_us"] / o
+                rec["peers"][c] = r
+            if o and spec["phase"] != "prefill":
+                rec["gbps"] = cache_bytes(spec) / (o * 1e3)
+            if o:
+                rec["flops"] = flops(spec)
+                if spec["phase"] == "prefill":
+                    rec["gflops"] = rec["flops"] / (o * 1e3)
+                    if spec["threads"] in peaks:
+                        rec["peak_gflops"] = peaks[spec["threads"]]
+                        rec["peak_fraction"] = rec["gflops"] / peaks[spec["threads"]]
+            results.append(rec)
+    finally:
+        progress.close()
+        for s in sides:
+            if hasattr(s, "close"):
+                s.close()
+
+    table = results_table(results, columns)
+    load1 = _loadavg()
+    if load1 is not None:
+        table += f"\nload average at the end: {load1:.2f} (1-minute; this run's own work included)"
+    print(table, file=out)
+    summary = targets(results, columns)
+    if summary:
+        print(summary, file=out)
+    doc = {"gqa_version": gqa.__version__, "argv": list(argv) if argv is not None else sys.argv[1:],
+           "machine": {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
+                       "kernel_path": cfg["active_kernel"], "python": platform.python_version(),
+                       "numpy": np.__version__},
+           "settings": {"rounds_decode": rounds_dec, "rounds_prefill": rounds_pre, "threads": threads,
+                        "gap_ms": args.gap_ms, "load_average_start": load0, "load_average_end": load1,
+                        "peak_gflops": {str(k): v for k, v in peaks.items()}},
+           "ratio": "peer median / gqa median (> 1: gqa is faster)",
+           "peers": status, "columns": columns, "results": results, "table": table, "targets": summary}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}", file=out)
+    if args.png:
+        msg = plot(results, columns, args.png)
+        print(msg, file=out)
+    return doc
+
+
+def add_arguments(p):
+    p.add_argument("--threads", default=None, help=f"comma list of thread counts (default {DEFAULTS['threads']})")
+    p.add_argument("--decode-T", dest="decode_T", default=None,
+                   help=f"decode total lengths T (default {DEFAULTS['decode_T']}; '' for none)")
+    p.add_argument("--prefill-S", dest="prefill_S", default=None,
+                   help=f"prefill lengths S = T (default {DEFAULTS['prefill_S']}; '' for none)")
+    p.add_argument("--modes", default=None,
+                   help=f"cache modes (default {DEFAULTS['modes']})")
+    p.add_argument("--repeats", type=int, default=0,
+                   help="alternation rounds per row = samples per side (default 15 decode / 5 prefill; "
+                        "--quick: 5 / 3); a decode sample times a batch of ~10 ms of calls")
+    p.add_argument("--gap-ms", type=float, default=100.0,
+                   help="idle gap before each timed batch, so that the worker threads of the side "
+                        "before are asleep when the next side starts: onnxruntime's pool spins "
+                        "about 50 ms after its last run (measured: process CPU time keeps rising "
+                        "for 40-60 ms of sleep), which took a core from the side timed next "
+                        "(default 100)")
+    p.add_argument("--shape", default=None,
+                   help="B,N,Nkv,H, several separated by ';', or 'real' (%s; default %s)" % (
+                       " ".join("/".join(map(str, x)) for x in REAL_SHAPES), ",".join(map(str, SEED_SHAPE))))
+    p.add_argument("--layers", type=int, default=0, metavar="L",
+                   help="also time decode inside a loop over L layers, each with its own cache, a NumPy "
+                        "projection before every call (gqa, gqa-fn and ort in the same loop shape)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a short run: threads {QUICK['threads']}, decode T {QUICK['decode_T']}, "
+                        f"prefill S {QUICK['prefill_S']}, fewer rounds (explicit options still win)")
+    p.add_argument("--peers", default=DEFAULT_PEERS,
+                   help=f"comma list of {', '.join(PEER_NAMES)}, or none (default {DEFAULT_PEERS}; "
+                        "ggml only when named)")
+    p.add_argument("--ggml-peer", default=None, help=f"path of ggml_peer.py (default: ../{GGML_SCRIPT})")
+    p.add_argument("--ggml-libdir", default="", help="folder with libggml-base.so / libggml-cpu.so")
+    p.add_argument("--peak-gflops", default=None,
+                   help="the machine's FP32 peak: one number per thread, or one per --threads entry; "
+                        "adds the %%peak column for prefill")
+    p.add_argument("--json", default=None, metavar="PATH", help="write all results as JSON")
+    p.add_argument("--png", default=None, metavar="PATH", help="write a chart of the ratios (needs matplotlib)")
+    p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                   help="progress bar on stderr (auto: when stderr is a terminal)")
+    return p
+
+
+def check_args(args, parser):
+    if args.repeats < 0:
+        parser.error("--repeats must be >= 0")
+    if not args.gap_ms >= 0:
+        parser.error("--gap-ms must be >= 0")
+    if args.layers < 0:
+        parser.error("--layers must be >= 0")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m gqa bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    check_args(args, p)
+    run(args, argv=argv)
+    return 0

@@ -1,0 +1,67 @@
+"""Terminal helpers of gqa's commands: a progress bar on stderr, plain-text tables, times and
+byte counts."""
+import sys
+import time
+
+
+class Progress:
+    """A progress bar on stderr (or `stream`), drawn only when enabled, at most ten times a
+    second, with the elapsed time and an estimate of the time left."""
+
+    def __init__(self, total, enabled, stream=None):
+        self.total, self.done, self.enabled = max(1, total), 0, enabled
+        self.stream = stream or sys.stderr
+        self.t0 = time.perf_counter()
+        self._last = 0.0
+
+    def update(self, n=1, label=""):
+        self.done += n
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if now - self._last < 0.1 and self.done < self.total:
+            return
+        self._last = now
+        frac = min(1.0, self.done / self.total)
+        width = 30
+        fill = int(frac * width)
+        el = now - self.t0
+        eta = el / frac - el if frac > 0 else 0
+        self.stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {100 * frac:5.1f}% "
+                          f"{el:6.1f}s elapsed, ~{eta:5.0f}s left  {label[:40]:<40}")
+        self.stream.flush()
+
+    def close(self):
+        if self.enabled:
+            self.stream.write("\r" + " " * 110 + "\r")
+            self.stream.flush()
+
+
+def format_table(head, rows, left=0):
+    """A plain-text table: column `left` left-aligned, the others right-aligned."""
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i == left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def format_bytes(n):
+    """n bytes as MiB / KiB (two decimals) or B."""
+    for unit, k in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= k:
+            return f"{n / k:.2f} {unit}"
+    return f"{n} B"
+
+
+def format_time(us):
+    """A time in microseconds as us / ms / s ('-' for None)."""
+    if us is None:
+        return "-"
+    if us < 1000:
+        return f"{us:.1f}us"
+    if us < 1e6:
+        return f"{us / 1e3:.2f}ms"
+    return f"{us / 1e6:.2f}s"
