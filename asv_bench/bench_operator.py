@@ -20,7 +20,7 @@ PATHS = ["scalar", "avx2", "avx512", "neon"]
 
 
 def _skip_unless_runnable(path):
-    if gqa is None or path not in gqa.available_kernels():
+    if gqa is None or path not in gqa.available_paths():
         raise NotImplementedError(f"path {path} not runnable here")
 
 
@@ -57,11 +57,12 @@ class Decode:
 
     def setup(self, path, mode, T):
         _skip_unless_runnable(path)
-        self.cfg = gqa.config(kernel=path)
+        self.cfg = gqa.config(path=path)
         self.op, self.args, self.kw = _case(mode, 1, T, T)
 
     def teardown(self, path, mode, T):
-        self.cfg.__exit__(None, None, None)
+        if getattr(self, "cfg", None) is not None:    # setup skipped (a path not runnable here)
+            self.cfg.__exit__(None, None, None)
 
     def time_decode(self, path, mode, T):
         self.op(*self.args, **self.kw)
@@ -103,11 +104,12 @@ class Prefill:
         _skip_unless_runnable(path)
         if path == "scalar" and S > 512:
             raise NotImplementedError("scalar prefill at S > 512 is too slow to be useful here")
-        self.cfg = gqa.config(kernel=path)
+        self.cfg = gqa.config(path=path)
         self.op, self.args, self.kw = _case(mode, S, S, S)
 
     def teardown(self, path, mode, S):
-        self.cfg.__exit__(None, None, None)
+        if getattr(self, "cfg", None) is not None:    # setup skipped (a path not runnable here)
+            self.cfg.__exit__(None, None, None)
 
     def time_prefill(self, path, mode, S):
         self.op(*self.args, **self.kw)
@@ -163,7 +165,7 @@ class Accuracy:
                              for j in range(NKV)], axis=1)
 
         sk, sv = calibrate(kf, kq), calibrate(vf, vq)
-        with gqa.config(kernel=path):
+        with gqa.config(path=path):
             kc, vc = quantize(kf, sk), quantize(vf, sv)
             seq = np.array([T - 1], np.int32)
             ref = gqa.group_query_attention(q, k, v, kf, vf, seq, T, num_heads=N, kv_num_heads=NKV)[0]
@@ -216,7 +218,7 @@ class GroupDecode:
 
     def setup(self, path, mode, T, extras):
         _skip_unless_runnable(path)
-        self.cfg = gqa.config(kernel=path)
+        self.cfg = gqa.config(path=path)
         (kb, g, md), (vb, _, _) = GROUP_MODES[mode]
         rng = np.random.default_rng(0)
         u = lambda *s: rng.uniform(-0.5, 0.5, s).astype(np.float32)  # noqa: E731
@@ -239,7 +241,8 @@ class GroupDecode:
                            present_hp_value=hv, oscar_rotation_k=r, oscar_rotation_v=r)
 
     def teardown(self, path, mode, T, extras):
-        self.cfg.__exit__(None, None, None)
+        if getattr(self, "cfg", None) is not None:    # setup skipped (a path not runnable here)
+            self.cfg.__exit__(None, None, None)
 
     def time_decode(self, path, mode, T, extras):
         self.op(*self.args, **self.kw)

@@ -44,9 +44,9 @@ HEADS = [64, 128]      # head size: K of QK, N of SV
 
 def skip_unless_runnable(path):
     """asv skips a parameter combination whose setup raises NotImplementedError."""
-    if path not in gqa.available_kernels():
+    if path not in gqa.available_paths():
         raise NotImplementedError(f"path {path!r} cannot run on this machine/build "
-                                  f"(available: {', '.join(gqa.available_kernels())})")
+                                  f"(available: {', '.join(gqa.available_paths())})")
 
 
 def packed_width(bits, cols):
@@ -73,10 +73,10 @@ class Benchmark:
 
     def _activate(self, path):
         skip_unless_runnable(path)
-        self._prev = gqa.get_config()["kernel"]
-        gqa.config(kernel=path, approx_vnni=False)
+        self._prev = gqa.get_config()["path"]
+        gqa.config(path=path, approx_vnni=False)
         self.rng = np.random.default_rng(self.seed)
 
     def teardown(self, *params):
         if hasattr(self, "_prev"):
-            gqa.config(kernel=self._prev)
+            gqa.config(path=self._prev)

@@ -18,9 +18,14 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gqa import _dispatch, _kernels  # noqa: E402
+import gqa  # noqa: E402
+from gqa import _kernels  # noqa: E402  (raw kernel entry points, documented for benchmarks)
 
-TYPES = {"S8_PT": 0, "S8_PC": 1, "S4_PT": 2, "S4_PC": 3, "F32": 4, "F16": 5}
+# the C type codes of the static formats and the float rows (gqa.CacheFormat.ctype)
+TYPES = {"S8_PT": gqa.CacheFormat.parse("int8-pt").ctype(1), "S8_PC": gqa.CacheFormat.parse("int8-pc").ctype(1),
+         "S4_PT": gqa.CacheFormat.parse("int4-pt").ctype(1), "S4_PC": gqa.CacheFormat.parse("int4-pc").ctype(1),
+         "F32": gqa.CacheFormat.parse("float").ctype(1),
+         "F16": gqa.CacheFormat.parse("float").ctype(1, np.float16)}
 
 
 def codes(rng, rows, cols, t):
@@ -64,11 +69,11 @@ def main():
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--cold-mib", type=int, default=1024)
     args = ap.parse_args()
-    _dispatch._set_path(args.path)
+    gqa.config(path=args.path)
     rng = np.random.default_rng(0)
     what = args.what.split(",")
     ms = [int(m) for m in args.ms.split(",")]
-    print(f"path {_dispatch.active_path()}, best of {args.reps}")
+    print(f"path {gqa.active_path()}, best of {args.reps}")
     if args.cold:
         return cold(args, rng, what, ms)
     for name in args.types.split(","):

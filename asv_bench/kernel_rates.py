@@ -81,13 +81,13 @@ def run(paths, modes, min_time, repeats):
     rng = np.random.default_rng(20261129)
     rows = []
     for path in paths:
-        if path not in gqa.available_kernels():
-            print(f"# {path}: not runnable here (available: {', '.join(gqa.available_kernels())})")
+        if path not in gqa.available_paths():
+            print(f"# {path}: not runnable here (available: {', '.join(gqa.available_paths())})")
             continue
-        with gqa.config(kernel=path, approx_vnni=False):
+        with gqa.config(path=path, approx_vnni=False):
             for mode in modes:
                 bits, pc = (8 if mode.startswith("s8") else 4), mode.endswith("pc")
-                qtype = (0 if bits == 8 else 2) + (1 if pc else 0)
+                qtype = gqa.CacheFormat("PER_CHANNEL" if pc else "PER_TENSOR", bits).ctype(k)
                 for op in ("qk", "sv"):
                     base = None
                     for m in (1, 4):
@@ -148,10 +148,9 @@ def main(argv=None):
         box = {8: i8, 4: i4}
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     gqa = _gqa()
-    from gqa import _dispatch
     print(f"# gqa {gqa.__version__} from {os.path.dirname(gqa.__file__)}; 1 thread")
-    print(f"# CPU features: {', '.join(_dispatch.cpu_features())}; available: "
-          f"{', '.join(gqa.available_kernels())}")
+    print(f"# CPU features: {', '.join(gqa.cpu_features())}; available: "
+          f"{', '.join(gqa.available_paths())}")
     try:
         with open("/proc/cpuinfo") as f:
             model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")

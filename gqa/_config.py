@@ -1,4 +1,10 @@
-"""Process-wide settings: kernel path, flash attention, approximate VNNI, threads.
+"""Process-wide settings: the kernel path, flash attention, approximate VNNI, threads.
+
+The implementation choice is a *path* everywhere (scalar, avx2, avx512, neon: the kernel file
+suffix, the C symbol suffix, GQA_PATH, ``config(path=)``, the pytest ids and the asv
+parameter); ``GQA_KERNEL``, ``config(kernel=)``, ``available_kernels()``, ``active_kernel()``
+and the ``kernel`` / ``active_kernel`` keys of get_config() are the earlier spellings, kept as
+aliases.
 
 Read once from the environment at import, then changed with `gqa.config(...)`,
 which works both as a plain setter and as a context manager that restores the
@@ -22,26 +28,26 @@ def _process_cpus():
 PLAN_CPUS = _process_cpus()
 
 # changed only in place (_apply): gqa/_signature.pyx keeps a reference to this dict
-_settings = {"kernel": "auto", "flash": True, "approx_vnni": False, "num_threads": None,
+_settings = {"path": "auto", "flash": True, "approx_vnni": False, "num_threads": None,
              "flash_blocks": None, "decode_splits": None}
 
 
-def available_kernels():
+def available_paths():
     """Path names this CPU can run, best last (always includes 'scalar')."""
     return [p for p in _dispatch.PATH_NAMES if _dispatch.path_runnable(p)]
 
 
-def _best_kernel():
+def _best_path():
     order = ("avx512", "avx2", "neon", "scalar")
     return next(p for p in order if _dispatch.path_runnable(p))
 
 
-def active_kernel():
+def active_path():
     """Name of the path the kernels run on now."""
     return _dispatch.active_path()
 
 
-def _check_kernel(name, source):
+def _check_path(name, source):
     if not isinstance(name, str):
         raise TypeError(f"{source} must be a str naming a kernel path, got {type(name).__name__}")
     valid = ("auto",) + _dispatch.PATH_NAMES
@@ -51,7 +57,7 @@ def _check_kernel(name, source):
         why = ("was not compiled into this build" if name not in _dispatch.COMPILED_PATHS
                else "needs CPU features this machine lacks")
         raise ValueError(f"{source}={name!r} cannot run here: it {why}; "
-                         f"this CPU can run: {', '.join(available_kernels())}")
+                         f"this CPU can run: {', '.join(available_paths())}")
     return name
 
 
@@ -68,15 +74,15 @@ def _check_threads(n, source):
 
 
 def _apply(settings):
-    _dispatch._set_path(_best_kernel() if settings["kernel"] == "auto" else settings["kernel"])
+    _dispatch._set_path(_best_path() if settings["path"] == "auto" else settings["path"])
     _dispatch._set_approx_vnni(settings["approx_vnni"])
     _settings.update(settings)
 
 
 class config:
-    """Change settings: ``gqa.config(kernel="avx2")`` or ``with gqa.config(kernel="scalar"): ...``.
+    """Change settings: ``gqa.config(path="avx2")`` or ``with gqa.config(path="scalar"): ...``.
 
-    kernel        : "auto" | "scalar" | "avx2" | "avx512" | "neon"
+    path          : "auto" | "scalar" | "avx2" | "avx512" | "neon" (``kernel=``: the earlier name)
     flash         : bool; False forces the naive attention path
     flash_blocks  : (query_rows, kv_rows) tile sizes of the flash path, or None (from the L2 size)
     decode_splits : KV chunks of every (batch, KV head) unit in decode (flash decoding; 1: whole
@@ -85,11 +91,17 @@ class config:
     num_threads : int >= 1, or None for GQA_NUM_THREADS / OpenMP's default
     """
 
-    def __init__(self, *, kernel=None, flash=None, approx_vnni=None, num_threads=None,
-                 flash_blocks=None, decode_splits=None):
+    def __init__(self, *, path=None, flash=None, approx_vnni=None, num_threads=None,
+                 flash_blocks=None, decode_splits=None, kernel=None):
         new = dict(_settings)
         if kernel is not None:
-            new["kernel"] = _check_kernel(kernel, "kernel")
+            if path is not None:
+                raise TypeError("give path (or its earlier name kernel), not both")
+            path, source = kernel, "kernel"
+        else:
+            source = "path"
+        if path is not None:
+            new["path"] = _check_path(path, source)
         if flash is not None:
             new["flash"] = bool(flash)
         if approx_vnni is not None:
@@ -120,7 +132,8 @@ def get_config():
     """The active settings, with the resolved path and thread count, and the CPU count the
     decode plan is made for (`plan_cpus`)."""
     out = dict(_settings)
-    out["active_kernel"] = active_kernel()
+    out["active_path"] = active_path()
+    out["kernel"], out["active_kernel"] = out["path"], out["active_path"]   # earlier names
     out["approx_vnni_effective"] = _dispatch.approx_vnni_effective()
     out["effective_num_threads"] = effective_num_threads()
     out["plan_cpus"] = PLAN_CPUS
@@ -138,11 +151,18 @@ def effective_num_threads(num_threads=None):
 
 
 
+
+available_kernels = available_paths   # the earlier names
+active_kernel = active_path
+
+
 def _init_from_env():
     new = dict(_settings)
-    k = os.environ.get("GQA_KERNEL")
-    if k is not None and k.strip():
-        new["kernel"] = _check_kernel(k.strip().lower(), "GQA_KERNEL")
+    for name in ("GQA_PATH", "GQA_KERNEL"):      # GQA_KERNEL: the earlier name
+        k = os.environ.get(name)
+        if k is not None and k.strip():
+            new["path"] = _check_path(k.strip().lower(), name)
+            break
     # ONNX Runtime reads exactly "1" for this flag; we accept the same plus the GQA_ name.
     raw = None
     for name in ("GQA_DISABLE_FLASH_ATTENTION", "ORT_GQA_DISABLE_FLASH_ATTENTION"):

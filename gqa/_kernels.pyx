@@ -1,6 +1,11 @@
 # cython: language_level=3
 """GIL-free entry points for the standalone kernels.  Arguments are validated
-by gqa/_api.py: arrays arrive C-contiguous, of the right dtype and size."""
+by gqa/_api.py: arrays arrive C-contiguous, of the right dtype and size.
+
+The one internal API the library documents beyond its public names: kernel benchmarks
+(asv_bench) and kernel tests call these directly, with the C type code of
+``gqa.CacheFormat.ctype``, to time a kernel without the argument checks.  Nothing here
+checks its arguments: wrong sizes are out-of-bounds accesses."""
 cimport numpy as cnp
 from gqa._dispatch cimport active_table, qk_kernel, gqa_kernels, gqa_qk_gemm_fn
 

@@ -16,8 +16,8 @@ def show_config(file=None):
         f"gqa {__version__}  (Python {platform.python_version()}, {platform.machine()})",
         f"  compiled paths   : {', '.join(_dispatch.COMPILED_PATHS)}",
         f"  CPU features     : {', '.join(_dispatch.cpu_features()) or '(none detected)'}",
-        f"  available paths  : {', '.join(_config.available_kernels())}",
-        f"  active path      : {cfg['active_kernel']}  (requested: {cfg['kernel']})",
+        f"  available paths  : {', '.join(_config.available_paths())}",
+        f"  active path      : {cfg['active_path']}  (requested: {cfg['path']})",
         f"  flash attention  : {'on' if cfg['flash'] else 'off (naive path forced)'}",
         f"  approx VNNI QK   : {'on' if cfg['approx_vnni_effective'] else 'off'}"
         f"{' (requested, not runnable here)' if cfg['approx_vnni'] and not cfg['approx_vnni_effective'] else ''}",

@@ -87,7 +87,7 @@ SIMD_PATHS = tuple(p for p in ALL_PATHS if p != "scalar")
 def pytest_report_header(config):
     return [
         f"gqa {gqa.__version__} ({GQA_ORIGIN}): {os.path.dirname(gqa.__file__)}",
-        f"gqa active path: {gqa.active_kernel()}; available: {', '.join(gqa.available_kernels())}; "
+        f"gqa active path: {gqa.active_path()}; available: {', '.join(gqa.available_paths())}; "
         f"compiled: {', '.join(_dispatch.COMPILED_PATHS)}",
         f"gqa CPU features: {', '.join(_dispatch.cpu_features()) or '(none)'}",
     ]
@@ -98,7 +98,7 @@ def _activate(name):
     if reason:
         pytest.skip(reason)
     # approx_vnni off: the kernel tests check the exact contract, whatever the environment says.
-    return gqa.config(kernel=name, approx_vnni=False)
+    return gqa.config(path=name, approx_vnni=False)
 
 
 @pytest.fixture(params=ALL_PATHS)

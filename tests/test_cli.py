@@ -178,7 +178,7 @@ def test_bench_peers_compute_the_same_attention(phase, mode):
     T = 40 if phase == "decode" else 24
     spec = dict(phase=phase, B=1, N=4, Nkv=2, H=32, S=1 if phase == "decode" else T, T=T, mode=mode,
                 threads=1, seed=3)
-    ours = _cases._ours(spec)()[0]
+    ours = _cases.ours(spec)()[0]
     checked = 0
     if _ort_peer.importable():
         inp, attrs = _cases.build_inputs(spec)

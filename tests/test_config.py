@@ -12,14 +12,14 @@ import gqa
 from gqa import _dispatch
 
 BEST_FIRST = ("avx512", "avx2", "neon", "scalar")  # the issue's preference order
-ENV_NAMES = ("GQA_KERNEL", "GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI",
+ENV_NAMES = ("GQA_PATH", "GQA_KERNEL", "GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI",
              "GQA_NUM_THREADS", "GQA_DISABLE_FLASH_ATTENTION", "ORT_GQA_DISABLE_FLASH_ATTENTION")
 
 
 def unavailable_path():
     """A path name this CPU cannot run (neon on x86, avx2/avx512 on arm), or None."""
     for p in ("neon", "avx512", "avx2"):
-        if p not in gqa.available_kernels():
+        if p not in gqa.available_paths():
             return p
     return None
 
@@ -28,8 +28,8 @@ def unavailable_path():
 def restore_config():
     before = gqa.get_config()
     yield
-    gqa.config(kernel=before["kernel"], approx_vnni=before["approx_vnni"])
-    assert gqa.active_kernel() == before["active_kernel"]
+    gqa.config(path=before["path"], approx_vnni=before["approx_vnni"])
+    assert gqa.active_path() == before["active_path"]
 
 
 def run_python(code, tmp_path, **env):
@@ -44,8 +44,8 @@ def run_python(code, tmp_path, **env):
 
 # ---------------------------------------------------------------- introspection
 
-def test_available_kernels():
-    av = gqa.available_kernels()
+def test_available_paths():
+    av = gqa.available_paths()
     assert isinstance(av, list) and "scalar" in av
     assert set(av) <= set(_dispatch.PATH_NAMES) and set(av) <= set(_dispatch.COMPILED_PATHS)
     assert av == [p for p in _dispatch.PATH_NAMES if p in av]  # stable order, no duplicates
@@ -60,7 +60,7 @@ def test_available_kernels():
 
 
 def test_default_path_is_best_available(tmp_path):
-    r = run_python("import gqa; print(gqa.active_kernel()); print(','.join(gqa.available_kernels()))",
+    r = run_python("import gqa; print(gqa.active_path()); print(','.join(gqa.available_paths()))",
                    tmp_path)
     assert r.returncode == 0, r.stderr
     active, av = r.stdout.split()
@@ -69,10 +69,10 @@ def test_default_path_is_best_available(tmp_path):
 
 def test_get_config_keys():
     cfg = gqa.get_config()
-    for key in ("kernel", "active_kernel", "approx_vnni", "approx_vnni_effective", "plan_cpus"):
+    for key in ("path", "active_path", "approx_vnni", "approx_vnni_effective", "plan_cpus"):
         assert key in cfg, key
-    assert cfg["active_kernel"] == gqa.active_kernel()
-    assert cfg["kernel"] in ("auto",) + tuple(_dispatch.PATH_NAMES)
+    assert cfg["active_path"] == gqa.active_path()
+    assert cfg["path"] in ("auto",) + tuple(_dispatch.PATH_NAMES)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this OS")
@@ -95,52 +95,52 @@ def test_decode_plan_counts_the_cpus_this_process_may_use(tmp_path):
 
 @pytest.mark.parametrize("name", ["scalar", "avx2", "avx512", "neon"])
 def test_config_setter(name):
-    if name not in gqa.available_kernels():
+    if name not in gqa.available_paths():
         pytest.skip(f"{name} cannot run here")
-    gqa.config(kernel=name)
-    assert gqa.active_kernel() == name
-    assert gqa.get_config()["kernel"] == name
-    assert gqa.get_config()["active_kernel"] == name
-    gqa.config(kernel="auto")
-    assert gqa.active_kernel() == next(p for p in BEST_FIRST if p in gqa.available_kernels())
-    assert gqa.get_config()["kernel"] == "auto"
+    gqa.config(path=name)
+    assert gqa.active_path() == name
+    assert gqa.get_config()["path"] == name
+    assert gqa.get_config()["active_path"] == name
+    gqa.config(path="auto")
+    assert gqa.active_path() == next(p for p in BEST_FIRST if p in gqa.available_paths())
+    assert gqa.get_config()["path"] == "auto"
 
 
 def test_config_context_manager_restores():
     approx0 = gqa.get_config()["approx_vnni"]
-    gqa.config(kernel="auto")
-    auto = gqa.active_kernel()
-    with gqa.config(kernel="scalar") as c:
+    gqa.config(path="auto")
+    auto = gqa.active_path()
+    with gqa.config(path="scalar") as c:
         assert c is not None
-        assert gqa.active_kernel() == "scalar"
-        for other in gqa.available_kernels():
-            with gqa.config(kernel=other):
-                assert gqa.active_kernel() == other
-            assert gqa.active_kernel() == "scalar"
-    assert gqa.active_kernel() == auto and gqa.get_config()["kernel"] == "auto"
+        assert gqa.active_path() == "scalar"
+        for other in gqa.available_paths():
+            with gqa.config(path=other):
+                assert gqa.active_path() == other
+            assert gqa.active_path() == "scalar"
+    assert gqa.active_path() == auto and gqa.get_config()["path"] == "auto"
     # restored also when the body raises
     with pytest.raises(RuntimeError):
-        with gqa.config(kernel="scalar"):
+        with gqa.config(path="scalar"):
             raise RuntimeError("boom")
-    assert gqa.active_kernel() == auto
+    assert gqa.active_path() == auto
     # a setting not named is left as it is
     with gqa.config(approx_vnni=not approx0):
-        assert gqa.active_kernel() == auto and gqa.get_config()["approx_vnni"] is (not approx0)
+        assert gqa.active_path() == auto and gqa.get_config()["approx_vnni"] is (not approx0)
     assert gqa.get_config()["approx_vnni"] is approx0
 
 
-def test_unknown_kernel_name():
+def test_unknown_path_name():
     before = gqa.get_config()
     with pytest.raises(ValueError) as ei:
-        gqa.config(kernel="avx3")
+        gqa.config(path="avx3")
     msg = str(ei.value)
-    assert "kernel" in msg and "avx3" in msg
+    assert "path" in msg and "avx3" in msg
     for valid in ("auto", "scalar", "avx2", "avx512", "neon"):
         assert valid in msg, f"{valid!r} not listed in: {msg}"
     assert gqa.get_config() == before
     with pytest.raises(TypeError) as ei:
-        gqa.config(kernel=2)
-    assert "kernel" in str(ei.value)
+        gqa.config(path=2)
+    assert "path" in str(ei.value)
 
 
 def test_forcing_a_path_this_cpu_cannot_run():
@@ -149,14 +149,14 @@ def test_forcing_a_path_this_cpu_cannot_run():
         pytest.skip("this CPU runs every path")
     before = gqa.get_config()
     with pytest.raises(ValueError) as ei:
-        gqa.config(kernel=bad)
+        gqa.config(path=bad)
     msg = str(ei.value)
-    assert "kernel" in msg and bad in msg and "scalar" in msg  # names what can run
-    assert gqa.get_config() == before and gqa.active_kernel() == before["active_kernel"]
+    assert "path" in msg and bad in msg and "scalar" in msg  # names what can run
+    assert gqa.get_config() == before and gqa.active_path() == before["active_path"]
     with pytest.raises(ValueError):
-        with gqa.config(kernel=bad):
+        with gqa.config(path=bad):
             pytest.fail("entered a context for a path that cannot run")
-    assert gqa.active_kernel() == before["active_kernel"]
+    assert gqa.active_path() == before["active_path"]
 
 
 def test_approx_vnni_setting():
@@ -165,8 +165,8 @@ def test_approx_vnni_setting():
         cfg = gqa.get_config()
         assert cfg["approx_vnni"] is True
         assert cfg["approx_vnni_effective"] == (_dispatch.approx_vnni_runnable()
-                                                and gqa.active_kernel() == "avx512")
-        with gqa.config(kernel="scalar"):
+                                                and gqa.active_path() == "avx512")
+        with gqa.config(path="scalar"):
             assert gqa.get_config()["approx_vnni_effective"] is False  # only on AVX-512 VNNI
     assert gqa.get_config()["approx_vnni"] is approx0
     with gqa.config(approx_vnni=False):
@@ -176,9 +176,9 @@ def test_approx_vnni_setting():
 # ---------------------------------------------------------------- environment at import
 
 def test_env_kernel_bogus(tmp_path):
-    r = run_python("import gqa", tmp_path, GQA_KERNEL="bogus")
+    r = run_python("import gqa", tmp_path, GQA_PATH="bogus")
     assert r.returncode != 0
-    assert "GQA_KERNEL" in r.stderr and "bogus" in r.stderr
+    assert "GQA_PATH" in r.stderr and "bogus" in r.stderr
     for valid in ("auto", "scalar", "avx2", "avx512", "neon"):
         assert valid in r.stderr.splitlines()[-1], r.stderr
     assert "Illegal instruction" not in r.stderr
@@ -188,17 +188,17 @@ def test_env_kernel_unrunnable(tmp_path):
     bad = unavailable_path()
     if bad is None:
         pytest.skip("this CPU runs every path")
-    r = run_python("import gqa; print('imported')", tmp_path, GQA_KERNEL=bad)
+    r = run_python("import gqa; print('imported')", tmp_path, GQA_PATH=bad)
     assert r.returncode != 0 and "imported" not in r.stdout
     last = r.stderr.strip().splitlines()[-1]
-    assert "GQA_KERNEL" in last and bad in last and "scalar" in last, r.stderr
+    assert "GQA_PATH" in last and bad in last and "scalar" in last, r.stderr
     assert r.returncode > 0  # an exception, not a signal (SIGILL would be negative)
 
 
 @pytest.mark.parametrize("value", ["scalar", "auto", ""])
 def test_env_kernel_valid(tmp_path, value):
-    r = run_python("import gqa; c = gqa.get_config(); print(c['kernel'], gqa.active_kernel(), "
-                   "','.join(gqa.available_kernels()))", tmp_path, GQA_KERNEL=value)
+    r = run_python("import gqa; c = gqa.get_config(); print(c['kernel'], gqa.active_path(), "
+                   "','.join(gqa.available_paths()))", tmp_path, GQA_PATH=value)
     assert r.returncode == 0, r.stderr
     kernel, active, av = r.stdout.split()
     if value == "scalar":
@@ -211,7 +211,7 @@ def test_env_kernel_valid(tmp_path, value):
 def test_env_approx_vnni(tmp_path, name):
     code = ("import gqa; from gqa import _dispatch; c = gqa.get_config(); "
             "print(c['approx_vnni'], c['approx_vnni_effective'], _dispatch.approx_vnni_runnable(), "
-            "gqa.active_kernel())")
+            "gqa.active_path())")
     r = run_python(code, tmp_path, **{name: "1"})
     assert r.returncode == 0, r.stderr
     req, eff, runnable, active = r.stdout.split()
@@ -241,7 +241,7 @@ def _check_config_text(text, active):
 
 def test_show_config():
     buf = io.StringIO()
-    with gqa.config(kernel="scalar"):
+    with gqa.config(path="scalar"):
         gqa.show_config(file=buf)
     _check_config_text(buf.getvalue(), "scalar")
 
@@ -249,9 +249,25 @@ def test_show_config():
 def test_python_m_gqa(tmp_path):
     e = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
     e["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__)))
-    e["GQA_KERNEL"] = "scalar"
+    e["GQA_PATH"] = "scalar"
     # `python -m gqa` alone also runs the demo (tests/test_cli.py); `config` is the print
     r = subprocess.run([sys.executable, "-m", "gqa", "config"], cwd=tmp_path, env=e, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     _check_config_text(r.stdout, "scalar")
+
+
+def test_the_earlier_names_of_path_are_aliases(tmp_path):
+    """GQA_KERNEL, config(kernel=), available_kernels(), active_kernel() and get_config()'s
+    kernel / active_kernel keys: the earlier spellings of path, the same settings."""
+    assert gqa.available_kernels() == gqa.available_paths()
+    with gqa.config(kernel="scalar"):
+        assert gqa.active_kernel() == gqa.active_path() == "scalar"
+        cfg = gqa.get_config()
+        assert cfg["kernel"] == cfg["path"] == "scalar" and cfg["active_kernel"] == "scalar"
+    with pytest.raises(TypeError, match="not both"):
+        gqa.config(path="scalar", kernel="scalar")
+    with pytest.raises(ValueError, match="kernel='avx3'"):
+        gqa.config(kernel="avx3")
+    r = run_python("import gqa; print(gqa.active_path())", tmp_path, GQA_KERNEL="scalar")
+    assert r.stdout.strip() == "scalar", r.stderr

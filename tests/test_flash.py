@@ -139,7 +139,7 @@ def test_flash_decoding_prepared_queries_match_naive(kernel_path, splits, prep):
         inp.update(oscar_rotation_k=rot[0], oscar_rotation_v=rot[1])
     a = dict(num_heads=N, kv_num_heads=Nkv, do_rotary=1, k_quant_type="PER_GROUP", v_quant_type="PER_GROUP",
              kv_cache_bit_width=4, kv_quant_group_size=16)
-    with gqa.config(kernel=kernel_path):
+    with gqa.config(path=kernel_path):
         flash_vs_naive(inp, a, 2e-5, splits=splits)
 
 

@@ -244,7 +244,7 @@ def test_steps_against_float64(kernel_path, fmt, window, rot, partition, flash):
     """A prompt, decode steps and multi-token steps, in place: codes of every row, the
     windows, and the outputs of every step."""
     run = Run(fmt, window, partition, rot, inplace=True, seed=hash((fmt, window, rot)) % 1000)
-    with gqa.config(kernel=kernel_path, flash=flash, flash_blocks=(2, 4) if flash else None):
+    with gqa.config(path=kernel_path, flash=flash, flash_blocks=(2, 4) if flash else None):
         for S in (7, 1, 1, 3, 1, 5, 1, 1, 1, 1):
             q, out, T, S = run.step(S)
             run.check(q, out, T, S, TOL, exact_codes=rot in ("none", "perm"))
@@ -261,7 +261,7 @@ def test_mixed_sides_long_decode(kernel_path, fmt, rot, flash):
     T = 120 with the keys split into chunks (flash decoding) or whole (naive); codes of
     every row and every output against float64."""
     run = Run(fmt, "none", "causal", rot, inplace=True, B=2, C=124, seed=17)
-    with gqa.config(kernel=kernel_path, flash=flash, decode_splits=3 if flash else None):
+    with gqa.config(path=kernel_path, flash=flash, decode_splits=3 if flash else None):
         for S in [9] + [1] * 111:
             q, out, T, S = run.step(S)
             if T % 37 == 0 or T == 120:     # (T + 2 H + 16) u |v| ~ 1.2e-5 at T = 120
@@ -273,7 +273,7 @@ def test_mixed_sides_long_decode(kernel_path, fmt, rot, flash):
 def test_new_buffers_and_ragged_batch(kernel_path, fmt, partition):
     """Not in place (present_hp fed back as past_hp, onnxruntime's way), a ragged batch."""
     run = Run(fmt, "s2r3", partition, "orth", inplace=False, B=2, seed=4, ragged=[6, 3])
-    with gqa.config(kernel=kernel_path):
+    with gqa.config(path=kernel_path):
         for S in (6, 1, 1, 1, 1, 1, 1):
             q, out, T, S = run.step(S)
             run.check(q, out, T, S, TOL, exact_codes=False)
@@ -287,7 +287,7 @@ def test_causal_prefill_equals_token_by_token(kernel_path, fmt):
     it is prefilled at once, in chunks or one token per step."""
     runs = [Run(fmt, "s2r3", "causal", "orth", inplace=True, seed=9) for _ in range(3)]
     outs = []
-    with gqa.config(kernel=kernel_path):
+    with gqa.config(path=kernel_path):
         for run, steps in zip(runs, ([12], [5, 4, 3], [1] * 12)):
             run.rng = np.random.default_rng(21)
             q = run.rng.uniform(-1, 1, (1, 12, (N + 2 * NKV) * H)).astype(F32)
@@ -332,7 +332,7 @@ def test_long_in_place_hand_over(kernel_path):
     run.op = gqa.GroupQueryAttention(num_heads=N, kv_num_heads=NKV, sink_size=3, recent_size=5,
                                      **run.codec.attrs)
     run.hk, run.hv = np.zeros((1, NKV, 8, H), F32), np.zeros((1, NKV, 8, H), F32)
-    with gqa.config(kernel=kernel_path):
+    with gqa.config(path=kernel_path):
         run.step(4)
         for i in range(400):
             q, out, T, S = run.step(1)

@@ -208,12 +208,12 @@ def test_cross_path_agreement(simd_path, mode, rng):
         codes = gqa.quantize(x, qs, bits=bits)
         qk = gqa.qk_gemm(a, b, scale, bits=bits, alpha=0.125)
         sv = gqa.sv_gemm(sa, sb, sscale, bits=bits)
-        with gqa.config(kernel="scalar"):
-            assert gqa.active_kernel() == "scalar"
+        with gqa.config(path="scalar"):
+            assert gqa.active_path() == "scalar"
             codes_s = gqa.quantize(x, qs, bits=bits)
             qk_s = gqa.qk_gemm(a, b, scale, bits=bits, alpha=0.125)
             sv_s = gqa.sv_gemm(sa, sb, sscale, bits=bits)
-        assert gqa.active_kernel() == simd_path
+        assert gqa.active_path() == simd_path
         assert np.array_equal(codes, codes_s)
         assert_within(qk, qk_s.astype(np.float64), 2 * qk_bound(a, bd, 0.125), f"QK {simd_path} vs scalar")
         assert_within(sv, sv_s.astype(np.float64), 2 * sv_bound(sa, sbd, 0.0, None), f"SV {simd_path} vs scalar")

@@ -274,7 +274,7 @@ def test_operator_against_float64(kernel_path, fmt, case, flash):
     inp, rb = _op_case(case, fmt)
     B, S, past, buf, _ = CASES[case]
     before = {n: inp[n].copy() for n in ("past_key", "past_value") if n in inp}
-    with gqa.config(kernel=kernel_path, flash=flash, flash_blocks=(2, 4) if flash else None):
+    with gqa.config(path=kernel_path, flash=flash, flash_blocks=(2, 4) if flash else None):
         out, pk, pv = gqa.GroupQueryAttention(**_attrs(fmt))(**inp)
     kn, vn = _new_rows(inp, B, S)
     for b in range(B):

@@ -119,7 +119,7 @@ def test_qk_norm_against_float64_reference(kernel_path, case, rotary, mode, flas
     """The cache holds normed, rotated K (within half a quantization step, or float32
     rounding), and the output is attention of the normed, rotated query over that cache."""
     inp, a = _case(case, rotary, mode)
-    with gqa.config(kernel=kernel_path, flash=flash, flash_blocks=(2, 4) if flash else None):
+    with gqa.config(path=kernel_path, flash=flash, flash_blocks=(2, 4) if flash else None):
         out, pk, pv = _call(inp, a)[:3]
     m, bits = MODES[mode]
     qr, kr = _prepared(inp, a)

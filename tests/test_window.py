@@ -12,7 +12,7 @@ from gqa import _signature as _call
 from gqa._window import resident
 
 needs_ort = pytest.mark.skipif(not _ort.available(), reason="onnxruntime==1.31.1 not installed")
-PATHS = gqa.available_kernels()         # every path this CPU runs (the fixture reports the rest)
+PATHS = gqa.available_paths()         # every path this CPU runs (the fixture reports the rest)
 MODES = {"float": ("NONE", "NONE", 0), "int8-pt": ("PER_TENSOR", "PER_TENSOR", 8),
          "int8-pc": ("PER_CHANNEL", "PER_CHANNEL", 8), "int4-pt": ("PER_TENSOR", "PER_TENSOR", 4),
          "int4-pc": ("PER_CHANNEL", "PER_CHANNEL", 4), "int8-pc/pt": ("PER_CHANNEL", "PER_TENSOR", 8)}
@@ -98,7 +98,7 @@ def test_random_step_sequences_match_onnxruntime(seed, W, slack, mode, steps, ro
     loop = Loop(seed, C, W, mode, rotary=rotary, bias=bias, max_T=sum(steps))
     pk, pv = loop.buffers(C)
     ok, ov = loop.buffers(C)
-    with gqa.config(kernel=kernel, flash=flash):
+    with gqa.config(path=kernel, flash=flash):
         for i, S in enumerate(steps):
             inp = loop.step(S)
             want = _ort_step(inp, loop.attrs, ok, ov)
@@ -171,7 +171,7 @@ def test_windowed_equals_a_full_cache_masked_by_the_window(case, kernel_path):
     loop = Loop(21, C, W, mode, H=H, max_T=sum(steps), **case)
     pk, pv = loop.buffers(C)
     fk, fv = loop.buffers(sum(steps))
-    with gqa.config(kernel=kernel_path):
+    with gqa.config(path=kernel_path):
         for i, S in enumerate(steps):
             inp = loop.step(S)
             got = gqa.group_query_attention(**inp, past_key=pk, past_value=pv, present_key=pk,

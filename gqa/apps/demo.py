@@ -59,7 +59,7 @@ def run_model(args, out):
     nt = args.threads or gqa.get_config()["effective_num_threads"]
     print(f"gqa demo: {model.name} ({model.num_layers} layers, N={model.num_heads}, "
           f"Nkv={model.kv_num_heads}, H={model.head_size}), NumPy forward with gqa's attention; path "
-          f"{gqa.active_kernel()}, {nt} thread{'s' if nt != 1 else ''}", file=out)
+          f"{gqa.active_path()}, {nt} thread{'s' if nt != 1 else ''}", file=out)
     cal_ids = model.encode(_texts.calibration_text())[:CALIBRATION_TOKENS]
     calibration = model.calibration(cal_ids)
     print(f"scales of the quantized caches: calibrated on {len(cal_ids)} tokens of "

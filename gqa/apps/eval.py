@@ -150,7 +150,7 @@ def decode_speed(model, tokens, Ts, sides, steps, rounds, gap_s, progress=None):
 def report_text(res):
     parts = [f"model: {res['model']}; evaluation text: {res['texts']['evaluation']}; calibration text: "
              f"{res['texts']['calibration']} (first {res['calibration_tokens']} tokens, margin {res['margin']}, K by {res['k_calibration']}); path "
-             f"{res['kernel']}, {res['threads']} threads"]
+             f"{res['path']}, {res['threads']} threads"]
     for C, modes in res.get("perplexity", {}).items():
         rows = [[m, f"{r['ppl']:.3f}", "-" if m == "float" else f"{100 * r['rel_change']:+.2f}%",
                  f"{100 * r['top1_agreement']:.1f}%"] for m, r in modes.items()]
@@ -271,7 +271,7 @@ def run(args, out=None):
         raise SystemExit(f"gqa eval: every --decode-T must exceed --steps + 1 ({args.steps + 1})")
     if len(ev) < need:
         raise SystemExit(f"gqa eval: the evaluation text has {len(ev)} tokens, {need} needed")
-    res = dict(model=model.name, kernel=gqa.active_kernel(), threads=threads,
+    res = dict(model=model.name, path=gqa.active_path(), threads=threads,
                texts=dict(evaluation=_texts.describe(_texts.EVAL_TOPIC),
                           calibration=_texts.describe(_texts.CALIBRATION_TOPIC)),
                calibration_tokens=int(len(cal_ids)), margin=args.margin,

@@ -124,7 +124,7 @@ def run(args, out=None):
     cos, sin = rotary_caches(P + St, args.head_size)
     print(f"gqa demo: {args.layers} layers of GroupQueryAttention (N={args.heads}, Nkv={args.kv_heads}, "
           f"H={args.head_size}, rotary), model dim {args.model_dim}; prompt {P} tokens, then {St} decode "
-          f"steps; path {gqa.active_kernel()}, {nt} thread{'s' if nt != 1 else ''}", file=out)
+          f"steps; path {gqa.active_path()}, {nt} thread{'s' if nt != 1 else ''}", file=out)
     print("  each layer: RMS norm -> Q/K/V projections -> gqa.GroupQueryAttention (KV cache in place) "
           "-> output projection + residual", file=out)
     out.flush()

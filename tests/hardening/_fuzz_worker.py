@@ -123,11 +123,11 @@ def run_layout_kernels(seed, i, progress, rng, verbose=False):
     bits = 8 if rng.integers(2) else 4
     M, K, Nn = (int(x) for x in rng.integers(1, 40, 3))
     pc = bool(rng.integers(2))
-    kernel = gqa.available_kernels()[int(rng.integers(len(gqa.available_kernels())))]
+    kernel = gqa.available_paths()[int(rng.integers(len(gqa.available_paths())))]
     x = rng.uniform(-1, 1, (M, K)).astype(np.float32)
     sk = rng.uniform(0.01, 0.1, K if pc else 1).astype(np.float32)
     sn = rng.uniform(0.01, 0.1, Nn if pc else 1).astype(np.float32)
-    with gqa.config(kernel=kernel):
+    with gqa.config(path=kernel):
         bq = gqa.quantize(rng.uniform(-1, 1, (Nn, K)).astype(np.float32), sk, bits=bits)   # [N, K]
         bs = gqa.quantize(rng.uniform(-1, 1, (K, Nn)).astype(np.float32), sn, bits=bits)   # [K, N]
         calls = {
@@ -168,7 +168,7 @@ def run_layout(seed, i, progress, verbose=False):
         return run_layout_kernels(seed, i, progress, rng, verbose)
     spec = random_spec(rng)
     inp, a, call = build(spec)
-    kernel = gqa.available_kernels()[int(rng.integers(len(gqa.available_kernels())))]
+    kernel = gqa.available_paths()[int(rng.integers(len(gqa.available_paths())))]
     flash = bool(rng.integers(2))
     changed_inputs = {}
     odd = dict(inp)
@@ -183,7 +183,7 @@ def run_layout(seed, i, progress, verbose=False):
     progress.write(json.dumps(desc) + "\n")
     progress.flush()
     problems = []
-    with gqa.config(kernel=kernel, flash=flash):
+    with gqa.config(path=kernel, flash=flash):
         i1, c1 = fresh_call(inp, call)
         want = gqa.group_query_attention(**i1, **a, **c1)
         snap = _snap([odd[k] for k in changed_inputs])

@@ -93,7 +93,7 @@ def ort_supports(spec):
 
 
 def run(inp, a, call, *, kernel, flash, threads, blocks=None, splits=None):
-    with gqa.config(kernel=kernel, flash=flash, flash_blocks=blocks, decode_splits=splits):
+    with gqa.config(path=kernel, flash=flash, flash_blocks=blocks, decode_splits=splits):
         return gqa.group_query_attention(**inp, **a, **call, num_threads=threads)
 
 

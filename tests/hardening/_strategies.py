@@ -68,7 +68,7 @@ def specs(draw, big=False):
 def runtimes(draw):
     """Where and how a call runs: kernel path, thread count, flash tiling / decode splits."""
     return dict(
-        kernel=draw(st.sampled_from(gqa.available_kernels()), label="kernel"),
+        kernel=draw(st.sampled_from(gqa.available_paths()), label="kernel"),
         threads=draw(st.integers(1, 3), label="threads"),
         blocks=draw(st.sampled_from([None, None, (1, 1), (2, 3), (3, 17), (16, 5)]), label="blocks"),
         splits=draw(st.sampled_from([None, None, 2, 3, 64]), label="splits"))

@@ -20,7 +20,7 @@ import _ort
 from _cases import dequant_cache, make_case, reference
 
 needs_ort = pytest.mark.skipif(not _ort.available(), reason="onnxruntime==1.31.1 not installed")
-PATHS = sorted({"scalar", gqa.available_kernels()[-1]})
+PATHS = sorted({"scalar", gqa.available_paths()[-1]})
 MODES = {"float": ("NONE", 0), "s8pt": ("PER_TENSOR", 8), "s4pc": ("PER_CHANNEL", 4)}
 PHASES = {  # make_case arguments; decode long enough for flash decoding to split
     "prompt": dict(B=3, S=9, past=0, ragged=[9, 5, 7]),
@@ -32,7 +32,7 @@ G = N // NKV
 
 
 def _call(inp, a, kernel, flash):
-    with gqa.config(kernel=kernel, flash=flash, flash_blocks=(4, 4) if flash else None,
+    with gqa.config(path=kernel, flash=flash, flash_blocks=(4, 4) if flash else None,
                     decode_splits=4 if flash else None):
         return gqa.group_query_attention(**inp, **a)
 

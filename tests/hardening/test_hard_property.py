@@ -33,7 +33,7 @@ def check_repeat(inp, a, call, rt, flash):
     both equal the flash result bit for bit."""
     i3, c3 = fresh_call(inp, call)
     start = (i3["past_key"].copy(), i3["past_value"].copy()) if call else None
-    with gqa.config(kernel=rt["kernel"], flash=True, flash_blocks=rt["blocks"], decode_splits=rt["splits"]):
+    with gqa.config(path=rt["kernel"], flash=True, flash_blocks=rt["blocks"], decode_splits=rt["splits"]):
         op = gqa.GroupQueryAttention(**a)
         for rep in range(2):
             if start is not None:
@@ -104,7 +104,7 @@ _RT = dict(kernel="scalar", threads=1, blocks=None, splits=None)
 @example(spec=_spec(shared_kv=True, inplace=True, sink=True, smooth=True, causal=False), rt=_RT)
 @example(spec=_spec(phase="subsequent", S=2, past=1, buf_extra=1, T_extra=2, inplace=True,
                     mode="PER_CHANNEL", v_mode="PER_CHANNEL", bits=4, H=32, rotary=True, pos_ids=True),
-         rt=dict(_RT, kernel="avx2" if "avx2" in gqa.available_kernels() else "scalar", blocks=(1, 1)))
+         rt=dict(_RT, kernel="avx2" if "avx2" in gqa.available_paths() else "scalar", blocks=(1, 1)))
 @example(spec=_spec(B=3, pasts=[0, 5, 2], past=5, shared_kv=True, mode="PER_TENSOR", v_mode="PER_CHANNEL",
                     bits=8, H=16, N=4, Nkv=2, window=2), rt=dict(_RT, splits=3))
 @given(spec=specs(), rt=runtimes())

@@ -100,7 +100,7 @@ def test_asan_is_live(sanitized):
     """An out-of-bounds write through the raw kernel binding (no validation) is reported."""
     tree, env = sanitized
     # scalar path: GCC's ASan does not see the AVX-512 masked loads/stores (see HARD_NOTES.md)
-    r = subprocess.run([sys.executable, "-c", CANARY], cwd=tree, env=dict(env, GQA_KERNEL="scalar"),
+    r = subprocess.run([sys.executable, "-c", CANARY], cwd=tree, env=dict(env, GQA_PATH="scalar"),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "AddressSanitizer: heap-buffer-overflow" in r.stderr, \
         f"ASan did not report a deliberate overflow (rc {r.returncode}):\n{r.stderr[-2000:]}"

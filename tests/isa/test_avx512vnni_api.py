@@ -41,7 +41,7 @@ def approx_ref(a, q, s, alpha):
 
 
 def run(a, q, s, alpha, approx):
-    with gqa.config(kernel="avx512", approx_vnni=approx):
+    with gqa.config(path="avx512", approx_vnni=approx):
         assert _dispatch.approx_vnni_effective() == approx
         return gqa.qk_gemm(a, q, np.array([s], F32), bits=8, alpha=alpha)
 
@@ -121,7 +121,7 @@ def test_off_unless_opted_in():
     rng = np.random.default_rng(3)
     a = rng.standard_normal((4, 128)).astype(F32)
     q = rng.integers(-128, 128, (64, 128)).astype(np.int8)
-    with gqa.config(kernel="avx512"):
+    with gqa.config(path="avx512"):
         assert not _dispatch.approx_vnni_effective()
         default = gqa.qk_gemm(a, q, np.array([0.02], F32), bits=8, alpha=0.5)
     exact = 0.5 * a.astype(np.float64) @ (q.astype(np.float64) * np.float64(F32(0.02))).T
@@ -129,7 +129,7 @@ def test_off_unless_opted_in():
     approx = run(a, q, 0.02, 0.5, True)
     assert not np.array_equal(default, approx)
     # never for the other cache types
-    with gqa.config(kernel="avx512", approx_vnni=True):
+    with gqa.config(path="avx512", approx_vnni=True):
         for bits, sc in ((8, np.full(128, 0.02, F32)), (4, np.array([0.02], F32))):
             qq = gqa.quantize(rng.standard_normal((8, 128)).astype(F32), sc, bits=bits)
             with gqa.config(approx_vnni=False):

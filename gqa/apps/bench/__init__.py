@@ -33,10 +33,10 @@ import os
 import platform
 import sys
 import numpy as np
-from .cases import REAL_SHAPES, SEED_SHAPE, _ours, _ours_function, cache_bytes, flops
-from .peers import DEFAULT_PEERS, GGML_SCRIPT, PEER_COLUMNS, PEER_NAMES, _Local, _ort, discover_peers
-from .plan import DEFAULTS, QUICK, _peaks, _peers, plan_rows
-from .report import _loadavg, plot, results_table, targets
+from .cases import REAL_SHAPES, SEED_SHAPE, ours, ours_function, cache_bytes, flops
+from .peers import DEFAULT_PEERS, GGML_SCRIPT, PEER_COLUMNS, PEER_NAMES, Local, ort_side, discover_peers
+from .plan import DEFAULTS, QUICK, peaks, peer_list, plan_rows
+from .report import loadavg, plot, results_table, targets
 from ..terminal import Progress
 from .timing import measure_row
 
@@ -45,23 +45,23 @@ def run(args, out=None, argv=None):
     out = out or sys.stdout
     import gqa
     rows, threads = plan_rows(args)
-    peaks = _peaks(args.peak_gflops, threads)
-    peer_names = _peers(args.peers)
+    peaks = peaks(args.peak_gflops, threads)
+    peer_names = peer_list(args.peers)
     sides, status = discover_peers(peer_names, args)
     columns = [c for p in peer_names for c in PEER_COLUMNS[p]]
-    ours = [_Local("gqa", _ours), _Local("gqa-fn", _ours_function)]
+    ours = [Local("gqa", ours), Local("gqa-fn", ours_function)]
     from .layers import LayerSide
-    in_loop = [LayerSide("gqa", _ours), LayerSide("gqa-fn", _ours_function)]
+    in_loop = [LayerSide("gqa", ours), LayerSide("gqa-fn", ours_function)]
     if "ort" in peer_names and status.get("ort", "").startswith("ok"):
-        in_loop.append(LayerSide("ort", _ort))
+        in_loop.append(LayerSide("ort", ort_side))
     rounds_dec = args.repeats if args.repeats else (5 if args.quick else 15)
     rounds_pre = args.repeats if args.repeats else (3 if args.quick else 5)
 
     cfg = gqa.get_config()
-    header = [f"gqa {gqa.__version__} bench: path {cfg['active_kernel']}, "
+    header = [f"gqa {gqa.__version__} bench: path {cfg['active_path']}, "
               f"{platform.machine()}, {os.cpu_count()} CPUs; Python {platform.python_version()}, "
               f"numpy {np.__version__}"]
-    load0 = _loadavg()
+    load0 = loadavg()
     if load0 is not None:
         header.append(f"  load average at start: {load0:.2f} on {os.cpu_count()} CPUs"
                       + ("  (busy: expect noisy numbers)" if load0 > 0.5 else ""))
@@ -114,7 +114,7 @@ def run(args, out=None, argv=None):
                 s.close()
 
     table = results_table(results, columns)
-    load1 = _loadavg()
+    load1 = loadavg()
     if load1 is not None:
         table += f"\nload average at the end: {load1:.2f} (1-minute; this run's own work included)"
     print(table, file=out)
@@ -123,7 +123,7 @@ def run(args, out=None, argv=None):
         print(summary, file=out)
     doc = {"gqa_version": gqa.__version__, "argv": list(argv) if argv is not None else sys.argv[1:],
            "machine": {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                       "kernel_path": cfg["active_kernel"], "python": platform.python_version(),
+                       "kernel_path": cfg["active_path"], "python": platform.python_version(),
                        "numpy": np.__version__},
            "settings": {"rounds_decode": rounds_dec, "rounds_prefill": rounds_pre, "threads": threads,
                         "gap_ms": args.gap_ms, "load_average_start": load0, "load_average_end": load1,

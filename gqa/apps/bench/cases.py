@@ -68,7 +68,7 @@ def build_inputs(spec):
     return inp, dict(num_heads=N, kv_num_heads=Nkv, **gqa.operator_attributes(spec["mode"]))
 
 
-def _ours(spec, function=False):
+def ours(spec, function=False):
     """gqa's call of a case: a kept operator, or (function) gqa.group_query_attention."""
     inp, attrs = build_inputs(spec)
     kc, vc = inp["past_key"], inp["past_value"]
@@ -83,8 +83,8 @@ def _ours(spec, function=False):
                       present_value=vc, num_threads=nt)
 
 
-def _ours_function(spec):
-    return _ours(spec, function=True)
+def ours_function(spec):
+    return ours(spec, function=True)
 
 
 def cache_bytes(spec):

@@ -29,7 +29,7 @@ GGML_TYPES = {"int8-pt": "q8_0", "int8-pc": "q8_0", "int4-pt": "q4_0", "float": 
 GGML_SCRIPT = os.path.join("shared", "tools", "peers", "ggml_peer.py")
 
 
-def _ort(spec):
+def ort_side(spec):
     if spec["mode"] not in PEER_MODES:
         return None              # onnxruntime 1.31.1 has no per-group or mixed caches
     from .. import ort_peer as _ort_peer
@@ -117,7 +117,7 @@ def _dequant_cache(dequantize, codes, scale, bits, H):
     return out
 
 
-class _Local:
+class Local:
     """A side run in this process."""
 
     def __init__(self, name, prepare):
@@ -200,7 +200,7 @@ def _serve():
                 reply = {"ok": True, "version": _ort_peer.ort.__version__,
                          "flag": os.environ.get("ORT_GQA_DISABLE_FLASH_ATTENTION")}
             elif cmd == "setup":
-                fn = _ort(msg["spec"])
+                fn = ort_side(msg["spec"])
                 reply = {"ok": True}
             elif cmd == "time":
                 reply = {"s": time_batch(fn, msg["inner"], msg["warm"])}
@@ -280,7 +280,7 @@ def discover_peers(names, args):
                 flag = os.environ.get("ORT_GQA_DISABLE_FLASH_ATTENTION")
                 if flag == "1":
                     note += "; ORT_GQA_DISABLE_FLASH_ATTENTION=1 is set here, so this is its naive path too"
-                sides.append(_Local("ort", _ort))
+                sides.append(Local("ort", ort_side))
                 status[name] = f"ok: onnxruntime {ver}{note}, in-process, IOBinding in place"
             else:
                 try:
@@ -298,8 +298,8 @@ def discover_peers(names, args):
                 msg = "missing: torch not installed (pip install torch)"
                 status["torch-f32"] = status["torch-dq"] = msg
                 continue
-            sides.append(_Local("torch-f32", lambda s: _torch_setup(s, False)))
-            sides.append(_Local("torch-dq", lambda s: _torch_setup(s, True)))
+            sides.append(Local("torch-f32", lambda s: _torch_setup(s, False)))
+            sides.append(Local("torch-dq", lambda s: _torch_setup(s, True)))
             status["torch-f32"] = f"ok: torch {torch.__version__}, SDPA on a float32 cache"
             status["torch-dq"] = (f"ok: torch {torch.__version__}, new rows quantized into the code cache, "
                                   "cache dequantized into float32 buffers, then SDPA")
@@ -319,7 +319,7 @@ def discover_peers(names, args):
             except Exception as e:  # noqa: BLE001
                 status["ggml"] = f"missing: could not load ggml ({type(e).__name__}: {e})"
                 continue
-            side = _Local("ggml", gg.prepare)
+            side = Local("ggml", gg.prepare)
             side.teardown = lambda gg=gg, side=side: (gg.teardown(), setattr(side, "fn", None))
             sides.append(side)
             status["ggml"] = f"ok: ggml from {gg.libdir} via {script}; KV types q8_0 / q4_0 / f16"

@@ -42,7 +42,7 @@ def _modes(s):
     return out
 
 
-def _peers(s):
+def peer_list(s):
     out = []
     for p in str(s).split(","):
         p = p.strip().lower()
@@ -99,7 +99,7 @@ def _shapes(arg):
     return out
 
 
-def _peaks(arg, threads):
+def peaks(arg, threads):
     if not arg:
         return {}
     vals = [float(x) for x in str(arg).split(",") if x.strip()]

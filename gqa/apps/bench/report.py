@@ -5,7 +5,7 @@ from .cases import SEED_SHAPE
 from ..terminal import format_table, format_time
 
 
-def _loadavg():
+def loadavg():
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
