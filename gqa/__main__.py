@@ -6,6 +6,10 @@ import argparse
 import sys
 
 
+class _WithDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every option's default."""
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     from .apps import bench as _bench, demo as _demo, eval as _eval
@@ -23,7 +27,7 @@ def main(argv=None):
     _demo.add_arguments(d)
     e = sub.add_parser("eval", help="perplexity per cache mode and decode speed against NumPy and onnxruntime, "
                        "in the real model's loop", description=_eval.__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=_WithDefaults)
     _eval.add_arguments(e)
     args = p.parse_args(argv)
 

