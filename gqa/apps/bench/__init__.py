@@ -35,7 +35,7 @@ import sys
 import numpy as np
 from .cases import REAL_SHAPES, SEED_SHAPE, ours, ours_function, cache_bytes, flops
 from .peers import DEFAULT_PEERS, GGML_SCRIPT, PEER_COLUMNS, PEER_NAMES, Local, ort_side, discover_peers
-from .plan import DEFAULTS, QUICK, peaks, peer_list, plan_rows
+from .plan import DEFAULTS, QUICK, peak_rates, peer_list, plan_rows
 from .report import loadavg, plot, results_table, targets
 from ..terminal import Progress
 from .timing import measure_row
@@ -45,11 +45,11 @@ def run(args, out=None, argv=None):
     out = out or sys.stdout
     import gqa
     rows, threads = plan_rows(args)
-    peaks = peaks(args.peak_gflops, threads)
+    peaks = peak_rates(args.peak_gflops, threads)
     peer_names = peer_list(args.peers)
     sides, status = discover_peers(peer_names, args)
     columns = [c for p in peer_names for c in PEER_COLUMNS[p]]
-    ours = [Local("gqa", ours), Local("gqa-fn", ours_function)]
+    own = [Local("gqa", ours), Local("gqa-fn", ours_function)]
     from .layers import LayerSide
     in_loop = [LayerSide("gqa", ours), LayerSide("gqa-fn", ours_function)]
     if "ort" in peer_names and status.get("ort", "").startswith("ok"):
@@ -82,7 +82,7 @@ def run(args, out=None, argv=None):
             label = f"{spec['phase']} {spec['T']} {spec['mode']} {spec['threads']}t"
             rounds = rounds_pre if spec["phase"] == "prefill" else rounds_dec
             layered = spec["phase"] == "layers"
-            res = measure_row(spec, in_loop if layered else ours + sides, rounds, progress, label,
+            res = measure_row(spec, in_loop if layered else own + sides, rounds, progress, label,
                               args.gap_ms / 1e3)
             rec = dict(spec, gqa=res.pop("gqa"), gqa_fn=res.pop("gqa-fn"), peers={})
             o = rec["gqa"].get("median_us")

@@ -99,7 +99,7 @@ def _shapes(arg):
     return out
 
 
-def peaks(arg, threads):
+def peak_rates(arg, threads):
     if not arg:
         return {}
     vals = [float(x) for x in str(arg).split(",") if x.strip()]
