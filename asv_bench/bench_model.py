@@ -3,7 +3,7 @@ a Llama-family GGUF file in the benchmark environment; skipped otherwise).
 
 - ``ModelPerplexity.track_ppl_gap``: perplexity of each quantized cache relative to the float
   cache, in percent, over the first 513 tokens of the evaluation text with scales calibrated
-  on 512 tokens of the calibration text (gqa/_texts.py, gqa/_eval.py's procedure).
+  on 512 tokens of the calibration text (gqa/apps/texts.py, gqa/apps/eval.py's procedure).
 - ``ModelDecode.time_decode_step``: one whole decode step (30 layers: NumPy projections and
   MLP, gqa attention, logits) at total length T, the cache holding T - 1 positions of the
   evaluation text, rolled back after each step.

@@ -11,8 +11,8 @@ For each runnable path, times QK and SV GEMM on the decode shapes of issue 2:
 and prints G elements/s = M * N * K / t (for QK with M = 1: K-elements per second), the
 M = 4 row-throughput relative to M = 1, and ratios to the issue's targets (per-tensor:
 QK/SV INT8 >= 16, INT4 >= 11 G/s; M=4 >= 2.5x M=1) and to the 1-thread limits of
-../shared/bench/anchors.md (Zen 3: 20.6 INT8, 14.5 INT4) or, with --box-limits, to this
-machine's limits measured with ../shared/tools/roofline.c.
+the project's measured anchors (Zen 3: 20.6 INT8, 14.5 INT4) or, with --box-limits, to this
+machine's limits measured with a roofline probe.
 
 Two timings per case:
   kernel  the compiled entry point gqa._kernels.<op> (no argument validation): the kernel's

@@ -462,7 +462,7 @@ class KVCache:
 
     def _run(self, layer, query, key, value, T):
         """The attention of one layer, caches updated in place to total length T (the
-        operator; gqa/_model_peers.py substitutes other implementations)."""
+        operator; gqa/apps/model_peers.py substitutes other implementations)."""
         kc, vc = self.key[layer], self.value[layer]
         hk, hv = self.hp_key[layer], self.hp_value[layer]
         rk, rv = self.rotations[layer]

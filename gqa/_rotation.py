@@ -9,7 +9,7 @@ output rotated back), so that quantization error falls on directions attention u
   without calibration data gets from ``oscar_rotation(None, head_size, kv_num_heads)``.
 * :func:`calibrate_rotations`: R_K from the covariance of the post-rotary queries of each KV
   head's query group (``sum q^T q``), R_V from that of the attention outputs (``sum (SV)^T
-  (SV)``), gathered from a model's forward over a calibration text (gqa/_llama.py
+  (SV)``), gathered from a model's forward over a calibration text (gqa/apps/llama.py
   ``Llama.calibrate_rotations``).
 """
 import numbers

@@ -1,6 +1,6 @@
 """onnxruntime 1.31.1 as the oracle: a one-node com.microsoft.GroupQueryAttention graph.
 
-The graph builder lives in the package (gqa/_ort_peer.py, also used by `python -m gqa bench`);
+The graph builder lives in the package (gqa/apps/ort_peer.py, also used by `python -m gqa bench`);
 this module keeps the names the tests use: `available()`, `run_ort(inputs, attrs)` (same
 names as gqa.group_query_attention, returns onnxruntime's outputs), `session`, `feeds`, and
 `OrtInPlace` (decode steps with past and present bound to the same buffers through

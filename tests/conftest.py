@@ -1,6 +1,6 @@
 """Shared fixtures: which gqa is tested, the ``kernel_path`` parametrization, the header.
 
-Which gqa is imported (TEST_NOTES.md explains the choice):
+Which gqa is imported:
 
 * the source tree, when it holds an in-place build (``python setup.py build_ext --inplace``
   put compiled extensions into ``gqa/``): a developer testing this checkout;

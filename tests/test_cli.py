@@ -201,7 +201,7 @@ def test_bench_peers_compute_the_same_attention(phase, mode):
 
 
 FAKE_GGML = '''
-"""Stands in for ../shared/tools/peers/ggml_peer.py: same names, no llama.cpp."""
+"""Stands in for a ggml_peer.py script (--ggml-peer): same names, no llama.cpp."""
 import time
 B = HQ = HKV = D = None
 seen = []

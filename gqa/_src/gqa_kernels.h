@@ -168,7 +168,7 @@ int gqa_path_runnable(int path);
 int gqa_approx_vnni_runnable(void);
 size_t gqa_l2_cache_bytes(void);
 
-/* Half-precision conversion helpers shared by all paths (kernels_common.c). */
+/* Half-precision conversion helpers shared by all paths (kernels_scalar.c). */
 float gqa_half_to_float(uint16_t h);
 uint16_t gqa_float_to_half(float f);
 

@@ -38,10 +38,6 @@
 #include "kernels_common.h"
 #include "kernels_group.h"
 
-#define INLINE static inline __attribute__((always_inline))
-/* Unroll the loops over a register block before register allocation, so the
-   accumulator arrays below live in registers. */
-#define UNROLL _Pragma("GCC unroll 32")
 
 /* ---- quantize / dequantize --------------------------------------------- */
 
@@ -184,18 +180,12 @@ INLINE __m256 load8(const uint8_t *row, size_t k, int type, const float *s)
     }
 }
 
-/* Scale applied after accumulation: per-tensor codes carry s, others 1. */
-static inline float post_scale(int type, const float *s)
-{
-    return (type == GQA_S8_PT || type == GQA_S4_PT) ? s[0] : 1.0f;
-}
-
 static void dequantize_avx2(const void *src, float *dst, size_t ldd, size_t rows,
                             size_t cols, int type, const float *s)
 {
     if (GQA_IS_GROUP(type)) { group_dequantize_avx2(src, dst, ldd, rows, cols, type); return; }
     size_t rb = gqa_row_bytes(type, cols);
-    const float ps = post_scale(type, s);
+    const float ps = gqa_post_scale(type, s);
     const __m256 vps = _mm256_set1_ps(ps);
     for (size_t r = 0; r < rows; r++) {
         const uint8_t *row = (const uint8_t *)src + r * rb;
@@ -236,7 +226,7 @@ static void dequantize_t_avx2(const void *src, float *dst, size_t ldd, size_t ro
 {
     if (GQA_IS_GROUP(type)) { group_dequantize_t_avx2(src, dst, ldd, rows, cols, type); return; }
     const size_t rb = gqa_row_bytes(type, cols);
-    const __m256 vps = _mm256_set1_ps(post_scale(type, s));
+    const __m256 vps = _mm256_set1_ps(gqa_post_scale(type, s));
     const uint8_t *B = (const uint8_t *)src;
     const size_t rfull = rows & ~(size_t)7, cfull = cols & ~(size_t)7;
     /* column blocks outer: each pass fills 8 destination rows front to back */
@@ -264,24 +254,16 @@ static void dequantize_t_avx2(const void *src, float *dst, size_t ldd, size_t ro
  *
  * The GEMM kernels read B as unscaled codes (per-tensor scales are applied to
  * the finished dot products, per-channel ones are folded into A for qk_gemm and
- * applied per column after the key sum for sv_gemm), in one of four kinds: */
-#define KS8 0  /* int8 codes */
-#define KS4 1  /* +8-biased nibbles */
-#define KF32 2 /* float32 */
-#define KF16 3 /* binary16 */
-
-static inline int kind_of(int type)
-{
-    return type <= GQA_S8_PC ? KS8 : type <= GQA_S4_PC ? KS4 : type == GQA_F32 ? KF32 : KF16;
-}
+ * applied per column after the key sum for sv_gemm), as one of four elements: */
+/* (gqa_element of kernels_common.h: GQA_EL_S8, GQA_EL_S4, GQA_EL_F32, GQA_EL_F16) */
 
 /* Elements [k, k + 8) in order (k even), unscaled. */
-INLINE __m256 dec8(const int kind, const uint8_t *row, size_t k)
+INLINE __m256 dec8(const int elem, const uint8_t *row, size_t k)
 {
-    switch (kind) {
-    case KS8:
+    switch (elem) {
+    case GQA_EL_S8:
         return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
-    case KS4: {
+    case GQA_EL_S4: {
         uint32_t w;
         memcpy(&w, row + k / 2, 4);
         __m128i v = _mm_cvtsi32_si128((int)w);
@@ -289,7 +271,7 @@ INLINE __m256 dec8(const int kind, const uint8_t *row, size_t k)
         __m128i e = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
         return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(e), _mm256_set1_epi32(8)));
     }
-    case KF32:
+    case GQA_EL_F32:
         return _mm256_loadu_ps((const float *)(const void *)row + k);
     default:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * k)));
@@ -301,16 +283,16 @@ INLINE __m256 dec8(const int kind, const uint8_t *row, size_t k)
    v1 = the high ones (k+1, .., k+15) -- three integer operations and a
    conversion per 8 elements; callers pair them with A or C in the same order.
    Other kinds: v0 = [k, k + 8), v1 = [k + 8, k + 16) in order. */
-INLINE void dec16(const int kind, const uint8_t *row, size_t k, __m256 *v0, __m256 *v1)
+INLINE void dec16(const int elem, const uint8_t *row, size_t k, __m256 *v0, __m256 *v1)
 {
-    if (kind == KS4) {
+    if (elem == GQA_EL_S4) {
         const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k / 2)));
         const __m256i eight = _mm256_set1_epi32(8);
         *v0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(z, _mm256_set1_epi32(15)), eight));
         *v1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(z, 4), eight));
     } else {
-        *v0 = dec8(kind, row, k);
-        *v1 = dec8(kind, row, k + 8);
+        *v0 = dec8(elem, row, k);
+        *v1 = dec8(elem, row, k + 8);
     }
 }
 
@@ -388,7 +370,7 @@ static const float *qk_prep(const float *A, size_t lda, int mb, size_t K, int ty
    INT4 16-element steps (dec16) then one in-order 8-element step when K % 16 >= 8,
    other kinds 8-element steps with the A rows in registers; one zero-padded step
    for K % 8; then hsum4 and mult -- the same operations for every (m, n). */
-INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size_t n1, size_t K, float mult,
+INLINE void qk_block(const int MB, const int NB, const int elem, size_t n0, size_t n1, size_t K, float mult,
                      const float *A, size_t lda, const float *at, const uint8_t *B, size_t rb, int type,
                      float *C, size_t ldc)
 {
@@ -402,7 +384,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
         for (int i = 0; i < nacc; i++)
             acc[i] = _mm256_setzero_ps();
         size_t k = 0;
-        if (kind == KS4)
+        if (elem == GQA_EL_S4)
             for (; k < K16; k += 16) {
                 /* B streams from memory in decode: the block's rows QK_PF bytes ahead, spread
                    over the steps (hardware prefetchers stop at page boundaries; prefetches
@@ -411,7 +393,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
                 UNROLL
                 for (int nb = 0; nb < NB; nb++) {
                     __m256 b0, b1;
-                    dec16(kind, Bn + nb * rb, k, &b0, &b1);
+                    dec16(elem, Bn + nb * rb, k, &b0, &b1);
                     UNROLL
                     for (int mb = 0; mb < MB; mb++) {
                         acc[mb * NB + nb] = _mm256_fmadd_ps(_mm256_loadu_ps(A + mb * lda + k), b0, acc[mb * NB + nb]);
@@ -421,7 +403,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
                 }
             }
         for (; k < K8; k += 8) { /* other kinds: A rows loaded once per step */
-            const int bpe = kind == KS8 ? 1 : kind == KF32 ? 4 : kind == KF16 ? 2 : 0; /* S4: tail only */
+            const int bpe = elem == GQA_EL_S8 ? 1 : elem == GQA_EL_F32 ? 4 : elem == GQA_EL_F16 ? 2 : 0; /* S4: tail only */
             UNROLL
             for (int j = 0; j < (8 * NB * bpe + 63) / 64; j++)
                 _mm_prefetch((const char *)Bn + QK_PF + k * NB * bpe + 64 * j, _MM_HINT_T0);
@@ -431,7 +413,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
                 a[mb] = _mm256_loadu_ps(A + mb * lda + k);
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
-                __m256 b = dec8(kind, Bn + nb * rb, k);
+                __m256 b = dec8(elem, Bn + nb * rb, k);
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
                     acc[mb * NB + nb] = _mm256_fmadd_ps(a[mb], b, acc[mb * NB + nb]);
@@ -463,7 +445,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
     }
 }
 
-/* One function per (kind, MB, NB): the kind is a compile-time constant inside each,
+/* One function per (elem, MB, NB): the elem is a compile-time constant inside each,
    so the decode switch disappears from the inner loop. */
 #define QK_INST(T, MB, NB)                                                                       \
     static void qk_##T##_##MB##x##NB(size_t n0, size_t n1, size_t K, float mult, const float *A,  \
@@ -691,14 +673,14 @@ static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float 
             memset(C + m * ldc, 0, N * sizeof(float));
         return;
     }
-    const int kind = kind_of(type), prep = GQA_IS_PC(type) || GQA_IS_S4(type);
-    const qk_fn *wide = qk_wide[kind], *narrow = qk_narrow[kind];
+    const int elem = gqa_element(type), prep = GQA_IS_PC(type) || GQA_IS_S4(type);
+    const qk_fn *wide = qk_wide[elem], *narrow = qk_narrow[elem];
     const size_t rb = gqa_row_bytes(type, K);
-    const float mult = alpha * post_scale(type, s);
+    const float mult = alpha * gqa_post_scale(type, s);
     const uint8_t *Bb = (const uint8_t *)B;
     float stack_buf[QK_STACK_FLOATS], tail[8 * 8];
     float *buf = stack_buf;
-    size_t bm = row_block(M, qk_maxmb[kind]);
+    size_t bm = row_block(M, qk_maxmb[elem]);
     if (prep && bm * K > QK_STACK_FLOATS) {
         if (K <= QK_STACK_FLOATS) {
             bm = QK_STACK_FLOATS / K; /* fewer rows per block: the same values */
@@ -728,7 +710,7 @@ static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float 
    only the first `np` < 8 columns exist, decoded element by element into a
    zero-padded vector -- the same lane arithmetic.  Scale per column: `spc` (per
    channel) or `vs` (per tensor, 1 for float rows), applied once per key chunk. */
-INLINE void sv_block(const int MB, const int NV, const int kind, const int part, size_t np, size_t k0,
+INLINE void sv_block(const int MB, const int NV, const int elem, const int part, size_t np, size_t k0,
                      size_t k1, const float *A, size_t lda, const uint8_t *B, size_t rb, size_t n0,
                      int type, const float *spc, __m256 vs, float *C, size_t ldc, size_t pf)
 {
@@ -746,9 +728,9 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int part,
         } else {
             UNROLL
             for (int v = 0; v + 1 < NV; v += 2)
-                dec16(kind, row, n0 + 8 * v, &b[v], &b[v + 1]);
+                dec16(elem, row, n0 + 8 * v, &b[v], &b[v + 1]);
             if (NV & 1)
-                b[NV - 1] = dec8(kind, row, n0 + 8 * (NV - 1));
+                b[NV - 1] = dec8(elem, row, n0 + 8 * (NV - 1));
         }
         UNROLL
         for (int mb = 0; mb < MB; mb++) {
@@ -760,7 +742,7 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int part,
     }
     UNROLL
     for (int mb = 0; mb < MB; mb++) {
-        if (kind == KS4 && !part)
+        if (elem == GQA_EL_S4 && !part)
             UNROLL
             for (int v = 0; v + 1 < NV; v += 2) { /* even | odd columns -> in order */
                 __m256 lo = _mm256_unpacklo_ps(acc[mb * NV + v], acc[mb * NV + v + 1]);
@@ -841,11 +823,11 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             group_sv_avx2(M, N, K, A, lda, B, type, C, ldc, beta);
         return;
     }
-    const int kind = kind_of(type);
+    const int elem = gqa_element(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
     const float *spc = GQA_IS_PC(type) ? s : NULL;
-    const __m256 vs = _mm256_set1_ps(post_scale(type, s));
+    const __m256 vs = _mm256_set1_ps(gqa_post_scale(type, s));
     for (size_t m = 0; m < M; m++) {
         float *c = C + m * ldc;
         if (beta == 0.0f)
@@ -857,25 +839,25 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
     /* Codes: chunks of keys (16 KiB of rows at H = 128) stay in L1 while every
        column block reads them; float rows (flash tiles, already cache-resident): one
        pass.  The chunk depends on the type only, so C[m, n] does not depend on N. */
-    const size_t kc = kind == KS8 ? 128 : kind == KS4 ? 256 : (K ? K : 1);
-    const size_t n16 = kind == KS4 ? N & ~(size_t)15 : 0, n8 = N & ~(size_t)7;
-    const size_t bm = row_block(M, sv_maxmb[kind]);
+    const size_t kc = elem == GQA_EL_S8 ? 128 : elem == GQA_EL_S4 ? 256 : (K ? K : 1);
+    const size_t n16 = elem == GQA_EL_S4 ? N & ~(size_t)15 : 0, n8 = N & ~(size_t)7;
+    const size_t bm = row_block(M, sv_maxmb[elem]);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
         const size_t k1 = K - k0 < kc ? K : k0 + kc;
         for (size_t m0 = 0; m0 < M; m0 += bm) {
             const int mb = (int)(M - m0 < bm ? M - m0 : bm);
-            const sv_fn *f = sv_fns[kind][mb];
+            const sv_fn *f = sv_fns[elem][mb];
             const float *a = A + m0 * lda;
             float *c = C + m0 * ldc;
-            const size_t step = 8 * (size_t)sv_nvw[kind][mb];
+            const size_t step = 8 * (size_t)sv_nvw[elem][mb];
             /* codes, first block of rows: each column block (<= 32 bytes of a row) that
                starts a 64-byte line prefetches that line of the next chunk's rows */
-            const int pfc = m0 == 0 && k1 < K && kind <= KS4;
+            const int pfc = m0 == 0 && k1 < K && elem <= GQA_EL_S4;
 #define SV_PF(n) (pfc && gqa_row_bytes(type, n) % 64 == 0 ? kc * rb + gqa_row_bytes(type, n) : 0)
             /* INT4 blocks of 2+ vectors decode 16-column pairs: they stop at n16; the other
                kinds take 16-column blocks too before single vectors (more accumulators in
                flight: a 64-column head at MB = 3 is 24 + 24 + 16, not 24 + 24 + 8 + 8) */
-            const size_t wide_end = kind == KS4 ? n16 : n8;
+            const size_t wide_end = elem == GQA_EL_S4 ? n16 : n8;
             size_t n = 0;
             for (; n + step <= wide_end; n += step)
                 f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));

@@ -60,25 +60,10 @@
 #include "kernels_common.h"
 #include "kernels_group.h"
 
-#define INLINE static inline __attribute__((always_inline))
-/* Fully unroll the loops over a register block early, so the accumulator
-   arrays live in registers (GCC keeps them on the stack otherwise).  The
-   emulation build skips it: same arithmetic, a third of the compile time. */
-#ifdef GQA_EMULATE_AVX512
-#define UNROLL
-#else
-#define UNROLL _Pragma("GCC unroll 32")
-#endif
 
 /* Lanes [0, n) set, n <= 16 / n <= 64. */
 static inline __mmask16 mask16(size_t n) { return (__mmask16)((1u << n) - 1u); }
 static inline __mmask64 mask64(size_t n) { return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1); }
-
-/* Scale applied after accumulation: per-tensor codes carry s, others 1. */
-static inline float post_scale(int type, const float *s)
-{
-    return (type == GQA_S8_PT || type == GQA_S4_PT) ? s[0] : 1.0f;
-}
 
 /* ---- quantize ------------------------------------------------------------ */
 
@@ -201,7 +186,7 @@ static void quantize_avx512(const float *src, size_t lda, void *dst, size_t rows
 /* ---- element loads --------------------------------------------------------- */
 
 /* Elements [k, k + 16) of a packed row as float32 (k % 16 == 0): scaled for
-   per-channel types, unscaled codes for per-tensor ones (see post_scale).  With
+   per-channel types, unscaled codes for per-tensor ones (see gqa_post_scale).  With
    `masked`, only the first n elements are read and the rest are finite (0 or
    code * 0 for the padding), so multiplying them by a zero A lane adds +-0. */
 INLINE __m512 load16(const uint8_t *row, size_t k, const int type, const float *s, const int masked,
@@ -244,7 +229,7 @@ INLINE __m512 load16(const uint8_t *row, size_t k, const int type, const float *
 
 INLINE void dequant_row(const uint8_t *row, float *d, size_t cols, const int type, const float *s)
 {
-    const __m512 vps = _mm512_set1_ps(post_scale(type, s));
+    const __m512 vps = _mm512_set1_ps(gqa_post_scale(type, s));
     const int pt = type == GQA_S8_PT || type == GQA_S4_PT;
     size_t c = 0;
     for (; c + 16 <= cols; c += 16) {
@@ -345,7 +330,7 @@ INLINE void deqt_block(const uint8_t *B, size_t rb, size_t r, size_t c, size_t n
     {                                                                                                \
         const uint8_t *B = (const uint8_t *)src;                                                     \
         const size_t rb = gqa_row_bytes(T, cols);                                                    \
-        const __m512 vps = _mm512_set1_ps(post_scale(T, s));                                         \
+        const __m512 vps = _mm512_set1_ps(gqa_post_scale(T, s));                                         \
         const size_t rfull = rows & ~(size_t)15, cfull = cols & ~(size_t)15;                         \
         /* column blocks outer: each pass fills 16 destination rows front to back */                 \
         for (size_t c = 0; c < cols; c += 16) {                                                      \
@@ -405,16 +390,8 @@ static void dequantize_t_avx512(const void *src, float *dst, size_t ldd, size_t 
  *
  * The GEMM kernels read B as unscaled codes: per-tensor scales are applied to the
  * finished dot products, per-channel ones are folded into A for qk_gemm and applied
- * per column after the key sum for sv_gemm.  Four kinds of element: */
-#define KS8 0  /* int8 codes */
-#define KS4 1  /* +8-biased nibbles */
-#define KF32 2 /* float32 */
-#define KF16 3 /* binary16 */
-
-static inline int kind_of(int type)
-{
-    return type <= GQA_S8_PC ? KS8 : type <= GQA_S4_PC ? KS4 : type == GQA_F32 ? KF32 : KF16;
-}
+ * per column after the key sum for sv_gemm.  Four elements: */
+/* (gqa_element of kernels_common.h: GQA_EL_S8, GQA_EL_S4, GQA_EL_F32, GQA_EL_F16) */
 
 /* Elements [k, k + 16) in order (k even), unscaled; with `masked` only the first
    n are read and the rest are 0. */
@@ -422,11 +399,11 @@ INLINE __m512 dec16(const int kind, const uint8_t *row, size_t k, const int mask
 {
     const __mmask16 m = masked ? mask16(n) : (__mmask16)0xFFFF;
     switch (kind) {
-    case KS8: {
+    case GQA_EL_S8: {
         __m128i v = masked ? _mm_maskz_loadu_epi8(m, row + k) : _mm_loadu_si128((const __m128i *)(row + k));
         return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
     }
-    case KS4: {
+    case GQA_EL_S4: {
         __m128i v = masked ? _mm_maskz_loadu_epi8(mask16((n + 1) / 2), row + k / 2)
                            : _mm_loadl_epi64((const __m128i *)(row + k / 2));
         const __m128i lo4 = _mm_set1_epi8(0x0F);
@@ -434,7 +411,7 @@ INLINE __m512 dec16(const int kind, const uint8_t *row, size_t k, const int mask
         __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(e), _mm512_set1_epi32(8)));
         return masked ? _mm512_maskz_mov_ps(m, f) : f; /* a pad nibble past n would give -8 */
     }
-    case KF32: {
+    case GQA_EL_F32: {
         const float *p = (const float *)(const void *)row + k;
         return masked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
     }
@@ -572,7 +549,7 @@ static const float *qk_prep(const float *A, size_t lda, int mb, size_t K, int ty
 INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size_t n1, size_t K, float mult,
                      const float *A, size_t lda, const uint8_t *B, size_t rb, float *C, size_t ldc)
 {
-    const size_t K32 = kind == KS4 ? K & ~(size_t)31 : 0, K16 = K & ~(size_t)15;
+    const size_t K32 = kind == GQA_EL_S4 ? K & ~(size_t)31 : 0, K16 = K & ~(size_t)15;
     const __mmask16 mt = mask16(K - K16);
     const __m512 vm = _mm512_set1_ps(mult);
     for (size_t n = n0; n < n1; n += NB) {
@@ -602,7 +579,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
             }
         }
         for (; k < K16; k += 16) {
-            const int bpe = kind == KS8 ? 1 : kind == KF32 ? 4 : kind == KF16 ? 2 : 0; /* S4: tail only */
+            const int bpe = kind == GQA_EL_S8 ? 1 : kind == GQA_EL_F32 ? 4 : kind == GQA_EL_F16 ? 2 : 0; /* S4: tail only */
             UNROLL
             for (int j = 0; j < (16 * NB * bpe + 63) / 64; j++)
                 _mm_prefetch((const char *)Bn + QK_PF + k * NB * bpe + 64 * j, _MM_HINT_T0);
@@ -1049,10 +1026,10 @@ static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const floa
             memset(C + m * ldc, 0, N * sizeof(float));
         return;
     }
-    const int kind = kind_of(type), prep = GQA_IS_PC(type) || GQA_IS_S4(type);
+    const int kind = gqa_element(type), prep = GQA_IS_PC(type) || GQA_IS_S4(type);
     const qk_fn *wide = qk_wide[kind], *narrow = qk_narrow[kind];
     const size_t rb = gqa_row_bytes(type, K);
-    const float mult = alpha * post_scale(type, s);
+    const float mult = alpha * gqa_post_scale(type, s);
     const uint8_t *Bb = (const uint8_t *)B;
     float stack_buf[QK_STACK_FLOATS];
     float *buf = stack_buf;
@@ -1098,13 +1075,13 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int maske
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
         if (pf) { /* this block's bytes of the same row of the next key chunk */
-            const int bytes = kind == KS4 ? 8 * NV : 16 * NV;
+            const int bytes = kind == GQA_EL_S4 ? 8 * NV : 16 * NV;
             UNROLL
             for (int j = 0; j < (bytes + 63) / 64; j++)
                 _mm_prefetch((const char *)row + pf + 64 * j, _MM_HINT_T0);
         }
         __m512 b[8];
-        if (kind == KS4 && !masked && NV % 2 == 0) {
+        if (kind == GQA_EL_S4 && !masked && NV % 2 == 0) {
             UNROLL
             for (int v = 0; v < NV; v += 2)
                 dec32_s4(row, n0 + 16 * v, &b[v], &b[v + 1]);
@@ -1126,7 +1103,7 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int maske
     const __mmask16 m = masked ? mask16(np) : (__mmask16)0xFFFF;
     UNROLL
     for (int mb = 0; mb < MB; mb++) {
-        if (kind == KS4 && !masked && NV % 2 == 0)
+        if (kind == GQA_EL_S4 && !masked && NV % 2 == 0)
             UNROLL
             for (int v = 0; v < NV; v += 2) { /* even | odd columns -> in order */
                 __m512 lo = _mm512_unpacklo_ps(acc[mb * NV + v], acc[mb * NV + v + 1]);
@@ -1203,11 +1180,11 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
             group_sv_avx512(M, N, K, A, lda, B, type, C, ldc, beta);
         return;
     }
-    const int kind = kind_of(type);
+    const int kind = gqa_element(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
     const float *spc = GQA_IS_PC(type) ? s : NULL;
-    const __m512 vs = _mm512_set1_ps(post_scale(type, s));
+    const __m512 vs = _mm512_set1_ps(gqa_post_scale(type, s));
     const __m512 vb = _mm512_set1_ps(beta);
     for (size_t m = 0; m < M; m++) {
         float *c = C + m * ldc;
@@ -1221,10 +1198,10 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
         }
     }
     const size_t kc = sv_kc[type];
-    const size_t n32 = kind == KS4 ? N & ~(size_t)31 : 0, n16 = N & ~(size_t)15;
+    const size_t n32 = kind == GQA_EL_S4 ? N & ~(size_t)31 : 0, n16 = N & ~(size_t)15;
     /* float32 tiles with many rows (flash): 6 x 64-column blocks, 24 accumulators for
        10 loads per key (8 x 32 columns: 16 for 10), ~10% faster measured here */
-    const size_t bm = row_block(M, kind == KF32 && M >= 16 ? 6 : 8);
+    const size_t bm = row_block(M, kind == GQA_EL_F32 && M >= 16 ? 6 : 8);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
         const size_t k1 = K - k0 < kc ? K : k0 + kc;
         for (size_t m0 = 0; m0 < M; m0 += bm) {
@@ -1235,10 +1212,10 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
             const size_t step = 16 * (size_t)sv_nvw[mb];
             /* codes, first block of rows: each column block that starts a 64-byte line
                prefetches its lines of the next chunk's rows */
-            const int pfc = m0 == 0 && k1 < K && kind <= KS4;
+            const int pfc = m0 == 0 && k1 < K && kind <= GQA_EL_S4;
 #define SV_PF(n) (pfc && gqa_row_bytes(type, n) % 64 == 0 ? kc * rb + gqa_row_bytes(type, n) : 0)
             /* INT4 blocks of 2+ vectors decode 32-column pairs: they stop at n32 */
-            const size_t wide_end = kind == KS4 ? n32 : n16;
+            const size_t wide_end = kind == GQA_EL_S4 ? n32 : n16;
             size_t n = 0;
             for (; n + step <= wide_end; n += step)
                 f[0](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
@@ -1257,7 +1234,7 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
 
 /* ---- qk_gemm_s8_approx (opt-in, AVX-512 VNNI) ---------------------------------
  *
- * Contract (gqa-contract.md section 2.7), GQA_S8_PT only.  For each row m of A:
+ * Contract (onnxruntime MLAS's approximate VNNI QK, stated here), GQA_S8_PT only.  For each row m of A:
  *   amax = max_k |A[m,k]|;
  *   amax == 0 (or 127 / amax overflows, amax < ~3.7e-37): every code is 128
  *               and sa = 1, so the row's results are 0;

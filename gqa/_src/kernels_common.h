@@ -13,9 +13,39 @@
 #include <string.h>
 #include "gqa_kernels.h"
 
+/* Forced inlining, and the unrolling of the loops over a register block before register
+   allocation so that accumulator arrays live in registers (the emulated AVX-512 build of
+   tests/isa skips it: the same arithmetic, a third of the compile time). */
+#define INLINE static inline __attribute__((always_inline))
+#ifdef GQA_EMULATE_AVX512
+#define UNROLL
+#else
+#define UNROLL _Pragma("GCC unroll 32")
+#endif
+
 #define GQA_IS_S4(t) ((t) == GQA_S4_PT || (t) == GQA_S4_PC)
 #define GQA_IS_PC(t) ((t) == GQA_S8_PC || (t) == GQA_S4_PC)
 #define GQA_IS_QUANT(t) ((t) <= GQA_S4_PC)
+
+/* The scale a SIMD path applies after accumulation: per-tensor codes carry s[0], the others
+   (per channel: folded into A or applied per column; floats) 1. */
+static inline float gqa_post_scale(int type, const float *s)
+{
+    return (type == GQA_S8_PT || type == GQA_S4_PT) ? s[0] : 1.0f;
+}
+
+/* The element of a static or float row as the SIMD GEMMs read it, unscaled (gqa_element):
+   int8 codes, +8-biased nibbles, float32 or binary16.  (GQA_KIND is the group kind.) */
+#define GQA_EL_S8 0
+#define GQA_EL_S4 1
+#define GQA_EL_F32 2
+#define GQA_EL_F16 3
+
+static inline int gqa_element(int type)
+{
+    return type <= GQA_S8_PC ? GQA_EL_S8 : type <= GQA_S4_PC ? GQA_EL_S4
+         : type == GQA_F32 ? GQA_EL_F32 : GQA_EL_F16;
+}
 
 /* Multiplier used when quantizing: 1/s in float32, 1 when s == 0. */
 static inline float gqa_inv_scale(float s)

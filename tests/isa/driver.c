@@ -587,7 +587,7 @@ static void check_row_max(void)
 
 /* ---- approximate INT8 QK ------------------------------------------------------ */
 
-/* The contract of qk_gemm_s8_approx (gqa-contract.md 2.7, kernels_avx512.c),
+/* The contract of qk_gemm_s8_approx (stated in kernels_avx512.c),
    stated plainly; D (may be NULL) receives the integer dots. */
 static void approx_oracle(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                           const int8_t *B, float s, float *C, size_t ldc, int64_t *D)

@@ -1,7 +1,7 @@
 """The opt-in approximate INT8 per-tensor QK kernel (AVX-512 VNNI), run natively.
 
 Checked through the public API against a NumPy statement of its contract
-(gqa-contract.md section 2.7, as pinned down in kernels_avx512.c):
+(the contract stated in kernels_avx512.c):
   - bit for bit against the formula, and the integer dot exactly (rows whose
     scale is a power of two, so the integer can be read back from C);
   - against the exact path within the worst-case error bound derived below;

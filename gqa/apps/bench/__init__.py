@@ -16,7 +16,7 @@ Peers (each optional; a missing one is reported and skipped):
                 cache, and ``torch-dq`` (quantized modes): the cache kept as gqa's codes, the new
                 rows quantized into it, the whole cache dequantized into preallocated float32
                 buffers, then SDPA.
-* ``ggml``      llama.cpp's ``ggml_flash_attn_ext`` through ``../shared/tools/peers/ggml_peer.py``
+* ``ggml``      llama.cpp's ``ggml_flash_attn_ext`` through a ``ggml_peer.py`` script (``--ggml-peer``)
                 (only when asked, and only with llama-cpp-python installed); KV types q8_0 (INT8),
                 q4_0 (INT4), f16 (float).
 
