@@ -10,7 +10,7 @@ positions in place and returns the attention output.
 
 Layout and bookkeeping (the contract):
 - ``cache.key[layer]`` / ``cache.value[layer]``: ``[B, Nkv, max_length, Hp]``, each of its own
-  mode (:func:`cache_layout`): ``Hp = H`` (float32/float16 or int8 codes), ``(H + 1) // 2``
+  format (``CacheFormat.layout``): ``Hp = H`` (float32/float16 or int8 codes), ``(H + 1) // 2``
   (INT4, two codes per uint8, README "INT4 layout") or ``gqa.group_row_bytes(H, bits, group,
   metadata)`` (per-group uint8 rows).  Rows ``[0, length)`` hold the sequence; rows past it are
   never read.
@@ -40,11 +40,6 @@ from ._formats import CacheFormat, attributes, cache_options, mode_name, parse_m
 from ._operator import GroupQueryAttention
 
 SCALE_FLOOR = 1e-6
-
-
-def cache_layout(mode, head_size, dtype=np.float32):
-    """(row width, dtype) of one tensor's cache rows for a format name (gqa/_formats.py)."""
-    return CacheFormat.parse(mode).layout(head_size, dtype)
 
 
 def rotary_caches(max_positions, rotary_dim, base=10000.0):

@@ -41,17 +41,17 @@ def _str(name, value):
     return value
 
 
-def _in(*allowed, hint=""):
+def _in(*allowed):
     def check(name, value):
         if value not in allowed:
-            raise ValueError(f"{name} must be {' or '.join(map(repr, allowed))}{hint}, got {value!r}")
+            raise ValueError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
     return check
 
 
-def _range(lo, hi=INT32_MAX, hint=""):
+def _range(lo, hi=INT32_MAX):
     def check(name, value):
         if not lo <= value <= hi:
-            raise ValueError(f"{name} must be in [{lo}, {hi}]{hint}, got {value}")
+            raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
     return check
 
 

@@ -22,8 +22,6 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t, int32_t, uint32_t
 from cpython.object cimport PyObject
 
-import numbers
-
 import numpy as np
 
 from gqa._attention cimport Consts, Params, run, check_lengths
@@ -44,12 +42,9 @@ cdef enum:
     ROT_MAX = 1024       # the widest head a rotation takes (_attention.pyx)
 
 cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_ARRAY_WRITEABLE
-cdef int READY = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED
 
 cdef dict _SETTINGS = _config._settings   # updated in place by gqa.config
 cdef object _ONES = np.ones(1, np.float32)   # the scales of a float cache (never read)
-cdef object _F32 = np.dtype(np.float32)
-cdef object _F16 = np.dtype(np.float16)
 # the arrays that may not share memory with the caches in place, as the checks list them
 cdef tuple _KEPT_NAMES = ("k_scale", "v_scale", "cos_cache", "sin_cache", "head_sink",
                           "q_norm_weight", "k_norm_weight", "oscar_rotation_k", "oscar_rotation_v")
