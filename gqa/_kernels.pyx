@@ -7,7 +7,7 @@ The one internal API the library documents beyond its public names: kernel bench
 ``gqa.CacheFormat.ctype``, to time a kernel without the argument checks.  Nothing here
 checks its arguments: wrong sizes are out-of-bounds accesses."""
 cimport numpy as cnp
-from gqa._dispatch cimport active_table, qk_kernel, gqa_kernels, gqa_qk_gemm_fn
+from gqa._dispatch cimport active_table, qk_kernel, gqa_kernels, gqa_qk_gemm_fn, gqa_dequantize_fn
 
 cnp.import_array()
 
@@ -27,51 +27,55 @@ def quantize(cnp.ndarray x, cnp.ndarray out, cnp.ndarray scale, size_t rows, siz
         t.quantize(px, cols, po, rows, cols, type, ps)
 
 
-def dequantize(cnp.ndarray codes, cnp.ndarray out, cnp.ndarray scale, size_t rows, size_t cols, int type):
+cdef _dequantize(cnp.ndarray codes, cnp.ndarray out, cnp.ndarray scale, size_t rows, size_t cols,
+                 int type, bint transposed):
     cdef const gqa_kernels *t = active_table()
+    cdef gqa_dequantize_fn fn = t.dequantize_t if transposed else t.dequantize
+    cdef size_t ldd = rows if transposed else cols
     cdef const void *pc = data(codes)
     cdef float *po = <float *>data(out)
     cdef const float *ps = <const float *>data(scale)
     if rows == 0 or cols == 0:
         return
     with nogil:
-        t.dequantize(pc, po, cols, rows, cols, type, ps)
+        fn(pc, po, ldd, rows, cols, type, ps)
+
+
+def dequantize(cnp.ndarray codes, cnp.ndarray out, cnp.ndarray scale, size_t rows, size_t cols, int type):
+    """out[r, c] = dequant(codes)[r, c] (out is [rows, cols])."""
+    _dequantize(codes, out, scale, rows, cols, type, False)
 
 
 def dequantize_t(cnp.ndarray codes, cnp.ndarray out, cnp.ndarray scale, size_t rows, size_t cols, int type):
     """out[c, r] = dequant(codes)[r, c] (out is [cols, rows])."""
+    _dequantize(codes, out, scale, rows, cols, type, True)
+
+
+cdef _gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out, size_t M, size_t N,
+           size_t K, float x, int type, bint sv):
+    """qk_gemm (x = alpha) or sv_gemm (x = beta) of a [M, K] and b, into out [M, N]."""
     cdef const gqa_kernels *t = active_table()
-    cdef const void *pc = data(codes)
-    cdef float *po = <float *>data(out)
+    cdef gqa_qk_gemm_fn qk = qk_kernel(t, type)
+    cdef const float *pa = <const float *>data(a)
+    cdef const void *pb = data(b)
     cdef const float *ps = <const float *>data(scale)
-    if rows == 0 or cols == 0:
+    cdef float *pc = <float *>data(out)
+    if M == 0 or N == 0:
         return
     with nogil:
-        t.dequantize_t(pc, po, rows, rows, cols, type, ps)
+        if sv:
+            t.sv_gemm(M, N, K, pa, K, pb, type, ps, pc, N, x)
+        else:
+            qk(M, N, K, x, pa, K, pb, type, ps, pc, N)
 
 
 def qk_gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out,
             size_t M, size_t N, size_t K, float alpha, int type):
-    cdef const gqa_kernels *t = active_table()
-    cdef gqa_qk_gemm_fn fn = qk_kernel(t, type)
-    cdef const float *pa = <const float *>data(a)
-    cdef const void *pb = data(b)
-    cdef const float *ps = <const float *>data(scale)
-    cdef float *pc = <float *>data(out)
-    if M == 0 or N == 0:
-        return
-    with nogil:
-        fn(M, N, K, alpha, pa, K, pb, type, ps, pc, N)
+    """out = alpha * a @ dequant(b).T (the approximate VNNI kernel where opted in)."""
+    _gemm(a, b, scale, out, M, N, K, alpha, type, False)
 
 
 def sv_gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out,
             size_t M, size_t N, size_t K, float beta, int type):
-    cdef const gqa_kernels *t = active_table()
-    cdef const float *pa = <const float *>data(a)
-    cdef const void *pb = data(b)
-    cdef const float *ps = <const float *>data(scale)
-    cdef float *pc = <float *>data(out)
-    if M == 0 or N == 0:
-        return
-    with nogil:
-        t.sv_gemm(M, N, K, pa, K, pb, type, ps, pc, N, beta)
+    """out = beta * out + a @ dequant(b)."""
+    _gemm(a, b, scale, out, M, N, K, beta, type, True)

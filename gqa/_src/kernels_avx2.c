@@ -101,11 +101,7 @@ static void group_decode_row_avx2(const uint8_t *row, float *dst, size_t cols, i
     }
 }
 
-static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
-                           const void *B, int type, const float *s, float *C, size_t ldc);
-static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
-                           int type, const float *s, float *C, size_t ldc, float beta);
-GQA_GROUP_OPS(avx2, group_decode_row_avx2, qk_gemm_avx2, sv_gemm_avx2)
+GQA_GROUP_OPS(avx2, group_decode_row_avx2)
 
 static void quantize_avx2(const float *src, size_t lda, void *dst, size_t rows,
                           size_t cols, int type, const float *s)
@@ -661,13 +657,7 @@ GQA_GROUP_FUSED(avx2, group_qk_ord_avx2, group_sv_ord_avx2)
 static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    if (GQA_IS_GROUP(type)) {
-        if (group_fast_avx2(type, K))
-            group_qk_fast_avx2(M, N, K, alpha, A, lda, B, type, C, ldc);
-        else
-            group_qk_avx2(M, N, K, alpha, A, lda, B, type, C, ldc);
-        return;
-    }
+    GQA_GROUP_ENTRY(avx2, qk, group_fast_avx2(type, K), GQA_QK_ARGS)
     if (K == 0) { /* contract: C zero-filled */
         for (size_t m = 0; m < M; m++)
             memset(C + m * ldc, 0, N * sizeof(float));
@@ -816,13 +806,7 @@ static const size_t sv_maxmb[4] = {6, 6, 6, 6};
 static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                          int type, const float *s, float *C, size_t ldc, float beta)
 {
-    if (GQA_IS_GROUP(type)) {
-        if (group_fast_avx2(type, N))
-            group_sv_fast_avx2(M, N, K, A, lda, B, type, C, ldc, beta);
-        else
-            group_sv_avx2(M, N, K, A, lda, B, type, C, ldc, beta);
-        return;
-    }
+    GQA_GROUP_ENTRY(avx2, sv, group_fast_avx2(type, N), GQA_SV_ARGS)
     const int elem = gqa_element(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
@@ -941,23 +925,8 @@ static float row_max_avx2(const float *x, size_t n)
         m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
     float buf[8];
     _mm256_storeu_ps(buf, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
-    float m = -INFINITY;
-    for (int k = 0; k < 8; k++)
-        m = buf[k] > m ? buf[k] : m;
-    for (; i < n; i++)
-        m = x[i] > m ? x[i] : m;
-    return m;
+    return gqa_max_of(x + i, n - i, gqa_max_of(buf, 8, -INFINITY));
 }
 
-const gqa_kernels gqa_kernels_avx2 = {
-    "avx2",
-    quantize_avx2,
-    dequantize_avx2,
-    dequantize_t_avx2,
-    qk_gemm_avx2,
-    sv_gemm_avx2,
-    NULL,
-    exp_sum_avx2,
-    row_max_avx2,
-};
+GQA_KERNEL_TABLE(avx2, NULL)
 #endif

@@ -128,11 +128,7 @@ static void group_decode_row_avx512(const uint8_t *row, float *dst, size_t cols,
     }
 }
 
-static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
-                           const void *B, int type, const float *s, float *C, size_t ldc);
-static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
-                           int type, const float *s, float *C, size_t ldc, float beta);
-GQA_GROUP_OPS(avx512, group_decode_row_avx512, qk_gemm_avx512, sv_gemm_avx512)
+GQA_GROUP_OPS(avx512, group_decode_row_avx512)
 
 static void quantize_avx512(const float *src, size_t lda, void *dst, size_t rows,
                             size_t cols, int type, const float *s)
@@ -242,26 +238,7 @@ INLINE void dequant_row(const uint8_t *row, float *d, size_t cols, const int typ
     }
 }
 
-#define DEQ_INST(T) \
-    static void deq_row_##T(const uint8_t *row, float *d, size_t cols, const float *s) \
-    {                                                                              \
-        dequant_row(row, d, cols, T, s);                                           \
-    }
-DEQ_INST(GQA_S8_PT) DEQ_INST(GQA_S8_PC) DEQ_INST(GQA_S4_PT) DEQ_INST(GQA_S4_PC) DEQ_INST(GQA_F32)
-DEQ_INST(GQA_F16)
-
-typedef void (*deq_fn)(const uint8_t *, float *, size_t, const float *);
-static const deq_fn deq_rows[6] = {deq_row_GQA_S8_PT, deq_row_GQA_S8_PC, deq_row_GQA_S4_PT,
-                                   deq_row_GQA_S4_PC, deq_row_GQA_F32, deq_row_GQA_F16};
-
-static void dequantize_avx512(const void *src, float *dst, size_t ldd, size_t rows,
-                              size_t cols, int type, const float *s)
-{
-    if (GQA_IS_GROUP(type)) { group_dequantize_avx512(src, dst, ldd, rows, cols, type); return; }
-    const size_t rb = gqa_row_bytes(type, cols);
-    for (size_t r = 0; r < rows; r++)
-        deq_rows[type]((const uint8_t *)src + r * rb, dst + r * ldd, cols, s);
-}
+GQA_DEQUANTIZE_BY_TYPE(avx512)
 
 /* 16 x 16 transpose of r[0..15] in place: 4 x 4 transposes inside each 128-bit
    lane (unpack, shuffle), then a 4 x 4 transpose of the 128-bit lanes. */
@@ -1014,13 +991,7 @@ static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, s
 static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                            const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    if (GQA_IS_GROUP(type)) {
-        if (group_fast_avx512(type, K) && K <= GROUP_QK_MAXK)
-            group_qk_fast_avx512(M, N, K, alpha, A, lda, B, type, C, ldc);
-        else
-            group_qk_avx512(M, N, K, alpha, A, lda, B, type, C, ldc);
-        return;
-    }
+    GQA_GROUP_ENTRY(avx512, qk, group_fast_avx512(type, K) && K <= GROUP_QK_MAXK, GQA_QK_ARGS)
     if (K == 0) { /* contract: C zero-filled */
         for (size_t m = 0; m < M; m++)
             memset(C + m * ldc, 0, N * sizeof(float));
@@ -1173,13 +1144,7 @@ static const size_t sv_kc[6] = {128, 128, 256, 256, 256, 64};
 static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                            int type, const float *s, float *C, size_t ldc, float beta)
 {
-    if (GQA_IS_GROUP(type)) {
-        if (group_fast_avx512(type, N))
-            group_sv_fast_avx512(M, N, K, A, lda, B, type, C, ldc, beta);
-        else
-            group_sv_avx512(M, N, K, A, lda, B, type, C, ldc, beta);
-        return;
-    }
+    GQA_GROUP_ENTRY(avx512, sv, group_fast_avx512(type, N), GQA_SV_ARGS)
     const int kind = gqa_element(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
@@ -1532,21 +1497,8 @@ static float row_max_avx512(const float *x, size_t n)
     }
     float buf[16];
     _mm512_storeu_ps(buf, _mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
-    float m = -INFINITY;
-    for (int k = 0; k < 16; k++)
-        m = buf[k] > m ? buf[k] : m;
-    return m;
+    return gqa_max_of(buf, 16, -INFINITY);
 }
 
-const gqa_kernels gqa_kernels_avx512 = {
-    "avx512",
-    quantize_avx512,
-    dequantize_avx512,
-    dequantize_t_avx512,
-    qk_gemm_avx512,
-    sv_gemm_avx512,
-    qk_gemm_s8_approx_avx512,
-    exp_sum_avx512,
-    row_max_avx512,
-};
+GQA_KERNEL_TABLE(avx512, qk_gemm_s8_approx_avx512)
 #endif

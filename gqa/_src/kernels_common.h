@@ -41,6 +41,44 @@ static inline float gqa_post_scale(int type, const float *s)
 #define GQA_EL_F32 2
 #define GQA_EL_F16 3
 
+/* max(m, x[0], ..., x[n-1]) with x > m ? x : m, so NaN is skipped: the scalar statement of
+   row_max, and every path's tail. */
+static inline float gqa_max_of(const float *x, size_t n, float m)
+{
+    for (size_t i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* A path's kernel table: every operation named <op>_<path>, and the approximate QK kernel
+   (or NULL). */
+#define GQA_KERNEL_TABLE(path, approx)                                                          \
+    const gqa_kernels gqa_kernels_##path = {#path, quantize_##path, dequantize_##path,          \
+                                            dequantize_t_##path, qk_gemm_##path, sv_gemm_##path, \
+                                            approx, exp_sum_##path, row_max_##path};
+
+/* dequantize_<path> of a path whose row decoder dequant_row(row, d, cols, type, s) is
+   specialized on a constant type: one instance per static or float type in deq_rows[type]
+   (also the path's own table), the group types to group_dequantize_<path> (GQA_GROUP_OPS). */
+#define GQA_DEQ_ROW(T)                                                                          \
+    static void deq_row_##T(const uint8_t *row, float *d, size_t cols, const float *s)          \
+    { dequant_row(row, d, cols, T, s); }
+typedef void (*gqa_deq_row_fn)(const uint8_t *, float *, size_t, const float *);
+#define GQA_DEQUANTIZE_BY_TYPE(path)                                                            \
+    GQA_DEQ_ROW(GQA_S8_PT) GQA_DEQ_ROW(GQA_S8_PC) GQA_DEQ_ROW(GQA_S4_PT) GQA_DEQ_ROW(GQA_S4_PC) \
+    GQA_DEQ_ROW(GQA_F32) GQA_DEQ_ROW(GQA_F16)                                                   \
+    static const gqa_deq_row_fn deq_rows[6] = {deq_row_GQA_S8_PT, deq_row_GQA_S8_PC,            \
+                                               deq_row_GQA_S4_PT, deq_row_GQA_S4_PC,            \
+                                               deq_row_GQA_F32, deq_row_GQA_F16};               \
+    static void dequantize_##path(const void *src, float *dst, size_t ldd, size_t rows,          \
+                                  size_t cols, int type, const float *s)                        \
+    {                                                                                           \
+        if (GQA_IS_GROUP(type)) { group_dequantize_##path(src, dst, ldd, rows, cols, type); return; } \
+        const size_t rb = gqa_row_bytes(type, cols);                                            \
+        for (size_t r = 0; r < rows; r++)                                                       \
+            deq_rows[type]((const uint8_t *)src + r * rb, dst + r * ldd, cols, s);              \
+    }
+
 static inline int gqa_element(int type)
 {
     return type <= GQA_S8_PC ? GQA_EL_S8 : type <= GQA_S4_PC ? GQA_EL_S4

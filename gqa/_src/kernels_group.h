@@ -403,7 +403,27 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
     }
 
 /* The five group operations of one path, given its decoder and float32 GEMMs. */
-#define GQA_GROUP_OPS(path, decode, qk, sv)                                                          \
+/* The group branch that opens a path's qk_gemm (op qk, args GQA_QK_ARGS) or sv_gemm (sv,
+   GQA_SV_ARGS): the fused kernels where `fast` holds (the shapes they take), else the tile
+   decoder of GQA_GROUP_OPS. */
+#define GQA_QK_ARGS (M, N, K, alpha, A, lda, B, type, C, ldc)
+#define GQA_SV_ARGS (M, N, K, A, lda, B, type, C, ldc, beta)
+#define GQA_GROUP_ENTRY(path, op, fast, args)                                                   \
+    if (GQA_IS_GROUP(type)) {                                                                   \
+        if (fast)                                                                               \
+            group_##op##_fast_##path args;                                                      \
+        else                                                                                    \
+            group_##op##_##path args;                                                           \
+        return;                                                                                 \
+    }
+
+#define GQA_GROUP_OPS(path, decode)                                                                  \
+    static void qk_gemm_##path(size_t M, size_t N, size_t K, float alpha, const float *A,           \
+                               size_t lda, const void *B, int type, const float *s, float *C,      \
+                               size_t ldc);                                                         \
+    static void sv_gemm_##path(size_t M, size_t N, size_t K, const float *A, size_t lda,            \
+                               const void *B, int type, const float *s, float *C, size_t ldc,      \
+                               float beta);                                                         \
     static void group_dequantize_##path(const void *src, float *dst, size_t ldd, size_t rows,       \
                                         size_t cols, int type)                                      \
     { gqa_group_dequantize(src, dst, ldd, rows, cols, type, decode); }                              \
@@ -412,9 +432,9 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
     { gqa_group_dequantize_t(src, dst, ldd, rows, cols, type, decode); }                            \
     static void group_qk_##path(size_t M, size_t N, size_t K, float alpha, const float *A,          \
                                 size_t lda, const void *B, int type, float *C, size_t ldc)          \
-    { gqa_group_qk(M, N, K, alpha, A, lda, B, type, C, ldc, decode, qk); }                          \
+    { gqa_group_qk(M, N, K, alpha, A, lda, B, type, C, ldc, decode, qk_gemm_##path); }                          \
     static void group_sv_##path(size_t M, size_t N, size_t K, const float *A, size_t lda,           \
                                 const void *B, int type, float *C, size_t ldc, float beta)          \
-    { gqa_group_sv(M, N, K, A, lda, B, type, C, ldc, beta, decode, sv); }
+    { gqa_group_sv(M, N, K, A, lda, B, type, C, ldc, beta, decode, sv_gemm_##path); }
 
 #endif

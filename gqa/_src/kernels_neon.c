@@ -68,10 +68,6 @@ INLINE float32x4_t inv_scale4(const float *s)
     return vbslq_f32(vceqq_f32(v, vdupq_n_f32(0.0f)), one, vdivq_f32(one, v));
 }
 
-static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
-                           const void *B, int type, const float *s, float *C, size_t ldc);
-static void sv_gemm_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
-                           int type, const float *s, float *C, size_t ldc, float beta);
 /* Codes [c, c + 8) of a group row in order (c % 8 == 0), one per u8 lane: element e is bits
    [b * (e % per), +b) of byte e / per (per = 8 / b codes a byte), picked by one table lookup
    and one per-lane shift. */
@@ -120,7 +116,7 @@ static void group_decode_row_neon(const uint8_t *row, float *dst, size_t cols, i
         }
     }
 }
-GQA_GROUP_OPS(neon, group_decode_row_neon, qk_gemm_neon, sv_gemm_neon)
+GQA_GROUP_OPS(neon, group_decode_row_neon)
 
 static void quantize_neon(const float *src, size_t lda, void *dst, size_t rows, size_t cols, int type,
                           const float *s)
@@ -234,26 +230,7 @@ INLINE void dequant_row(const uint8_t *row, float *d, size_t cols, const int typ
         d[c] = gqa_decode(row, c, type, s);
 }
 
-#define DEQ_INST(T) \
-    static void deq_row_##T(const uint8_t *row, float *d, size_t cols, const float *s) \
-    {                                                                              \
-        dequant_row(row, d, cols, T, s);                                           \
-    }
-DEQ_INST(GQA_S8_PT) DEQ_INST(GQA_S8_PC) DEQ_INST(GQA_S4_PT) DEQ_INST(GQA_S4_PC) DEQ_INST(GQA_F32)
-DEQ_INST(GQA_F16)
-
-typedef void (*deq_fn)(const uint8_t *, float *, size_t, const float *);
-static const deq_fn deq_rows[6] = {deq_row_GQA_S8_PT, deq_row_GQA_S8_PC, deq_row_GQA_S4_PT,
-                                   deq_row_GQA_S4_PC, deq_row_GQA_F32, deq_row_GQA_F16};
-
-static void dequantize_neon(const void *src, float *dst, size_t ldd, size_t rows, size_t cols, int type,
-                            const float *s)
-{
-    if (GQA_IS_GROUP(type)) { group_dequantize_neon(src, dst, ldd, rows, cols, type); return; }
-    const size_t rb = gqa_row_bytes(type, cols);
-    for (size_t r = 0; r < rows; r++)
-        deq_rows[type]((const uint8_t *)src + r * rb, dst + r * ldd, cols, s);
-}
+GQA_DEQUANTIZE_BY_TYPE(neon)
 
 static void dequantize_t_neon(const void *src, float *dst, size_t ldd, size_t rows, size_t cols, int type,
                               const float *s)
@@ -482,13 +459,7 @@ GQA_GROUP_FUSED(neon, group_qk_blk_neon, group_sv_blk_neon)
 static void qk_gemm_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                          const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    if (GQA_IS_GROUP(type)) {
-        if (group_fast_neon(type, K))
-            group_qk_fast_neon(M, N, K, alpha, A, lda, B, type, C, ldc);
-        else
-            group_qk_neon(M, N, K, alpha, A, lda, B, type, C, ldc);
-        return;
-    }
+    GQA_GROUP_ENTRY(neon, qk, group_fast_neon(type, K), GQA_QK_ARGS)
     const size_t rb = gqa_row_bytes(type, K);
     const float mult = alpha * gqa_post_scale(type, s);
     const uint8_t *Bb = (const uint8_t *)B;
@@ -607,13 +578,7 @@ static const size_t sv_kc[6] = {128, 128, 256, 256, 32, 64};
 static void sv_gemm_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
                          int type, const float *s, float *C, size_t ldc, float beta)
 {
-    if (GQA_IS_GROUP(type)) {
-        if (group_fast_neon(type, N))
-            group_sv_fast_neon(M, N, K, A, lda, B, type, C, ldc, beta);
-        else
-            group_sv_neon(M, N, K, A, lda, B, type, C, ldc, beta);
-        return;
-    }
+    GQA_GROUP_ENTRY(neon, sv, group_fast_neon(type, N), GQA_SV_ARGS)
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
     const float mult = gqa_post_scale(type, s);
@@ -730,23 +695,8 @@ static float row_max_neon(const float *x, size_t n)
     vst1q_f32(buf + 4, m1);
     vst1q_f32(buf + 8, m2);
     vst1q_f32(buf + 12, m3);
-    float m = -INFINITY;
-    for (int k = 0; k < 16; k++)
-        m = buf[k] > m ? buf[k] : m;
-    for (; i < n; i++)
-        m = x[i] > m ? x[i] : m;
-    return m;
+    return gqa_max_of(x + i, n - i, gqa_max_of(buf, 16, -INFINITY));
 }
 
-const gqa_kernels gqa_kernels_neon = {
-    "neon",
-    quantize_neon,
-    dequantize_neon,
-    dequantize_t_neon,
-    qk_gemm_neon,
-    sv_gemm_neon,
-    NULL,
-    exp_sum_neon,
-    row_max_neon,
-};
+GQA_KERNEL_TABLE(neon, NULL)
 #endif

@@ -14,11 +14,7 @@
 float gqa_half_to_float(uint16_t h) { return gqa_h2f(h); }
 uint16_t gqa_float_to_half(float f) { return gqa_f2h(f); }
 
-static void qk_gemm_scalar(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
-                           const void *B, int type, const float *s, float *C, size_t ldc);
-static void sv_gemm_scalar(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
-                           int type, const float *s, float *C, size_t ldc, float beta);
-GQA_GROUP_OPS(scalar, gqa_group_decode_row_ref, qk_gemm_scalar, sv_gemm_scalar)
+GQA_GROUP_OPS(scalar, gqa_group_decode_row_ref)
 
 static void quantize_scalar(const float *src, size_t lda, void *dst, size_t rows,
                             size_t cols, int type, const float *s)
@@ -29,28 +25,30 @@ static void quantize_scalar(const float *src, size_t lda, void *dst, size_t rows
         gqa_quantize_row_ref(src + r * lda, (uint8_t *)dst + r * rb, 0, cols, type, s);
 }
 
-static void dequantize_scalar(const void *src, float *dst, size_t ldd, size_t rows,
-                              size_t cols, int type, const float *s)
+/* dst[r * rs + c * cs] = element c of static or float row r (gqa_decode). */
+static void decode_rows(const void *src, float *dst, size_t rs, size_t cs, size_t rows,
+                        size_t cols, int type, const float *s)
 {
-    if (GQA_IS_GROUP(type)) { group_dequantize_scalar(src, dst, ldd, rows, cols, type); return; }
     size_t rb = gqa_row_bytes(type, cols);
     for (size_t r = 0; r < rows; r++) {
         const uint8_t *row = (const uint8_t *)src + r * rb;
         for (size_t c = 0; c < cols; c++)
-            dst[r * ldd + c] = gqa_decode(row, c, type, s);
+            dst[r * rs + c * cs] = gqa_decode(row, c, type, s);
     }
+}
+
+static void dequantize_scalar(const void *src, float *dst, size_t ldd, size_t rows,
+                              size_t cols, int type, const float *s)
+{
+    if (GQA_IS_GROUP(type)) { group_dequantize_scalar(src, dst, ldd, rows, cols, type); return; }
+    decode_rows(src, dst, ldd, 1, rows, cols, type, s);
 }
 
 static void dequantize_t_scalar(const void *src, float *dst, size_t ldd, size_t rows,
                                 size_t cols, int type, const float *s)
 {
     if (GQA_IS_GROUP(type)) { group_dequantize_t_scalar(src, dst, ldd, rows, cols, type); return; }
-    size_t rb = gqa_row_bytes(type, cols);
-    for (size_t r = 0; r < rows; r++) {
-        const uint8_t *row = (const uint8_t *)src + r * rb;
-        for (size_t c = 0; c < cols; c++)
-            dst[c * ldd + r] = gqa_decode(row, c, type, s);
-    }
+    decode_rows(src, dst, 1, ldd, rows, cols, type, s);
 }
 
 static void qk_gemm_scalar(size_t M, size_t N, size_t K, float alpha, const float *A,
@@ -120,20 +118,7 @@ static float exp_sum_scalar(float *x, size_t n, float m)
 
 static float row_max_scalar(const float *x, size_t n)
 {
-    float m = -INFINITY;
-    for (size_t i = 0; i < n; i++)
-        m = x[i] > m ? x[i] : m;
-    return m;
+    return gqa_max_of(x, n, -INFINITY);
 }
 
-const gqa_kernels gqa_kernels_scalar = {
-    "scalar",
-    quantize_scalar,
-    dequantize_scalar,
-    dequantize_t_scalar,
-    qk_gemm_scalar,
-    sv_gemm_scalar,
-    NULL,
-    exp_sum_scalar,
-    row_max_scalar,
-};
+GQA_KERNEL_TABLE(scalar, NULL)
