@@ -38,6 +38,11 @@ X86_PATHS = {
                "#include <immintrin.h>\nint main(void){__m512 a=_mm512_set1_ps(1.f);"
                "a=_mm512_fmadd_ps(a,a,a);return 0;}"),
 }
+# units of a path beyond its own file, each with the path's flags plus its own, compiled where
+# the compiler can; the path's file then sees the define and puts the unit's entry in its table
+X86_UNITS = {"avx512vnni": ("kernels_avx512vnni.c", "avx512", ["-mavx512vnni"], "GQA_HAVE_AVX512VNNI",
+                            "#include <immintrin.h>\nint main(void){__m512i a=_mm512_set1_epi32(1);"
+                            "a=_mm512_dpbusd_epi32(a,a,a);return 0;}")}
 ARM_PATHS = {"neon": ("kernels_neon.c", [],
                       "#include <arm_neon.h>\nint main(void){float32x4_t a=vdupq_n_f32(1.f);"
                       "a=vfmaq_f32(a,a,a);return (int)vgetq_lane_f32(a,0)-2;}")}
@@ -82,7 +87,9 @@ class BuildExt(build_ext):
         cc = self.compiler.compiler_so[:1] if self.compiler.compiler_type != "msvc" else None
         unix = cc is not None
         sanitize = os.environ.get("GQA_SANITIZE", "").strip()
-        common = ["-O3", "-std=c99", "-fno-strict-aliasing"] if unix else ["/O2"]
+        # an undeclared function is an error: the extension links with undefined symbols allowed
+        common = (["-O3", "-std=c99", "-fno-strict-aliasing", "-Werror=implicit-function-declaration"]
+                  if unix else ["/O2"])
         link_extra = []
         san = []
         if sanitize and unix:
@@ -101,6 +108,7 @@ class BuildExt(build_ext):
 
         arch = _machine()
         paths = X86_PATHS if arch == "x86_64" else ARM_PATHS if arch == "aarch64" else {}
+        units = X86_UNITS if arch == "x86_64" else {}
         compiled = ["scalar"]
         objects = []
         for name, (src, flags, snippet) in paths.items():
@@ -109,9 +117,21 @@ class BuildExt(build_ext):
             if unix and not _probe(cc, snippet, flags):
                 print(f"gqa: compiler cannot build the {name} path; skipping it", file=sys.stderr)
                 continue
+            defines = []
+            for unit, (usrc, upath, uflags, define, usnippet) in units.items():
+                if upath != name:
+                    continue
+                if unix and not _probe(cc, usnippet, flags + uflags):
+                    print(f"gqa: compiler cannot build {unit}; the {name} path goes without it",
+                          file=sys.stderr)
+                    continue
+                objects += self.compiler.compile(
+                    [os.path.join(SRC, usrc)], output_dir=self.build_temp,
+                    include_dirs=[SRC], extra_postargs=common + flags + uflags, depends=HEADERS)
+                defines.append("-D" + define)
             objects += self.compiler.compile(
                 [os.path.join(SRC, src)], output_dir=self.build_temp,
-                include_dirs=[SRC], extra_postargs=common + flags, depends=HEADERS)
+                include_dirs=[SRC], extra_postargs=common + flags + defines, depends=HEADERS)
             compiled.append(name)
         objects += self.compiler.compile(
             [os.path.join(SRC, "kernels_scalar.c")], output_dir=self.build_temp,

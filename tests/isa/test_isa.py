@@ -31,17 +31,22 @@ APT = "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user lib
 
 
 def _setup_paths():
-    """Path name -> (source, flags), read from setup.py so the flags have one home."""
+    """Path name -> (source, flags), and path name -> [(unit source, its own flags, define)],
+    read from setup.py so the flags have one home."""
     tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
-    out = {}
+    paths, units = {}, {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") in ("X86_PATHS", "ARM_PATHS"):
-            for name, (src, flags, _snippet) in ast.literal_eval(node.value).items():
-                out[name] = (src, flags)
-    return out
+        name = getattr(node.targets[0], "id", "") if isinstance(node, ast.Assign) else ""
+        if name in ("X86_PATHS", "ARM_PATHS"):
+            for path, (src, flags, _snippet) in ast.literal_eval(node.value).items():
+                paths[path] = (src, flags)
+        elif name == "X86_UNITS":
+            for src, path, flags, define, _snippet in ast.literal_eval(node.value).values():
+                units.setdefault(path, []).append((src, flags, define))
+    return paths, units
 
 
-PATHS = _setup_paths()
+PATHS, UNITS = _setup_paths()
 MACHINE = platform.machine().lower()
 X86 = MACHINE in ("x86_64", "amd64")
 ARM64 = MACHINE in ("aarch64", "arm64")
@@ -109,12 +114,25 @@ def builds(tmp_path_factory):
     return Build(tmp_path_factory)
 
 
+def _units(d, path, flags):
+    """Objects of the path's extra units (setup.py's X86_UNITS) built with `flags` plus their
+    own, and the defines that put them in the path's table."""
+    objs, defines = [], []
+    for src, uflags, define in UNITS.get(path, []):
+        obj = os.path.join(d, src.replace(".c", ".o"))
+        _compile(CC + flags + uflags + ["-c", os.path.join(SRC, src), "-o", obj])
+        objs.append(obj)
+        defines.append("-D" + define)
+    return objs, defines
+
+
 def _native_driver(d, path):
     src, flags = PATHS[path]
     exe = os.path.join(d, "driver")
-    _compile(CC + CFLAGS + flags + ["-DGQA_TEST_TABLE=gqa_kernels_" + path, DRIVER,
-                                       os.path.join(SRC, "kernels_scalar.c"), os.path.join(SRC, src),
-                                       "-o", exe, "-lm"])
+    objs, defines = _units(d, path, CFLAGS + flags)
+    _compile(CC + CFLAGS + flags + defines + ["-DGQA_TEST_TABLE=gqa_kernels_" + path, DRIVER,
+                                                 os.path.join(SRC, "kernels_scalar.c"), os.path.join(SRC, src),
+                                                 "-o", exe, "-lm"] + objs)
     return [exe]
 
 
@@ -134,12 +152,20 @@ def _avx512_emulated_driver(d):
     flags = [f for f in CFLAGS if f != "-O2"] + ["-O1", "-mavx2", "-mfma", "-mf16c",
                                                  "-DGQA_EMULATE_AVX512", "-I" + HERE]
     assert not any(f.startswith("-mavx512") for f in flags)
-    _compile(CC + flags + ["-c", os.path.join(SRC, "kernels_avx512.c"), "-o", obj])
+    # the VNNI unit on SIMDe too: its own -mavx512vnni left out, the define kept
+    objs, defines = [], []
+    for src, _own, define in UNITS.get("avx512", []):
+        uobj = os.path.join(d, src.replace(".c", "_emu.o"))
+        _compile(CC + flags + ["-c", os.path.join(SRC, src), "-o", uobj])
+        objs.append(uobj)
+        defines.append("-D" + define)
+    _compile(CC + flags + defines + ["-c", os.path.join(SRC, "kernels_avx512.c"), "-o", obj])
     if shutil.which("objdump"):
-        bad = _evex_lines(obj)
-        assert not bad, "the emulated AVX-512 unit contains AVX-512 instructions:\n" + "\n".join(bad[:10])
+        for o in [obj] + objs:
+            bad = _evex_lines(o)
+            assert not bad, f"the emulated unit {o} contains AVX-512 instructions:\n" + "\n".join(bad[:10])
     _compile(CC + CFLAGS + ["-DGQA_TEST_TABLE=gqa_kernels_avx512", DRIVER,
-                                os.path.join(SRC, "kernels_scalar.c"), obj, "-o", exe, "-lm"])
+                                os.path.join(SRC, "kernels_scalar.c"), obj, "-o", exe, "-lm"] + objs)
     return [exe]
 
 

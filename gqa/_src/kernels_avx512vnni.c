@@ -1,0 +1,255 @@
+/*
+ * kernels_avx512vnni.c -- the opt-in approximate INT8 per-tensor QK kernel of path `avx512`
+ * (GQA_QKGEMM_S8_APPROX_VNNI), the one unit that issues vpdpbusd.  ISA flags: the avx512
+ * path's (-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c) plus -mavx512vnni;
+ * setup.py compiles it where the compiler can and then defines GQA_HAVE_AVX512VNNI for
+ * kernels_avx512.c, whose table holds gqa_qk_gemm_s8_approx_avx512vnni.  dispatch.c calls it
+ * only where the CPU has AVX-512 VNNI (gqa_approx_vnni_runnable).
+ *
+ * Layout: A float32 [M, K] (lda), B int8 codes [N, K] (rows of K bytes), one per-tensor
+ * scale, C float32 [M, N] (ldc), overwritten.  The contract is stated below.
+ *
+ * The emulation build of tests/isa (GQA_EMULATE_AVX512) takes the intrinsics from SIMDe.
+ */
+#if defined(__x86_64__) || defined(_M_X64)
+#ifdef GQA_EMULATE_AVX512
+#include "emu_avx512.h" /* tests/isa only: SIMDe + shims, portable code */
+#else
+#include <immintrin.h>
+#endif
+#include <float.h>
+#include <stdlib.h>
+#include "kernels_common.h"
+
+/* Lanes [0, n) set, n <= 16 / n <= 64 (as in kernels_avx512.c). */
+static inline __mmask16 mask16(size_t n) { return (__mmask16)((1u << n) - 1u); }
+static inline __mmask64 mask64(size_t n) { return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1); }
+
+/* ---- qk_gemm_s8_approx (opt-in, AVX-512 VNNI) ---------------------------------
+ *
+ * Contract (onnxruntime MLAS's approximate VNNI QK, stated here), GQA_S8_PT only.  For each row m of A:
+ *   amax = max_k |A[m,k]|;
+ *   amax == 0 (or 127 / amax overflows, amax < ~3.7e-37): every code is 128
+ *               and sa = 1, so the row's results are 0;
+ *   otherwise:  sa = amax / 127, inv = 127 / amax (float32 divisions) and
+ *               code_k = clamp(rint(fl(fl(A[m,k] * inv) + 128)), 0, 255)
+ *               (product and sum each rounded to float32, never fused; rint
+ *               rounds half to even), i.e. u8 with zero point 128;
+ *   D[m,n] = sum_k code_k * q[n,k] - 128 * sum_k q[n,k]     (exact integer);
+ *   C[m,n] = fl(float(D) * fl(fl(alpha * sa) * s)).
+ * A row containing NaN or +-inf gives a row of NaN.
+ *
+ * How D is formed: with c = code - 128 in [-127, 127] (signed) and
+ * q' = q + 128 in [0, 255] (unsigned, = q ^ 0x80), D = sum c*q
+ * = sum q'*c - 128 * sum c: one vpdpbusd (u8 q' x s8 c) per 64 keys and row
+ * pair, and a correction per row of A.  int32 lanes over chunks of at most
+ * APPROX_KS keys (|partial| < 2^27), chunks summed in int64, so D never
+ * overflows.  K not a multiple of 64: c is padded with 0, so whatever the
+ * masked B bytes read (0 -> q' = 128), they add nothing.
+ */
+
+#define APPROX_KS 2048
+
+/* Per-row quantization parameters; returns 0 when the row is not finite. */
+static int approx_row_params(const float *a, size_t K, float *inv, float *sa)
+{
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    *inv = 0.0f;
+    *sa = 1.0f;
+    for (size_t k = 0; k < K; k += 16) {
+        __m512 v = _mm512_maskz_loadu_ps(mask16(K - k < 16 ? K - k : 16), a + k);
+        bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    if (bad || !(amax <= FLT_MAX))
+        return 0;
+    const float r = amax == 0.0f ? 0.0f : 127.0f / amax;
+    const int zero = !(r <= FLT_MAX); /* amax == 0, or 127 / amax overflows */
+    *inv = zero ? 0.0f : r;           /* inv 0 makes every code 128 */
+    *sa = zero ? 1.0f : amax / 127.0f;
+    return 1;
+}
+
+/* Signed codes c = code - 128 of A[k0, k1) into c[0, kp), kp = k1 - k0
+   rounded up to 64, padded with 0; returns sum c. */
+static int32_t approx_codes(const float *a, size_t k0, size_t k1, float inv, int8_t *c)
+{
+    const size_t n = k1 - k0, kp = (n + 63) & ~(size_t)63;
+    const __m512 vinv = _mm512_set1_ps(inv), zp = _mm512_set1_ps(128.0f);
+    const __m512 lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(255.0f);
+    __m512i sum = _mm512_setzero_si512();
+    size_t k = 0;
+    for (; k < n; k += 16) {
+        const __mmask16 m = mask16(n - k < 16 ? n - k : 16);
+        __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + k), vinv,
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_add_round_ps(t, zp, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_max_ps(_mm512_min_ps(t, hi), lo);
+        /* lanes past the row: 0 * inv + 128 = 128 -> c = 0 */
+        __m512i v = _mm512_sub_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(128));
+        sum = _mm512_add_epi32(sum, v);
+        _mm_storeu_si128((__m128i *)(c + k), _mm512_cvtsepi32_epi8(v));
+    }
+    if (k < kp)
+        memset(c + k, 0, kp - k);
+    return _mm512_reduce_add_epi32(sum);
+}
+
+/* Lane i of the result = sum of the 16 int32 lanes of v_i (exact). */
+INLINE __m256i fold256_epi32(__m512i v)
+{
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+INLINE __m256i hsum16x8_epi32(__m512i v0, __m512i v1, __m512i v2, __m512i v3, __m512i v4, __m512i v5,
+                              __m512i v6, __m512i v7)
+{
+    __m256i t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(fold256_epi32(v0), fold256_epi32(v1)),
+                                   _mm256_hadd_epi32(fold256_epi32(v2), fold256_epi32(v3)));
+    __m256i t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(fold256_epi32(v4), fold256_epi32(v5)),
+                                   _mm256_hadd_epi32(fold256_epi32(v6), fold256_epi32(v7)));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
+}
+
+/* sum_k q'[nb, k] * c[mb, k] over one chunk of n <= APPROX_KS keys (c rows
+   at stride cs, padded to 64; B rows at stride rb), for an MB x NB block.
+   D == NULL (the chunk is the whole row): C[mb, nb] = float(sum - corr[mb])
+   * mult[mb].  Otherwise D[mb * NB + nb] += sum, and the caller finishes. */
+INLINE void approx_block(const int MB, const int NB, const int8_t *c, size_t cs,
+                                         const uint8_t *B, size_t rb, size_t n, const int32_t *corr,
+                                         const float *mult, float *C, size_t ldc, int64_t *D)
+{
+    __m512i acc[16];
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const int nacc = (MB * NB + 7) & ~7;
+    UNROLL
+    for (int i = 0; i < nacc; i++)
+        acc[i] = _mm512_setzero_si512();
+    size_t k = 0;
+    for (; k + 64 <= n; k += 64) {
+        UNROLL
+        for (int nb = 0; nb < NB; nb++) {
+            __m512i b = _mm512_xor_si512(_mm512_loadu_si512((const void *)(B + nb * rb + k)), flip);
+            UNROLL
+            for (int mb = 0; mb < MB; mb++)
+                acc[mb * NB + nb] = _mm512_dpbusd_epi32(acc[mb * NB + nb], b,
+                                                        _mm512_loadu_si512((const void *)(c + mb * cs + k)));
+        }
+    }
+    if (k < n) { /* B read only up to the row's end */
+        const __mmask64 m = mask64(n - k);
+        UNROLL
+        for (int nb = 0; nb < NB; nb++) {
+            __m512i b = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, B + nb * rb + k), flip);
+            UNROLL
+            for (int mb = 0; mb < MB; mb++)
+                acc[mb * NB + nb] = _mm512_dpbusd_epi32(acc[mb * NB + nb], b,
+                                                        _mm512_loadu_si512((const void *)(c + mb * cs + k)));
+        }
+    }
+    UNROLL
+    for (int g = 0; g < nacc; g += 8) {
+        __m256i sum = hsum16x8_epi32(acc[g], acc[g + 1], acc[g + 2], acc[g + 3], acc[g + 4], acc[g + 5],
+                                     acc[g + 6], acc[g + 7]); /* lane i: (g + i) / NB, (g + i) % NB */
+        if (D == NULL) {
+            int32_t cr[8];
+            float mu[8], out[8];
+            UNROLL
+            for (int i = 0; i < 8; i++) {
+                cr[i] = corr[((g + i) / NB) % MB];
+                mu[i] = mult[((g + i) / NB) % MB];
+            }
+            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_loadu_si256((const __m256i *)cr))),
+                                     _mm256_loadu_ps(mu));
+            if (NB == 8) {
+                _mm256_storeu_ps(C + (g / 8) * ldc, v);
+            } else {
+                _mm256_storeu_ps(out, v);
+                for (int i = 0; i < 8 && g + i < MB * NB; i++)
+                    C[((g + i) / NB) * ldc + (g + i) % NB] = out[i];
+            }
+        } else {
+            int32_t out[8];
+            _mm256_storeu_si256((__m256i *)out, sum);
+            for (int i = 0; i < 8 && g + i < MB * NB; i++)
+                D[g + i] += out[i];
+        }
+    }
+}
+
+#define AP_INST(MB, NB)                                                                            \
+    static void ap_##MB##x##NB(const int8_t *c, size_t cs, const uint8_t *B, size_t rb, \
+                                               size_t n, const int32_t *corr, const float *mult,   \
+                                               float *C, size_t ldc, int64_t *D)                   \
+    {                                                                                              \
+        approx_block(MB, NB, c, cs, B, rb, n, corr, mult, C, ldc, D);                              \
+    }
+AP_INST(1, 1) AP_INST(1, 8) AP_INST(2, 8) AP_INST(3, 4) AP_INST(4, 4) AP_INST(5, 2) AP_INST(6, 2)
+AP_INST(7, 2) AP_INST(8, 2)
+typedef void (*ap_fn)(const int8_t *, size_t, const uint8_t *, size_t, size_t, const int32_t *,
+                      const float *, float *, size_t, int64_t *);
+
+void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A,
+                                      size_t lda, const void *B, int type, const float *s, float *C,
+                                      size_t ldc)
+{
+    static const ap_fn blocks[9] = {ap_1x1, ap_1x8, ap_2x8, ap_3x4, ap_4x4, ap_5x2, ap_6x2, ap_7x2, ap_8x2};
+    static const int nbs[9] = {1, 8, 8, 4, 4, 2, 2, 2, 2};
+    int8_t c[8 * APPROX_KS] __attribute__((aligned(64)));
+    const uint8_t *Bb = (const uint8_t *)B;
+    (void)type;
+    if (K == 0) { /* no codes: D = 0 */
+        for (size_t m = 0; m < M; m++)
+            memset(C + m * ldc, 0, N * sizeof(float));
+        return;
+    }
+    const int once = K <= APPROX_KS; /* one int32 chunk: codes made once per block of rows */
+    const size_t cs = once ? (K + 63) & ~(size_t)63 : APPROX_KS;
+    for (size_t m0 = 0; m0 < M; m0 += 8) {
+        const int mb = (int)(M - m0 < 8 ? M - m0 : 8), nb = nbs[mb];
+        const float *a = A + m0 * lda;
+        float *cm = C + m0 * ldc;
+        float inv[8], mult[8];
+        int32_t corr[8] = {0};
+        for (int i = 0; i < mb; i++) {
+            float sa = 1.0f;
+            const int ok = approx_row_params(a + i * lda, K, &inv[i], &sa);
+            mult[i] = ok ? (alpha * sa) * s[0] : NAN; /* a non-finite row gives NaN */
+            if (once)
+                corr[i] = 128 * approx_codes(a + i * lda, 0, K, inv[i], c + i * cs);
+        }
+        size_t n = 0;
+        if (once) {
+            for (; n + (size_t)nb <= N; n += (size_t)nb)
+                blocks[mb](c, cs, Bb + n * K, K, K, corr, mult, cm + n, ldc, NULL);
+            for (; n < N; n++)
+                for (int i = 0; i < mb; i++)
+                    blocks[0](c + i * cs, cs, Bb + n * K, K, K, corr + i, mult + i, cm + i * ldc + n, ldc, NULL);
+            continue;
+        }
+        /* K > APPROX_KS: per block of B rows, chunk by chunk, remaking the
+           codes of each chunk (the same codes), summing in int64. */
+        for (; n < N;) {
+            const int w = n + (size_t)nb <= N ? nb : 1;
+            int64_t D[16] = {0}, csum[8] = {0};
+            for (size_t k0 = 0; k0 < K; k0 += APPROX_KS) {
+                const size_t k1 = K - k0 < APPROX_KS ? K : k0 + APPROX_KS;
+                for (int i = 0; i < mb; i++)
+                    csum[i] += approx_codes(a + i * lda, k0, k1, inv[i], c + i * cs);
+                if (w > 1)
+                    blocks[mb](c, cs, Bb + n * K + k0, K, k1 - k0, NULL, NULL, NULL, 0, D);
+                else
+                    for (int i = 0; i < mb; i++)
+                        blocks[0](c + i * cs, cs, Bb + n * K + k0, K, k1 - k0, NULL, NULL, NULL, 0, D + i * w);
+            }
+            for (int i = 0; i < mb; i++)
+                for (int j = 0; j < w; j++)
+                    cm[i * ldc + n + j] = (float)(D[i * w + j] - 128 * csum[i]) * mult[i];
+            n += (size_t)w;
+        }
+    }
+}
+#endif
