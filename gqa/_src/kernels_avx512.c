@@ -367,10 +367,10 @@ static void dequantize_t_avx512(const void *src, float *dst, size_t ldd, size_t 
 
 /* Elements [k, k + 16) in order (k even), unscaled; with `masked` only the first
    n are read and the rest are 0. */
-INLINE __m512 dec16(const int kind, const uint8_t *row, size_t k, const int masked, size_t n)
+INLINE __m512 dec16(const int elem, const uint8_t *row, size_t k, const int masked, size_t n)
 {
     const __mmask16 m = masked ? mask16(n) : (__mmask16)0xFFFF;
-    switch (kind) {
+    switch (elem) {
     case GQA_EL_S8: {
         __m128i v = masked ? _mm_maskz_loadu_epi8(m, row + k) : _mm_loadu_si128((const __m128i *)(row + k));
         return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
@@ -518,10 +518,10 @@ static const float *qk_prep(const float *A, size_t lda, int mb, size_t K, int ty
    INT4 32-element steps (dec32_s4), then in-order 16-element steps, then one
    masked step for K % 16 (masked-off lanes read 0 from A and B); the fixed
    hsum16x16 tree and mult -- the same operations for every (m, n). */
-INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size_t n1, size_t K, float mult,
+INLINE void qk_block(const int MB, const int NB, const int elem, size_t n0, size_t n1, size_t K, float mult,
                      const float *A, size_t lda, const uint8_t *B, size_t rb, float *C, size_t ldc)
 {
-    const size_t K32 = kind == GQA_EL_S4 ? K & ~(size_t)31 : 0, K16 = K & ~(size_t)15;
+    const size_t K32 = elem == GQA_EL_S4 ? K & ~(size_t)31 : 0, K16 = K & ~(size_t)15;
     const __mmask16 mt = mask16(K - K16);
     const __m512 vm = _mm512_set1_ps(mult);
     for (size_t n = n0; n < n1; n += NB) {
@@ -551,7 +551,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
             }
         }
         for (; k < K16; k += 16) {
-            const int bpe = kind == GQA_EL_S8 ? 1 : kind == GQA_EL_F32 ? 4 : kind == GQA_EL_F16 ? 2 : 0; /* S4: tail only */
+            const int bpe = elem == GQA_EL_S8 ? 1 : elem == GQA_EL_F32 ? 4 : elem == GQA_EL_F16 ? 2 : 0; /* S4: tail only */
             UNROLL
             for (int j = 0; j < (16 * NB * bpe + 63) / 64; j++)
                 _mm_prefetch((const char *)Bn + QK_PF + k * NB * bpe + 64 * j, _MM_HINT_T0);
@@ -561,7 +561,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
                 a[mb] = _mm512_loadu_ps(A + mb * lda + k);
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
-                __m512 b = dec16(kind, Bn + nb * rb, k, 0, 16);
+                __m512 b = dec16(elem, Bn + nb * rb, k, 0, 16);
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
                     acc[mb * NB + nb] = _mm512_fmadd_ps(a[mb], b, acc[mb * NB + nb]);
@@ -570,7 +570,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
         if (K16 < K)
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
-                __m512 b = dec16(kind, Bn + nb * rb, K16, 1, K - K16);
+                __m512 b = dec16(elem, Bn + nb * rb, K16, 1, K - K16);
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
                     acc[mb * NB + nb] =
@@ -580,7 +580,7 @@ INLINE void qk_block(const int MB, const int NB, const int kind, size_t n0, size
     }
 }
 
-/* One function per (kind, MB, NB): the kind is a compile-time constant inside each.
+/* One function per (elem, MB, NB): the elem is a compile-time constant inside each.
    Blocks of at most 4 rows of A (M = 8 runs as 4 + 4: faster than 8 x 2 here).
    Wide shapes (rows of A x rows of B): 1x16 2x8 3x5 4x4, then MB x 1 for the last
    N % NB rows of B. */
@@ -836,7 +836,7 @@ INLINE void group_qk_block(const int MB, const int NB, const unsigned b, const i
     }
 }
 
-/* One function per (rows of A x rows of B, kind): full blocks of NB rows of B, then one block
+/* One function per (rows of A x rows of B, variant): full blocks of NB rows of B, then one block
    for the last N % NB (its missing rows computed on a repeat of its first row, never stored).
    Separate functions keep each variant's register allocation its own. */
 typedef void (*gqk_fn)(size_t, size_t, float, const float *, const uint8_t *, int, float *, size_t);
@@ -852,14 +852,14 @@ typedef void (*gqk_fn)(size_t, size_t, float, const float *, const uint8_t *, in
 #define GQK_SHAPE(MB, NB) GQK_INST(MB, NB, 8, 0) GQK_INST(MB, NB, 4, 0) GQK_INST(MB, NB, 2, 0) GQK_INST(MB, NB, 2, 1)
 GQK_SHAPE(1, 16) GQK_SHAPE(2, 8) GQK_SHAPE(3, 5) GQK_SHAPE(4, 4)
 #define GQK_ROW(MB) {gqk_##MB##_8_0, gqk_##MB##_4_0, gqk_##MB##_2_0, gqk_##MB##_2_1}
-/* [rows of A - 1][kind: INT8, INT4, INT2, INT2 in groups of 32] */
+/* [rows of A - 1][variant: INT8, INT4, INT2, INT2 in groups of 32] */
 static const gqk_fn gqk_fns[4][4] = {GQK_ROW(1), GQK_ROW(2), GQK_ROW(3), GQK_ROW(4)};
 #undef GQK_INST
 #undef GQK_SHAPE
 #undef GQK_ROW
 
-/* The kind index of gqk_fns / gsv_fns. */
-static int group_kind(int type)
+/* The variant index of gqk_fns / gsv_fns. */
+static int group_variant(int type)
 {
     const unsigned b = gqa_group_bits(type);
     return b == 8 ? 0 : b == 4 ? 1 : gqa_group_cols(type) == 32 ? 3 : 2;
@@ -869,13 +869,13 @@ static void group_qk_fast_avx512(size_t M, size_t N, size_t K, float alpha, cons
                                  const void *B, int type, float *C, size_t ldc)
 {
     const unsigned b = gqa_group_bits(type);
-    const int kind = group_kind(type);
+    const int variant = group_variant(type);
     float ap[4 * GROUP_QK_MAXK];
     for (size_t m0 = 0; m0 < M; m0 += 4) {
         const size_t mb = M - m0 < 4 ? M - m0 : 4;
         for (size_t m = 0; m < mb; m++)
-            group_prep_a(A + (m0 + m) * lda, ap + m * K, K, b, kind == 3);
-        gqk_fns[mb - 1][kind](N, K, alpha, ap, (const uint8_t *)B, type, C + m0 * ldc, ldc);
+            group_prep_a(A + (m0 + m) * lda, ap + m * K, K, b, variant == 3);
+        gqk_fns[mb - 1][variant](N, K, alpha, ap, (const uint8_t *)B, type, C + m0 * ldc, ldc);
     }
 }
 
@@ -940,7 +940,7 @@ INLINE void group_sv_block(const int MB, const int CB, const unsigned b, const i
     }
 }
 
-/* One function per (rows of A x 16-column vectors, kind, metadata), as for qk. */
+/* One function per (rows of A x 16-column vectors, variant, metadata), as for qk. */
 typedef void (*gsv_fn)(size_t, size_t, const float *, size_t, const uint8_t *, int, float *, size_t, float,
                        size_t);
 #define GSV_INST(MB, CB, B_, P, F)                                                                   \
@@ -956,7 +956,7 @@ typedef void (*gsv_fn)(size_t, size_t, const float *, size_t, const uint8_t *, i
 GSV_SHAPE(1, 8) GSV_SHAPE(2, 8) GSV_SHAPE(1, 4) GSV_SHAPE(2, 4) GSV_SHAPE(3, 4) GSV_SHAPE(4, 4)
 #define GSV_ROW(MB, CB, F)                                                                           \
     {gsv_##MB##x##CB##_8_0_##F, gsv_##MB##x##CB##_4_0_##F, gsv_##MB##x##CB##_2_0_##F, gsv_##MB##x##CB##_2_1_##F}
-/* [shape: 1x8 2x8 1x4 2x4 3x4 4x4][fp16 metadata][kind] */
+/* [shape: 1x8 2x8 1x4 2x4 3x4 4x4][fp16 metadata][variant] */
 static const gsv_fn gsv_fns[6][2][4] = {
     {GSV_ROW(1, 8, 0), GSV_ROW(1, 8, 1)}, {GSV_ROW(2, 8, 0), GSV_ROW(2, 8, 1)},
     {GSV_ROW(1, 4, 0), GSV_ROW(1, 4, 1)}, {GSV_ROW(2, 4, 0), GSV_ROW(2, 4, 1)},
@@ -969,7 +969,7 @@ static const gsv_fn gsv_fns[6][2][4] = {
 static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, size_t lda,
                                  const void *B, int type, float *C, size_t ldc, float beta)
 {
-    const int kind = group_kind(type), f16 = (type & GQA_META_F16) != 0;
+    const int variant = group_variant(type), f16 = (type & GQA_META_F16) != 0;
     const uint8_t *Bb = (const uint8_t *)B;
     size_t m0 = 0;
     while (m0 < M) {   /* blocks of rows: up to 2 over 128-column blocks, or up to 4 over 64 */
@@ -978,7 +978,7 @@ static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, s
         const size_t mb = left >= 4 ? 4 : left;
         const int shape = cb8 ? (int)mb - 1 : 1 + (int)mb;
         for (size_t c0 = 0; c0 < N; c0 += cb8 ? 128 : 64)
-            gsv_fns[shape][f16][kind](N, K, A + m0 * lda, lda, Bb, type, C + m0 * ldc, ldc, beta, c0);
+            gsv_fns[shape][f16][variant](N, K, A + m0 * lda, lda, Bb, type, C + m0 * ldc, ldc, beta, c0);
         m0 += mb;
     }
 }
@@ -992,8 +992,8 @@ static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const floa
             memset(C + m * ldc, 0, N * sizeof(float));
         return;
     }
-    const int kind = gqa_element(type), prep = GQA_IS_PC(type) || GQA_IS_S4(type);
-    const qk_fn *wide = qk_wide[kind], *narrow = qk_narrow[kind];
+    const int elem = gqa_element(type), prep = GQA_IS_PC(type) || GQA_IS_S4(type);
+    const qk_fn *wide = qk_wide[elem], *narrow = qk_narrow[elem];
     const size_t rb = gqa_row_bytes(type, K);
     const float mult = alpha * gqa_post_scale(type, s);
     const uint8_t *Bb = (const uint8_t *)B;
@@ -1030,7 +1030,7 @@ static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const floa
    arithmetic).  Scale per column: `spc` (per channel) or `vs` (per tensor, 1 for
    float rows), applied once per key chunk.  `pf`: prefetch distance (bytes) for
    the rows of the next key chunk, 0 for none. */
-INLINE void sv_block(const int MB, const int NV, const int kind, const int masked, size_t np, size_t k0,
+INLINE void sv_block(const int MB, const int NV, const int elem, const int masked, size_t np, size_t k0,
                      size_t k1, const float *A, size_t lda, const uint8_t *B, size_t rb, size_t n0,
                      const float *spc, __m512 vs, float *C, size_t ldc, size_t pf)
 {
@@ -1041,20 +1041,20 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int maske
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
         if (pf) { /* this block's bytes of the same row of the next key chunk */
-            const int bytes = kind == GQA_EL_S4 ? 8 * NV : 16 * NV;
+            const int bytes = elem == GQA_EL_S4 ? 8 * NV : 16 * NV;
             UNROLL
             for (int j = 0; j < (bytes + 63) / 64; j++)
                 _mm_prefetch((const char *)row + pf + 64 * j, _MM_HINT_T0);
         }
         __m512 b[8];
-        if (kind == GQA_EL_S4 && !masked && NV % 2 == 0) {
+        if (elem == GQA_EL_S4 && !masked && NV % 2 == 0) {
             UNROLL
             for (int v = 0; v < NV; v += 2)
                 dec32_s4(row, n0 + 16 * v, &b[v], &b[v + 1]);
         } else {
             UNROLL
             for (int v = 0; v < NV; v++)
-                b[v] = dec16(kind, row, n0 + 16 * v, masked, np);
+                b[v] = dec16(elem, row, n0 + 16 * v, masked, np);
         }
         UNROLL
         for (int mb = 0; mb < MB; mb++) {
@@ -1069,7 +1069,7 @@ INLINE void sv_block(const int MB, const int NV, const int kind, const int maske
     const __mmask16 m = masked ? mask16(np) : (__mmask16)0xFFFF;
     UNROLL
     for (int mb = 0; mb < MB; mb++) {
-        if (kind == GQA_EL_S4 && !masked && NV % 2 == 0)
+        if (elem == GQA_EL_S4 && !masked && NV % 2 == 0)
             UNROLL
             for (int v = 0; v < NV; v += 2) { /* even | odd columns -> in order */
                 __m512 lo = _mm512_unpacklo_ps(acc[mb * NV + v], acc[mb * NV + v + 1]);
@@ -1140,7 +1140,7 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
                            int type, const float *s, float *C, size_t ldc, float beta)
 {
     GQA_GROUP_ENTRY(avx512, sv, group_fast_avx512(type, N), GQA_SV_ARGS)
-    const int kind = gqa_element(type);
+    const int elem = gqa_element(type);
     const size_t rb = gqa_row_bytes(type, N);
     const uint8_t *Bb = (const uint8_t *)B;
     const float *spc = GQA_IS_PC(type) ? s : NULL;
@@ -1158,24 +1158,24 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
         }
     }
     const size_t kc = sv_kc[type];
-    const size_t n32 = kind == GQA_EL_S4 ? N & ~(size_t)31 : 0, n16 = N & ~(size_t)15;
+    const size_t n32 = elem == GQA_EL_S4 ? N & ~(size_t)31 : 0, n16 = N & ~(size_t)15;
     /* float32 tiles with many rows (flash): 6 x 64-column blocks, 24 accumulators for
        10 loads per key (8 x 32 columns: 16 for 10), ~10% faster measured here */
-    const size_t bm = row_block(M, kind == GQA_EL_F32 && M >= 16 ? 6 : 8);
+    const size_t bm = row_block(M, elem == GQA_EL_F32 && M >= 16 ? 6 : 8);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
         const size_t k1 = K - k0 < kc ? K : k0 + kc;
         for (size_t m0 = 0; m0 < M; m0 += bm) {
             const int mb = (int)(M - m0 < bm ? M - m0 : bm);
-            const sv_fn *f = sv_fns[kind][mb];
+            const sv_fn *f = sv_fns[elem][mb];
             const float *a = A + m0 * lda;
             float *c = C + m0 * ldc;
             const size_t step = 16 * (size_t)sv_nvw[mb];
             /* codes, first block of rows: each column block that starts a 64-byte line
                prefetches its lines of the next chunk's rows */
-            const int pfc = m0 == 0 && k1 < K && kind <= GQA_EL_S4;
+            const int pfc = m0 == 0 && k1 < K && elem <= GQA_EL_S4;
 #define SV_PF(n) (pfc && gqa_row_bytes(type, n) % 64 == 0 ? kc * rb + gqa_row_bytes(type, n) : 0)
             /* INT4 blocks of 2+ vectors decode 32-column pairs: they stop at n32 */
-            const size_t wide_end = kind == GQA_EL_S4 ? n32 : n16;
+            const size_t wide_end = elem == GQA_EL_S4 ? n32 : n16;
             size_t n = 0;
             for (; n + step <= wide_end; n += step)
                 f[0](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));

@@ -343,12 +343,12 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
    kernels qk_blk(MB, NB, b, ORD, N, K, alpha, A', B, type, C, ldc, ms) over MB x NB = 8
    (rows of prepared A x rows of B; shapes 1 x 8, 2 x 4, 4 x 2, ms rows stored), and
    sv_blk_1 / sv_blk_2(b, ORD, N, K, A, lda, B, type, C, ldc, beta, c0) over 32 columns and
-   1 / 2 rows of A (GQA_GROUP_KIND_CALL: one call per (bits, ordered) kind, from b and ord).
+   1 / 2 rows of A (GQA_GROUP_VARIANT_CALL: one call per (bits, ordered) variant, from b and ord).
    Rows of A past M in a block of four: copies of the last (never stored).  Expanded in a
    path's unit, whose INLINE forces inlining (the kernels specialize on b and ORD).
    group_fast_<path>: the shapes they take (groups of a multiple of 8 columns, rows of a
    multiple of 32 and at most 1024). */
-#define GQA_GROUP_KIND_CALL(F, ...)                                                                  \
+#define GQA_GROUP_VARIANT_CALL(F, ...)                                                                  \
     do {                                                                                             \
         if (b == 8) F(8, 0, __VA_ARGS__);                                                            \
         else if (b == 4 && ord) F(4, 1, __VA_ARGS__);                                                \
@@ -382,7 +382,7 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
             const size_t mb = M - m0 < 4 ? M - m0 : 4;                                               \
             for (size_t m = 0; m < 4; m++)                                                           \
                 gqa_group_prep8(A + (m0 + (m < mb ? m : mb - 1)) * lda, buf + m * K, K, type);       \
-            GQA_GROUP_KIND_CALL(group_qk_rows_##path, mb, N, K, alpha, buf, (const uint8_t *)B, type,  \
+            GQA_GROUP_VARIANT_CALL(group_qk_rows_##path, mb, N, K, alpha, buf, (const uint8_t *)B, type,  \
                                 C + m0 * ldc, ldc);                                                  \
         }                                                                                            \
     }                                                                                                \
@@ -394,10 +394,10 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
         for (size_t m0 = 0; m0 < M; m0 += 2)                                                         \
             for (size_t c0 = 0; c0 < N; c0 += 32) {                                                  \
                 if (M - m0 >= 2)                                                                     \
-                    GQA_GROUP_KIND_CALL(sv_blk##_2, N, K, A + m0 * lda, lda, (const uint8_t *)B, type, \
+                    GQA_GROUP_VARIANT_CALL(sv_blk##_2, N, K, A + m0 * lda, lda, (const uint8_t *)B, type, \
                                         C + m0 * ldc, ldc, beta, c0);                                \
                 else                                                                                 \
-                    GQA_GROUP_KIND_CALL(sv_blk##_1, N, K, A + m0 * lda, lda, (const uint8_t *)B, type, \
+                    GQA_GROUP_VARIANT_CALL(sv_blk##_1, N, K, A + m0 * lda, lda, (const uint8_t *)B, type, \
                                         C + m0 * ldc, ldc, beta, c0);                                \
             }                                                                                        \
     }
