@@ -24,8 +24,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SRC = os.path.join("gqa", "_src")
-HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "work_ranges.h",
-                                          "team_spread.h")]
+HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "kernels_group.h",
+                                          "kernels_avx512.h", "work_ranges.h", "team_spread.h")]
 PXI = [os.path.join("gqa", f) for f in ("_prepare.pxi", "_cache_rows.pxi")]   # in _attention.pyx
 
 # path name -> (source, gcc/clang flags, a snippet using one intrinsic of the tier)

@@ -12,18 +12,7 @@
  * The emulation build of tests/isa (GQA_EMULATE_AVX512) takes the intrinsics from SIMDe.
  */
 #if defined(__x86_64__) || defined(_M_X64)
-#ifdef GQA_EMULATE_AVX512
-#include "emu_avx512.h" /* tests/isa only: SIMDe + shims, portable code */
-#else
-#include <immintrin.h>
-#endif
-#include <float.h>
-#include <stdlib.h>
-#include "kernels_common.h"
-
-/* Lanes [0, n) set, n <= 16 / n <= 64 (as in kernels_avx512.c). */
-static inline __mmask16 mask16(size_t n) { return (__mmask16)((1u << n) - 1u); }
-static inline __mmask64 mask64(size_t n) { return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1); }
+#include "kernels_avx512.h"
 
 /* ---- qk_gemm_s8_approx (opt-in, AVX-512 VNNI) ---------------------------------
  *
