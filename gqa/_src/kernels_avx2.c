@@ -149,31 +149,33 @@ static void quantize_avx2(const float *src, size_t lda, void *dst, size_t rows,
     }
 }
 
-/* 8 consecutive elements starting at element k (k % 8 == 0) as float32,
-   scaled for per-channel types, unscaled (codes) for per-tensor types. */
-INLINE __m256 load8(const uint8_t *row, size_t k, int type, const float *s)
+/* Elements [k, k + 8) in order (k even), unscaled. */
+INLINE __m256 dec8(const int elem, const uint8_t *row, size_t k)
 {
-    switch (type) {
-    case GQA_S8_PT:
+    switch (elem) {
+    case GQA_EL_S8:
         return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
-    case GQA_S8_PC:
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k)))),
-                             _mm256_loadu_ps(s + k));
-    case GQA_S4_PT:
-    case GQA_S4_PC: {
+    case GQA_EL_S4: {
         uint32_t w;
         memcpy(&w, row + k / 2, 4);
         __m128i v = _mm_cvtsi32_si128((int)w);
         __m128i m = _mm_set1_epi8(0x0F);
         __m128i e = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
-        __m256 f = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(e), _mm256_set1_epi32(8)));
-        return type == GQA_S4_PT ? f : _mm256_mul_ps(f, _mm256_loadu_ps(s + k));
+        return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(e), _mm256_set1_epi32(8)));
     }
-    case GQA_F32:
+    case GQA_EL_F32:
         return _mm256_loadu_ps((const float *)(const void *)row + k);
     default:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * k)));
     }
+}
+
+/* 8 consecutive elements starting at element k (k % 8 == 0) as float32: dec8, scaled for
+   per-channel types, unscaled (codes) for per-tensor types. */
+INLINE __m256 load8(const uint8_t *row, size_t k, int type, const float *s)
+{
+    const __m256 f = dec8(gqa_element(type), row, k);
+    return GQA_IS_PC(type) ? _mm256_mul_ps(f, _mm256_loadu_ps(s + k)) : f;
 }
 
 static void dequantize_avx2(const void *src, float *dst, size_t ldd, size_t rows,
@@ -253,26 +255,6 @@ static void dequantize_t_avx2(const void *src, float *dst, size_t ldd, size_t ro
  * applied per column after the key sum for sv_gemm), as one of four elements: */
 /* (gqa_element of kernels_common.h: GQA_EL_S8, GQA_EL_S4, GQA_EL_F32, GQA_EL_F16) */
 
-/* Elements [k, k + 8) in order (k even), unscaled. */
-INLINE __m256 dec8(const int elem, const uint8_t *row, size_t k)
-{
-    switch (elem) {
-    case GQA_EL_S8:
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
-    case GQA_EL_S4: {
-        uint32_t w;
-        memcpy(&w, row + k / 2, 4);
-        __m128i v = _mm_cvtsi32_si128((int)w);
-        __m128i m = _mm_set1_epi8(0x0F);
-        __m128i e = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
-        return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(e), _mm256_set1_epi32(8)));
-    }
-    case GQA_EL_F32:
-        return _mm256_loadu_ps((const float *)(const void *)row + k);
-    default:
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * k)));
-    }
-}
 
 /* Elements [k, k + 16) (k % 16 == 0), unscaled, as two vectors.  INT4: the 16
    nibbles of one 8-byte load, v0 = the low nibbles (elements k, k+2, .., k+14),

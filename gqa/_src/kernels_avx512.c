@@ -164,35 +164,25 @@ static void quantize_avx512(const float *src, size_t lda, void *dst, size_t rows
 
 /* ---- element loads --------------------------------------------------------- */
 
-/* Elements [k, k + 16) of a packed row as float32 (k % 16 == 0): scaled for
-   per-channel types, unscaled codes for per-tensor ones (see gqa_post_scale).  With
-   `masked`, only the first n elements are read and the rest are finite (0 or
-   code * 0 for the padding), so multiplying them by a zero A lane adds +-0. */
-INLINE __m512 load16(const uint8_t *row, size_t k, const int type, const float *s, const int masked,
-                     size_t n)
+/* Elements [k, k + 16) in order (k even), unscaled; with `masked` only the first
+   n are read and the rest are 0. */
+INLINE __m512 dec16(const int elem, const uint8_t *row, size_t k, const int masked, size_t n)
 {
     const __mmask16 m = masked ? mask16(n) : (__mmask16)0xFFFF;
-    switch (type) {
-    case GQA_S8_PT:
-    case GQA_S8_PC: {
+    switch (elem) {
+    case GQA_EL_S8: {
         __m128i v = masked ? _mm_maskz_loadu_epi8(m, row + k) : _mm_loadu_si128((const __m128i *)(row + k));
-        __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
-        if (type == GQA_S8_PT)
-            return f;
-        return _mm512_mul_ps(f, masked ? _mm512_maskz_loadu_ps(m, s + k) : _mm512_loadu_ps(s + k));
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
     }
-    case GQA_S4_PT:
-    case GQA_S4_PC: {
+    case GQA_EL_S4: {
         __m128i v = masked ? _mm_maskz_loadu_epi8(mask16((n + 1) / 2), row + k / 2)
                            : _mm_loadl_epi64((const __m128i *)(row + k / 2));
         const __m128i lo4 = _mm_set1_epi8(0x0F);
         __m128i e = _mm_unpacklo_epi8(_mm_and_si128(v, lo4), _mm_and_si128(_mm_srli_epi16(v, 4), lo4));
         __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(e), _mm512_set1_epi32(8)));
-        if (type == GQA_S4_PT)
-            return f;
-        return _mm512_mul_ps(f, masked ? _mm512_maskz_loadu_ps(m, s + k) : _mm512_loadu_ps(s + k));
+        return masked ? _mm512_maskz_mov_ps(m, f) : f; /* a pad nibble past n would give -8 */
     }
-    case GQA_F32: {
+    case GQA_EL_F32: {
         const float *p = (const float *)(const void *)row + k;
         return masked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
     }
@@ -202,6 +192,18 @@ INLINE __m512 load16(const uint8_t *row, size_t k, const int type, const float *
         return _mm512_cvtph_ps(h);
     }
     }
+}
+
+/* Elements [k, k + 16) of a packed row as float32 (k % 16 == 0): dec16, scaled for
+   per-channel types (unscaled codes for per-tensor ones, see gqa_post_scale).  With
+   `masked`, only the first n elements are read and the rest are 0. */
+INLINE __m512 load16(const uint8_t *row, size_t k, const int type, const float *s, const int masked,
+                     size_t n)
+{
+    const __m512 f = dec16(gqa_element(type), row, k, masked, n);
+    if (!GQA_IS_PC(type))
+        return f;
+    return _mm512_mul_ps(f, masked ? _mm512_maskz_loadu_ps(mask16(n), s + k) : _mm512_loadu_ps(s + k));
 }
 
 /* ---- dequantize ------------------------------------------------------------ */
@@ -353,35 +355,6 @@ static void dequantize_t_avx512(const void *src, float *dst, size_t ldd, size_t 
  * per column after the key sum for sv_gemm.  Four elements: */
 /* (gqa_element of kernels_common.h: GQA_EL_S8, GQA_EL_S4, GQA_EL_F32, GQA_EL_F16) */
 
-/* Elements [k, k + 16) in order (k even), unscaled; with `masked` only the first
-   n are read and the rest are 0. */
-INLINE __m512 dec16(const int elem, const uint8_t *row, size_t k, const int masked, size_t n)
-{
-    const __mmask16 m = masked ? mask16(n) : (__mmask16)0xFFFF;
-    switch (elem) {
-    case GQA_EL_S8: {
-        __m128i v = masked ? _mm_maskz_loadu_epi8(m, row + k) : _mm_loadu_si128((const __m128i *)(row + k));
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
-    }
-    case GQA_EL_S4: {
-        __m128i v = masked ? _mm_maskz_loadu_epi8(mask16((n + 1) / 2), row + k / 2)
-                           : _mm_loadl_epi64((const __m128i *)(row + k / 2));
-        const __m128i lo4 = _mm_set1_epi8(0x0F);
-        __m128i e = _mm_unpacklo_epi8(_mm_and_si128(v, lo4), _mm_and_si128(_mm_srli_epi16(v, 4), lo4));
-        __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(e), _mm512_set1_epi32(8)));
-        return masked ? _mm512_maskz_mov_ps(m, f) : f; /* a pad nibble past n would give -8 */
-    }
-    case GQA_EL_F32: {
-        const float *p = (const float *)(const void *)row + k;
-        return masked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
-    }
-    default: {
-        __m256i h = masked ? _mm256_maskz_loadu_epi16(m, row + 2 * k)
-                           : _mm256_loadu_si256((const __m256i *)(row + 2 * k));
-        return _mm512_cvtph_ps(h);
-    }
-    }
-}
 
 /* INT4 elements [k, k + 32) (k % 32 == 0) from one 16-byte load: v0 = the low
    nibbles (elements k, k+2, .., k+30), v1 = the high ones (k+1, .., k+31), each
