@@ -165,6 +165,7 @@ extensions = [
     ext("_checks"),
     ext("_plan"),
     ext("_signature"),
+    ext("_function"),
 ]
 
 setup(

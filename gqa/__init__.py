@@ -57,8 +57,8 @@ else:
     from ._api import dequantize, qk_gemm, quantize, sv_gemm
     from ._show import show_config
     from ._dispatch import cpu_features
-    from ._operator import (GroupQueryAttention, MixedPrecisionGroupQueryAttention,
-                            group_query_attention, mixed_precision_group_query_attention)
+    from ._operator import GroupQueryAttention, MixedPrecisionGroupQueryAttention
+    from ._function import group_query_attention, mixed_precision_group_query_attention
     from ._rotation import calibrate_rotations, hadamard, oscar_rotation
     from ._kvcache import Calibration, KVCache, rotary_caches
     from ._window import resident as window_resident

@@ -1,8 +1,8 @@
-"""The GroupQueryAttention operator (ONNX Runtime 1.31.1 CPU contract) and its functional form.
+"""The GroupQueryAttention operator (ONNX Runtime 1.31.1 CPU contract).
 
 ``ATTRIBUTES`` is the one statement of the operator's attributes: name, kind, default, the
-check of its own value and what it means.  The class, the function, their signatures and the
-reprs are made from it; the rules that join several attributes are in
+check of its own value and what it means.  The class, the functional forms
+(gqa/_function.pyx), their signatures and the reprs are made from it; the rules that join several attributes are in
 ``GroupQueryAttention._combine``; cache formats are gqa/_formats.py's.  A call's inputs are
 validated in gqa/_signature.pyx, completely, before any output or caller buffer is written,
 and the compute (gqa/_attention.pyx) then runs without the GIL.
@@ -126,7 +126,6 @@ ATTRIBUTES = (
 ATTRIBUTE_NAMES = tuple(a.name for a in ATTRIBUTES)
 # the call's inputs and keywords: gqa/_signature.pyx's op_call, their one statement
 _CALL_PARAMETERS = tuple(inspect.signature(_signature.op_call).parameters.values())[1:]
-_CALL_NAMES = frozenset(p.name for p in _CALL_PARAMETERS)
 
 
 def _keyword_signature(attributes):
@@ -224,50 +223,17 @@ class GroupQueryAttention:
     __call__ = _signature.op_call
 
 
-_OPS = {}          # (name, type, value) of each attribute given -> the kept operator
-_MAX_OPERATORS = 64
-
-
-def _kept_operator(attributes):
-    """The kept operator of these attributes (validated when first made); exact types in the
-    key, so True or 1.0 do not find the operator of 1."""
-    try:
-        key = tuple([(k, type(x), x) for k, x in attributes.items()])
-        op = _OPS.get(key)
-    except TypeError:            # an unhashable value: made (and refused or taken), not kept
-        return GroupQueryAttention(**attributes)
-    if op is None:
-        op = GroupQueryAttention(**attributes)
-        if len(_OPS) >= _MAX_OPERATORS:
-            _OPS.clear()
-        _OPS[key] = op
-    return op
-
-
-def group_query_attention(*inputs, **keywords):
-    """Functional form of :class:`GroupQueryAttention`: inputs in ONNX order and names (the
-    operator call's, also as keywords), attributes as keywords.  The operator of each set of
-    attributes is made once and kept (up to 64 sets), so a loop that calls this function per
-    layer and step pays what a kept operator pays."""
-    attributes, call = {}, {}
-    for k, x in keywords.items():
-        (call if k in _CALL_NAMES else attributes)[k] = x
-    return _kept_operator(attributes)(*inputs, **call)
-
-
-def _function_signature(attributes):
-    params = list(_CALL_PARAMETERS)
-    inputs = [p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
-    keywords = [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+def function_signature(attributes=ATTRIBUTES):
+    """The signature of the functional form (gqa/_function.pyx): op_call's inputs, the
+    attributes, then op_call's keywords."""
+    inputs = [p for p in _CALL_PARAMETERS if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    keywords = [p for p in _CALL_PARAMETERS if p.kind is inspect.Parameter.KEYWORD_ONLY]
     attrs = [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, default=a.default)
              for a in attributes]
     return inspect.Signature(inputs + attrs + keywords)
 
 
-group_query_attention.__signature__ = _function_signature(ATTRIBUTES)
-
-
-def _format_version(value):
+def format_version(value):
     x = _int("cache_format_version", value)
     if x != 1:
         raise ValueError(f"cache_format_version must be 1 (the packed row layout of this release), "
@@ -275,7 +241,7 @@ def _format_version(value):
     return x
 
 
-_MIXED_FIXED = ("k_quant_type", "v_quant_type")
+MIXED_FIXED = ("k_quant_type", "v_quant_type")
 
 
 class MixedPrecisionGroupQueryAttention(GroupQueryAttention):
@@ -292,29 +258,15 @@ class MixedPrecisionGroupQueryAttention(GroupQueryAttention):
     """
 
     def __init__(self, *, kv_cache_bit_width=2, cache_format_version=1, **attributes):
-        for name in _MIXED_FIXED:
+        for name in MIXED_FIXED:
             if name in attributes:
                 raise TypeError(f"MixedPrecisionGroupQueryAttention has no {name}: its caches are "
                                 "PER_GROUP")
-        self.cache_format_version = _format_version(cache_format_version)
+        self.cache_format_version = format_version(cache_format_version)
         super().__init__(k_quant_type="PER_GROUP", v_quant_type="PER_GROUP",
                          kv_cache_bit_width=kv_cache_bit_width, **attributes)
 
     __init__.__signature__ = inspect.Signature(
         [p.replace(default=2) if p.name == "kv_cache_bit_width" else p
-         for p in _keyword_signature([a for a in ATTRIBUTES if a.name not in _MIXED_FIXED]).parameters.values()]
+         for p in _keyword_signature([a for a in ATTRIBUTES if a.name not in MIXED_FIXED]).parameters.values()]
         + [inspect.Parameter("cache_format_version", inspect.Parameter.KEYWORD_ONLY, default=1)])
-
-
-def mixed_precision_group_query_attention(*inputs, kv_cache_bit_width=2, cache_format_version=1,
-                                          **keywords):
-    """Functional form of :class:`MixedPrecisionGroupQueryAttention` (inputs in ONNX order and
-    names, attributes as keywords): the kept PER_GROUP operator of the function
-    ``group_query_attention``, so a loop pays what a kept operator pays."""
-    for name in _MIXED_FIXED:
-        if name in keywords:
-            raise TypeError(f"mixed_precision_group_query_attention has no {name}: its caches are "
-                            "PER_GROUP")
-    _format_version(cache_format_version)
-    return group_query_attention(*inputs, k_quant_type="PER_GROUP", v_quant_type="PER_GROUP",
-                                 kv_cache_bit_width=kv_cache_bit_width, **keywords)

@@ -47,3 +47,19 @@ def test_the_function_keeps_operators_by_exact_attribute_types():
         gqa.group_query_attention(*args, **kw, causal=1.0)
     with pytest.raises(TypeError, match="unexpected attribute 'casual'"):
         gqa.group_query_attention(*args, **kw, casual=1)
+
+
+def test_the_function_takes_the_operator_calls_inputs():
+    """gqa/_function.pyx writes op_call's inputs and keywords again (compiled): the same names,
+    order, kinds and defaults."""
+    from gqa import _function, _signature
+    call = list(inspect.signature(_signature.op_call).parameters.values())[1:]
+    f = _function.group_query_attention            # its own parameters (__signature__ adds the attributes)
+    code = f.__code__
+    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    assert list(names) == [p.name for p in call]
+    assert code.co_argcount == sum(p.kind is not inspect.Parameter.KEYWORD_ONLY for p in call)
+    assert f.__kwdefaults__ == {p.name: p.default for p in call if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert all(p.default is None for p in call[1:])
+    op = gqa.MixedPrecisionGroupQueryAttention(num_heads=2, kv_num_heads=1)
+    assert op.k_format.grouped and op.kv_cache_bit_width == 2
