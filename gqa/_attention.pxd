@@ -2,6 +2,9 @@
 from libc.stdint cimport uint8_t, int64_t
 from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn
 
+cdef enum:
+    ROT_MAX = 1024       # the widest head a rotation takes (a stack row of _prepare.pxi)
+
 
 cdef struct Params:
     int B, S, N, Nkv, G, H, L, T, Pres, Pbuf, Tmax

@@ -39,7 +39,7 @@ cdef extern from "team_spread.h" nogil:
     void gqa_team_spread(uint64_t *taken)
 
 cdef enum:
-    ROT_MAX = 1024       # the widest head a rotation takes (gqa/_signature.pyx checks it)
+    INT32_MAX = 2147483647
 
 cdef extern from "float.h":
     float FLT_MAX
@@ -540,6 +540,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     cdef bint item_write = True
     cdef uint64_t taken = 0
     cdef void *stage_raw = NULL
+    cdef long long past_rows
     p.T = T; p.Pres = Pres; p.first_prompt = first_prompt
     p.q = <const float *>ptr(q); p.k = <const float *>ptr(k); p.v = <const float *>ptr(v)
     p.seqlens = <const int *>ptr(seqlens)
@@ -584,8 +585,15 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     check_lengths(&p, 0 if cos is None else cnp.PyArray_DIM(<cnp.ndarray>cos, 0))  # sets p.Tmax
     if p.hk != NULL and p.hcausal and p.S > 1:
         # causal windows of a multi-token step: the past windows and the S new rows staged
+        # rows per (b, j): min(windows, past length) + S <= Tmax (fits an int, counted in 64 bits)
         p.hstage = 1
-        p.fcap = p.nsink + p.nrecent + p.S
+        past_rows = <long long>p.Tmax - p.S if p.Tmax > p.S else 0
+        if <long long>p.nsink + p.nrecent < past_rows:
+            past_rows = <long long>p.nsink + p.nrecent
+        if past_rows + p.S > INT32_MAX:
+            raise ValueError(f"the float windows' staging rows ({past_rows} + {p.S}) exceed "
+                             f"{INT32_MAX}")
+        p.fcap = <int>(past_rows + p.S)
         stage_raw = malloc(2 * <size_t>p.B * p.Nkv * p.fcap * p.hp_rb + 1)
         if stage_raw == NULL:
             raise MemoryError("gqa: cannot allocate the float windows' staging rows")

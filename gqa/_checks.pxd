@@ -11,8 +11,12 @@ cdef object _contiguous(object x)
 cdef long long _total_length(object t) except -1
 # The threads of a call: num_threads, else gqa.config's, else OpenMP's default.
 cdef int _threads(object n) except -1
+# x (float32 / float16) as the compute reads it, once every element is finite.
+cdef object _finite(object x, str name, str why)
 # The scale as the compute reads it, once every element is finite.
 cdef object _finite_scale(object s, str name)
+# Rotations [Nkv, H, H]: finite and orthogonal within ORTHOGONAL_TOLERANCE.
+cdef int _orthogonal(object r, str name) except -1
 # One quantized cache's (NumPy type, row width, C type, per-channel, width's name).
 cdef tuple _side_format(op, str side, object scale, int Nkv, int H)
 # The signature checks of the rotary inputs: rotary_dim / 2 where rotary applies, else 0.
@@ -23,3 +27,5 @@ cdef int _present(object out, str name, int B, int Nkv, int Hp, object dtype) ex
 cdef bint overlap(object a, object b)
 # Index of the first of `inputs` sharing memory with kc or vc, else -1.
 cdef Py_ssize_t first_alias(kc, vc, tuple inputs)
+# The caller's buffers a call writes share no byte with the inputs or with each other.
+cdef int apart(tuple outs, tuple out_names, tuple ins, tuple in_names, str where) except -1

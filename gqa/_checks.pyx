@@ -4,7 +4,7 @@ time: kinds, dtypes, shapes, flags, finite scales, lengths, thread counts and me
 Each raises before anything is written, naming the argument and what was expected
 (ValueError for values and shapes, TypeError for kinds and dtypes)."""
 cimport numpy as cnp
-from libc.stdint cimport uint32_t
+from libc.stdint cimport uint16_t, uint32_t
 
 import numbers
 
@@ -94,20 +94,55 @@ cdef int _threads(object n) except -1:
     return _config._check_threads(n, "num_threads")
 
 
+cdef object _finite(object x, str name, str why):
+    """x (float32 or float16) as the compute reads it (C-contiguous, aligned), once every
+    element is finite, else ValueError naming the element and `why` it must be (the README's
+    numeric contract: nothing non-finite is multiplied into a cache)."""
+    x = _contiguous(x)
+    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(<cnp.ndarray>x)
+    cdef const uint32_t *u = <const uint32_t *>cnp.PyArray_DATA(<cnp.ndarray>x)
+    cdef const uint16_t *h = <const uint16_t *>u
+    if cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_FLOAT32:
+        for i in range(n):
+            if (u[i] & 0x7f800000u) == 0x7f800000u:     # exponent all ones: inf or NaN
+                break
+        else:
+            return x
+    else:
+        for i in range(n):
+            if (h[i] & 0x7c00u) == 0x7c00u:
+                break
+        else:
+            return x
+    raise ValueError(f"{name} element {np.unravel_index(i, x.shape)} is {x.reshape(-1)[i]}: "
+                     f"{why}")
+
+
 cdef object _finite_scale(object s, str name):
-    """The scale as the compute reads it (C-contiguous, aligned), once every element is
-    finite: a NaN or infinite one makes every quantized write and read of its channels garbage
-    (ONNX Runtime accepts it; we refuse it on every call, since a kept scale may be rewritten
-    between calls)."""
-    s = _contiguous(s)
-    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(<cnp.ndarray>s)
-    cdef const float *x = <const float *>cnp.PyArray_DATA(<cnp.ndarray>s)
-    cdef const uint32_t *u = <const uint32_t *>x
-    for i in range(n):
-        if (u[i] & 0x7f800000u) == 0x7f800000u:     # exponent all ones: inf or NaN
-            raise ValueError(f"{name} element {i} is {x[i]}: scales must be finite (a non-finite "
-                             "scale makes every quantized write and read of its channels garbage)")
-    return s
+    """A quantization scale as the compute reads it, once finite (every call: a kept scale may
+    be rewritten between calls, and it is a few floats)."""
+    return _finite(s, name, "scales must be finite (a non-finite scale makes every quantized "
+                   "write and read of its channels garbage)")
+
+
+# max |R R^T - I| of an orthogonal matrix rounded to float32 / float16 is at most 2u(1 + u)
+# (u = 2^-24 / 2^-11); the tolerances leave room for rotations computed in that precision
+ORTHOGONAL_TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float16): 2e-3}
+
+
+cdef int _orthogonal(object r, str name) except -1:
+    """Rotations r [Nkv, H, H]: finite, and each orthogonal within ORTHOGONAL_TOLERANCE (the
+    output is turned back by R_V^T and the scores use R_K R_K^T = I)."""
+    _finite(r, name, "rotations must be finite")
+    cdef double tol = ORTHOGONAL_TOLERANCE[r.dtype]
+    a = np.asarray(r, np.float64)
+    dev = np.abs(a @ a.transpose(0, 2, 1) - np.eye(a.shape[1])).max(axis=(1, 2))
+    j = int(np.argmax(dev))
+    if dev[j] > tol:
+        raise ValueError(f"{name}[{j}] is not orthogonal: max |R R^T - I| = {dev[j]:.3g} > "
+                         f"{tol:g} ({r.dtype} rotations; an orthogonal matrix rounded to "
+                         f"{r.dtype} is within {float(np.finfo(r.dtype).eps):.2g})")
+    return 0
 
 
 cdef tuple _side_format(op, str side, object scale, int Nkv, int H):
@@ -249,3 +284,24 @@ cdef Py_ssize_t first_alias(kc, vc, tuple inputs):
         if _meets(inputs[i], klo, khi, kc) or _meets(inputs[i], vlo, vhi, vc):
             return i
     return -1
+
+
+cdef int apart(tuple outs, tuple out_names, tuple ins, tuple in_names, str where) except -1:
+    """The one rule of the caller's buffers that a call writes (outs): none shares a byte
+    with any of `ins` or with another of `outs` (None entries are skipped), else
+    ValueError "<out> must not overlap <input>" (+ where)."""
+    cdef Py_ssize_t i, j
+    cdef char *lo
+    cdef char *hi
+    for i in range(len(outs)):
+        o = outs[i]
+        if not isinstance(o, cnp.ndarray):
+            continue
+        _extent(<cnp.ndarray>o, &lo, &hi)
+        for j in range(len(ins)):
+            if _meets(ins[j], lo, hi, o):
+                raise ValueError(f"{out_names[i]} must not overlap {in_names[j]}{where}")
+        for j in range(i + 1, len(outs)):
+            if _meets(outs[j], lo, hi, o):
+                raise ValueError(f"{out_names[i]} and {out_names[j]} must not overlap{where}")
+    return 0

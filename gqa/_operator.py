@@ -194,6 +194,10 @@ class GroupQueryAttention:
                                  f"k_quant_type is {self.k_quant_type} and v_quant_type "
                                  f"{self.v_quant_type}")
         windows = self.sink_size or self.recent_size
+        if self.sink_size + self.recent_size > INT32_MAX:
+            raise ValueError(f"sink_size + recent_size (the float windows' rows) must be <= "
+                             f"{INT32_MAX}, got {self.sink_size} + {self.recent_size} = "
+                             f"{self.sink_size + self.recent_size}")
         if windows and not self.quantized:
             raise ValueError("sink_size / recent_size keep float windows beside a quantized cache: "
                              "k_quant_type must not be NONE")

@@ -24,10 +24,11 @@ from cpython.object cimport PyObject
 
 import numpy as np
 
-from gqa._attention cimport Consts, Params, run, check_lengths
+from gqa._attention cimport Consts, Params, run, check_lengths, ROT_MAX
 from gqa cimport _window
 from gqa._checks cimport (_array, _ready, _f32, _contiguous, _total_length, _threads,
-                          _finite_scale, _side_format, _rotary, _present, overlap, first_alias)
+                          _finite, _finite_scale, _orthogonal, _side_format, _rotary, _present,
+                          apart)
 from gqa._dispatch cimport GQA_F32, GQA_F16
 from gqa._plan cimport _plan
 from gqa import _config
@@ -39,7 +40,6 @@ cdef enum:
     MAXD = 4
     INT32_MAX = 2147483647
     MAX_SIGNATURES = 64  # per operator: one per past buffer of a loop over layers
-    ROT_MAX = 1024       # the widest head a rotation takes (_attention.pyx)
 
 cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_ARRAY_WRITEABLE
 
@@ -55,6 +55,8 @@ cdef tuple _EXT_NAMES = ("past_hp_key", "past_hp_value", "oscar_rotation_k", "os
 cdef tuple _NO_EXT = (None, None, None, None, None, None)
 cdef tuple _STEP_NAMES = ("query", "key", "value", "seqlens_k", "position_ids", "attention_bias",
                           "total_sequence_length")
+cdef str _NORM_FINITE = ("QK-norm weights must be finite (k_norm_weight is multiplied into "
+                         "the keys written into the cache)")
 cdef long long _built = 0                 # Signatures built (tests: a repeat builds none)
 
 
@@ -127,11 +129,13 @@ cdef class Signature:
     cdef int k_ct, v_ct, k_Hp, v_Hp, rot_half     # the caches' NumPy types and row widths
     cdef bint packed, f16, has_past, shared, quantized, k_group, v_group, fresh_present, copy_past, windowed
     cdef bint win, hp_inplace, hp_fresh
+    cdef tuple out_names   # the caller's buffers a call writes (_written_names)
     cdef object rho
 
     def __init__(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                  sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                 q_norm_weight, k_norm_weight, present_key, present_value, tuple ext):
+                 q_norm_weight, k_norm_weight, present_key, present_value, tuple ext,
+                 Signature prev=None):
         global _built
         cdef list args = [query, key, value, past_key, past_value, seqlens_k, cos_cache,
                           sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
@@ -139,7 +143,7 @@ cdef class Signature:
         cdef int i
         self._check(op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                     sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                    q_norm_weight, k_norm_weight, present_key, present_value, ext)
+                    q_norm_weight, k_norm_weight, present_key, present_value, ext, prev)
         self.valid = True
         for i in range(NARGS):
             if not _key(&self.keys[i], args[i]):
@@ -148,7 +152,8 @@ cdef class Signature:
 
     cdef _check(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                 sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                q_norm_weight, k_norm_weight, present_key, present_value, tuple ext):
+                q_norm_weight, k_norm_weight, present_key, present_value, tuple ext,
+                Signature prev):
         cdef int N = op.num_heads, Nkv = op.kv_num_heads
         cdef int B, S, D, H, L, Hp, Pbuf = 0, ktype, vtype, k_ct, v_ct, k_Hp, v_Hp
         cdef int ft, ct, rot_half
@@ -236,8 +241,6 @@ cdef class Signature:
                 if (cnp.PyArray_FLAGS(<cnp.ndarray>x) & FLAGS) != FLAGS:
                     raise ValueError(f"{name} must be C-contiguous, aligned and writeable in "
                                      "in-place mode (present is past)")
-            if overlap(past_key, past_value):
-                raise ValueError("past_key and past_value must not overlap in in-place mode")
         elif (present_key is None) != (present_value is None):
             raise ValueError("present_key and present_value must be given together")
         if L == 0 and not has_past:
@@ -295,29 +298,35 @@ cdef class Signature:
                                      f"({Nkv}, {H}, {H}), got {x.shape}")
                 if H > ROT_MAX:
                     raise ValueError(f"{name}: rotations take head sizes up to {ROT_MAX}, got {H}")
+        # the values of the large kept inputs multiplied into a cache: when this operator
+        # first meets the array (prev: the signature this one replaces)
+        for i, name, x in ((19, "oscar_rotation_k", rot_k), (20, "oscar_rotation_v", rot_v)):
+            if x is not None and not _seen(prev, i, x):
+                _orthogonal(x, name)
+        if rot_half:
+            for i, name, x in ((6, "cos_cache", cos_cache), (7, "sin_cache", sin_cache)):
+                if not _seen(prev, i, x):
+                    _finite(x, name, "rotary caches must be finite (rotary is applied to the "
+                            "keys written into the cache)")
         cdef tuple kept = (k_scale, v_scale, cos_cache, sin_cache, head_sink, q_norm_weight,
                            k_norm_weight, rot_k, rot_v)
-        self._check_windows(op, B, Nkv, H, L, ft, windowed, phk, phv, hpk, hpv,
-                            (query, key, value, past_key, past_value, present_key,
-                             present_value) + kept)
-        cdef Py_ssize_t i
-        if shared:
-            i = first_alias(past_key, past_value, kept)
-            if i >= 0:
-                raise ValueError(f"{'past_key' if overlap(kept[i], past_key) else 'past_value'} must "
-                                 f"not overlap {_KEPT_NAMES[i]} in in-place mode (present is past)")
-        # present buffers of a call that is not in place: exact layout, no overlap with the
-        # kept inputs or each other (the per-step inputs: every call)
+        self._check_windows(op, B, Nkv, H, L, ft, phk, phv, hpk, hpv)
+        # present buffers of a call that is not in place: exact layout
         cdef object k_dt = np.dtype(cnp.PyArray_DescrFromType(k_ct))
         cdef object v_dt = np.dtype(cnp.PyArray_DescrFromType(v_ct))
         if present_key is not None and not shared:
-            for name, x, Hp, dt in (("present_key", present_key, k_Hp, k_dt),
-                                    ("present_value", present_value, v_Hp, v_dt)):
-                _present(x, name, B, Nkv, Hp, dt)
-                if first_alias(x, None, (past_key, past_value) + kept) >= 0:
-                    raise ValueError(f"{name} must not overlap the inputs")
-            if overlap(present_key, present_value):
-                raise ValueError("present_key and present_value must not overlap")
+            _present(present_key, "present_key", B, Nkv, k_Hp, k_dt)
+            _present(present_value, "present_value", B, Nkv, v_Hp, v_dt)
+        # the caller's buffers this call writes, apart from every kept input and each other
+        # (the per-step inputs: every call, Signature.call)
+        self.shared, self.fresh_present = shared, present_key is None
+        self.out_names = self._written_names()
+        ins = kept + ((past_key, past_value) if has_past and not shared else ()) + (
+            (phk, phv) if self.win and not self.hp_inplace else ())
+        in_names = _KEPT_NAMES + (("past_key", "past_value") if has_past and not shared else ()) + (
+            ("past_hp_key", "past_hp_value") if self.win and not self.hp_inplace else ())
+        apart(self._written(past_key, past_value, present_key, present_value, ext),
+              self.out_names, ins, in_names, self._where())
 
         alpha = op.scale if op.scale != 0.0 else float(np.float32(1.0) / np.sqrt(np.float32(H)))
         self.consts = Consts(
@@ -340,8 +349,8 @@ cdef class Signature:
         self.copy_past = has_past and not shared and not (
             _ready(past_key, k_ct) and _ready(past_value, v_ct))
 
-    cdef int _check_windows(self, op, int B, int Nkv, int H, int L, int ft, bint windowed, phk, phv,
-                            hpk, hpv, tuple others) except -1:
+    cdef int _check_windows(self, op, int B, int Nkv, int H, int L, int ft, phk, phv, hpk,
+                            hpv) except -1:
         """The float windows' buffers (sink_size / recent_size): past windows [B, Nkv, *, H]
         of the query's dtype, present ones in place (present_hp_* is past_hp_*), the
         caller's or new; their row counts are checked on every call (_window_rows)."""
@@ -381,15 +390,28 @@ cdef class Signature:
             for name, x in (("present_hp_key", hpk), ("present_hp_value", hpv)):
                 if (cnp.PyArray_FLAGS(<cnp.ndarray>x) & FLAGS) != FLAGS:
                     raise ValueError(f"{name} must be C-contiguous, aligned and writeable")
-                if first_alias(x, None, others) >= 0:
-                    raise ValueError(f"{name} must not overlap the inputs, the caches or the "
-                                     "rotations")
-                if not self.hp_inplace and first_alias(x, None, (phk, phv)) >= 0:
-                    raise ValueError(f"{name} must not overlap past_hp_key / past_hp_value "
-                                     "(unless it is the same buffer: in place)")
-            if overlap(hpk, hpv):
-                raise ValueError("present_hp_key and present_hp_value must not overlap")
         return 0
+
+    cdef tuple _written_names(self):
+        """The names of the caller's buffers a call of this signature writes (_written)."""
+        return ((("past_key", "past_value") if self.shared else
+                 () if self.fresh_present else ("present_key", "present_value"))
+                + ((("past_hp_key", "past_hp_value") if self.hp_inplace else
+                    () if self.hp_fresh else ("present_hp_key", "present_hp_value"))
+                   if self.win else ()))
+
+    cdef tuple _written(self, past_key, past_value, present_key, present_value, tuple ext):
+        """The caller's buffers a call writes: its caches (in place: the past ones) and its
+        float windows (in place: the past ones), as _written_names names them."""
+        cdef tuple caches = ((past_key, past_value) if self.shared else
+                             () if self.fresh_present else (present_key, present_value))
+        if not self.win:
+            return caches
+        return caches + ((ext[0], ext[1]) if self.hp_inplace else
+                         () if self.hp_fresh else (ext[4], ext[5]))
+
+    cdef str _where(self):
+        return " in in-place mode (present is past)" if self.shared else ""
 
     # which arguments are kept across calls (identity, address, strides, flags compared) and
     # which are per step (dtype and shape): stated here only
@@ -437,13 +459,13 @@ cdef class Signature:
         if self.quantized:     # per side: the clip quantile of a group cache, else the scale
             ks = self.rho[0] if self.k_group else _finite_scale(k_scale, "k_scale")
             vs = self.rho[1] if self.v_group else _finite_scale(v_scale, "v_scale")
-        if self.shared:
-            steps = (query, key, value, seqlens_k, position_ids, attention_bias, total_sequence_length)
-            i = first_alias(past_key, past_value, steps)
-            if i >= 0:
-                raise ValueError(f"{'past_key' if overlap(steps[i], past_key) else 'past_value'} must "
-                                 f"not overlap {_STEP_NAMES[i]} in in-place mode "
-                                 "(present is past)")
+        if q_norm_weight is not None:     # H floats each: every call, as the scales
+            q_norm_weight = _finite(q_norm_weight, "q_norm_weight", _NORM_FINITE)
+            k_norm_weight = _finite(k_norm_weight, "k_norm_weight", _NORM_FINITE)
+        if self.out_names:
+            apart(self._written(past_key, past_value, present_key, present_value, ext),
+                  self.out_names, (query, key, value, seqlens_k, position_ids, attention_bias,
+                                   total_sequence_length), _STEP_NAMES, self._where())
         if S > T:
             raise ValueError(f"total_sequence_length ({T}) must be >= sequence_length ({S}, query "
                              "dimension 1): the new tokens are part of the total")
@@ -487,19 +509,11 @@ cdef class Signature:
                 if cnp.PyArray_DIM(<cnp.ndarray>x, 2) != Pres:
                     raise ValueError(f"{name} must have shape {(B, Nkv, Pres, Hp)}, got "
                                      f"{x.shape}")
-            self._present_apart(present_key, present_value, query, key, value, seqlens_k,
-                                position_ids, attention_bias)
         nt = _threads(num_threads)
         _plan(B, S, Nkv, p.G, H, Tmax, &q_block, &kv_block, &splits, &ranges)
         phk, phv, rot_k, rot_v, hpk, hpv = ext
         if self.win:
             hp_rows = self._window_rows(seqlens_k, <int>T, first_prompt, phk, hpk)
-            if hpk is not None:
-                steps = (query, key, value, seqlens_k, position_ids, attention_bias)
-                i = first_alias(hpk, hpv, steps)
-                if i >= 0:
-                    raise ValueError(f"{'present_hp_key' if overlap(steps[i], hpk) else 'present_hp_value'}"
-                                     f" must not overlap {_STEP_NAMES[i]}")
 
         # every check passed: inputs as the compute reads them, outputs, the compute
         query, key, value = self._qkv(query, key, value)
@@ -579,17 +593,6 @@ cdef class Signature:
                              f"{p.S}, {T}), got {attention_bias.shape}")
         return 0
 
-    cdef int _present_apart(self, present_key, present_value, query, key, value, seqlens_k,
-                            position_ids, attention_bias) except -1:
-        """Caller-supplied present buffers (not in place) share no memory with the per-step
-        inputs (the kept ones: the signature checks)."""
-        cdef tuple steps = (query, key, value, seqlens_k, position_ids, attention_bias)
-        cdef Py_ssize_t i = first_alias(present_key, present_value, steps)
-        if i >= 0:
-            raise ValueError(f"{'present_key' if overlap(steps[i], present_key) else 'present_value'}"
-                             " must not overlap the inputs")
-        return 0
-
     cdef tuple _new_caches(self, int rows):
         """New K and V caches [B, Nkv, rows, Hp] of their dtypes (contents unset)."""
         cdef const Params *p = &self.consts.p
@@ -641,9 +644,6 @@ cdef class Signature:
                 raise ValueError(f"cos_cache dimension 0 shall not be less than total_sequence_length "
                                  f"({max_pos} < {T})")
         self._bias_width(attention_bias, T)
-        if not self.shared and not self.fresh_present:
-            self._present_apart(present_key, present_value, query, key, value, seqlens_k,
-                                position_ids, attention_bias)
         nt = _threads(num_threads)
         # the layout of the step (one int32 [5, B] block: keep, src0, base, lnew, relative seqlens)
         lay = np.empty((5, B), np.int32)
@@ -702,6 +702,13 @@ cdef class Signature:
         return out, present_key, present_value
 
 
+cdef inline bint _seen(Signature prev, int i, object x):
+    """Argument i was x (same array, address, shape, strides) in signature prev too, whose
+    checks therefore covered its values."""
+    return prev is not None and prev.valid and _same(&prev.keys[i], x, True, MAXD)
+
+
+
 # -- the operator's call ------------------------------------------------------------------
 
 cdef inline size_t _slot(object past_key, object query):
@@ -733,7 +740,7 @@ def op_call(self, query, key=None, value=None, past_key=None, past_value=None, s
             k_norm_weight, present_key, present_value, ext):
         sig = Signature(self, query, key, value, past_key, past_value, seqlens_k, cos_cache,
                         sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-                        q_norm_weight, k_norm_weight, present_key, present_value, ext)
+                        q_norm_weight, k_norm_weight, present_key, present_value, ext, found)
         if len(sigs) >= MAX_SIGNATURES:
             sigs.clear()
         sigs[slot] = sig        # one store: threads may share the operator

@@ -463,8 +463,9 @@ def test_step_inputs_must_not_alias_the_windows():
     k = x[..., N * H:(N + NKV) * H].copy()
     op(x[..., :N * H].copy(), k, k.copy(), pk, pv, np.array([0], np.int32), np.array(1, np.int32), **ext)
     before = (pk.copy(), hk.copy())
+    # in place the past windows are the buffers written, and are named so (as past_key in place)
     alias = hv.reshape(-1)[:N * H].reshape(1, 1, -1)
-    with pytest.raises(ValueError, match="present_hp_value must not overlap query"):
+    with pytest.raises(ValueError, match="past_hp_value must not overlap query"):
         op(alias, k, k.copy(), pk, pv, np.array([1], np.int32), np.array(2, np.int32), **ext)
     assert np.array_equal(pk, before[0]) and np.array_equal(hk, before[1])
 
