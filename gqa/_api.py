@@ -15,12 +15,13 @@ from . import _validate as v
 _F32 = (np.dtype(np.float32),)
 _U8 = np.dtype(np.uint8)
 _NO_SCALE = np.zeros(1, dtype=np.float32)
+_NO_RHO = object()      # a reader's format: no clip quantile
 
 
 class _Format:
     """One call's row format: static (bits + scale) or per group (bits + group_size)."""
 
-    def __init__(self, bits, scale, group_size, metadata, cols, rho=None):
+    def __init__(self, bits, scale, group_size, metadata, cols, rho=_NO_RHO):
         if group_size is None:
             self.bits = v.bits(bits)
             if scale is None:
@@ -36,7 +37,7 @@ class _Format:
             f = CacheFormat.group_format(bits, group_size, metadata)
             self.bits, self.type, self.dtype, self.width = (f.bits, f.ctype(cols), f.dtype(),
                                                             f.row_width(cols))
-            self.scale = (_NO_SCALE if rho is None else
+            self.scale = (_NO_SCALE if rho is _NO_RHO else
                           np.array([rho_value(rho, "rho")], dtype=np.float32))
 
     def codes(self, x, name, ndim=None, min_ndim=None):
@@ -61,7 +62,10 @@ def quantize(x, scale=None, *, bits=8, group_size=None, rho=1.0, metadata="fp32"
     h = x.shape[-1]
     if group_size is not None and h == 0:
         raise ValueError("x must have a non-empty last dimension for a per-group format")
-    f = _Format(bits, scale, group_size, metadata, h, rho if group_size is not None else None)
+    if group_size is None and not (type(rho) in (int, float) and rho == 1):
+        raise ValueError(f"rho applies to a per-group format (group_size=...); a static one "
+                         f"clips nothing, got rho={rho!r}")
+    f = _Format(bits, scale, group_size, metadata, h, rho if group_size is not None else _NO_RHO)
     shape = x.shape[:-1] + (f.width,)
     if out is None:
         out = np.empty(shape, dtype=f.dtype)

@@ -114,8 +114,8 @@ cdef object _finite(object x, str name, str why):
                 break
         else:
             return x
-    raise ValueError(f"{name} element {np.unravel_index(i, x.shape)} is {x.reshape(-1)[i]}: "
-                     f"{why}")
+    at = i if x.ndim == 1 else tuple(int(j) for j in np.unravel_index(i, x.shape))
+    raise ValueError(f"{name} element {at} is {x.reshape(-1)[i]}: {why}")
 
 
 cdef object _finite_scale(object s, str name):

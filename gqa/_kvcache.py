@@ -37,7 +37,8 @@ import numbers
 import numpy as np
 
 from ._formats import CacheFormat, attributes, cache_options, mode_name, parse_mode
-from ._operator import GroupQueryAttention
+from ._config import _check_threads
+from ._operator import INT32_MAX, GroupQueryAttention
 
 SCALE_FLOOR = 1e-6
 
@@ -122,7 +123,18 @@ def _positive_int(name, value, minimum=1):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > INT32_MAX:      # lengths, heads and layers reach the operator as C int
+        raise ValueError(f"{name} must be <= {INT32_MAX}, got {value}")
     return int(value)
+
+
+def _rotation_array(r):
+    """A rotation as the operator takes it: float16 kept (its tolerance is float16's), any
+    other type as float32."""
+    if r is None:
+        return None
+    r = np.asarray(r)
+    return np.ascontiguousarray(r, np.float16 if r.dtype == np.float16 else np.float32)
 
 
 class KVCache:
@@ -175,6 +187,9 @@ class KVCache:
         self.cos_cache = self.sin_cache = None
         do_rotary = 0
         if rotary is not None:
+            if not (isinstance(rotary, (tuple, list)) and len(rotary) == 2):
+                raise TypeError(f"rotary must be None or a pair (cos_cache, sin_cache), got "
+                                f"{type(rotary).__name__}")
             cos, sin = rotary
             cos, sin = np.ascontiguousarray(cos, self.dtype), np.ascontiguousarray(sin, self.dtype)
             if cos.ndim != 2 or cos.shape != sin.shape or cos.shape[0] < self.max_length:
@@ -195,7 +210,7 @@ class KVCache:
                                  f"{'K' if i == 0 else 'V'}'s static scales would be applied to "
                                  "rotated ones: with rotations give k_scales / v_scales measured "
                                  "on the rotated rows")
-        self.num_threads = num_threads
+        self.num_threads = _check_threads(num_threads, "num_threads")
         (kw, kdt), (vw, vdt) = (f.layout(self.head_size, self.dtype)
                                 for f in (self.k_format, self.v_format))
         rows = (self.batch_size, self.kv_num_heads, self.max_length)
@@ -208,6 +223,27 @@ class KVCache:
         self.hp_value = [np.zeros(hp, self.dtype) if windows else None for _ in range(self.num_layers)]
         self._seqlens = np.zeros(self.batch_size, np.int32)
         self._set_length(0)
+        self._check_layers((kw, kdt), (vw, vdt), hp)
+
+    def _check_layers(self, k_layout, v_layout, hp):
+        """Each layer's operator checks now, on a one-token step into one-row scratch caches,
+        everything it can before the first attend: the head size against the formats and the
+        rotary caches, the kept inputs' values (scales, rotary caches, rotations)."""
+        B, S = self.batch_size, 1
+        q = np.zeros((B, S, self.num_heads * self.head_size), self.dtype)
+        kv = np.zeros((B, S, self.kv_num_heads * self.head_size), self.dtype)
+        rows = (B, self.kv_num_heads, 1)
+        for li, op in enumerate(self.ops):
+            kc, vc = np.zeros(rows + (k_layout[0],), k_layout[1]), np.zeros(rows + (v_layout[0],), v_layout[1])
+            hk = hv = None
+            if self.hp_key[li] is not None:
+                hk, hv = np.zeros(rows + hp[3:], self.dtype), np.zeros(rows + hp[3:], self.dtype)
+            rk, rv = self.rotations[li]
+            op(q, kv, kv, kc, vc, np.zeros(B, np.int32), S, self.cos_cache, self.sin_cache,
+               k_scale=self.k_scales[li], v_scale=self.v_scales[li], past_hp_key=hk,
+               past_hp_value=hv, oscar_rotation_k=rk, oscar_rotation_v=rv, present_key=kc,
+               present_value=vc, present_hp_key=hk, present_hp_value=hv, num_threads=1)
+            op._signatures.clear()
 
     def _rotations(self, rotations):
         """Per layer (R_K, R_V) float32 [Nkv, H, H] or (None, None)."""
@@ -223,16 +259,23 @@ class KVCache:
             from ._rotation import oscar_rotation
             r = oscar_rotation(None, self.head_size, self.kv_num_heads)
             return [(r, r)] * self.num_layers
-        rotations = list(rotations)
+        try:
+            rotations = list(rotations)
+        except TypeError:
+            raise TypeError(f"rotations must be None, 'hadamard' or a list of one (R_K, R_V) pair "
+                            f"per layer, got {type(rotations).__name__}") from None
         if len(rotations) != self.num_layers:
             raise ValueError(f"rotations must hold one (R_K, R_V) pair per layer ({self.num_layers}), "
                              f"got {len(rotations)}")
         shape = (self.kv_num_heads, self.head_size, self.head_size)
         out = []
         for i, pair in enumerate(rotations):
+            if isinstance(pair, (str, np.ndarray)) or not hasattr(pair, "__len__") or len(pair) != 2:
+                raise TypeError(f"rotations[{i}] must be a pair (R_K, R_V) of arrays "
+                                f"{shape} or None, got {type(pair).__name__}"
+                                + (f" of length {len(pair)}" if hasattr(pair, "__len__") else ""))
             rk, rv = pair
-            rk = None if rk is None else np.ascontiguousarray(rk, np.float32)
-            rv = None if rv is None else np.ascontiguousarray(rv, np.float32)
+            rk, rv = _rotation_array(rk), _rotation_array(rv)
             for name, r in (("R_K", rk), ("R_V", rv)):
                 if r is not None and r.shape != shape:
                     raise ValueError(f"rotations[{i}] {name} must have shape {shape}, got {r.shape}")
@@ -328,11 +371,35 @@ class KVCache:
         length = _positive_int("length", length, minimum=0)
         if length > self._length:
             raise ValueError(f"length must be <= the cache's length ({self._length}), got {length}")
-        if self.recent_size and 0 < length < self._length:
-            raise ValueError("truncate() to a length other than 0 is not possible with a recent "
-                             "window: the float rows of positions that left it are gone "
-                             "(copy_from() a float cache instead)")
+        if self.hp_key[0] is not None and length < self._length:
+            self._truncate_windows(length)
         self._set_length(length)
+
+    def _truncate_windows(self, n):
+        """The float windows of n < length positions from those of length: possible when each
+        position they keep is still in the windows (always for n <= sink_size, or while the
+        cache holds at most sink_size + recent_size positions), else ValueError saying how."""
+        L, s, r = self._length, self.sink_size, self.recent_size
+        ns_o = min(s, L)
+        nr_o = min(r, L - ns_o)
+        ns = min(s, n)
+        nr = min(r, n - ns)
+        keep = list(range(ns)) + list(range(n - nr, n))
+        lost = [p for p in keep if ns_o <= p < L - nr_o]
+        if lost:
+            raise ValueError(
+                f"truncate({n}): its recent window (recent_size={r}) needs the float rows of "
+                f"positions [{n - nr}, {n}), and positions [{ns_o}, {L - nr_o}) of this cache are "
+                f"held in its codes only. Truncating keeps the windows exact up to sink_size = "
+                f"{s} positions (or while the cache holds at most sink_size + recent_size = "
+                f"{s + r}); to go back to {n}, copy_from() a float KVCache that kept every "
+                f"position (cache.copy_from(float_cache, {n})), or reset() and attend the "
+                "tokens again")
+        rows = [p if p < ns_o else ns_o + p - (L - nr_o) for p in keep]
+        for hp in self.hp_key + self.hp_value:
+            kept = hp[:, :, rows].copy()
+            hp[...] = 0
+            hp[:, :, :len(rows)] = kept
 
     def calibration(self, rotary_pairs=True):
         """A :class:`Calibration` from rows ``[0, length)`` of this float cache (after rotary).
@@ -442,6 +509,7 @@ class KVCache:
         if self._step_size and S != self._step_size:
             raise ValueError(f"this step gives {self._step_size} tokens to the other layers; layer "
                              f"{layer} got {S}")
+        self._check_step(query, key, value, S)
         T = self._length + S
         if T > self.max_length:
             raise ValueError(f"KVCache is full: {self._length} + {S} positions exceed max_length "
@@ -454,6 +522,24 @@ class KVCache:
         if self._step_layers == self.num_layers:
             self._set_length(T)
         return out
+
+    def _check_step(self, query, key, value, S):
+        """q, k and v of a step of S tokens, in this cache's terms: [batch_size, S, num_heads *
+        head_size] and [batch_size, S, kv_num_heads * head_size], of its dtype (or packed QKV:
+        query [batch_size, S, (num_heads + 2 * kv_num_heads) * head_size], key = value = None)."""
+        B, H, N, Nkv = self.batch_size, self.head_size, self.num_heads, self.kv_num_heads
+        args = (("query", query, N, "num_heads"), ("key", key, Nkv, "kv_num_heads"),
+                ("value", value, Nkv, "kv_num_heads"))
+        if key is None and value is None:
+            args = (("query", query, N + 2 * Nkv, "(num_heads + 2 * kv_num_heads)"),)
+        for name, x, heads, what in args:
+            if not isinstance(x, np.ndarray):
+                raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
+            if x.dtype != self.dtype:
+                raise TypeError(f"{name} must have this KVCache's dtype {self.dtype}, got {x.dtype}")
+            if x.shape != (B, S, heads * H):
+                raise ValueError(f"{name} must have shape [batch_size, S, {what} * head_size] = "
+                                 f"[{B}, {S}, {heads} * {H} = {heads * H}], got {x.shape}")
 
     def _run(self, layer, query, key, value, T):
         """The attention of one layer, caches updated in place to total length T (the

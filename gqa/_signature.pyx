@@ -55,6 +55,13 @@ cdef tuple _EXT_NAMES = ("past_hp_key", "past_hp_value", "oscar_rotation_k", "os
 cdef tuple _NO_EXT = (None, None, None, None, None, None)
 cdef tuple _STEP_NAMES = ("query", "key", "value", "seqlens_k", "position_ids", "attention_bias",
                           "total_sequence_length")
+cdef str _widths(long long D, long long k):
+    """The widths next to D that k heads of a head size (a multiple of 8) make."""
+    cdef long long lo = D // (8 * k) * 8 * k, hi = lo + 8 * k
+    return (f", a multiple of {k} * 8 = {8 * k} (head_size is a multiple of 8): "
+            + (f"{lo} (head_size {lo // k}) or " if lo else "") + f"{hi} (head_size {hi // k})")
+
+
 cdef str _NORM_FINITE = ("QK-norm weights must be finite (k_norm_weight is multiplied into "
                          "the keys written into the cache)")
 cdef long long _built = 0                 # Signatures built (tests: a repeat builds none)
@@ -169,13 +176,14 @@ cdef class Signature:
         if packed:
             if D % (N + 2 * Nkv):
                 raise ValueError(f"query (packed QKV) last dimension {D} must be (num_heads + 2 * "
-                                 f"kv_num_heads) * head_size = {N + 2 * Nkv} * head_size")
+                                 f"kv_num_heads) * head_size = {N + 2 * Nkv} * head_size"
+                                 + _widths(D, N + 2 * Nkv))
             H = D // (N + 2 * Nkv)
             L = S
         else:
             if D % N:
-                raise ValueError(f"query last dimension {D} must be num_heads * head_size "
-                                 f"(num_heads = {N})")
+                raise ValueError(f"query last dimension {D} must be num_heads * head_size = "
+                                 f"{N} * head_size" + _widths(D, N))
             H = D // N
             for name, x in (("key", key), ("value", value)):
                 _array(x, name, ft, -1, 3)

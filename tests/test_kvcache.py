@@ -173,7 +173,7 @@ def test_copy_from_with_groups_windows_and_rotations(kw):
             np.testing.assert_array_equal(dst.hp_key[li], direct.hp_key[li])
             np.testing.assert_array_equal(dst.hp_value[li], direct.hp_value[li])
     if kw.get("recent_size"):
-        with pytest.raises(ValueError, match="not possible with a recent window"):
+        with pytest.raises(ValueError, match="held in its codes only"):
             dst.truncate(3)
 
 
@@ -260,12 +260,110 @@ def test_errors_name_the_problem_and_write_nothing():
     (dict(num_layers=2.5), TypeError, "num_layers must be an int"),
     (dict(dtype=np.float64), TypeError, "dtype must be float32 or float16"),
     (dict(rotary=gqa.rotary_caches(M - 1, H)), ValueError, "P >= max_length"),
+    (dict(rotary=3), TypeError, r"rotary must be None or a pair \(cos_cache, sin_cache\)"),
+    # checked at construction, not at the first attend
+    (dict(num_threads=0), ValueError, "num_threads must be >= 1"),
+    (dict(num_threads=1.5), TypeError, "num_threads must be a positive int"),
+    (dict(max_length=2 ** 31), ValueError, "max_length must be <= 2147483647"),
+    (dict(head_size=12, rotary=None), ValueError, "head_size must be a multiple of 8"),
+    (dict(head_size=24), ValueError, "head_size shall be a multiple of 16 when rotary"),
+    (dict(mode="int4-g16+s2r2+had", head_size=24, rotary=None), ValueError, "power of two"),
+    (dict(mode="int4-g16", rotations=3), TypeError, "rotations must be None, 'hadamard' or a list"),
+    (dict(mode="int4-g16", rotations=[(1, 2, 3)] * L), TypeError,
+     r"rotations\[0\] must be a pair \(R_K, R_V\) .* got tuple of length 3"),
+    (dict(mode="int4-g16", rotations=[np.eye(H)] * L), TypeError, r"rotations\[0\] must be a pair"),
+    (dict(mode="int4-g16", rotations=[(2 * np.eye(H)[None].repeat(NKV, 0), None)] * L), ValueError,
+     r"oscar_rotation_k\[0\] is not orthogonal"),
+    (dict(mode="int4-g16+s2r2", sink_size=2 ** 31 - 1, recent_size=1), ValueError, "sets sink_size"),
+    (dict(mode="int4-g16", sink_size=2 ** 31 - 1, recent_size=1), ValueError,
+     r"sink_size \+ recent_size .* must be <= 2147483647"),
 ])
 def test_construction_errors(kw, exc, msg):
-    args = dict(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=M)
+    args = dict(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=M,
+                rotary=gqa.rotary_caches(M, H))
     args.update(kw)
     with pytest.raises(exc, match=msg):
         gqa.KVCache(**args)
+
+
+def test_construction_leaves_the_caches_untouched():
+    """The construction-time checks run the operator on scratch rows, not on the caches."""
+    c = _cache("int4-g16+s2r2+had")
+    assert not any(a.any() for a in c.key + c.value + c.hp_key + c.hp_value)
+    assert all(not op._signatures for op in c.ops)
+
+
+def test_attend_errors_speak_in_the_caches_terms():
+    c = _cache("int4-g16", B=2)
+    q, k, v = _steps(21, (1,), B=2)[0][0]
+    cases = [
+        ((q[..., :-8], k, v), ValueError,
+         rf"query must have shape \[batch_size, S, num_heads \* head_size\] = \[2, 1, {N} \* {H} = {N * H}\], "
+         rf"got \(2, 1, {N * H - 8}\)"),
+        ((q, k[..., :-8], v), ValueError, rf"key must have shape .* = \[2, 1, {NKV} \* {H} = {NKV * H}\]"),
+        ((q[:1], k[:1], v[:1]), ValueError, r"query must have shape .* = \[2, 1,"),
+        ((q.astype(np.float16), k.astype(np.float16), v.astype(np.float16)), TypeError,
+         "query must have this KVCache's dtype float32, got float16"),
+        ((q, k, v.tolist()), TypeError, "value must be a numpy.ndarray"),
+        ((np.concatenate([q, k, v], -1)[..., :-8], None, None), ValueError,
+         r"query must have shape \[batch_size, S, \(num_heads \+ 2 \* kv_num_heads\) \* head_size\]"),
+    ]
+    snap = _snapshot(c)
+    for args, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            c.attend(0, *args)
+        _unchanged(c, snap)
+
+
+@pytest.mark.parametrize("mode, steps, n", [
+    ("int4-g16+s4r3", (2, 1, 1, 1, 1), 3),     # length 6 > 4 + 3 - 1: back to n <= sink_size
+    ("int4-g16+s4r3", (2, 1, 1, 1, 1), 0),
+    ("int4-g16+s2r6", (3, 1, 1, 1), 4),        # length 6 <= sink + recent: every float row held
+    ("int2-g16+s0r8", (2, 1, 1, 1), 2),
+])
+def test_truncate_keeps_windows_exact_where_it_can(mode, steps, n):
+    """Truncating a windowed cache to n positions gives the cache that attended n positions
+    (codes and windows), so the next steps give the same outputs bit for bit."""
+    sizes = list(steps) + [1, 1]
+    all_steps = _steps(31, tuple(sizes))
+    a, b = _cache(mode), _cache(mode)
+    pos = 0
+    for step, S in zip(all_steps, sizes):
+        if pos >= 6:
+            break
+        for li, (q, k, v) in enumerate(step):
+            a.attend(li, q, k, v)
+        pos += S
+    a.truncate(n)
+    # b: the first n positions alone (token by token where the steps split them)
+    rng = np.random.default_rng(5)
+    flat = [np.concatenate([st[li][i] for st in all_steps], axis=1) for li in range(L) for i in range(3)]
+    if n:
+        for li in range(L):
+            q, k, v = (flat[3 * li + i][:, :n] for i in range(3))
+            b.attend(li, q, k, v)
+    assert a.length == b.length == n
+    for li in range(L):
+        np.testing.assert_array_equal(a.key[li][:, :, :n], b.key[li][:, :, :n])
+        np.testing.assert_array_equal(a.hp_key[li], b.hp_key[li])
+        np.testing.assert_array_equal(a.hp_value[li], b.hp_value[li])
+    q, k, v = (rng.standard_normal(s, np.float32) for s in ((B, 1, N * H), (B, 1, NKV * H), (B, 1, NKV * H)))
+    for li in range(L):
+        np.testing.assert_array_equal(a.attend(li, q, k, v), b.attend(li, q, k, v))
+
+
+def test_truncate_that_the_windows_lost_says_how_to_get_there():
+    c = _cache("int4-g16+s2r3")
+    for step in _steps(41, (6, 1, 1)):
+        for li, (q, k, v) in enumerate(step):
+            c.attend(li, q, k, v)
+    snap = _snapshot(c)
+    hp = [x.copy() for x in c.hp_key]
+    with pytest.raises(ValueError, match=r"truncate\(5\): .* positions \[2, 5\) of this cache are held in its "
+                                         r"codes only.* up to sink_size = 2 .*copy_from\(float_cache, 5\)"):
+        c.truncate(5)
+    _unchanged(c, snap)
+    assert all(np.array_equal(x, y) for x, y in zip(hp, c.hp_key))
 
 
 def test_calibration_errors():

@@ -107,6 +107,123 @@ def run_invalid(seed, i, progress, verbose=False):
     return dict(desc, outcome=outcome, message=msg[:300], problems=problems)
 
 
+def run_newer(seed, i, progress, verbose=False):
+    """A valid call of the newer surface (_newer_cases.py), then one mutation
+    (_newer_mutations.py): ValueError / TypeError naming the argument, every caller buffer
+    and the canary bytes around the written ones unchanged."""
+    import _newer_cases as nc
+    import _newer_mutations as nm
+    rng = np.random.default_rng([seed, i, 11])
+    names = sorted(nm.MUTATIONS)
+    for _ in range(20):
+        spec = nc.random_spec(rng)
+        mname = names[int(rng.integers(len(names)))]
+        cls, attrs, inp, call, guard = nc.build(spec)
+        res = nm.MUTATIONS[mname](rng, cls, attrs, dict(inp), dict(call), spec, guard)
+        if res is not None:
+            break
+    else:
+        raise RuntimeError("no applicable mutation")
+    cls, attrs, inp, call, words = res
+    desc = dict(i=i, seed=seed, kind="newer", mutation=mname, spec=spec, cls=cls,
+                args={k: _describe(v) for k, v in list(inp.items()) + list(call.items())},
+                attrs={k: repr(v) for k, v in attrs.items()})
+    progress.write(json.dumps(desc) + "\n")
+    progress.flush()
+    snap = _snap(list(inp.values()) + list(call.values()))
+    t0 = time.perf_counter()
+    outcome, msg = "accepted", ""
+    try:
+        out = nc.make_op(cls, attrs)(**inp, **call)
+    except (ValueError, TypeError) as e:
+        outcome, msg = "raised", f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001  (any other type is a failure)
+        outcome, msg = "wrong_exception", f"{type(e).__name__}: {e}"
+    dt = time.perf_counter() - t0
+    problems = []
+    if guard.broken():
+        problems.append(f"canary bytes around written buffers {guard.broken()} overwritten")
+    if outcome == "wrong_exception":
+        problems.append("raised " + msg)
+    elif outcome == "accepted":
+        if mname not in nm.MAYBE_VALID:
+            problems.append("invalid call accepted")
+        elif not np.isfinite(np.asarray(out[0], np.float64)).all():
+            problems.append("accepted call gave non-finite output")
+    else:
+        if not any(w in msg for w in words):
+            problems.append(f"message names none of {words}: {msg}")
+        changed = _changed(snap)
+        if changed:
+            problems.append(f"caller buffers {changed} modified by a rejected call")
+    if dt > 5:
+        problems.append(f"took {dt:.1f} s")
+    if verbose:
+        print(json.dumps(desc, indent=1), "\n->", outcome, msg, problems)
+    return dict(desc, outcome=outcome, message=msg[:300], problems=problems)
+
+
+def _cache_state(cache):
+    return [a.tobytes() for a in cache.key + cache.value + cache.hp_key + cache.hp_value
+            if a is not None] + [cache.length, cache._step_size, list(cache._in_step)]
+
+
+def run_kvcache(seed, i, progress, verbose=False):
+    """A valid KVCache and a few steps (_kvcache_mutations.py), then one mutation of its
+    construction or use: ValueError / TypeError naming the problem (MemoryError allowed for
+    a construction larger than memory); a refused use leaves buffers and length unchanged."""
+    import _kvcache_mutations as km
+    rng = np.random.default_rng([seed, i, 13])
+    names = sorted(km.MUTATIONS)
+    for _ in range(20):
+        spec = km.random_spec(rng)
+        mname = names[int(rng.integers(len(names)))]
+        res = km.MUTATIONS[mname](rng, spec, km.kwargs(spec))
+        if res is not None:
+            break
+    else:
+        raise RuntimeError("no applicable mutation")
+    what, arg, words = res
+    desc = dict(i=i, seed=seed, kind="kvcache", mutation=mname, spec=spec, what=what,
+                kwargs={k: _describe(v) for k, v in (arg.items() if what == "construct" else ())})
+    progress.write(json.dumps(desc) + "\n")
+    progress.flush()
+    problems, before = [], None
+    outcome, msg = "accepted", ""
+    t0 = time.perf_counter()
+    try:
+        if what == "construct":
+            gqa.KVCache(**arg)
+        else:
+            cache = gqa.KVCache(**km.kwargs(spec))
+            km.steps(spec, cache)
+            prepare, bad = arg
+            if prepare is not None:
+                prepare(cache)
+            before = _cache_state(cache)
+            bad(cache)
+    except (ValueError, TypeError) as e:
+        outcome, msg = "raised", f"{type(e).__name__}: {e}"
+    except MemoryError as e:
+        outcome, msg = ("raised", f"MemoryError: {e}") if what == "construct" else \
+            ("wrong_exception", f"MemoryError: {e}")
+    except Exception as e:  # noqa: BLE001
+        outcome, msg = "wrong_exception", f"{type(e).__name__}: {e}"
+    if outcome == "wrong_exception":
+        problems.append("raised " + msg)
+    elif outcome == "accepted":
+        problems.append("invalid construction or use accepted")
+    elif not msg.startswith("MemoryError") and not any(w in msg for w in words):
+        problems.append(f"message names none of {words}: {msg}")
+    if before is not None and outcome != "accepted" and _cache_state(cache) != before:
+        problems.append("a refused use changed the cache")
+    if time.perf_counter() - t0 > 5:
+        problems.append(f"took {time.perf_counter() - t0:.1f} s")
+    if verbose:
+        print(json.dumps(desc, indent=1), "\n->", outcome, msg, problems)
+    return dict(desc, outcome=outcome, message=msg[:300], problems=problems)
+
+
 def _layout(rng, x):
     how = LAYOUTS[int(rng.integers(len(LAYOUTS)))]
     if how == "negative":
@@ -206,7 +323,7 @@ def run_layout(seed, i, progress, verbose=False):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=("invalid", "layout"))
+    ap.add_argument("kind", choices=("invalid", "layout", "newer", "kvcache"))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=1000)
     ap.add_argument("--start", type=int, default=0)
@@ -215,7 +332,8 @@ def main():
     ap.add_argument("--keep", type=int, default=40, help="failures reported in full")
     ap.add_argument("--budget", type=float, default=None, help="stop after this many seconds")
     args = ap.parse_args()
-    fn = run_invalid if args.kind == "invalid" else run_layout
+    fn = dict(invalid=run_invalid, layout=run_layout, newer=run_newer,
+              kvcache=run_kvcache)[args.kind]
     with open(args.progress, "w") as progress:
         if args.only is not None:
             r = fn(args.seed, args.only, progress, verbose=True)

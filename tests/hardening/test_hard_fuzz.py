@@ -11,7 +11,17 @@ crash is reported with the case that caused it.
   read-only or unaligned (np.frombuffer at offset 1): results bit-identical to the
   contiguous call's.
 
-Repro of a reported case: ``python tests/hardening/_fuzz_worker.py invalid --seed S --only I``.
+* newer: the surface beyond onnxruntime 1.31.1 (_newer_cases.py, _newer_mutations.py):
+  per-group caches, float windows, rotations, QK norm, GroupQueryAttention and
+  MixedPrecisionGroupQueryAttention -- window sizes near and past 2^31, window buffers of
+  the wrong rows, kind or layout, every buffer the call writes aliasing any other argument,
+  non-finite or non-orthogonal rotations, non-finite QK-norm weights and rotary caches,
+  per-group attributes and widths, lengths near 2^31.  Refused with ValueError / TypeError,
+  caller buffers unchanged, and the canary bytes around every written buffer intact.
+* kvcache: gqa.KVCache constructed or used wrongly (_kvcache_mutations.py): refused, its
+  buffers and length unchanged (MemoryError allowed for a cache larger than memory).
+
+Repro of a reported case: ``python tests/hardening/_fuzz_worker.py KIND --seed S --only I``.
 """
 import pytest
 
@@ -19,6 +29,8 @@ from _subproc import run_worker, scaled
 
 INVALID_CASES = 10000
 LAYOUT_CASES = 2000
+NEWER_CASES = 6000
+KVCACHE_CASES = 3000
 
 
 def _report(summary):
@@ -48,3 +60,16 @@ def test_odd_layouts_give_identical_results(tmp_path, seed):
                    timeout=300)
     assert s["cases"] == n
     assert s["n_failures"] == 0, f"{s['n_failures']} of {n} valid odd-layout calls differed:\n" + _report(s)
+
+
+@pytest.mark.parametrize("kind, count", [("newer", NEWER_CASES), ("kvcache", KVCACHE_CASES)])
+def test_newer_surface_refuses_and_touches_nothing(tmp_path, kind, count):
+    n = scaled(count)
+    s = run_worker("_fuzz_worker.py", [kind, "--seed", "1", "--count", str(n)], tmp_path,
+                   timeout=300)
+    assert s["cases"] == n
+    assert s["n_failures"] == 0, f"{s['n_failures']} of {n} {kind} cases misbehaved:\n" + _report(s)
+    families = 9 if kind == "newer" else 3
+    assert len(s["by_mutation"]) == families and min(s["by_mutation"].values()) >= n // (4 * families), \
+        s["by_mutation"]
+    assert s["outcomes"].get("raised", 0) >= 0.9 * n, s["outcomes"]   # nearly all invalid

@@ -1,0 +1,135 @@
+"""Valid calls of the surface beyond onnxruntime 1.31.1 -- per-group INT8/INT4/INT2 caches,
+float sink/recent windows (in place, new, or the caller's), rotations, QK norm, K and V of
+their own widths, GroupQueryAttention and MixedPrecisionGroupQueryAttention -- from a small
+JSON-able spec, for the newer-surface fuzzer (_newer_mutations.py, _fuzz_worker.py).
+
+Every caller buffer a call may write (caches, float windows, present buffers) is allocated
+by ``Guarded``: inside a larger byte buffer whose CANARY bytes on both sides must survive the
+call, so a write past either end is seen even where it does not fault.
+"""
+import numpy as np
+
+import gqa
+
+CANARY = 0xA5
+PAD = 64          # canary bytes on each side (a multiple of every alignment used here)
+
+
+class Guarded:
+    """Allocations with canary bytes around them; ``intact()`` lists those overwritten."""
+
+    def __init__(self):
+        self.blocks = []
+
+    def empty(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        raw = np.full(n + 2 * PAD, CANARY, np.uint8)
+        self.blocks.append(raw)
+        return raw[PAD:PAD + n].view(dtype).reshape(shape)
+
+    def array(self, x):
+        y = self.empty(x.shape, x.dtype)
+        y[...] = x
+        return y
+
+    def broken(self):
+        """Indices of the blocks whose canaries changed."""
+        return [i for i, raw in enumerate(self.blocks)
+                if not ((raw[:PAD] == CANARY).all() and (raw[-PAD:] == CANARY).all())]
+
+
+def orthogonal(rng, nkv, h, dtype=np.float32):
+    """Random orthogonal [nkv, h, h] (QR of a Gaussian, float64, then rounded)."""
+    q, r = np.linalg.qr(rng.standard_normal((nkv, h, h)))
+    return (q * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]).astype(dtype)
+
+
+def random_spec(rng):
+    pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731
+    phase = pick(["prompt", "decode", "decode", "subsequent"])
+    Nkv, G = int(rng.integers(1, 4)), pick([1, 2, 3, 4])
+    H = pick([16, 32, 48, 64])
+    B = 1 if phase == "subsequent" else int(rng.integers(1, 4))
+    S = int(rng.integers(1, 9)) if phase == "prompt" else 1 if phase == "decode" else int(rng.integers(2, 7))
+    past = 0 if phase == "prompt" else int(rng.integers(1, 30))
+    kb, vb = pick([8, 4, 2]), pick([8, 4, 2])
+    return dict(
+        seed=int(rng.integers(2 ** 16)), cls=pick(["gqa", "gqa", "mixed"]), phase=phase, B=B, S=S,
+        past=past, N=Nkv * G, Nkv=Nkv, H=H, k_bits=kb, v_bits=vb,
+        group=pick([0, 8, 16, H]), metadata=pick(["fp32", "fp16"]),
+        sink=pick([0, 0, 1, 2, 4]), recent=pick([0, 1, 3, 8]),
+        partition=pick(["causal", "per_call"]),
+        rot=pick([None, "k", "v", "kv"]), rot_dtype=pick(["f32", "f32", "f16"]),
+        qk_norm=bool(rng.integers(3) == 0), rotary=bool(rng.integers(2)),
+        dtype=pick(["f32", "f32", "f16"]), inplace=phase != "prompt" and bool(rng.integers(2)),
+        windows=pick(["inplace", "inplace", "fresh", "caller"]), extra_rows=pick([0, 0, 3]),
+        rho=pick([1.0, 1.0, 0.95]))
+
+
+def _dtype(spec):
+    return np.dtype(np.float32 if spec["dtype"] == "f32" else np.float16)
+
+
+def make_op(cls, attrs):
+    """The operator of a case: cls "gqa" (GroupQueryAttention, PER_GROUP both sides) or
+    "mixed" (MixedPrecisionGroupQueryAttention)."""
+    if cls == "mixed":
+        return gqa.MixedPrecisionGroupQueryAttention(**attrs)
+    return gqa.GroupQueryAttention(**attrs)
+
+
+def build(spec, guard=None):
+    """(cls, attributes, inputs, call keywords, guard) of the valid call `spec` describes;
+    every buffer the call may write is the guard's."""
+    s, g = spec, guard or Guarded()
+    rng = np.random.default_rng(s["seed"])
+    B, S, N, Nkv, H, P = s["B"], s["S"], s["N"], s["Nkv"], s["H"], s["past"]
+    dt = _dtype(s)
+    win = s["sink"] + s["recent"] > 0
+    attrs = dict(num_heads=N, kv_num_heads=Nkv, kv_quant_group_size=s["group"],
+                 metadata_type=s["metadata"], k_cache_bit_width=s["k_bits"],
+                 v_cache_bit_width=s["v_bits"], sink_size=s["sink"], recent_size=s["recent"],
+                 window_partition=s["partition"], k_quant_rho=s["rho"], do_rotary=int(s["rotary"]))
+    attrs["kv_cache_bit_width"] = 4
+    if s["cls"] == "gqa":
+        attrs.update(k_quant_type="PER_GROUP", v_quant_type="PER_GROUP")
+    u = lambda *shape: rng.uniform(-1, 1, shape).astype(dt)  # noqa: E731
+    T = P + S
+    inp = dict(query=u(B, S, N * H), key=u(B, S, Nkv * H), value=u(B, S, Nkv * H),
+               seqlens_k=np.full(B, T - 1, np.int32), total_sequence_length=T)
+    rows = P + S + s["extra_rows"] if s["inplace"] else P
+    if P or s["inplace"]:
+        for name, bits in (("past_key", s["k_bits"]), ("past_value", s["v_bits"])):
+            codes = gqa.quantize(rng.uniform(-1, 1, (B, Nkv, rows, H)).astype(np.float32),
+                                 bits=bits, group_size=s["group"], metadata=s["metadata"])
+            inp[name] = g.array(codes)
+    if s["rotary"]:
+        cos, sin = gqa.rotary_caches(T + 4, H)
+        inp.update(cos_cache=cos.astype(dt), sin_cache=sin.astype(dt))
+    if s["qk_norm"]:
+        inp.update(q_norm_weight=rng.uniform(0.5, 1.5, H).astype(dt),
+                   k_norm_weight=rng.uniform(0.5, 1.5, H).astype(dt))
+    rdt = np.float32 if s["rot_dtype"] == "f32" else np.float16
+    if s["rot"] in ("k", "kv"):
+        inp["oscar_rotation_k"] = orthogonal(rng, Nkv, H, rdt)
+    if s["rot"] in ("v", "kv"):
+        inp["oscar_rotation_v"] = orthogonal(rng, Nkv, H, rdt)
+    call = {}
+    if s["inplace"]:
+        call.update(present_key=inp["past_key"], present_value=inp["past_value"])
+    if win:
+        cap = s["sink"] + s["recent"]
+        if P:
+            prow = min(P, cap) + (s["extra_rows"] if s["windows"] == "inplace" else 0)
+            if s["windows"] == "inplace":
+                prow = max(prow, min(T, cap))
+            inp["past_hp_key"] = g.array(u(B, Nkv, prow, H))
+            inp["past_hp_value"] = g.array(u(B, Nkv, prow, H))
+        if s["windows"] == "inplace" and P:
+            call.update(present_hp_key=inp["past_hp_key"], present_hp_value=inp["past_hp_value"])
+        elif s["windows"] == "caller" or (s["windows"] == "inplace" and not P):
+            nrow = min(T, cap) + s["extra_rows"]
+            call.update(present_hp_key=g.empty((B, Nkv, nrow, H), dt),
+                        present_hp_value=g.empty((B, Nkv, nrow, H), dt))
+    return s["cls"], attrs, inp, call, g
