@@ -196,11 +196,13 @@ class KVCache:
                 raise ValueError(f"rotary must be (cos_cache, sin_cache) of one shape [P, rotary_dim/2] "
                                  f"with P >= max_length ({self.max_length}), got {cos.shape} and {sin.shape}")
             self.cos_cache, self.sin_cache, do_rotary = cos, sin, 1
+        per_layer = [self._per_layer(n, x) for n, x in (("local_window_size", local_window_size),
+                                                          ("softcap", softcap), ("scale", scale))]
         self.ops = [GroupQueryAttention(num_heads=self.num_heads, kv_num_heads=self.kv_num_heads,
                                         do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
-                                        local_window_size=local_window_size, softcap=softcap,
-                                        scale=scale, sink_size=sink_size, recent_size=recent_size,
-                                        **attrs) for _ in range(self.num_layers)]
+                                        local_window_size=w, softcap=c, scale=a,
+                                        sink_size=sink_size, recent_size=recent_size, **attrs)
+                    for w, c, a in zip(*per_layer)]
         self.sink_size, self.recent_size = self.ops[0].sink_size, self.ops[0].recent_size
         self.rotations = self._rotations(rotations)
         for i, f in enumerate((self.k_format, self.v_format)):
@@ -216,8 +218,10 @@ class KVCache:
         rows = (self.batch_size, self.kv_num_heads, self.max_length)
         self.key = [np.zeros(rows + (kw,), kdt) for _ in range(self.num_layers)]
         self.value = [np.zeros(rows + (vw,), vdt) for _ in range(self.num_layers)]
-        # the float windows (in place): [B, Nkv, sink_size + recent_size, H] of the query dtype
-        hp = (self.batch_size, self.kv_num_heads, self.sink_size + self.recent_size, self.head_size)
+        # the float windows (in place): [B, Nkv, min(sink_size + recent_size, max_length), H] of
+        # the query dtype (a sequence never holds more positions than max_length)
+        hp = (self.batch_size, self.kv_num_heads, min(self.sink_size + self.recent_size,
+                                                      self.max_length), self.head_size)
         windows = self.sink_size + self.recent_size > 0
         self.hp_key = [np.zeros(hp, self.dtype) if windows else None for _ in range(self.num_layers)]
         self.hp_value = [np.zeros(hp, self.dtype) if windows else None for _ in range(self.num_layers)]
@@ -282,10 +286,25 @@ class KVCache:
             out.append((rk, rv))
         return out
 
+    def _per_layer(self, name, value):
+        """An operator attribute given once for every layer or as one value per layer."""
+        if isinstance(value, (list, tuple, np.ndarray)):
+            if len(value) != self.num_layers:
+                raise ValueError(f"{name} must be one value or one per layer ({self.num_layers}), "
+                                 f"got {len(value)}")
+            return list(value)
+        return [value] * self.num_layers
+
     def _set_length(self, length):
-        """Every layer holds `length` positions; no step in progress."""
-        self._length = length
+        """Every sequence of every layer holds `length` positions; no step in progress."""
+        self._set_lengths(np.full(self.batch_size, length, np.int64))
+
+    def _set_lengths(self, lengths):
+        """Sequence b of every layer holds lengths[b] positions; no step in progress."""
+        self._lengths = lengths
+        self._length = int(lengths.max())
         self._step_size = 0                       # S of the step in progress (0: none)
+        self._step_new = None                     # its new positions per sequence
         self._in_step = [False] * self.num_layers  # layers that have had the step
         self._step_layers = 0
 
@@ -346,8 +365,18 @@ class KVCache:
     # -- state ----------------------------------------------------------------------------
     @property
     def length(self):
-        """Positions every layer holds."""
+        """Positions every layer holds: the longest sequence's (``lengths`` per sequence)."""
         return self._length
+
+    @property
+    def lengths(self):
+        """Positions each sequence of the batch holds (int64 ``[batch_size]``, a copy)."""
+        return self._lengths.copy()
+
+    @property
+    def ragged(self):
+        """The sequences hold different lengths (a prompt step given ``lengths=``)."""
+        return bool((self._lengths != self._length).any())
 
     @property
     def nbytes(self):
@@ -367,19 +396,37 @@ class KVCache:
 
     def truncate(self, length):
         """Drop positions ``[length, self.length)`` of every layer (rollback, e.g. rejected
-        speculative tokens); a step in progress is abandoned."""
-        length = _positive_int("length", length, minimum=0)
-        if length > self._length:
-            raise ValueError(f"length must be <= the cache's length ({self._length}), got {length}")
-        if self.hp_key[0] is not None and length < self._length:
-            self._truncate_windows(length)
-        self._set_length(length)
+        speculative tokens); a step in progress is abandoned.  ``length``: one length, which
+        no sequence then exceeds, or one per sequence (each at most its own)."""
+        if isinstance(length, (list, tuple, np.ndarray)):
+            new = np.array([_positive_int(f"length[{b}]", n, minimum=0) for b, n in enumerate(length)],
+                           np.int64)
+            if new.shape != (self.batch_size,) or (new > self._lengths).any():
+                raise ValueError(f"length must hold one length per sequence ({self.batch_size}), "
+                                 f"each <= its current one {self._lengths.tolist()}, got {new.tolist()}")
+        else:
+            length = _positive_int("length", length, minimum=0)
+            if length > self._length:
+                raise ValueError(f"length must be <= the cache's length ({self._length}), got {length}")
+            new = np.minimum(self._lengths, length)
+        if self.hp_key[0] is not None:
+            plans = [self._window_rows(int(L), int(n)) for L, n in zip(self._lengths, new)]
+            for b, rows in enumerate(plans):
+                if rows is not None:
+                    for hp in self.hp_key + self.hp_value:
+                        kept = hp[b][:, rows]       # [Nkv, rows, H], a copy
+                        hp[b] = 0
+                        hp[b, :, :len(rows)] = kept
+        self._set_lengths(new)
 
-    def _truncate_windows(self, n):
-        """The float windows of n < length positions from those of length: possible when each
-        position they keep is still in the windows (always for n <= sink_size, or while the
-        cache holds at most sink_size + recent_size positions), else ValueError saying how."""
-        L, s, r = self._length, self.sink_size, self.recent_size
+    def _window_rows(self, L, n):
+        """The rows of the float windows of L positions that hold the windows of n <= L (None:
+        no change): possible when each position they keep is still in the windows (always for
+        n <= sink_size, or while the cache holds at most sink_size + recent_size positions),
+        else ValueError saying how."""
+        if n == L:
+            return None
+        s, r = self.sink_size, self.recent_size
         ns_o = min(s, L)
         nr_o = min(r, L - ns_o)
         ns = min(s, n)
@@ -395,11 +442,7 @@ class KVCache:
                 f"{s + r}); to go back to {n}, copy_from() a float KVCache that kept every "
                 f"position (cache.copy_from(float_cache, {n})), or reset() and attend the "
                 "tokens again")
-        rows = [p if p < ns_o else ns_o + p - (L - nr_o) for p in keep]
-        for hp in self.hp_key + self.hp_value:
-            kept = hp[:, :, rows].copy()
-            hp[...] = 0
-            hp[:, :, :len(rows)] = kept
+        return [p if p < ns_o else ns_o + p - (L - nr_o) for p in keep]
 
     def calibration(self, rotary_pairs=True):
         """A :class:`Calibration` from rows ``[0, length)`` of this float cache (after rotary).
@@ -408,9 +451,9 @@ class KVCache:
         docstring)."""
         if self.quantized:
             raise ValueError(f"calibration() reads a float cache; this one is {self.mode!r}")
-        if self._length == 0 or self._step_size:
+        if self._length == 0 or self._step_size or self.ragged:
             raise ValueError("calibration() needs a cache holding a whole calibration run (length > 0, "
-                             "no step in progress)")
+                             "the same for every sequence, no step in progress)")
         n, c = self._length, self.kv_num_heads * self.head_size
         pairs = None
         if self.cos_cache is not None and rotary_pairs:
@@ -442,6 +485,8 @@ class KVCache:
         if length > other.length or length > self.max_length:
             raise ValueError(f"length ({length}) must be <= other's length ({other.length}) and "
                              f"<= max_length ({self.max_length})")
+        if other.ragged:
+            raise ValueError("copy_from takes a cache whose sequences hold the same length")
         if other.mode != self.mode and other.quantized:
             raise ValueError(f"copy_from takes a float cache or one of this mode ({self.mode!r}), "
                              f"got {other.mode!r}")
@@ -490,11 +535,16 @@ class KVCache:
         self._set_length(length)
 
     # -- the step -------------------------------------------------------------------------
-    def attend(self, layer, query, key, value):
+    def attend(self, layer, query, key, value, *, lengths=None):
         """Attention of layer ``layer`` for the step's S new tokens: their K/V are written at
         positions ``[length, length + S)`` (in place) and the output ``[B, S, num_heads *
         head_size]`` returned.  Every check (layer, step size, capacity, then the operator's
-        own) passes before anything is written."""
+        own) passes before anything is written.
+
+        ``lengths`` (a prompt into an empty cache only): how many of its S rows each sequence
+        has, rows ``[0, lengths[b])`` (the rest is padding: its output rows are not defined);
+        the sequences then hold different lengths (``lengths``), and every later step gives
+        each sequence its S tokens at its own length."""
         if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, numbers.Integral):
             raise TypeError(f"layer must be an int, got {type(layer).__name__}")
         if not 0 <= layer < self.num_layers:
@@ -510,18 +560,41 @@ class KVCache:
             raise ValueError(f"this step gives {self._step_size} tokens to the other layers; layer "
                              f"{layer} got {S}")
         self._check_step(query, key, value, S)
-        T = self._length + S
+        new = self._new_positions(S, lengths)
+        Tb = self._lengths + new
+        T = int(Tb.max())
         if T > self.max_length:
             raise ValueError(f"KVCache is full: {self._length} + {S} positions exceed max_length "
                              f"({self.max_length}); reset() or truncate() it, or allocate more")
-        self._seqlens.fill(T - 1)
+        self._seqlens[:] = Tb - 1
         out = self._run(layer, query, key, value, T)
         self._in_step[layer] = True
-        self._step_size = S
+        self._step_size, self._step_new = S, new
         self._step_layers += 1
         if self._step_layers == self.num_layers:
-            self._set_length(T)
+            self._set_lengths(Tb)
         return out
+
+    def _new_positions(self, S, lengths):
+        """The positions a step of S rows adds to each sequence (int64 [B])."""
+        if lengths is None:
+            new = np.full(self.batch_size, S, np.int64)
+        else:
+            if self._length:
+                raise ValueError("lengths= is for a prompt into an empty cache (reset() first); "
+                                 "later steps give every sequence its S tokens")
+            try:
+                new = np.array([_positive_int(f"lengths[{b}]", n) for b, n in enumerate(lengths)],
+                               np.int64)
+            except TypeError:
+                raise TypeError(f"lengths must be a sequence of ints, got {type(lengths).__name__}") from None
+            if new.shape != (self.batch_size,) or (new > S).any():
+                raise ValueError(f"lengths must hold one count in [1, S = {S}] per sequence "
+                                 f"({self.batch_size}), got {new.tolist()}")
+        if self._step_new is not None and not np.array_equal(new, self._step_new):
+            raise ValueError(f"this step gives the other layers lengths {self._step_new.tolist()}; "
+                             f"layer got {new.tolist()}")
+        return new
 
     def _check_step(self, query, key, value, S):
         """q, k and v of a step of S tokens, in this cache's terms: [batch_size, S, num_heads *
@@ -557,4 +630,5 @@ class KVCache:
     def __repr__(self):
         return (f"KVCache(layers={self.num_layers}, B={self.batch_size}, N={self.num_heads}, "
                 f"Nkv={self.kv_num_heads}, H={self.head_size}, mode={self.mode!r}, "
-                f"length={self._length}/{self.max_length})")
+                f"length={self._length if not self.ragged else self._lengths.tolist()}/"
+                f"{self.max_length})")

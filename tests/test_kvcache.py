@@ -508,3 +508,49 @@ def test_calibration_takes_rotary_pair_norms(interleaved):
     plain = f.calibration(rotary_pairs=False)
     np.testing.assert_array_equal(plain.k_absmax[0], np.abs(rotated_k).max(axis=1).reshape(-1))
     np.testing.assert_array_equal(plain.v_absmax[0], cal.v_absmax[0])
+
+
+@pytest.mark.parametrize("mode", ["float", "int8-pc", "int4-g16+s2r3"])
+def test_ragged_prompts_give_each_sequence_what_it_gets_alone(mode):
+    """A prompt step with lengths= (rows [0, lengths[b]) real), then decode steps: each
+    sequence's outputs, codes and windows are those of a batch-of-one cache given it alone."""
+    lens = [5, 2, 7]
+    Bn = len(lens)
+    rng = np.random.default_rng(8)
+    u = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
+    prompt = [(u(Bn, 7, N * H), u(Bn, 7, NKV * H), u(Bn, 7, NKV * H)) for _ in range(L)]
+    decode = [[(u(Bn, 1, N * H), u(Bn, 1, NKV * H), u(Bn, 1, NKV * H)) for _ in range(L)] for _ in range(3)]
+    batch = _cache(mode, B=Bn)
+    for li, (q, k, v) in enumerate(prompt):
+        batch.attend(li, q, k, v, lengths=lens)
+    assert batch.lengths.tolist() == lens and batch.length == 7 and batch.ragged
+    outs = [[batch.attend(li, q, k, v) for li, (q, k, v) in enumerate(step)] for step in decode]
+    assert batch.lengths.tolist() == [n + 3 for n in lens]
+    for b, n in enumerate(lens):
+        alone = _cache(mode)
+        for li, (q, k, v) in enumerate(prompt):
+            alone.attend(li, q[b:b + 1, :n], k[b:b + 1, :n], v[b:b + 1, :n])
+        for step, got in zip(decode, outs):
+            for li, (q, k, v) in enumerate(step):
+                np.testing.assert_array_equal(alone.attend(li, q[b:b + 1], k[b:b + 1], v[b:b + 1]),
+                                              got[li][b:b + 1])
+        for li in range(L):
+            np.testing.assert_array_equal(alone.key[li][0, :, :n + 3], batch.key[li][b, :, :n + 3])
+            if alone.hp_key[li] is not None:
+                np.testing.assert_array_equal(alone.hp_key[li][0], batch.hp_key[li][b])
+    if "r3" not in mode:        # (the recent window lost the rows: see the truncate tests)
+        batch.truncate([n + 2 for n in lens])          # one rollback step per sequence
+        assert batch.lengths.tolist() == [n + 2 for n in lens]
+    with pytest.raises(ValueError, match="lengths= is for a prompt into an empty cache"):
+        batch.attend(0, *decode[0][0], lengths=[1, 1, 1])
+    with pytest.raises(ValueError, match=r"lengths must hold one count in \[1, S = 7\]"):
+        _cache(mode, B=Bn).attend(0, *prompt[0], lengths=[8, 1, 1])
+
+
+def test_per_layer_windows():
+    """local_window_size (and softcap, scale) may be given per layer: each layer's operator
+    has its own, as Gemma's alternating sliding layers need."""
+    c = _cache("float", local_window_size=[-1, 4, 2])
+    assert [op.local_window_size for op in c.ops] == [-1, 4, 2]
+    with pytest.raises(ValueError, match=r"local_window_size must be one value or one per layer \(3\)"):
+        _cache("float", local_window_size=[4, 2])

@@ -11,7 +11,6 @@ produce a valid call: accepted, it must still run cleanly (finite output, canari
 """
 import numpy as np
 
-import gqa
 from _newer_cases import orthogonal
 
 INT32_MAX = 2 ** 31 - 1

@@ -4,7 +4,8 @@ The extension is rebuilt with ``GQA_SANITIZE=address,undefined`` (``GQA_SANITIZE
 a 4x faster build than -O3) in a copy of the tree, then the subset below runs against that
 build (``GQA_TEST_IMPORT=source``) with libasan preloaded into the Python host
 (``LD_PRELOAD=$(gcc -print-file-name=libasan.so)``, ``ASAN_OPTIONS=detect_leaks=0`` for
-CPython) and every UBSan report fatal.  A canary first checks that ASan really reports an
+CPython, ``allocator_may_return_null=1`` so that an allocation larger than memory is a
+MemoryError as without ASan) and every UBSan report fatal.  A canary first checks that ASan really reports an
 out-of-bounds write in this setup, so "clean" means something.
 
 Off by default (about 1 min of build and 1 min of tests on 2 cores): set
@@ -28,13 +29,18 @@ pytestmark = [
 ]
 
 # The subset: every hardening check that is quick under ASan (the fuzzers run thousands of
-# hostile and odd-layout calls), the operator against onnxruntime, the kernels at their edge
-# widths on every path, flash vs naive except most of the tile-size matrix.
+# hostile and odd-layout calls, of the 1.31.1 surface, the newer one and KVCache), the
+# regressions of the newer surface (the window-size overflow reproducer among them), the
+# operator against onnxruntime, the kernels at their edge widths on every path, the per-group,
+# float-window, rotation and QK-norm kernels, KVCache, flash vs naive except most of the
+# tile-size matrix.
 SUBSET = [
     "tests/hardening/test_hard_fuzz.py", "tests/hardening/test_hard_property.py",
     "tests/hardening/test_hard_numerics.py", "tests/hardening/test_hard_threads.py",
+    "tests/hardening/test_hard_newer.py", "tests/hardening/test_hard_regressions.py",
     "tests/test_operator.py", "tests/test_operator_validation.py", "tests/test_quantize.py",
     "tests/test_gemm.py", "tests/test_flash.py", "tests/test_group.py", "tests/test_float_windows.py",
+    "tests/test_qk_norm.py", "tests/test_kvcache.py",
 ]
 DESELECT = "not test_prefill_flash_matches_naive or auto"
 CANARY = ("import numpy as np, gqa._kernels as k\n"
@@ -85,7 +91,7 @@ def sanitized(tmp_path_factory):
     assert r.returncode == 0, "sanitizer build failed:\n" + (r.stdout + r.stderr)[-4000:]
     assert reuse or "-fsanitize=address,undefined" in r.stdout + r.stderr
     env = dict(os.environ, LD_PRELOAD=libasan, GQA_TEST_IMPORT="source", GQA_IN_SANITIZER_RUN="1",
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1",
+               ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1:allocator_may_return_null=1",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1", OMP_NUM_THREADS="2",
                HYPOTHESIS_PROFILE="sanitize", PYTHONPATH=tree)
     return tree, env
