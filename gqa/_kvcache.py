@@ -32,6 +32,7 @@ Layout and bookkeeping (the contract):
   ``margin > 1`` buys headroom for texts that exceed the calibration text's range at the cost
   of resolution (a margin of 1.25 on INT4 leaves 5.6 of the 7 steps to the calibrated range).
 """
+import copy
 import numbers
 
 import numpy as np
@@ -443,6 +444,25 @@ class KVCache:
                 f"position (cache.copy_from(float_cache, {n})), or reset() and attend the "
                 "tokens again")
         return [p if p < ns_o else ns_o + p - (L - nr_o) for p in keep]
+
+    def take(self, indices):
+        """A cache of the sequences ``indices`` (any order, repeats allowed, e.g. beam search's
+        reorder or a batch expanded per returned sequence): new buffers, this cache's formats,
+        scales, rotations and operators; no step in progress."""
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or idx.size == 0 or idx.dtype.kind not in "iu" or \
+                (idx < 0).any() or (idx >= self.batch_size).any():
+            raise ValueError(f"indices must be a non-empty 1-D sequence of ints in [0, "
+                             f"{self.batch_size}), got {np.asarray(indices).tolist()!r}")
+        out = copy.copy(self)
+        out.batch_size = int(idx.size)
+        out.key = [a[idx] for a in self.key]
+        out.value = [a[idx] for a in self.value]
+        out.hp_key = [None if a is None else a[idx] for a in self.hp_key]
+        out.hp_value = [None if a is None else a[idx] for a in self.hp_value]
+        out._seqlens = np.zeros(out.batch_size, np.int32)
+        out._set_lengths(self._lengths[idx].copy())
+        return out
 
     def calibration(self, rotary_pairs=True):
         """A :class:`Calibration` from rows ``[0, length)`` of this float cache (after rotary).

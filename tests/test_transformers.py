@@ -1,0 +1,168 @@
+"""gqa.transformers: transformers models over gqa caches.  Small random configs of each family
+(seeded ``from_config``) against the same model with transformers' own attention (eager: it
+has softcap and sliding windows) and DynamicCache: logits over a prompt and decode steps,
+greedy ``generate``, left-padded batches against each sequence alone, beam search, crop, the
+quantized formats against the float cache.  Skipped where torch or transformers is missing."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+gt = pytest.importorskip("gqa.transformers")
+
+from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
+
+C = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, {}),
+    "qwen2": (transformers.Qwen2Config, {}),
+    "qwen3": (transformers.Qwen3Config, dict(head_dim=16)),                       # QK norm
+    "mistral": (transformers.MistralConfig, dict(sliding_window=6)),
+    "phi3": (transformers.Phi3Config, dict(pad_token_id=0)),
+    "gemma2": (transformers.Gemma2Config, dict(head_dim=16, sliding_window=5, query_pre_attn_scalar=24,
+                                               attn_logit_softcapping=3.0, final_logit_softcapping=None)),
+    "gemma3": (transformers.Gemma3TextConfig, dict(head_dim=16, sliding_window=5, query_pre_attn_scalar=24,
+                                                   layer_types=["sliding_attention", "full_attention",
+                                                                "sliding_attention"])),
+}
+TOL = 1e-4      # relative to the logits' scale: float32 attention in another summation order
+
+
+def _model(family, seed=0):
+    cls, extra = FAMILIES[family]
+    torch.manual_seed(seed)
+    cfg = cls(**{**C, **extra})
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():    # weights large enough that attention matters to the logits
+        for p in model.parameters():
+            p.mul_(3.0 if p.ndim > 1 else 1.0)
+    return model
+
+
+def _steps(model, ids, cache, steps, attention_mask=None):
+    """Logits of the prompt, then of `steps` decode steps fed the argmax token."""
+    out, logits = ids, []
+    pos = None if attention_mask is None else (attention_mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        r = model(ids, attention_mask=attention_mask, position_ids=pos, cache=cache, use_cache=True)
+        logits.append(r.logits)
+        for _ in range(steps):
+            nxt = r.logits[:, -1:].argmax(-1)
+            out = torch.cat([out, nxt], 1)
+            if attention_mask is not None:    # as generate: positions count the real tokens
+                attention_mask = torch.cat([attention_mask, torch.ones_like(nxt)], 1)
+                pos = pos[:, -1:] + 1
+            r = model(nxt, attention_mask=attention_mask, position_ids=pos, cache=cache, use_cache=True)
+            logits.append(r.logits)
+    return torch.cat(logits, 1), out
+
+
+def _close(got, ref, what):
+    scale = ref.abs().max().item()
+    err = (got - ref).abs().max().item()
+    assert err <= TOL * scale, f"{what}: max |diff| {err:.3g} > {TOL} x {scale:.3g}"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_float_cache_gives_the_models_own_logits(family):
+    model = _model(family)
+    ids = torch.randint(1, 96, (1, 11), generator=torch.Generator().manual_seed(1))
+    ref, ref_ids = _steps(model, ids, DynamicCache(config=model.config), 8)
+    cache = gt.Cache(model, "float", max_length=32)
+    got, got_ids = _steps(model, ids, cache, 8)
+    _close(got, ref, family)
+    assert got_ids.tolist() == ref_ids.tolist()
+    assert cache.get_seq_length() == 19 and cache.kv.length == 19
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_generate_is_greedy_identical(family):
+    model = _model(family)
+    ids = torch.randint(1, 96, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = model.generate(ids, max_new_tokens=12, do_sample=False)
+        cache = gt.Cache(model, "float", max_length=32)
+        got = model.generate(ids, max_new_tokens=12, do_sample=False, cache=cache)
+    assert got.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("mode", ["float", "int8-pc", "int4-g16+s2r4+had"])
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_left_padded_batch_gives_each_sequence_what_it_gets_alone(family, mode):
+    model = _model(family)
+    lens = [7, 4, 9]
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(1, 96, (n,), generator=g) for n in lens]
+    S = max(lens)
+    ids = torch.zeros((3, S), dtype=torch.long)
+    mask = torch.zeros((3, S), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, S - len(s):] = s
+        mask[b, S - len(s):] = 1
+    kw = {} if mode != "int8-pc" else dict(k_scales=np.full(32, 0.05, np.float32),
+                                           v_scales=np.full(32, 0.05, np.float32))
+    batch = gt.Cache(model, mode, max_length=32, **kw)
+    got, _ = _steps(model, ids, batch, 5, attention_mask=mask)
+    assert batch.kv.lengths.tolist() == [n + 5 for n in lens]
+    for b, s in enumerate(seqs):
+        alone = gt.Cache(model, mode, max_length=32, **kw)
+        one, _ = _steps(model, s[None], alone, 5)
+        _close(got[b, -6:], one[0, -6:], f"sequence {b}")     # the last prompt row and the steps
+
+
+def test_quantized_caches_stay_close_to_the_float_cache():
+    model = _model("llama")
+    ids = torch.randint(1, 96, (1, 20), generator=torch.Generator().manual_seed(4))
+    ref, _ = _steps(model, ids, gt.Cache(model, "float", max_length=32), 6)
+    cal = gt.calibrate(model, ids)
+    errs = {}
+    for mode, kw in (("int8-pc", dict(calibration=cal)), ("int8-g16", {}), ("int4-g16+s2r4+had", {})):
+        got, _ = _steps(model, ids, gt.Cache(model, mode, max_length=32, **kw), 6)
+        errs[mode] = (got - ref).abs().max().item() / ref.abs().max().item()
+    # 8-bit codes: within a few % of the logits' scale on this random model; 4 bits: further
+    assert 0 < errs["int8-pc"] < 0.05 and 0 < errs["int8-g16"] < 0.05, errs
+    assert max(errs["int8-pc"], errs["int8-g16"]) < errs["int4-g16+s2r4+had"] < 1.0, errs
+
+
+def test_crop_and_beam_search():
+    model = _model("llama")
+    ids = torch.randint(1, 96, (1, 8), generator=torch.Generator().manual_seed(5))
+    cache = gt.Cache(model, "float", max_length=32)
+    full, _ = _steps(model, ids, cache, 4)
+    cache.crop(-2)                                  # roll back two decode steps
+    assert cache.get_seq_length() == 10 and cache.kv.length == 10
+    with torch.no_grad():
+        r = model(full[:, 9:10].argmax(-1), cache=cache, use_cache=True).logits
+    _close(r[:, 0], full[:, 10], "step after crop")
+    with torch.no_grad():
+        ref = model.generate(ids, max_new_tokens=6, num_beams=3, do_sample=False)
+        got = model.generate(ids, max_new_tokens=6, num_beams=3, do_sample=False,
+                             cache=gt.Cache(model, "float", max_length=32))
+    assert got.tolist() == ref.tolist()
+
+
+def test_without_a_gqa_cache_the_attention_is_sdpas():
+    model = _model("mistral")
+    ids = torch.randint(1, 96, (2, 10), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask).logits
+        gt.register()
+        model.set_attn_implementation("gqa")
+        got = model(ids, attention_mask=mask).logits
+    _close(got[0], ref[0], "batch 0")
+    _close(got[1, 3:], ref[1, 3:], "batch 1")
+
+
+def test_errors():
+    model = _model("llama")
+    cache = gt.Cache(model, "int4-g16", max_length=8)
+    ids = torch.randint(1, 96, (1, 6))
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        with pytest.raises(ValueError, match="KVCache is full"):
+            model(torch.randint(1, 96, (1, 3)), cache=cache, use_cache=True)
+    with pytest.raises(ValueError, match="not a cache mode"):
+        gt.Cache(model, "int3", max_length=8)
