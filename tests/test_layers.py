@@ -1,4 +1,5 @@
-"""The layers of the package: the application wing (gqa/apps) and the benchmarks (asv_bench)
+"""The layers of the package: the application wing (gqa/apps), the transformers integration
+(gqa/transformers) and the benchmarks (asv_bench)
 use the library's public names only -- or the internal API the library documents for them
 (``gqa._kernels``: the raw kernel entry points, no argument checks, for kernel benchmarks) --
 and nothing in the library imports the wing."""
@@ -39,7 +40,7 @@ def _imported(path):
 def _private(name):
     """The first private part of a gqa name (gqa._kvcache.x -> gqa._kvcache), else None."""
     parts = name.split(".")
-    if parts[0] != "gqa" or parts[1:2] == ["apps"]:      # the wing's own names are its own
+    if parts[0] != "gqa" or parts[1:2] in (["apps"], ["transformers"]):   # their own names
         return None
     for i, part in enumerate(parts[1:], 1):
         if part.startswith("_") and not part.startswith("__"):
@@ -47,7 +48,7 @@ def _private(name):
     return None
 
 
-@pytest.mark.parametrize("path", _modules("gqa/apps/**/*.py", "asv_bench/*.py"),
+@pytest.mark.parametrize("path", _modules("gqa/apps/**/*.py", "gqa/transformers/*.py", "asv_bench/*.py"),
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_wing_uses_public_names_only(path):
     bad = [f"line {line}: {name}" for line, name in _imported(path)

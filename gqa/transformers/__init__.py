@@ -6,8 +6,7 @@ NumPy arrays and back).
     out = model.generate(ids, cache=cache, max_new_tokens=64)
 
 :class:`Cache` is a ``transformers.Cache`` over one ``gqa.KVCache`` (every format, in place,
-preallocated); the attention function ``"gqa"`` (registered by the Cache, or
-:func:`register`) attends over it with the fused-dequant kernels, the prompt included.
+preallocated); the attention function ``"gqa"`` (registered on import) attends over it with the fused-dequant kernels, the prompt included.
 :func:`calibrate` measures the static scales of the INT8/INT4 per-tensor / per-channel modes
 by running a text through the model.
 """
@@ -17,6 +16,8 @@ from ._attention import attention_forward, register
 from ._cache import Cache
 
 __all__ = ["Cache", "attention_forward", "calibrate", "register"]
+
+register()      # importing gqa.transformers makes attn_implementation="gqa" available
 
 
 def calibrate(model, input_ids, max_length=None):

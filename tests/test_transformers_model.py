@@ -1,0 +1,77 @@
+"""SmolLM2-135M-Instruct through transformers (from its GGUF file) over gqa's caches: the
+README's snippet runs as printed; the float cache gives transformers' own logits and greedy
+tokens; per-group INT4 with windows keeps the perplexity of a 512-token text within 1 % of
+DynamicCache's, with the prompt attended over the quantized cache.  Skipped without the model,
+torch, transformers or accelerate."""
+import os
+import re
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("transformers", reason="transformers is not installed")
+pytest.importorskip("accelerate", reason="accelerate is not installed (transformers reads GGUF with it)")
+from gqa.apps import gguf  # noqa: E402
+
+if not gguf.available():
+    pytest.skip(gguf.unavailable_reason(), allow_module_level=True)
+
+import gqa.transformers as gt  # noqa: E402
+from gqa.apps import texts  # noqa: E402
+from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model():
+    path = gguf.model_path()
+    m = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                             dtype=torch.float32).eval()
+    return m
+
+
+@pytest.fixture(scope="module")
+def text_ids():
+    """The first 512 tokens of the evaluation text (gqa.apps.texts), tokenized from the GGUF."""
+    import gguf as gguf_reader
+    tok = gguf.tokenizer(gguf_reader.GGUFReader(gguf.model_path()))
+    return torch.tensor([tok.encode(texts.evaluation_text()).ids[:512]])
+
+
+def _nll(model, ids, cache, attn):
+    model.set_attn_implementation(attn)
+    with torch.no_grad():
+        logits = model(ids, cache=cache, use_cache=True).logits[0, :-1].double()
+    return torch.nn.functional.cross_entropy(logits, ids[0, 1:]).item(), logits
+
+
+def test_readme_snippet_runs_as_printed(capsys):
+    readme = open(os.path.join(os.path.dirname(__file__), os.pardir, "README.md"), encoding="utf-8").read()
+    code = re.search(r"### With Hugging Face transformers.*?```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    answer = capsys.readouterr().out
+    assert "Paris" in answer, answer
+
+
+def test_float_cache_is_transformers_own_model(model, text_ids):
+    ids = text_ids[:, :256]
+    ref, ref_logits = _nll(model, ids, DynamicCache(config=model.config), "sdpa")
+    got, got_logits = _nll(model, ids, gt.Cache(model, "float", max_length=300), "gqa")
+    scale = ref_logits.abs().max().item()
+    assert (got_logits - ref_logits).abs().max().item() <= 1e-4 * scale
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        want = model.generate(ids[:, :64], max_new_tokens=32, do_sample=False)
+        have = model.generate(ids[:, :64], max_new_tokens=32, do_sample=False,
+                              cache=gt.Cache(model, "float", max_length=128))
+    assert have.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("mode, within", [("int4-g32+s4r64+had", 0.01), ("int8-g32", 0.002)])
+def test_quantized_cache_keeps_the_perplexity(model, text_ids, mode, within):
+    """The whole 512-token text as one prompt: every position attends over the quantized
+    cache it has just written (its own window rows in float)."""
+    ref, _ = _nll(model, text_ids, DynamicCache(config=model.config), "sdpa")
+    got, _ = _nll(model, text_ids, gt.Cache(model, mode, max_length=512), "gqa")
+    ppl_ref, ppl = np.exp(ref), np.exp(got)
+    assert abs(ppl / ppl_ref - 1) <= within, (mode, ppl_ref, ppl)
