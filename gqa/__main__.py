@@ -1,4 +1,4 @@
-"""python -m gqa [config | bench | demo | eval]
+"""python -m gqa [config | bench | demo | eval | hf]
 
 Without a subcommand: print the configuration, then run the demo.
 """
@@ -12,12 +12,12 @@ class _WithDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .apps import bench as _bench, demo as _demo, eval as _eval
+    from .apps import bench as _bench, demo as _demo, eval as _eval, hf as _hf
     p = argparse.ArgumentParser(
         prog="python -m gqa",
         description="gqa: Group Query Attention over an INT8/INT4 quantized KV cache, on CPU. "
                     "Without a subcommand: print the configuration, then run the demo.")
-    sub = p.add_subparsers(dest="command", metavar="{config,bench,demo,eval}")
+    sub = p.add_subparsers(dest="command", metavar="{config,bench,demo,eval,hf}")
     sub.add_parser("config", help="print version, compiled/available kernel paths, CPU features, threads")
     b = sub.add_parser("bench", help="time gqa against onnxruntime, PyTorch, llama.cpp (same run, alternating)",
                        description=_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,6 +29,10 @@ def main(argv=None):
                        "in the real model's loop", description=_eval.__doc__,
                        formatter_class=_WithDefaults)
     _eval.add_arguments(e)
+    h = sub.add_parser("hf", help="SmolLM2 through transformers: DynamicCache + sdpa beside gqa's caches "
+                       "(perplexity, ms per token, cache bytes)", description=_hf.__doc__,
+                       formatter_class=_WithDefaults)
+    _hf.add_arguments(h)
     args = p.parse_args(argv)
 
     from . import show_config
@@ -43,6 +47,8 @@ def main(argv=None):
         return _demo.run(args)
     if args.command == "eval":
         return _eval.run(args)
+    if args.command == "hf":
+        return _hf.run(args)
     show_config()
     print()
     return _demo.run(d.parse_args([]))
