@@ -76,7 +76,8 @@ def m_construct(rng, spec, kw):
                   "int3-g16", "int4-g12", "int4-g16+s-1r2", "int4-g16+rho0", "int4-g16+rho1e-50",
                   "int8-pt+s2r2", "float+had", 7, None, ""]),
         ("dtype", [np.int8, np.float64, "bfloat16"]),
-        ("sink_size", [-1, 2 ** 31 - 1, 1.5]),
+        ("sink_size", [-1, 2 ** 31, 1.5]),     # (2^31 - 1 alone is legal: rows min(it, max_length))
+        ("windows", [(2 ** 31 - 1, 1), (2 ** 30, 2 ** 30)]),
         ("recent_size", [2 ** 31, -2]),
         ("k_rho", [0.0, 1e-50, 2.0, float("nan")]),
         ("rotations", [3, "identity", [(None, None, None)] * L, [None] * L, [(1, 2)] * L,
@@ -138,6 +139,11 @@ def m_construct(rng, spec, kw):
         kw.pop("v_scales", None)
         words = ("mode", "configuration", "group_size", "head_size", "rho", "sink", "recent",
                  "rotations", "k_scales")
+    elif name == "windows":
+        kw["sink_size"], kw["recent_size"] = v
+        if "+s" in spec["mode"]:
+            kw["mode"] = spec["mode"].split("+")[0]
+        words = ("sink_size", "recent_size")
     elif name == "sink_size" or name == "recent_size":
         kw[name] = v
         words = ("sink_size", "recent_size", "mode", "float")
