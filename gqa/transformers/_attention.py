@@ -67,11 +67,18 @@ def _check_attributes(layer, scaling, sliding_window, softcap):
                          f"with {got}")
 
 
+_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}
+
+
 def _rows(x, dtype):
-    """[B, heads, S, H] torch -> [B, S, heads * H] NumPy of dtype (one copy)."""
+    """[B, heads, S, H] torch -> C-contiguous [B, S, heads * H] NumPy of dtype: a view for a
+    one-token step of the model's dtype, else one copy."""
     B, h, S, H = x.shape
-    return np.ascontiguousarray(x.detach().transpose(1, 2).reshape(B, S, h * H).to(
-        torch.float32 if dtype == np.float32 else torch.float16).numpy())
+    t = x.detach()
+    if t.dtype != _TORCH[dtype]:
+        t = t.to(_TORCH[dtype])
+    a = t.numpy().transpose(0, 2, 1, 3).reshape(B, S, h * H)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def attend(layer, query, attention_mask, scaling, sliding_window, softcap):
@@ -91,7 +98,8 @@ def attend(layer, query, attention_mask, scaling, sliding_window, softcap):
             raise ValueError("gqa.transformers: padding in a step after the prompt (the prompt step "
                              "may be padded on either side; later tokens may not)")
         out = kv.attend(layer.index, q, k, v)
-    return torch.from_numpy(out).view(B, S, N, H).to(query.dtype)
+    out = torch.from_numpy(out).view(B, S, N, H)
+    return out if out.dtype == query.dtype else out.to(query.dtype)
 
 
 def _padded_prompt(index, kv, q, k, v, real):
