@@ -6,6 +6,8 @@ in the low nibble.  Per-group formats (``group_size=``, no scale) are uint8 rows
 and inline (scale, zero) metadata (gqa/_formats.py, README).  Every function releases the GIL
 while computing.
 """
+import numbers
+
 import numpy as np
 
 from . import _kernels
@@ -62,7 +64,8 @@ def quantize(x, scale=None, *, bits=8, group_size=None, rho=1.0, metadata="fp32"
     h = x.shape[-1]
     if group_size is not None and h == 0:
         raise ValueError("x must have a non-empty last dimension for a per-group format")
-    if group_size is None and not (type(rho) in (int, float) and rho == 1):
+    if group_size is None and not (isinstance(rho, numbers.Real) and not isinstance(rho, bool)
+                                   and rho == 1):
         raise ValueError(f"rho applies to a per-group format (group_size=...); a static one "
                          f"clips nothing, got rho={rho!r}")
     f = _Format(bits, scale, group_size, metadata, h, rho if group_size is not None else _NO_RHO)

@@ -38,8 +38,7 @@ cdef extern from "team_spread.h" nogil:
     uint64_t gqa_cpu_bit()
     void gqa_team_spread(uint64_t *taken)
 
-cdef enum:
-    INT32_MAX = 2147483647
+from gqa._checks cimport INT32_MAX
 
 cdef extern from "float.h":
     float FLT_MAX

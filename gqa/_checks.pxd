@@ -1,3 +1,7 @@
+# The one statement of the C int bound that sizes and lengths are checked against.
+cdef enum:
+    INT32_MAX = 2147483647
+
 # The one-argument rules of the operator's call (see _checks.pyx), for gqa/_signature.pyx.
 # x: an ndarray of type number t1 (or t2; -1: none) and rank ndim (-1: any), else the refusal.
 cdef int _array(object x, str name, int t1, int t2, int ndim) except -1

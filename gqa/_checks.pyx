@@ -16,9 +16,6 @@ from gqa import _validate
 
 cnp.import_array()
 
-cdef enum:
-    INT32_MAX = 2147483647
-
 cdef int READY = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED
 cdef dict _SETTINGS = _config._settings   # updated in place by gqa.config
 

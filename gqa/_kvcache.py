@@ -411,7 +411,7 @@ class KVCache:
                 raise ValueError(f"length must be <= the cache's length ({self._length}), got {length}")
             new = np.minimum(self._lengths, length)
         if self.hp_key[0] is not None:
-            plans = [self._window_rows(int(L), int(n)) for L, n in zip(self._lengths, new)]
+            plans = [self._truncated_window_rows(int(L), int(n)) for L, n in zip(self._lengths, new)]
             for b, rows in enumerate(plans):
                 if rows is not None:
                     for hp in self.hp_key + self.hp_value:
@@ -420,7 +420,7 @@ class KVCache:
                         hp[b, :, :len(rows)] = kept
         self._set_lengths(new)
 
-    def _window_rows(self, L, n):
+    def _truncated_window_rows(self, L, n):
         """The rows of the float windows of L positions that hold the windows of n <= L (None:
         no change): possible when each position they keep is still in the windows (always for
         n <= sink_size, or while the cache holds at most sink_size + recent_size positions),

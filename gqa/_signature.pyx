@@ -26,7 +26,7 @@ import numpy as np
 
 from gqa._attention cimport Consts, Params, run, check_lengths, ROT_MAX
 from gqa cimport _window
-from gqa._checks cimport (_array, _ready, _f32, _contiguous, _total_length, _threads,
+from gqa._checks cimport (INT32_MAX, _array, _ready, _f32, _contiguous, _total_length, _threads,
                           _finite, _finite_scale, _orthogonal, _side_format, _rotary, _present,
                           apart)
 from gqa._dispatch cimport GQA_F32, GQA_F16
@@ -38,7 +38,6 @@ cnp.import_array()
 cdef enum:
     NARGS = 23          # query .. present_value, then the six of _EXT_NAMES (see op_call)
     MAXD = 4
-    INT32_MAX = 2147483647
     MAX_SIGNATURES = 64  # per operator: one per past buffer of a loop over layers
 
 cdef int FLAGS = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED | cnp.NPY_ARRAY_WRITEABLE
@@ -53,6 +52,9 @@ cdef tuple _KEPT_NAMES = ("k_scale", "v_scale", "cos_cache", "sin_cache", "head_
 cdef tuple _EXT_NAMES = ("past_hp_key", "past_hp_value", "oscar_rotation_k", "oscar_rotation_v",
                          "present_hp_key", "present_hp_value")
 cdef tuple _NO_EXT = (None, None, None, None, None, None)
+# the caller's buffers a call may write (Signature._written_slots picks those it does)
+cdef tuple _WRITTEN_NAMES = ("past_key", "past_value", "present_key", "present_value",
+                             "past_hp_key", "past_hp_value", "present_hp_key", "present_hp_value")
 cdef tuple _STEP_NAMES = ("query", "key", "value", "seqlens_k", "position_ids", "attention_bias",
                           "total_sequence_length")
 cdef str _widths(long long D, long long k):
@@ -136,7 +138,7 @@ cdef class Signature:
     cdef int k_ct, v_ct, k_Hp, v_Hp, rot_half     # the caches' NumPy types and row widths
     cdef bint packed, f16, has_past, shared, quantized, k_group, v_group, fresh_present, copy_past, windowed
     cdef bint win, hp_inplace, hp_fresh
-    cdef tuple out_names   # the caller's buffers a call writes (_written_names)
+    cdef tuple out_slots, out_names   # the caller's buffers a call writes (_written_slots)
     cdef object rho
 
     def __init__(self, op, query, key, value, past_key, past_value, seqlens_k, cos_cache,
@@ -328,7 +330,8 @@ cdef class Signature:
         # the caller's buffers this call writes, apart from every kept input and each other
         # (the per-step inputs: every call, Signature.call)
         self.shared, self.fresh_present = shared, present_key is None
-        self.out_names = self._written_names()
+        self.out_slots = self._written_slots()
+        self.out_names = tuple([_WRITTEN_NAMES[i] for i in self.out_slots])
         ins = kept + ((past_key, past_value) if has_past and not shared else ()) + (
             (phk, phv) if self.win and not self.hp_inplace else ())
         in_names = _KEPT_NAMES + (("past_key", "past_value") if has_past and not shared else ()) + (
@@ -400,23 +403,19 @@ cdef class Signature:
                     raise ValueError(f"{name} must be C-contiguous, aligned and writeable")
         return 0
 
-    cdef tuple _written_names(self):
-        """The names of the caller's buffers a call of this signature writes (_written)."""
-        return ((("past_key", "past_value") if self.shared else
-                 () if self.fresh_present else ("present_key", "present_value"))
-                + ((("past_hp_key", "past_hp_value") if self.hp_inplace else
-                    () if self.hp_fresh else ("present_hp_key", "present_hp_value"))
-                   if self.win else ()))
-
-    cdef tuple _written(self, past_key, past_value, present_key, present_value, tuple ext):
-        """The caller's buffers a call writes: its caches (in place: the past ones) and its
-        float windows (in place: the past ones), as _written_names names them."""
-        cdef tuple caches = ((past_key, past_value) if self.shared else
-                             () if self.fresh_present else (present_key, present_value))
+    cdef tuple _written_slots(self):
+        """Which of _WRITTEN_NAMES a call of this signature writes: its caches (in place: the
+        past ones) and its float windows (in place: the past ones), when the caller's."""
+        cdef tuple caches = (0, 1) if self.shared else () if self.fresh_present else (2, 3)
         if not self.win:
             return caches
-        return caches + ((ext[0], ext[1]) if self.hp_inplace else
-                         () if self.hp_fresh else (ext[4], ext[5]))
+        return caches + ((4, 5) if self.hp_inplace else () if self.hp_fresh else (6, 7))
+
+    cdef tuple _written(self, past_key, past_value, present_key, present_value, tuple ext):
+        """The buffers of _written_slots, in that order."""
+        cdef tuple every = (past_key, past_value, present_key, present_value, ext[0], ext[1],
+                            ext[4], ext[5])
+        return tuple([every[i] for i in self.out_slots])
 
     cdef str _where(self):
         return " in in-place mode (present is past)" if self.shared else ""

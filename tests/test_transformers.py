@@ -166,3 +166,5 @@ def test_errors():
             model(torch.randint(1, 96, (1, 3)), cache=cache, use_cache=True)
     with pytest.raises(ValueError, match="not a cache mode"):
         gt.Cache(model, "int3", max_length=8)
+    with pytest.raises(TypeError, match="the layers share one gqa.KVCache"):
+        cache.layers[1].crop(-1)           # once per layer would crop every layer N times

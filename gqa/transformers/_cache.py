@@ -61,17 +61,12 @@ class _Layer(transformers.cache_utils.CacheLayerMixin):
     def reset(self):
         self.owner._reset()
 
-    def crop(self, tokens_to_remove):
-        self.owner.crop(tokens_to_remove)
+    # the layers share one KVCache: these are the Cache's, applied once to every layer
+    def _whole_cache(self, *args):
+        raise TypeError("gqa.transformers: the layers share one gqa.KVCache; call the Cache's "
+                        "crop / reorder_cache / batch_select_indices / batch_repeat_interleave")
 
-    def reorder_cache(self, beam_idx):
-        self.owner.reorder_cache(beam_idx)
-
-    def batch_repeat_interleave(self, repeats):
-        self.owner.batch_repeat_interleave(repeats)
-
-    def batch_select_indices(self, indices):
-        self.owner.batch_select_indices(indices)
+    crop = reorder_cache = batch_repeat_interleave = batch_select_indices = _whole_cache
 
     @property
     def batch_size(self):

@@ -55,6 +55,43 @@ def _describe(v):
     return repr(v)[:40]
 
 
+def _attempt(fn, allowed=(ValueError, TypeError)):
+    """(outcome, message, result, seconds) of fn(): "raised" (an allowed exception),
+    "wrong_exception" (any other) or "accepted"."""
+    t0 = time.perf_counter()
+    outcome, msg, out = "accepted", "", None
+    try:
+        out = fn()
+    except allowed as e:
+        outcome, msg = "raised", f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001  (any other type is a failure)
+        outcome, msg = "wrong_exception", f"{type(e).__name__}: {e}"
+    return outcome, msg, out, time.perf_counter() - t0
+
+
+def _verdict(outcome, msg, out, words, maybe_valid, snap, dt):
+    """The problems of an invalid call's outcome: a refusal names one of `words` and leaves
+    the caller buffers of `snap` unchanged; an accepted call must be a maybe-valid mutation
+    with a finite output; nothing takes over 5 s."""
+    problems = []
+    if outcome == "wrong_exception":
+        problems.append("raised " + msg)
+    elif outcome == "accepted":
+        if not maybe_valid:
+            problems.append("invalid call accepted")
+        elif not np.isfinite(np.asarray(out[0], np.float64)).all():
+            problems.append("accepted call gave non-finite output")
+    else:
+        if not any(w in msg for w in words):
+            problems.append(f"message names none of {words}: {msg}")
+        changed = _changed(snap)
+        if changed:
+            problems.append(f"caller buffers {changed} modified by a rejected call")
+    if dt > 5:
+        problems.append(f"took {dt:.1f} s")
+    return problems
+
+
 def invalid_case(seed, i):
     rng = np.random.default_rng([seed, i])
     spec = random_spec(rng)
@@ -76,32 +113,8 @@ def run_invalid(seed, i, progress, verbose=False):
     progress.write(json.dumps(desc) + "\n")
     progress.flush()
     snap = _snap(list(inp.values()) + list(call.values()))
-    t0 = time.perf_counter()
-    outcome, msg = "accepted", ""
-    try:
-        out = gqa.group_query_attention(**inp, **a, **call)
-    except (ValueError, TypeError) as e:
-        outcome, msg = "raised", f"{type(e).__name__}: {e}"
-    except Exception as e:  # noqa: BLE001  (any other type is a failure)
-        outcome, msg = "wrong_exception", f"{type(e).__name__}: {e}"
-    dt = time.perf_counter() - t0
-    problems = []
-    if outcome == "wrong_exception":
-        problems.append("raised " + msg)
-    elif outcome == "accepted":
-        if mname not in MAYBE_VALID:
-            problems.append("invalid call accepted")
-        elif not all(np.isfinite(np.asarray(o, np.float64)).all() for o in out[:1]):
-            problems.append("accepted call gave non-finite output")
-    else:
-        if not any(w in msg for w in words):
-            problems.append(f"message names none of {words}: {msg}")
-    if outcome != "accepted":
-        changed = _changed(snap)
-        if changed:
-            problems.append(f"caller buffers {changed} modified by a rejected call")
-    if dt > 5:
-        problems.append(f"took {dt:.1f} s")
+    outcome, msg, out, dt = _attempt(lambda: gqa.group_query_attention(**inp, **a, **call))
+    problems = _verdict(outcome, msg, out, words, mname in MAYBE_VALID, snap, dt)
     if verbose:
         print(json.dumps(desc, indent=1), "\n->", outcome, msg, problems)
     return dict(desc, outcome=outcome, message=msg[:300], problems=problems)
@@ -131,33 +144,10 @@ def run_newer(seed, i, progress, verbose=False):
     progress.write(json.dumps(desc) + "\n")
     progress.flush()
     snap = _snap(list(inp.values()) + list(call.values()))
-    t0 = time.perf_counter()
-    outcome, msg = "accepted", ""
-    try:
-        out = nc.make_op(cls, attrs)(**inp, **call)
-    except (ValueError, TypeError) as e:
-        outcome, msg = "raised", f"{type(e).__name__}: {e}"
-    except Exception as e:  # noqa: BLE001  (any other type is a failure)
-        outcome, msg = "wrong_exception", f"{type(e).__name__}: {e}"
-    dt = time.perf_counter() - t0
-    problems = []
+    outcome, msg, out, dt = _attempt(lambda: nc.make_op(cls, attrs)(**inp, **call))
+    problems = _verdict(outcome, msg, out, words, mname in nm.MAYBE_VALID, snap, dt)
     if guard.broken():
         problems.append(f"canary bytes around written buffers {guard.broken()} overwritten")
-    if outcome == "wrong_exception":
-        problems.append("raised " + msg)
-    elif outcome == "accepted":
-        if mname not in nm.MAYBE_VALID:
-            problems.append("invalid call accepted")
-        elif not np.isfinite(np.asarray(out[0], np.float64)).all():
-            problems.append("accepted call gave non-finite output")
-    else:
-        if not any(w in msg for w in words):
-            problems.append(f"message names none of {words}: {msg}")
-        changed = _changed(snap)
-        if changed:
-            problems.append(f"caller buffers {changed} modified by a rejected call")
-    if dt > 5:
-        problems.append(f"took {dt:.1f} s")
     if verbose:
         print(json.dumps(desc, indent=1), "\n->", outcome, msg, problems)
     return dict(desc, outcome=outcome, message=msg[:300], problems=problems)
@@ -188,37 +178,32 @@ def run_kvcache(seed, i, progress, verbose=False):
                 kwargs={k: _describe(v) for k, v in (arg.items() if what == "construct" else ())})
     progress.write(json.dumps(desc) + "\n")
     progress.flush()
-    problems, before = [], None
-    outcome, msg = "accepted", ""
-    t0 = time.perf_counter()
-    try:
+    state = {}
+
+    def act():
         if what == "construct":
-            gqa.KVCache(**arg)
-        else:
-            cache = gqa.KVCache(**km.kwargs(spec))
-            km.steps(spec, cache)
-            prepare, bad = arg
-            if prepare is not None:
-                prepare(cache)
-            before = _cache_state(cache)
-            bad(cache)
-    except (ValueError, TypeError) as e:
-        outcome, msg = "raised", f"{type(e).__name__}: {e}"
-    except MemoryError as e:
-        outcome, msg = ("raised", f"MemoryError: {e}") if what == "construct" else \
-            ("wrong_exception", f"MemoryError: {e}")
-    except Exception as e:  # noqa: BLE001
-        outcome, msg = "wrong_exception", f"{type(e).__name__}: {e}"
+            return gqa.KVCache(**arg)
+        cache = state["cache"] = gqa.KVCache(**km.kwargs(spec))
+        km.steps(spec, cache)
+        prepare, bad = arg
+        if prepare is not None:
+            prepare(cache)
+        state["before"] = _cache_state(cache)
+        return bad(cache)
+    # a construction larger than memory may raise MemoryError; a use may not
+    allowed = (ValueError, TypeError) + ((MemoryError,) if what == "construct" else ())
+    outcome, msg, _, dt = _attempt(act, allowed)
+    problems = []
     if outcome == "wrong_exception":
         problems.append("raised " + msg)
     elif outcome == "accepted":
         problems.append("invalid construction or use accepted")
     elif not msg.startswith("MemoryError") and not any(w in msg for w in words):
         problems.append(f"message names none of {words}: {msg}")
-    if before is not None and outcome != "accepted" and _cache_state(cache) != before:
+    if "before" in state and outcome != "accepted" and _cache_state(state["cache"]) != state["before"]:
         problems.append("a refused use changed the cache")
-    if time.perf_counter() - t0 > 5:
-        problems.append(f"took {time.perf_counter() - t0:.1f} s")
+    if dt > 5:
+        problems.append(f"took {dt:.1f} s")
     if verbose:
         print(json.dumps(desc, indent=1), "\n->", outcome, msg, problems)
     return dict(desc, outcome=outcome, message=msg[:300], problems=problems)
