@@ -192,11 +192,134 @@ cdef inline float sink_logit(const Params *p, int h) noexcept nogil:
     return p.sink[h] if p.sink != NULL else 0.0
 
 
+cdef inline void float_runs(int ns, int rl, int k0, int a0, int z0, int *f1, int *q0, int *q1,
+                            int *f2) noexcept nogil:
+    """A causal-windows row's keys [a0, z0) of a tile starting at k0 (relative to k0), whose
+    float positions are [0, ns) and [rl, end): floats [a0, f1), codes [q0, q1), floats [f2, z0)
+    (each run empty where its end <= its start; rl >= ns)."""
+    f1[0] = ns - k0 if ns - k0 < z0 else z0
+    q0[0] = ns - k0 if ns - k0 > a0 else a0
+    q1[0] = rl - k0 if rl - k0 < z0 else z0
+    f2[0] = rl - k0 if rl - k0 > a0 else a0
+
+
+cdef void move_runs(float *dst, float *src, int a, int z) noexcept nogil:
+    """dst[a:z] = src[a:z] (nothing when z <= a)."""
+    if z > a:
+        memcpy(dst + a, src + a, (z - a) * sizeof(float))
+
+
+cdef void stage_tile(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb,
+                     int lo, int hi, float *Kt, float *Vt) noexcept nogil:
+    """Positions [lo, hi) of key tile [k0, k0 + nb) from the staged float rows (they follow
+    positions), into Kt [H, nb] (transposed) and Vt [nb, H]."""
+    cdef int hrow
+    if hi <= lo:
+        return
+    hrow = float_row(p, b, lo)
+    t.dequantize_t(hp_row(p, p.fk, p.fcap, b, j, hrow), Kt + (lo - k0), nb, hi - lo, p.H,
+                   p.hp_type, NULL)
+    t.dequantize(hp_row(p, p.fv, p.fcap, b, j, hrow), Vt + <size_t>(lo - k0) * p.H, p.H,
+                 hi - lo, p.H, p.hp_type, NULL)
+
+
+cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb, int R,
+                      const int *rlo, const int *rhi, const int *rns, const int *rrl,
+                      float *Kt, float *Vt, float *Kf, float *Vf) noexcept nogil:
+    """The tiles of keys [k0, k0 + nb) for R query rows with causal float windows: 1 when
+    every row reads them as codes (Kt / Vt from the codes), 2 as floats (Kt / Vt from the
+    staged rows), 3 mixed (Kt / Vt from the codes, Kf / Vf from the staged rows, zero where
+    no row reads a float)."""
+    cdef int i, a0, z0, f1, q0, q1, f2, fs_hi = k0, fr_lo = k0 + nb, fr_hi = k0
+    cdef bint codes = False, floats = False
+    cdef size_t c
+    for i in range(R):
+        tile_keys(rlo[i], rhi[i], k0, nb, &a0, &z0)
+        if z0 <= a0:
+            continue
+        float_runs(rns[i], rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
+        if f1 > a0:
+            floats = True
+            fs_hi = k0 + f1 if k0 + f1 > fs_hi else fs_hi
+        if q1 > q0:
+            codes = True
+        if z0 > f2:
+            floats = True
+            fr_lo = k0 + f2 if k0 + f2 < fr_lo else fr_lo
+            fr_hi = k0 + z0 if k0 + z0 > fr_hi else fr_hi
+    if fr_lo <= fs_hi:      # the runs meet: one run [k0, max end)
+        fs_hi = fs_hi if fs_hi > fr_hi else fr_hi
+        fr_hi = k0
+    if codes:
+        t.dequantize_t(k_row(p, b, j, k0), Kt, nb, nb, p.H, p.ktype, k_scales(p, j))
+        t.dequantize(v_row(p, b, j, k0), Vt, p.H, nb, p.H, p.vtype, v_scales(p, j))
+        if not floats:
+            return 1
+        memset(Kf, 0, <size_t>p.H * nb * sizeof(float))
+        memset(Vf, 0, <size_t>nb * p.H * sizeof(float))
+        Kt = Kf
+        Vt = Vf
+    else:
+        memset(Kt, 0, <size_t>p.H * nb * sizeof(float))
+        memset(Vt, 0, <size_t>nb * p.H * sizeof(float))
+    stage_tile(p, t, b, j, k0, nb, k0, fs_hi, Kt, Vt)
+    stage_tile(p, t, b, j, k0, nb, fr_lo, fr_hi, Kt, Vt)
+    return 3 if codes else 2
+
+
+cdef void mixed_pv(const Params *p, const gqa_kernels *t, int k0, int nb, int M,
+                   const int *rlo, const int *rhi, const int *rns, const int *rrl,
+                   float *Sx, float *Sf, const float *Vt, const float *Vf, float *O) noexcept nogil:
+    """O += P @ V over a mixed tile: each row's probabilities Sx split into the code runs (kept
+    in Sx) and the float runs (moved to Sf, the rest of Sf zeroed), then Sx @ Vt + Sf @ Vf;
+    per row and run straight from Sx where a value is NaN / inf (0 * inf would reach other
+    rows)."""
+    cdef int G = p.G, H = p.H, r, i, a0, z0, f1, q0, q1, f2
+    cdef float *x
+    cdef float *f
+    cdef bint finite = all_finite(Vt, <size_t>nb * H) and all_finite(Vf, <size_t>nb * H)
+    for r in range(M):
+        i = r // G
+        x = Sx + <size_t>r * nb
+        f = Sf + <size_t>r * nb
+        tile_keys(rlo[i], rhi[i], k0, nb, &a0, &z0)
+        if z0 <= a0:
+            if finite:
+                memset(f, 0, nb * sizeof(float))
+            continue
+        float_runs(rns[i], rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
+        if not finite:
+            if f1 > a0:
+                t.sv_gemm(1, H, f1 - a0, x + a0, nb, Vf + <size_t>a0 * H, GQA_F32, NULL,
+                          O + <size_t>r * H, H, 1.0)
+            if q1 > q0:
+                t.sv_gemm(1, H, q1 - q0, x + q0, nb, Vt + <size_t>q0 * H, GQA_F32, NULL,
+                          O + <size_t>r * H, H, 1.0)
+            if z0 > f2:
+                t.sv_gemm(1, H, z0 - f2, x + f2, nb, Vf + <size_t>f2 * H, GQA_F32, NULL,
+                          O + <size_t>r * H, H, 1.0)
+            continue
+        memset(f, 0, nb * sizeof(float))
+        move_runs(f, x, a0, f1)
+        move_runs(f, x, f2, z0)
+        if f1 > a0:
+            memset(x + a0, 0, (f1 - a0) * sizeof(float))
+        if z0 > f2:
+            memset(x + f2, 0, (z0 - f2) * sizeof(float))
+    if finite:
+        t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)
+        t.sv_gemm(M, H, nb, Sf, nb, Vf, GQA_F32, NULL, O, H, 1.0)
+
+
 cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int qb,
                        float *scratch) noexcept nogil:
     """Flash attention for query rows [qb*Br, qb*Br + Br) of the G heads of KV head j:
     each K/V block is dequantized once into float32 tiles (K transposed) shared by all
-    M = rows x G query rows; scores and P @ V are float32 GEMMs; online softmax (m, l)."""
+    M = rows x G query rows; scores and P @ V are float32 GEMMs; online softmax (m, l).
+    Causal float windows of a multi-token step (p.hstage): a row reads positions [0, ns) and
+    [rl, end) of its own end as floats, the rest as codes, so a tile that some row reads both
+    ways gets two tile pairs (codes: Kt / Vt, staged floats: Kf / Vf), both score GEMMs, each
+    row's scores taken from the pair it reads, and P split between the two P @ V GEMMs."""
     cdef int G = p.G, H = p.H, Bc = p.Bc, Mmax = p.Br * G
     cdef int s0 = qb * p.Br, s1, R, M, r, s, g, h, i, k0, nb, a0, z0, kv_lo, kv_hi
     cdef float *Qt = scratch
@@ -208,23 +331,42 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef float *Vt = Kt + <size_t>H * Bc
     cdef int *rlo = <int *>(Vt + <size_t>Bc * H)
     cdef int *rhi = rlo + p.Br
+    cdef int *rns = rhi + p.Br          # p.hstage: a row's float sinks [0, ns) and recent [rl, end)
+    cdef int *rrl = rns + p.Br
+    cdef float *Sf = <float *>(rrl + p.Br)
+    cdef float *Kf = Sf + <size_t>Mmax * Bc
+    cdef float *Vf = Kf + <size_t>H * Bc
     cdef const float *src
     cdef float *row
     cdef float mx, mnew, corr, total, inv
     cdef bint smooth = p.smooth or p.sink != NULL
     cdef bint partial
+    cdef int kind, f1, q0, q1, f2, nr
+    cdef int cut[3]
     s1 = s0 + p.Br if s0 + p.Br < p.S else p.S
     R = s1 - s0
     M = R * G
     kv_lo = 1 << 30
     kv_hi = 0
+    # p.hstage: tiles end where the rows' float runs do (the largest sink end, the smallest and
+    # largest recent start), so only the R - 1 keys between the recent starts are mixed
+    cut[0] = 0
+    cut[1] = 1 << 30
+    cut[2] = 0
     for s in range(s0, s1):
         key_range(p, b, s, &rlo[s - s0], &rhi[s - s0])
+        if p.hstage:
+            hp_counts(p, rhi[s - s0], &rns[s - s0], &nr)
+            rrl[s - s0] = rhi[s - s0] - nr
         if rhi[s - s0] > rlo[s - s0]:
             if rlo[s - s0] < kv_lo:
                 kv_lo = rlo[s - s0]
             if rhi[s - s0] > kv_hi:
                 kv_hi = rhi[s - s0]
+            if p.hstage:
+                cut[0] = rns[s - s0] if rns[s - s0] > cut[0] else cut[0]
+                cut[1] = rrl[s - s0] if rrl[s - s0] < cut[1] else cut[1]
+                cut[2] = rrl[s - s0] if rrl[s - s0] > cut[2] else cut[2]
         for g in range(G):
             r = (s - s0) * G + g
             src = p.q + (<size_t>b * p.S + s) * p.q_tok + (<size_t>j * G + g) * H
@@ -237,8 +379,23 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
-        kv_tiles(p, t, b, j, k0, nb, Kt, Vt)
+        kind = 0
+        if p.hstage:
+            for i in range(3):
+                if k0 < cut[i] < k0 + nb:
+                    nb = cut[i] - k0
+            kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, Kt, Vt, Kf, Vf)
+        else:
+            kv_tiles(p, t, b, j, k0, nb, Kt, Vt)
         t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
+        if kind == 3:       # mixed: each row's float runs take the staged rows' scores
+            t.sv_gemm(M, nb, H, Qt, H, Kf, GQA_F32, NULL, Sf, nb, 0.0)
+            for r in range(M):
+                i = r // G
+                tile_keys(rlo[i], rhi[i], k0, nb, &a0, &z0)
+                float_runs(rns[i], rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
+                move_runs(Sx + <size_t>r * nb, Sf + <size_t>r * nb, a0, f1)
+                move_runs(Sx + <size_t>r * nb, Sf + <size_t>r * nb, f2, z0)
         partial = False
         for r in range(M):
             s = s0 + r // G
@@ -267,7 +424,9 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                     O[<size_t>r * H + i] = O[<size_t>r * H + i] * corr
             lrow[r] = lrow[r] * corr + total
             mrow[r] = mnew
-        if partial and not p.v_finite and not all_finite(Vt, <size_t>nb * H):
+        if kind == 3:
+            mixed_pv(p, t, k0, nb, M, rlo, rhi, rns, rrl, Sx, Sf, Vt, Vf, O)
+        elif partial and not p.v_finite and not all_finite(Vt, <size_t>nb * H):
             # a key masked for some rows of the tile has a NaN / inf value: 0 * inf is NaN,
             # so each row takes P @ V over its own keys only (as the naive path does)
             for r in range(M):
@@ -608,7 +767,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.partials = NULL
     p.qprep = NULL
     p.items = NULL
-    if flash and not p.qk_mode and not p.hstage:     # staged windows: per query row (naive)
+    if flash and not p.qk_mode:
         if S > 1:
             mode = 1
             nq = (S + p.Br - 1) // p.Br
@@ -629,6 +788,8 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H + G
     if mode == 1:
         scratch_len = (<size_t>p.Br * G * (2 * H + p.Bc + 2) + <size_t>2 * H * p.Bc + 2 * p.Br + 16)
+        if p.hstage:        # rns / rrl, Sf, Kf / Vf (attend_tiled)
+            scratch_len = scratch_len + <size_t>p.Br * G * p.Bc + <size_t>2 * H * p.Bc + 2 * p.Br
         # quantized V with scales below 1e30 dequantizes to finite values only (attend_tiled)
         p.v_finite = (p.vtype != GQA_F32 and p.vtype != GQA_F16 and not GQA_IS_GROUP(p.vtype)
                       and p.hv == NULL)

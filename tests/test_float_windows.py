@@ -309,6 +309,51 @@ def test_causal_prefill_equals_token_by_token(kernel_path, fmt):
     np.testing.assert_allclose(outs[2], outs[0], atol=2e-6, rtol=0)
 
 
+def _wide_windows_run(fmt, rot, seed):
+    """A Run with windows wider than the flash tiles: sink 9, recent 17."""
+    run = Run(fmt, "s2r3", "causal", rot, inplace=True, C=80, seed=seed)
+    run.sink, run.recent = 9, 17
+    run.op = gqa.GroupQueryAttention(num_heads=N, kv_num_heads=NKV, sink_size=9, recent_size=17,
+                                     **run.codec.attrs)
+    run.hk, run.hv = np.zeros((1, NKV, 26, H), F32), np.zeros((1, NKV, 26, H), F32)
+    return run
+
+
+@pytest.mark.parametrize("blocks", [(3, 7), (8, 16), (16, 64)], ids=["3x7", "8x16", "16x64"])
+@pytest.mark.parametrize("fmt", ["g4-8-fp16", "int4-pc"])
+def test_causal_windows_in_flash_tiles(kernel_path, fmt, blocks):
+    """Causal windows of multi-token steps on the tiled flash path: tiles a row reads as codes,
+    as floats and both ways (sinks and recent rows of every row's own end), against float64."""
+    run = _wide_windows_run(fmt, "orth", seed=31)
+    with gqa.config(path=kernel_path, flash=True, flash_blocks=blocks):
+        for S in (40, 1, 30, 1):    # T <= 72: (T + 2 H + 16) u |v| ~ 1e-5
+            q, out, T, S = run.step(S)
+            run.check(q, out, T, S, TOL, exact_codes=False)
+
+
+def test_causal_windows_in_flash_tiles_keep_nan_and_inf_to_their_rows(kernel_path):
+    """An infinite value and a NaN key in a prompt: the tiled path gives the rows that read
+    them the per-row path's NaN / inf, and every other row its finite value."""
+    outs = []
+    for flash in (True, False):
+        run = _wide_windows_run("int4-pc", "none", seed=32)
+        q, k, v = (run.rng.uniform(-1, 1, (1, 40, w * H)).astype(F32) for w in (N, NKV, NKV))
+        v[0, 20, 3] = np.inf        # a recent row of rows 20-36, history for the rows after
+        k[0, 2, 5] = np.nan         # a sink: every row from 2 on
+        q[0, 0:2] = 0.0
+        with gqa.config(path=kernel_path, flash=flash, flash_blocks=(8, 16) if flash else None):
+            outs.append(run.op(q, k, v, run.pk, run.pv, np.array([39], np.int32), np.array(40, np.int32),
+                               present_key=run.pk, present_value=run.pv, past_hp_key=run.hk,
+                               past_hp_value=run.hv, present_hp_key=run.hk, present_hp_value=run.hv,
+                               **run.codec.kw)[0])
+    tiled, per_row = outs
+    assert np.isfinite(per_row[0, :2]).all() and np.isnan(per_row[0, 2:]).any()
+    assert np.array_equal(np.isnan(tiled), np.isnan(per_row))
+    assert np.array_equal(np.isinf(tiled), np.isinf(per_row))
+    ok = np.isfinite(per_row)
+    np.testing.assert_allclose(tiled[ok], per_row[ok], atol=2e-6, rtol=0)
+
+
 def test_per_call_prefill_differs_from_causal():
     """The two partitions agree on decode steps and differ on a multi-token step (onnxruntime
     main's per-call partition quantizes a prompt row's recent neighbours)."""
