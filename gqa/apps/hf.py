@@ -5,12 +5,17 @@ Per cache: perplexity of the evaluation text with a prompt of --prompt tokens at
 step and then --decode tokens fed one per step (over all tokens and over the decode tokens),
 top-1 agreement with DynamicCache over the decode tokens; then, per --lengths T, the prompt
 time of T tokens and the median ms per decoded token over --steps steps after it, and the
-cache's bytes at T.  transformers' QuantizedCache (quanto / HQQ) is timed where its backend is
+cache's bytes at T; then the peak RSS of a --rss-length prompt and its decode steps, each cache in
+a process of its own (the peak counted from the loaded model's RSS: Linux's VmHWM reset through
+/proc/self/clear_refs).  transformers' QuantizedCache (quanto / HQQ) runs where its backend is
 installed.  Needs the demo and transformers extras.
 """
+import argparse
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -18,7 +23,7 @@ import numpy as np
 from . import gguf, texts
 from .terminal import format_bytes, format_table
 
-DEFAULT_MODES = ("float", "int8-pc", "int4-g32+s4r64+had", "int2-g32+s4r64+had")
+DEFAULT_MODES = ("float", "int8-pc", "int4-g32-fp16+s4r64+had", "int2-g32+s4r128+had+rho0.9")
 
 
 def add_arguments(p):
@@ -29,7 +34,38 @@ def add_arguments(p):
                    help="speed: prompt lengths T")
     p.add_argument("--steps", type=int, default=16, help="speed: decode steps timed per T")
     p.add_argument("--threads", type=int, default=2, help="torch's threads (gqa: its default)")
+    p.add_argument("--rss-length", type=int, default=8192,
+                   help="peak RSS: prompt length, one process per cache (0: not measured)")
+    p.add_argument("--rss-child", help=argparse.SUPPRESS)
     p.add_argument("--json", help="write the figures to this file")
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+def peak_rss(model, ids, make, attention, steps):
+    """(peak RSS, RSS before) in bytes of a prompt of ids and `steps` decode steps: VmHWM reset
+    to the current RSS first (Linux's /proc/self/clear_refs "5")."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status_kib("VmRSS")
+    speed(model, ids, make, attention, steps)
+    return 1024 * _status_kib("VmHWM"), 1024 * before
+
+
+def _rss_in_child(args, name):
+    """peak_rss of cache `name` in a new process (python -m gqa hf --rss-child name)."""
+    cmd = [sys.executable, "-m", "gqa", "hf", "--rss-child", name, "--rss-length", str(args.rss_length),
+           "--steps", str(args.steps), "--threads", str(args.threads), "--modes", *args.modes]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def load_model():
@@ -75,16 +111,26 @@ def _caches(model, tok, modes):
     return out
 
 
+def _held_bytes(x):
+    """Bytes of the tensors held in x: a tensor (a subclass, quanto's, by its inner tensors), or
+    a tuple / list / dict of them (HQQ's codes and metadata)."""
+    import torch
+    if isinstance(x, torch.Tensor):
+        if type(x) is not torch.Tensor and hasattr(x, "__tensor_flatten__"):
+            return sum(_held_bytes(getattr(x, name)) for name in x.__tensor_flatten__()[0])
+        return x.numel() * x.element_size()
+    if isinstance(x, (tuple, list)):
+        return sum(_held_bytes(v) for v in x)
+    if isinstance(x, dict):
+        return sum(_held_bytes(v) for v in x.values())
+    return 0
+
+
 def _cache_bytes(cache):
     if hasattr(cache, "nbytes"):
         return cache.nbytes
-    total = 0
-    for layer in cache.layers:
-        for name in ("keys", "values", "_quantized_keys", "_quantized_values"):
-            t = getattr(layer, name, None)
-            if t is not None and hasattr(t, "element_size"):
-                total += t.numel() * t.element_size()
-    return total
+    return sum(_held_bytes(getattr(layer, name, None)) for layer in cache.layers
+               for name in ("keys", "values", "_quantized_keys", "_quantized_values"))
 
 
 def perplexity(model, ids, make, attention, prompt):
@@ -102,13 +148,14 @@ def perplexity(model, ids, make, attention, prompt):
 
 
 def speed(model, ids, make, attention, steps):
-    """(prompt seconds, median ms per decode step, cache bytes) after a prompt of ids."""
+    """(prompt seconds, median ms per decode step, cache bytes) after a prompt of ids (the last
+    row's logits only, as generate() asks for)."""
     import torch
     model.set_attn_implementation(attention)
     cache = make(ids.shape[1] + steps + 1)
     with torch.no_grad():
         t0 = time.perf_counter()
-        r = model(ids, cache=cache, use_cache=True)
+        r = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
         prefill = time.perf_counter() - t0
         nxt, times = r.logits[:, -1:].argmax(-1), []
         for _ in range(steps):
@@ -132,7 +179,14 @@ def run(args):
     torch.set_num_threads(args.threads)
     model, tok = load_model()
     all_ids = tok.encode(texts.evaluation_text()).ids
-    need = max([args.prompt + args.decode] + list(args.lengths)) + args.steps + 1
+    if args.rss_child:
+        caches = {name: (att, make) for name, att, make in _caches(model, tok, args.modes)}
+        att, make = caches[args.rss_child]
+        ids = torch.tensor([all_ids[:args.rss_length]])
+        peak, before = peak_rss(model, ids, make, att, args.steps)
+        print(json.dumps(dict(peak_rss=peak, rss_before=before)))
+        return 0
+    need = max([args.prompt + args.decode, args.rss_length] + list(args.lengths)) + args.steps + 1
     ids = torch.tensor([all_ids[:need]])
     caches = _caches(model, tok, args.modes)
     print(f"SmolLM2 through transformers, torch {torch.__version__}, {args.threads} threads; "
@@ -164,6 +218,16 @@ def run(args):
     if rows:
         print(f"\nspeed: prompt of T tokens, then the median of {args.steps} decode steps")
         print(format_table(["T", "cache", "prompt", "ms/token", "cache bytes"], rows, left=2))
+    if args.rss_length > 0:
+        rows = []
+        for name, _, _ in caches:
+            r = _rss_in_child(args, name)
+            results[name][f"rss_T{args.rss_length}"] = r
+            rows.append([name, format_bytes(r["peak_rss"]), format_bytes(r["peak_rss"] - r["rss_before"])])
+            print(" ".join(rows[-1]), flush=True)
+        print(f"\npeak RSS: a {args.rss_length}-token prompt and {args.steps} decode steps, "
+              "one process per cache")
+        print(format_table(["cache", "peak RSS", "above the loaded model"], rows, left=0))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args=vars(args), results=results), f, indent=1)
