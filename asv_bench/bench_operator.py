@@ -68,6 +68,27 @@ class Decode:
         self.op(*self.args, **self.kw)
 
 
+class DecodeAccuracy:
+    """A decode step over an INT8 cache at accuracy_level 0 (float32 products) and 4 (int8
+    products: the AVX-512 VNNI kernels; float32 where the CPU has none), the automatic path."""
+    params = ([0, 4], ["s8_pt", "s8_pc"], [2048, 8192])
+    param_names = ["level", "mode", "T"]
+    timer = timeit.default_timer
+
+    def setup(self, level, mode, T):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        self.cfg = gqa.config(accuracy_level=level)
+        self.op, self.args, self.kw = _case(mode, 1, T, T)
+
+    def teardown(self, level, mode, T):
+        if getattr(self, "cfg", None) is not None:
+            self.cfg.__exit__(None, None, None)
+
+    def time_decode(self, level, mode, T):
+        self.op(*self.args, **self.kw)
+
+
 class CallOverhead:
     """A decode step at T = 16 (the attention itself is ~1 us): what a call costs beyond the
     kernels -- a repeat on a kept signature (gqa/_signature.pyx, "short"), the signature checks

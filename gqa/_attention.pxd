@@ -1,6 +1,6 @@
 # Declarations shared with gqa/_signature.pyx (the operator's call and its checks).
 from libc.stdint cimport uint8_t, int64_t
-from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn
+from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn, gqa_sv_gemm_fn
 
 cdef enum:
     ROT_MAX = 1024       # the widest head a rotation takes (a stack row of _prepare.pxi)
@@ -56,6 +56,7 @@ cdef struct Params:
     int round_half
     gqa_exp_sum_fn exp_sum
     gqa_row_max_fn row_max
+    gqa_sv_gemm_fn sv     # P @ V over the codes (the accuracy level's kernel)
     int Br, Bc, chunks, chunk_len
     float *partials       # split decode units: chunks x G x (m, l, P @ V[H]) per split unit
     float *qprep          # split decode units whose query rows are prepared: G x H per unit, once per call
@@ -74,7 +75,7 @@ cdef class Consts:
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks, int decode_ranges, col_base=*, int bias_T=*,
-          rk=*, rv=*, hk=*, hv=*, phk=*, phv=*)
+          rk=*, rv=*, hk=*, hv=*, phk=*, phv=*, int accuracy=*)
 # The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
 # or the number of the broken rule, where = {b, s} (see _attention.pyx).
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil

@@ -20,7 +20,7 @@ from libc.stdint cimport uint8_t, uint32_t, int64_t, uint64_t
 cimport numpy as cnp
 import numpy as np
 
-from gqa._dispatch cimport (active_table, qk_kernel, exp_kernel, gqa_kernels, gqa_qk_gemm_fn,
+from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, exp_kernel, gqa_kernels, gqa_qk_gemm_fn,
                             round_to_half, GQA_F32, GQA_F16, GQA_IS_GROUP,
                             gqa_row_bytes)
 
@@ -676,7 +676,7 @@ cdef class Consts:
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks, int decode_ranges, col_base=None,
-          int bias_T=0, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None):
+          int bias_T=0, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None, int accuracy=0):
     """One call: cache write, then attention (naive, tiled flash or decode work items).
     Decode (S == 1, flash): the units are split into `decode_ranges` contiguous ranges and
     the last unit of each is split into `decode_chunks` key chunks (flash decoding; every
@@ -757,7 +757,9 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             raise MemoryError("gqa: cannot allocate the float windows' staging rows")
         p.fk = <uint8_t *>stage_raw
         p.fv = p.fk + <size_t>p.B * p.Nkv * p.fcap * p.hp_rb
-    qk = qk_kernel(t, p.ktype)
+    # accuracy level 4: integer-dot kernels for the codes (naive and decode paths)
+    qk = qk_kernel(t, p.ktype, accuracy)
+    p.sv = sv_kernel(t, p.vtype, accuracy)
     p.exp_sum = exp_kernel(t)
     p.row_max = t.row_max
     # path: naive (per row, whole range), tiled flash (S > 1), or flash decoding (S == 1)

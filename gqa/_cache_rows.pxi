@@ -94,7 +94,7 @@ cdef void sv_keys(const Params *p, const gqa_kernels *t, int b, int j, int Tq, i
             t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, hp_row(p, p.fv, p.fcap, b, j, hrow),
                       p.hp_type, NULL, o, ldo, beta)
         else:
-            t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, v_row(p, b, j, r), p.vtype,
+            p.sv(p.G, p.H, e - r, P + (r - r0), ldp, v_row(p, b, j, r), p.vtype,
                       v_scales(p, j), o, ldo, beta)
         beta = 1.0
         r = e

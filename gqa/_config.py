@@ -29,7 +29,12 @@ PLAN_CPUS = _process_cpus()
 
 # changed only in place (_apply): gqa/_signature.pyx keeps a reference to this dict
 _settings = {"path": "auto", "flash": True, "approx_vnni": False, "num_threads": None,
-             "flash_blocks": None, "decode_splits": None}
+             "flash_blocks": None, "decode_splits": None, "accuracy_level": 0}
+
+# onnxruntime's accuracy_level values (MatMulNBits): 0 unset, 1 float32, 2 float16, 3 bfloat16,
+# 4 int8.  gqa computes levels 1-3 in float32 (no float16 / bfloat16 kernels yet) and level 4
+# with the integer-dot INT8 kernels where the path has them (AVX-512 VNNI).
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 
 
 def available_paths():
@@ -73,6 +78,14 @@ def _check_threads(n, source):
     return n
 
 
+def _check_level(n, source):
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{source} must be an int, got {type(n).__name__}")
+    if n not in ACCURACY_LEVELS:
+        raise ValueError(f"{source} must be 0, 1, 2, 3 or 4 (onnxruntime's accuracy_level), got {n}")
+    return n
+
+
 def _apply(settings):
     _dispatch._set_path(_best_path() if settings["path"] == "auto" else settings["path"])
     _dispatch._set_approx_vnni(settings["approx_vnni"])
@@ -88,11 +101,14 @@ class config:
     decode_splits : KV chunks of every (batch, KV head) unit in decode (flash decoding; 1: whole
                     units), or None (automatic)
     approx_vnni : bool, opt in to the approximate INT8 per-tensor QK kernel (AVX-512 VNNI)
+    accuracy_level : 0-4, the level of operators whose own accuracy_level is 0 and of
+                  gqa.qk_gemm / sv_gemm (GQA_ACCURACY_LEVEL; 0 and 1-3: float32 products,
+                  4: int8 products on INT8 codes where the CPU has AVX-512 VNNI)
     num_threads : int >= 1, or None for GQA_NUM_THREADS / OpenMP's default
     """
 
     def __init__(self, *, path=None, flash=None, approx_vnni=None, num_threads=None,
-                 flash_blocks=None, decode_splits=None, kernel=None):
+                 flash_blocks=None, decode_splits=None, kernel=None, accuracy_level=None):
         new = dict(_settings)
         if kernel is not None:
             if path is not None:
@@ -117,6 +133,8 @@ class config:
             new["decode_splits"] = _check_threads(decode_splits, "decode_splits")
         if num_threads is not None:
             new["num_threads"] = _check_threads(num_threads, "num_threads")
+        if accuracy_level is not None:
+            new["accuracy_level"] = _check_level(accuracy_level, "accuracy_level")
         self._previous = dict(_settings)
         _apply(new)
 
@@ -175,6 +193,13 @@ def _init_from_env():
             break
     new["approx_vnni"] = any(os.environ.get(n) == "1" for n in
                              ("GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI"))
+    a = os.environ.get("GQA_ACCURACY_LEVEL")
+    if a is not None and a.strip():
+        try:
+            n = int(a)
+        except ValueError:
+            raise ValueError(f"GQA_ACCURACY_LEVEL={a!r} is not an integer") from None
+        new["accuracy_level"] = _check_level(n, "GQA_ACCURACY_LEVEL")
     t = os.environ.get("GQA_NUM_THREADS")
     if t is not None and t.strip():
         try:

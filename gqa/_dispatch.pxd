@@ -33,6 +33,7 @@ cdef extern from "gqa_kernels.h" nogil:
         gqa_qk_gemm_fn qk_gemm
         gqa_sv_gemm_fn sv_gemm
         gqa_qk_gemm_fn qk_gemm_s8_approx
+        gqa_sv_gemm_fn sv_gemm_s8_approx
         gqa_exp_sum_fn exp_sum
         gqa_row_max_fn row_max
     size_t gqa_row_bytes(int type, size_t cols)
@@ -40,9 +41,12 @@ cdef extern from "gqa_kernels.h" nogil:
 
 # The active table (set by gqa.config / GQA_KERNEL).
 cdef const gqa_kernels *active_table() noexcept nogil
-# The QK kernel for `type` under the active settings (approximate VNNI only
-# when opted in, runnable, and type == GQA_S8_PT).
-cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type) noexcept nogil
+# The QK / SV kernels for `type` at accuracy `level` under the active settings: the
+# integer-dot INT8 kernels where the table has them, the CPU runs them, and either level >= 4
+# (per-tensor and per-channel INT8) or, for QK of per-tensor INT8, the approximate VNNI
+# switch is on; else the exact kernels.
+cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level) noexcept nogil
+cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil
 # OpenMP's default team size (omp_get_max_threads), 1 in a build without OpenMP.
 cdef int omp_max_threads() noexcept nogil
 # The table's exp_sum, or the scalar path's where the table has none.

@@ -30,6 +30,7 @@ cdef extern from *:
 
 cdef const gqa_kernels *_active = gqa_path_table(0)
 cdef bint _approx = False
+cdef bint _vnni = gqa_approx_vnni_runnable() == 1     # the CPU (and build) run the VNNI unit
 
 cdef int omp_max_threads() noexcept nogil:
     return gqa_openmp_max_threads()
@@ -37,10 +38,18 @@ cdef int omp_max_threads() noexcept nogil:
 cdef const gqa_kernels *active_table() noexcept nogil:
     return _active
 
-cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type) noexcept nogil:
-    if _approx and type == GQA_S8_PT and t.qk_gemm_s8_approx != NULL:
+cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level) noexcept nogil:
+    if t.qk_gemm_s8_approx != NULL and _vnni and (
+            (level >= 4 and (type == GQA_S8_PT or type == GQA_S8_PC)) or (_approx and type == GQA_S8_PT)):
         return t.qk_gemm_s8_approx
     return t.qk_gemm
+
+
+cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil:
+    if (t.sv_gemm_s8_approx != NULL and _vnni and level >= 4
+            and (type == GQA_S8_PT or type == GQA_S8_PC)):
+        return t.sv_gemm_s8_approx
+    return t.sv_gemm
 
 
 cdef gqa_exp_sum_fn exp_kernel(const gqa_kernels *t) noexcept nogil:
@@ -86,6 +95,11 @@ def _set_approx_vnni(bint on):
 
 def approx_vnni_runnable():
     return gqa_approx_vnni_runnable() == 1
+
+
+def int8_dot_effective():
+    """True when accuracy level 4 runs the integer-dot INT8 kernels on the active path."""
+    return _vnni and _active.sv_gemm_s8_approx != NULL and _active.qk_gemm_s8_approx != NULL
 
 
 def approx_vnni_effective():

@@ -7,7 +7,9 @@ The one internal API the library documents beyond its public names: kernel bench
 ``gqa.CacheFormat.ctype``, to time a kernel without the argument checks.  Nothing here
 checks its arguments: wrong sizes are out-of-bounds accesses."""
 cimport numpy as cnp
-from gqa._dispatch cimport active_table, qk_kernel, gqa_kernels, gqa_qk_gemm_fn, gqa_dequantize_fn
+from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, gqa_kernels, gqa_qk_gemm_fn,
+                            gqa_sv_gemm_fn, gqa_dequantize_fn)
+from gqa import _config
 
 cnp.import_array()
 
@@ -55,7 +57,9 @@ cdef _gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out, siz
            size_t K, float x, int type, bint sv):
     """qk_gemm (x = alpha) or sv_gemm (x = beta) of a [M, K] and b, into out [M, N]."""
     cdef const gqa_kernels *t = active_table()
-    cdef gqa_qk_gemm_fn qk = qk_kernel(t, type)
+    cdef int level = _config._settings["accuracy_level"]
+    cdef gqa_qk_gemm_fn qk = qk_kernel(t, type, level)
+    cdef gqa_sv_gemm_fn svk = sv_kernel(t, type, level)
     cdef const float *pa = <const float *>data(a)
     cdef const void *pb = data(b)
     cdef const float *ps = <const float *>data(scale)
@@ -64,18 +68,19 @@ cdef _gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out, siz
         return
     with nogil:
         if sv:
-            t.sv_gemm(M, N, K, pa, K, pb, type, ps, pc, N, x)
+            svk(M, N, K, pa, K, pb, type, ps, pc, N, x)
         else:
             qk(M, N, K, x, pa, K, pb, type, ps, pc, N)
 
 
 def qk_gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out,
             size_t M, size_t N, size_t K, float alpha, int type):
-    """out = alpha * a @ dequant(b).T (the approximate VNNI kernel where opted in)."""
+    """out = alpha * a @ dequant(b).T (the integer-dot kernel where opted in: approx_vnni or
+    accuracy_level 4)."""
     _gemm(a, b, scale, out, M, N, K, alpha, type, False)
 
 
 def sv_gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out,
             size_t M, size_t N, size_t K, float beta, int type):
-    """out = beta * out + a @ dequant(b)."""
+    """out = beta * out + a @ dequant(b) (the integer-dot kernel at accuracy_level 4)."""
     _gemm(a, b, scale, out, M, N, K, beta, type, True)

@@ -151,15 +151,15 @@ class KVCache:
     need scales: ``k_scales``/``v_scales`` (one array per layer of 1 or ``kv_num_heads *
     head_size`` float32, or one array for every layer) or a :class:`Calibration` (and
     ``margin``).  ``rotary``: ``(cos_cache, sin_cache)`` covering ``max_length`` positions, or
-    None for no rotary.  ``local_window_size``, ``softcap``, ``scale`` are the operator's
-    attributes; ``num_threads`` its per-call thread count.
+    None for no rotary.  ``local_window_size``, ``softcap``, ``scale`` and ``accuracy_level``
+    are the operator's attributes; ``num_threads`` its per-call thread count.
     """
 
     def __init__(self, *, num_layers, num_heads, kv_num_heads, head_size, max_length, batch_size=1,
                  mode="float", k_mode=None, v_mode=None, k_scales=None, v_scales=None,
                  calibration=None, margin=1.0, dtype=np.float32, rotary=None, rotary_interleaved=0,
                  local_window_size=-1, softcap=0.0, scale=0.0, num_threads=None, k_rho=1.0,
-                 v_rho=1.0, sink_size=0, recent_size=0, rotations=None):
+                 v_rho=1.0, sink_size=0, recent_size=0, rotations=None, accuracy_level=0):
         self.num_layers = _positive_int("num_layers", num_layers)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.kv_num_heads = _positive_int("kv_num_heads", kv_num_heads)
@@ -202,7 +202,8 @@ class KVCache:
         self.ops = [GroupQueryAttention(num_heads=self.num_heads, kv_num_heads=self.kv_num_heads,
                                         do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
                                         local_window_size=w, softcap=c, scale=a,
-                                        sink_size=sink_size, recent_size=recent_size, **attrs)
+                                        sink_size=sink_size, recent_size=recent_size,
+                                        accuracy_level=accuracy_level, **attrs)
                     for w, c, a in zip(*per_layer)]
         self.sink_size, self.recent_size = self.ops[0].sink_size, self.ops[0].recent_size
         self.rotations = self._rotations(rotations)

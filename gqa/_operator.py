@@ -122,6 +122,8 @@ ATTRIBUTES = (
               "which rows of a step the float windows take"),
     Attribute("k_cache_bit_width", _int, 0, None, "K's code bits (0: kv_cache_bit_width)"),
     Attribute("v_cache_bit_width", _int, 0, None, "V's code bits (0: kv_cache_bit_width)"),
+    Attribute("accuracy_level", _int, 0, _in(0, 1, 2, 3, 4),
+              "products: 0 gqa.config's, 1-3 float32, 4 int8 on INT8 codes (VNNI)"),
 )
 ATTRIBUTE_NAMES = tuple(a.name for a in ATTRIBUTES)
 # the call's inputs and keywords: gqa/_signature.pyx's op_call, their one statement

@@ -138,6 +138,7 @@ cdef class Signature:
     cdef int k_ct, v_ct, k_Hp, v_Hp, rot_half     # the caches' NumPy types and row widths
     cdef bint packed, f16, has_past, shared, quantized, k_group, v_group, fresh_present, copy_past, windowed
     cdef bint win, hp_inplace, hp_fresh
+    cdef int level         # the operator's accuracy_level (0: gqa.config's, per call)
     cdef tuple out_slots, out_names   # the caller's buffers a call writes (_written_slots)
     cdef object rho
 
@@ -353,6 +354,7 @@ cdef class Signature:
             sink=op.sink_size, recent=op.recent_size, hp_type=GQA_F32 if ft == cnp.NPY_FLOAT32 else GQA_F16,
             hp_causal=op.window_partition == "causal")
         self.k_ct, self.v_ct, self.k_Hp, self.v_Hp, self.rot_half = k_ct, v_ct, k_Hp, v_Hp, rot_half
+        self.level = op.accuracy_level      # 0: gqa.config's accuracy_level, read per call
         self.k_group, self.v_group, self.rho = op.k_format.grouped, op.v_format.grouped, op._rho
         self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
         self.fresh_present = present_key is None
@@ -554,7 +556,8 @@ cdef class Signature:
             position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
             _f32(q_norm_weight), _f32(k_norm_weight), out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
             q_block, kv_block, splits, ranges, col_base=None, bias_T=0, rk=_f32(rot_k), rv=_f32(rot_v),
-            hk=hpk if self.win else None, hv=hpv if self.win else None, phk=phk, phv=phv)
+            hk=hpk if self.win else None, hv=hpv if self.win else None, phk=phk, phv=phv,
+            accuracy=self.level or _SETTINGS["accuracy_level"])
         if self.f16:
             out = out.astype(np.float16)
             qk_out = qk_out.astype(np.float16) if qk_out is not None else None
@@ -698,7 +701,7 @@ cdef class Signature:
             position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
             _f32(q_norm_weight), _f32(k_norm_weight), out, None, Trel, cnp.PyArray_DIM(<cnp.ndarray>work_k, 2),
             False, nt, _SETTINGS["flash"], q_block, kv_block, splits, ranges,
-            col_base=lay[2], bias_T=<int>T)
+            col_base=lay[2], bias_T=<int>T, accuracy=self.level or _SETTINGS["accuracy_level"])
         if staged and B:
             # the last L(T_b) rows of the staging buffer: rows [keep + S - L(T_b), keep + S)
             s0 = lay[0] + S - lay[3]

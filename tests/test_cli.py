@@ -92,10 +92,11 @@ def test_bench_missing_peers_are_reported_and_skipped(tmp_path):
     assert "ort        missing: onnxruntime/onnx not installed" in out
     assert "ort-naive  missing: onnxruntime/onnx not installed" in out
     assert "torch-f32  missing: torch not installed" in out
+    assert "torch-bf16 missing: torch not installed" in out
     assert "torch-dq   missing: torch not installed" in out
     assert "ggml       missing: peer script not found" in out
     row = _table_rows(out)
-    assert len(row) == 1 and row[0].count("missing") == 5     # still measured gqa
+    assert len(row) == 1 and row[0].count("missing") == 6     # still measured gqa
     assert "matplotlib is not installed" in out and not png.exists()
 
 

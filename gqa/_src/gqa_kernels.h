@@ -31,8 +31,9 @@
  *   qk_gemm    C[m,n] = alpha * sum_k A[m,k] * deq(B)[n,k]      (C overwritten)
  *   sv_gemm    C[m,n] = beta * C[m,n] + sum_k A[m,k] * deq(B)[k,n]
  *              beta == 0 overwrites C (NaN in C is ignored).
- *   A (float32) is never quantized, except by qk_gemm_s8_approx (opt-in,
- *   AVX-512 VNNI only): A rows quantized to u8 with zero point 128.
+ *   A (float32) is never quantized, except by the opt-in integer-dot kernels
+ *   (AVX-512 VNNI only): qk_gemm_s8_approx quantizes A rows to u8 with zero point
+ *   128, sv_gemm_s8_approx (non-negative rows) to u8 against the row's maximum.
  *   Where a scale is applied is the path's choice (the scalar path decodes
  *   q * s per element; SIMD paths multiply per-tensor scales into the finished
  *   sum, fold per-channel QK scales into A as A[m,k] * s[k] and apply per-channel
@@ -128,8 +129,12 @@ typedef struct gqa_kernels {
     gqa_dequantize_fn dequantize_t;
     gqa_qk_gemm_fn qk_gemm;
     gqa_sv_gemm_fn sv_gemm;
-    /* GQA_S8_PT only, approximate; NULL where the path has none. */
+    /* Integer-dot INT8 kernels (AVX-512 VNNI), approximate; NULL where the path has none.
+       qk: GQA_S8_PT (onnxruntime's approximate VNNI QK) and GQA_S8_PC (accuracy level 4);
+       sv: GQA_S8_PT / GQA_S8_PC probabilities quantized to u8 (accuracy level 4).  Other
+       types (and, per row, what the contract leaves) run the path's exact kernel. */
     gqa_qk_gemm_fn qk_gemm_s8_approx;
+    gqa_sv_gemm_fn sv_gemm_s8_approx;
     /* x[i] = exp(x[i] - m) for i < n; returns their float32 sum.  Accurate to ~2 ulp;
        an argument x[i] - m below -87.3 (including -inf) gives exactly 0, NaN stays NaN.
        NULL in a table: callers use the scalar path's. */

@@ -1,13 +1,16 @@
 /*
- * kernels_avx512vnni.c -- the opt-in approximate INT8 per-tensor QK kernel of path `avx512`
- * (GQA_QKGEMM_S8_APPROX_VNNI), the one unit that issues vpdpbusd.  ISA flags: the avx512
- * path's (-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c) plus -mavx512vnni;
- * setup.py compiles it where the compiler can and then defines GQA_HAVE_AVX512VNNI for
- * kernels_avx512.c, whose table holds gqa_qk_gemm_s8_approx_avx512vnni.  dispatch.c calls it
- * only where the CPU has AVX-512 VNNI (gqa_approx_vnni_runnable).
+ * kernels_avx512vnni.c -- the integer-dot kernels of path `avx512`, the one unit that issues
+ * vpdpbusd: the approximate INT8 QK (onnxruntime's GQA_QKGEMM_S8_APPROX_VNNI for per-tensor
+ * codes; accuracy level 4 for per-tensor and per-channel codes) and the INT8 P @ V of
+ * accuracy level 4.  ISA flags: the avx512 path's (-mavx512f -mavx512bw -mavx512dq
+ * -mavx512vl -mavx2 -mfma -mf16c) plus -mavx512vnni; setup.py compiles it where the compiler
+ * can and then defines GQA_HAVE_AVX512VNNI for kernels_avx512.c, whose table holds
+ * gqa_qk_gemm_s8_approx_avx512vnni and gqa_sv_gemm_s8_approx_avx512vnni.  dispatch.c calls
+ * them only where the CPU has AVX-512 VNNI (gqa_approx_vnni_runnable).
  *
- * Layout: A float32 [M, K] (lda), B int8 codes [N, K] (rows of K bytes), one per-tensor
- * scale, C float32 [M, N] (ldc), overwritten.  The contract is stated below.
+ * Layout: QK: A float32 [M, K] (lda), B int8 codes [N, K] (rows of K bytes), C float32
+ * [M, N] (ldc), overwritten.  SV: A float32 [M, K] (lda), B int8 codes [K, N] (rows of N
+ * bytes), C float32 [M, N] (ldc), C = beta * C + A @ deq(B).  The contracts are stated below.
  *
  * The emulation build of tests/isa (GQA_EMULATE_AVX512) takes the intrinsics from SIMDe.
  */
@@ -181,9 +184,8 @@ AP_INST(7, 2) AP_INST(8, 2)
 typedef void (*ap_fn)(const int8_t *, size_t, const uint8_t *, size_t, size_t, const int32_t *,
                       const float *, float *, size_t, int64_t *);
 
-void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A,
-                                      size_t lda, const void *B, int type, const float *s, float *C,
-                                      size_t ldc)
+static void approx_qk_pt(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                         const void *B, int type, const float *s, float *C, size_t ldc)
 {
     static const ap_fn blocks[9] = {ap_1x1, ap_1x8, ap_2x8, ap_3x4, ap_4x4, ap_5x2, ap_6x2, ap_7x2, ap_8x2};
     static const int nbs[9] = {1, 8, 8, 4, 4, 2, 2, 2, 2};
@@ -238,6 +240,209 @@ void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha,
                 for (int j = 0; j < w; j++)
                     cm[i * ldc + n + j] = (float)(D[i * w + j] - 128 * csum[i]) * mult[i];
             n += (size_t)w;
+        }
+    }
+}
+
+/* The exact kernels of this path (kernels_avx512.c), for what the integer kernels leave. */
+extern const gqa_kernels gqa_kernels_avx512;
+
+/* Per-channel codes (accuracy level 4): a'[m,k] = fl(A[m,k] * s[k]), then the per-tensor
+   contract above on a' with s = 1.  K > APPROX_PC_K: the exact kernel. */
+#define APPROX_PC_K 1024
+
+void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A,
+                                      size_t lda, const void *B, int type, const float *s, float *C,
+                                      size_t ldc)
+{
+    if (type == GQA_S8_PT) {
+        approx_qk_pt(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        return;
+    }
+    if (type != GQA_S8_PC || K > APPROX_PC_K) {
+        gqa_kernels_avx512.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        return;
+    }
+    float buf[8 * APPROX_PC_K] __attribute__((aligned(64)));
+    const float one = 1.0f;
+    for (size_t m0 = 0; m0 < M; m0 += 8) {
+        const size_t mb = M - m0 < 8 ? M - m0 : 8;
+        for (size_t i = 0; i < mb; i++)
+            for (size_t k = 0; k < K; k += 16) {
+                const __mmask16 m = mask16(K - k < 16 ? K - k : 16);
+                _mm512_mask_storeu_ps(buf + i * K + k, m,
+                                      _mm512_mul_ps(_mm512_maskz_loadu_ps(m, A + (m0 + i) * lda + k),
+                                                    _mm512_maskz_loadu_ps(m, s + k)));
+            }
+        approx_qk_pt(mb, N, K, alpha, buf, K, B, GQA_S8_PT, &one, C + m0 * ldc, ldc);
+    }
+}
+
+/* ---- sv_gemm_s8_approx (accuracy level 4, AVX-512 VNNI) --------------------------------
+ *
+ * Contract, GQA_S8_PT / GQA_S8_PC codes q [K, N], scales s[0] or s[n].  For each row m of A:
+ *   an element negative, NaN or infinite, a row maximum pmax of 0, or 255 / pmax not finite:
+ *               the row is this path's exact sv_gemm;
+ *   otherwise:  inv = fl(255 / pmax), sp = fl(pmax / 255),
+ *               code_k = min(255, rint(fl(A[m,k] * inv)))          (u8, half to even),
+ *               per chunk c of SV_KS keys, in order:
+ *                 D_c[n] = sum_{k in c} code_k * q[k,n]           (exact in int32),
+ *               r = (beta == 0 ? 0 : fl(beta * C[m,n])), then r = fl(r + fl(float(D_c[n]) * mult[n]))
+ *               chunk by chunk, mult[n] = fl(sp * s[0]) or fl(sp * s[n]); C[m,n] = r.
+ * Probabilities are quantized with 8 bits against their row's maximum, so
+ *   |sum_k A[m,k] deq(q)[k,n] - sp sum_k code_k deq(q)[k,n]| <= sp (1/2 + 2^-15) sum_k |deq(q)[k,n]|
+ *                                                              + 2^-22 sum_k A[m,k] |deq(q)[k,n]|.
+ *
+ * How D is formed: four keys at a time, the 64-column block of each of their rows is
+ * interleaved by in-lane byte and word unpacks, so that lane t of vector c holds the four
+ * keys' codes of column 16 (t / 4) + 4 c + t % 4; one vpdpbusd per vector and row adds
+ * the four products of u8 codes (broadcast) and s8 codes.  255 * 128 * SV_KS < 2^31.
+ */
+#define SV_KS 8192
+#define SV_MB 4
+
+/* inv and sp of a probability row; 0 when the row takes the exact kernel. */
+static int sv_row_params(const float *a, size_t K, float *inv, float *sp)
+{
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    const __m512 big = _mm512_set1_ps(FLT_MAX);
+    for (size_t k = 0; k < K; k += 16) {
+        const __mmask16 m = mask16(K - k < 16 ? K - k : 16);
+        __m512 v = _mm512_maskz_loadu_ps(m, a + k);
+        /* not (0 <= v <= FLT_MAX): negative, NaN or infinite (lanes past the row: 0) */
+        bad |= _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NGE_UQ) |
+               _mm512_cmp_ps_mask(v, big, _CMP_NLE_UQ);
+        mx = _mm512_max_ps(mx, v);
+    }
+    const float pmax = _mm512_reduce_max_ps(mx);
+    if (bad || pmax == 0.0f)
+        return 0;
+    *inv = 255.0f / pmax;
+    *sp = pmax / 255.0f;
+    return *inv <= FLT_MAX;
+}
+
+/* u8 codes of a[k0, k1) into c[0, kp), kp = k1 - k0 rounded up to 16, padded with 0. */
+static void sv_codes(const float *a, size_t k0, size_t k1, float inv, uint8_t *c)
+{
+    const size_t n = k1 - k0;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (size_t k = 0; k < n; k += 16) {
+        const __mmask16 m = mask16(n - k < 16 ? n - k : 16);
+        __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + k), vinv,
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                          _mm512_set1_ps(255.0f));
+        /* code - 128 fits an int8: bytes (c - 128) ^ 0x80 = c, 16 at a time (c has
+           SV_KS + 16 per row); lanes past the row are 0 */
+        const __m512i q = _mm512_sub_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(128));
+        _mm_storeu_si128((__m128i *)(c + k), _mm_xor_si128(_mm512_cvtsepi32_epi8(q), _mm_set1_epi8((char)0x80)));
+    }
+}
+
+/* Four keys' 64-column blocks r[0..3] -> o[c], lane t: the four codes of column
+   16 (t / 4) + 4 c + t % 4; then D[i][c] += codes_i[k..k+3] . o[c] for rows i < MB. */
+INLINE void sv_quad(const int MB, const __m512i r[4], const uint8_t *const *codes, size_t k,
+                    __m512i D[SV_MB][4])
+{
+    const __m512i l01 = _mm512_unpacklo_epi8(r[0], r[1]), h01 = _mm512_unpackhi_epi8(r[0], r[1]);
+    const __m512i l23 = _mm512_unpacklo_epi8(r[2], r[3]), h23 = _mm512_unpackhi_epi8(r[2], r[3]);
+    const __m512i o[4] = {_mm512_unpacklo_epi16(l01, l23), _mm512_unpackhi_epi16(l01, l23),
+                          _mm512_unpacklo_epi16(h01, h23), _mm512_unpackhi_epi16(h01, h23)};
+    UNROLL
+    for (int i = 0; i < MB; i++) {
+        int32_t quad;
+        memcpy(&quad, codes[i] + k, 4);
+        const __m512i p = _mm512_set1_epi32(quad);
+        UNROLL
+        for (int c = 0; c < 4; c++)
+            D[i][c] = _mm512_dpbusd_epi32(D[i][c], p, o[c]);
+    }
+}
+
+/* D[i][c] = the int32 dots of rows i < MB (codes, kn keys, padded with 0 to a multiple of
+   4) with the 64-column block of B at column n0 (w <= 64 columns, rows of ldb bytes),
+   lanes in sv_quad's order. */
+INLINE void sv_block(const int MB, const uint8_t *const *codes, size_t kn, const int8_t *B, size_t ldb,
+                     size_t w, __m512i D[SV_MB][4])
+{
+    const __mmask64 cm = mask64(w);
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int c = 0; c < 4; c++)
+            D[i][c] = _mm512_setzero_si512();
+    size_t k = 0;
+    for (; k + 4 <= kn; k += 4) {
+        __m512i r[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            r[i] = _mm512_maskz_loadu_epi8(cm, B + (k + i) * ldb);
+        sv_quad(MB, r, codes, k, D);
+    }
+    if (k < kn) { /* the last 1-3 keys; the missing rows are zero (their codes are 0) */
+        __m512i r[4];
+        for (int i = 0; i < 4; i++)
+            r[i] = k + i < kn ? _mm512_maskz_loadu_epi8(cm, B + (k + i) * ldb) : _mm512_setzero_si512();
+        sv_quad(MB, r, codes, k, D);
+    }
+}
+
+void gqa_sv_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, const float *A, size_t lda,
+                                      const void *B, int type, const float *s, float *C, size_t ldc,
+                                      float beta)
+{
+    uint8_t codes[SV_MB][SV_KS + 16] __attribute__((aligned(64)));
+    const uint8_t *const cr[SV_MB] = {codes[0], codes[1], codes[2], codes[3]};
+    const int8_t *Bb = (const int8_t *)B;
+    const int pc = type == GQA_S8_PC;
+    if ((type != GQA_S8_PT && !pc) || K == 0) {
+        gqa_kernels_avx512.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
+        return;
+    }
+    for (size_t m0 = 0; m0 < M;) {
+        size_t rows[SV_MB];
+        float inv[SV_MB], sp[SV_MB];
+        int mb = 0;
+        for (; m0 < M && mb < SV_MB; m0++) {
+            if (sv_row_params(A + m0 * lda, K, &inv[mb], &sp[mb]))
+                rows[mb++] = m0;
+            else
+                gqa_kernels_avx512.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc, beta);
+        }
+        if (mb == 0)
+            continue;
+        for (size_t k0 = 0; k0 < K; k0 += SV_KS) {
+            const size_t kn = K - k0 < SV_KS ? K - k0 : SV_KS;
+            for (int i = 0; i < mb; i++)
+                sv_codes(A + rows[i] * lda, k0, k0 + kn, inv[i], codes[i]);
+            for (size_t n0 = 0; n0 < N; n0 += 64) {
+                const size_t w = N - n0 < 64 ? N - n0 : 64;
+                __m512i D[SV_MB][4];
+                const int8_t *Bn = Bb + k0 * N + n0;
+                switch (mb) { /* the row count a constant: D stays in registers */
+                case 1: sv_block(1, cr, kn, Bn, N, w, D); break;
+                case 2: sv_block(2, cr, kn, Bn, N, w, D); break;
+                case 3: sv_block(3, cr, kn, Bn, N, w, D); break;
+                default: sv_block(4, cr, kn, Bn, N, w, D); break;
+                }
+                for (int i = 0; i < mb; i++) {
+                    int32_t d[64];
+                    float *crow = C + rows[i] * ldc + n0;
+                    for (int c = 0; c < 4; c++)
+                        _mm512_storeu_si512((void *)(d + 16 * c), D[i][c]);
+                    for (int c = 0; c < 4; c++)
+                        for (int t = 0; t < 16; t++) {
+                            const size_t col = 16 * (size_t)(t / 4) + 4 * (size_t)c + (size_t)(t % 4);
+                            if (col >= w)
+                                continue;
+                            const float mult = sp[i] * s[pc ? n0 + col : 0];
+                            const float base = k0 > 0 ? crow[col] : (beta == 0.0f ? 0.0f : beta * crow[col]);
+                            crow[col] = base + (float)d[16 * c + t] * mult;
+                        }
+                }
+            }
         }
     }
 }

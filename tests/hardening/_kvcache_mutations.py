@@ -31,7 +31,7 @@ def random_spec(rng):
                 Nkv=nkv, H=_pick(rng, [16, 32, 64]), M=int(rng.integers(12, 40)),
                 B=int(rng.integers(1, 3)), mode=_pick(rng, MODES), rotary=bool(rng.integers(2)),
                 dtype=_pick(rng, ["f32", "f32", "f16"]), prompt=int(rng.integers(1, 8)),
-                decode=int(rng.integers(0, 4)))
+                decode=int(rng.integers(0, 4)), accuracy=_pick(rng, [0, 0, 4]))
 
 
 def kwargs(spec):
@@ -39,7 +39,8 @@ def kwargs(spec):
     s = spec
     kw = dict(num_layers=s["layers"], num_heads=s["N"], kv_num_heads=s["Nkv"], head_size=s["H"],
               max_length=s["M"], batch_size=s["B"], mode=s["mode"],
-              dtype=np.float32 if s["dtype"] == "f32" else np.float16)
+              dtype=np.float32 if s["dtype"] == "f32" else np.float16,
+              accuracy_level=s.get("accuracy", 0))
     if s["rotary"]:
         kw["rotary"] = gqa.rotary_caches(s["M"], s["H"])
     kf, vf = gqa.parse_mode(gqa.cache_options(s["mode"])["mode"])
@@ -88,6 +89,7 @@ def m_construct(rng, spec, kw):
         ("calibration", [3, "x"]),
         ("local_window_size", [-2, 1.5]),
         ("softcap", [-1.0, "x"]),
+        ("accuracy_level", [5, 2.0, "4"]),
     ]
     name, vals = _pick(rng, options)
     v = _pick(rng, vals)

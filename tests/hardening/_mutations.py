@@ -183,6 +183,7 @@ def m_attr(rng, inp, a, call, spec):
         ("local_window_size", [-2, -(2 ** 31), 2 ** 31, 2 ** 63, 1.5, True]),
         ("causal", [2, -1, True, 1.0]),
         ("qk_output", [3, -1, 1.0]),
+        ("accuracy_level", [5, -1, 4.0, True, "4", None]),
         ("k_quant_type", ["PER_GROUP", "", None, 8]),
         ("v_quant_type", ["PER_ROW", None]),
         ("kv_cache_bit_width", [6, 16, -8, 2, 8.0] if spec["mode"] != "NONE" else [4, 8]),

@@ -64,7 +64,7 @@ def random_spec(rng):
         qk_norm=bool(rng.integers(3) == 0), rotary=bool(rng.integers(2)),
         dtype=pick(["f32", "f32", "f16"]), inplace=phase != "prompt" and bool(rng.integers(2)),
         windows=pick(["inplace", "inplace", "fresh", "caller"]), extra_rows=pick([0, 0, 3]),
-        rho=pick([1.0, 1.0, 0.95]))
+        rho=pick([1.0, 1.0, 0.95]), accuracy=pick([0, 0, 4]))
 
 
 def _dtype(spec):
@@ -90,7 +90,8 @@ def build(spec, guard=None):
     attrs = dict(num_heads=N, kv_num_heads=Nkv, kv_quant_group_size=s["group"],
                  metadata_type=s["metadata"], k_cache_bit_width=s["k_bits"],
                  v_cache_bit_width=s["v_bits"], sink_size=s["sink"], recent_size=s["recent"],
-                 window_partition=s["partition"], k_quant_rho=s["rho"], do_rotary=int(s["rotary"]))
+                 window_partition=s["partition"], k_quant_rho=s["rho"], do_rotary=int(s["rotary"]),
+                 accuracy_level=s.get("accuracy", 0))
     attrs["kv_cache_bit_width"] = 4
     if s["cls"] == "gqa":
         attrs.update(k_quant_type="PER_GROUP", v_quant_type="PER_GROUP")

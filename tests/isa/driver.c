@@ -32,7 +32,14 @@
  *                   rows of NaN, +-inf, +-0 and finite values, lengths 0 .. 4099.
  *   approx.*        the approximate INT8 QK kernel: bit for bit against the
  *                   contract (oracle below), the integer dot read back exactly,
- *                   the error bound against the exact scalar path, edge rows.
+ *                   the error bound against the exact scalar path, edge rows;
+ *                   per-channel codes bit for bit as per-tensor codes of the
+ *                   rows times the scales.
+ *   approx.sv.*     the INT8 P @ V kernel of accuracy level 4: bit for bit against
+ *                   its contract (keys 1 .. 20000, across its 8192-key chunks,
+ *                   columns 1 .. 130, beta 0 / 1 / 0.5, per tensor and per channel),
+ *                   the bound against the exact scalar path, and rows with a
+ *                   negative / NaN / inf element or all zeros as the path's exact kernel.
  * Widths 1..33, 63, 64, 65, 127, 128, 129, 256 (and K = 0; qk_gemm also K 2500,
  * 9000); M 1..9 and 16;
  * sv_gemm keys 0, 1, 7, 29, 300.
@@ -753,6 +760,175 @@ static void check_approx(void)
     }
 }
 
+/* The contract of sv_gemm_s8_approx (stated in kernels_avx512vnni.c), for rows whose elements
+   are finite and >= 0 with a maximum > 0: C = beta * C + the chunked integer dots. */
+static void sv_approx_oracle(size_t M, size_t N, size_t K, const float *A, size_t lda, const int8_t *B,
+                             const float *s, int pc, float *C, size_t ldc, float beta)
+{
+    const size_t KS = 8192;
+    for (size_t m = 0; m < M; m++) {
+        const float *a = A + m * lda;
+        float pmax = 0.0f;
+        for (size_t k = 0; k < K; k++)
+            pmax = a[k] > pmax ? a[k] : pmax;
+        const float inv = 255.0f / pmax, sp = pmax / 255.0f;
+        for (size_t n = 0; n < N; n++) {
+            const float mult = sp * s[pc ? n : 0];
+            float r = beta == 0.0f ? 0.0f : beta * C[m * ldc + n];
+            for (size_t k0 = 0; k0 < K; k0 += KS) {
+                int64_t d = 0;
+                for (size_t k = k0; k < K && k < k0 + KS; k++) {
+                    float t = a[k] * inv;
+                    float q = rintf(t);
+                    q = q > 255.0f ? 255.0f : q;
+                    d += (int64_t)q * B[k * N + n];
+                }
+                r = r + (float)d * mult;
+            }
+            C[m * ldc + n] = r;
+        }
+    }
+}
+
+static void check_sv_approx(void)
+{
+    static const size_t KA[] = {1, 2, 3, 4, 5, 7, 29, 64, 300, 8191, 8192, 8193, 20000};
+    static const size_t NA[] = {1, 13, 64, 65, 130};
+    static const float BETAS[] = {0.0f, 1.0f, 0.5f};
+    const size_t NK = sizeof(KA) / sizeof(KA[0]), NN = sizeof(NA) / sizeof(NA[0]);
+    const double u = 1.0 / 16777216.0;
+    long cases[3] = {0}, fails[3] = {0}, shown[3] = {0}; /* contract, bound, edges */
+    for (size_t ki = 0; ki < NK; ki++)
+        for (size_t ni = 0; ni < NN; ni++)
+            for (int pc = 0; pc < 2; pc++) {
+                const size_t K = KA[ki], N = NA[ni], M = 1 + (ki + ni) % 6, lda = K + 3, ldc = N + 2;
+                const float beta = BETAS[(ki + ni + pc) % 3];
+                float *A = xmalloc(M * lda * 4), *got = xmalloc(M * ldc * 4), *want = xmalloc(M * ldc * 4);
+                float *exact = xmalloc(M * ldc * 4), *s = xmalloc(N * 4);
+                int8_t *B = xmalloc(K * N);
+                for (size_t i = 0; i < M * lda; i++)
+                    A[i] = unif() * unif();
+                for (size_t m = 0; m < M; m++)
+                    A[m * lda + rnd() % K] = 1.0f;
+                if (K > 2)
+                    A[1 % M * lda + 1] = 0.0f;
+                for (size_t i = 0; i < K * N; i++)
+                    B[i] = (int8_t)rnd();
+                B[0] = -128, B[K * N - 1] = 127;
+                for (size_t n = 0; n < N; n++)
+                    s[n] = 0.01f + 0.02f * unif();
+                for (size_t i = 0; i < M * ldc; i++)
+                    got[i] = want[i] = exact[i] = (i % ldc) < N ? normal() : GUARD_F;
+                const int type = pc ? GQA_S8_PC : GQA_S8_PT;
+                T->sv_gemm_s8_approx(M, N, K, A, lda, B, type, s, got, ldc, beta);
+                sv_approx_oracle(M, N, K, A, lda, B, s, pc, want, ldc, beta);
+                R->sv_gemm(M, N, K, A, lda, B, type, s, exact, ldc, beta);
+                int bad_c = 0, bad_b = 0;
+                for (size_t m = 0; m < M; m++) {
+                    const float *a = A + m * lda;
+                    float pmax = 0.0f;
+                    for (size_t k = 0; k < K; k++)
+                        pmax = a[k] > pmax ? a[k] : pmax;
+                    const double sp = pmax / 255.0f;
+                    for (size_t n = 0; n < ldc; n++) {
+                        const size_t i = m * ldc + n;
+                        if (n >= N) {
+                            if (!same_float(got[i], GUARD_F) && (bad_c = 1) && shown[0]++ < 5)
+                                printf("  approx.sv.contract mismatch: K=%zu N=%zu padding [%zu,%zu] overwritten\n",
+                                       K, N, m, n);
+                            continue;
+                        }
+                        if (!same_float(got[i], want[i]) && (bad_c = 1) && shown[0]++ < 5)
+                            printf("  approx.sv.contract mismatch: K=%zu N=%zu pc=%d beta=%g C[%zu,%zu]: got %.9g "
+                                   "want %.9g\n", K, N, pc, (double)beta, m, n, (double)got[i], (double)want[i]);
+                        /* bound (kernels_avx512vnni.c): with dq = |q| s,
+                           |approx - exact| <= sp (1/2 + 2^-15) sum dq + 2^-22 sum a dq
+                                               + (chunks + 3) u (|got| + |beta C0| + sum a dq) + exact's (K + 2) u sum a dq */
+                        double sq = 0, aq = 0;
+                        const double sn = s[pc ? n : 0];
+                        for (size_t k = 0; k < K; k++) {
+                            sq += abs(B[k * N + n]) * sn;
+                            aq += (double)a[k] * abs(B[k * N + n]) * sn;
+                        }
+                        const double chunks = (double)(K / 8192 + 1);
+                        const double bound = sp * (0.5 + 1.0 / 32768) * sq + aq / 4194304.0 +
+                                             (chunks + 3 + K + 2) * u * (fabs(got[i]) + fabs(exact[i]) + aq);
+                        if (!(fabs((double)got[i] - exact[i]) <= bound) && (bad_b = 1) && shown[1]++ < 5)
+                            printf("  approx.sv.bound mismatch: K=%zu N=%zu C[%zu,%zu]: approx %.9g exact %.9g "
+                                   "bound %.3g\n", K, N, m, n, (double)got[i], (double)exact[i], bound);
+                    }
+                }
+                cases[0]++, fails[0] += bad_c;
+                cases[1]++, fails[1] += bad_b;
+                free(A), free(got), free(want), free(exact), free(s), free(B);
+            }
+    { /* rows the contract leaves to the exact kernel: negative, NaN, inf, all zero */
+        const size_t K = 37, N = 20, M = 5;
+        float A[5 * 37], got[5 * 20], want[5 * 20];
+        int8_t B[37 * 20];
+        const float s = 0.03f;
+        for (size_t i = 0; i < M * K; i++)
+            A[i] = unif();
+        for (size_t i = 0; i < K * N; i++)
+            B[i] = (int8_t)rnd();
+        A[0 * K + 3] = -0.25f;
+        A[1 * K + 4] = NAN;
+        A[2 * K + 5] = INFINITY;
+        for (size_t k = 0; k < K; k++)
+            A[3 * K + k] = 0.0f;
+        for (size_t i = 0; i < M * N; i++)
+            got[i] = want[i] = normal();
+        T->sv_gemm_s8_approx(M, N, K, A, K, B, GQA_S8_PT, &s, got, N, 1.0f);
+        T->sv_gemm(4, N, K, A, K, B, GQA_S8_PT, &s, want, N, 1.0f);
+        sv_approx_oracle(1, N, K, A + 4 * K, K, B, &s, 0, want + 4 * N, N, 1.0f);
+        int bad = 0;
+        for (size_t i = 0; i < M * N; i++)
+            bad += !same_float(got[i], want[i]);
+        if (bad && shown[2]++ < 5)
+            printf("  approx.sv.edges mismatch: %d values differ from the exact kernel / the contract\n", bad);
+        cases[2]++, fails[2] += bad != 0;
+    }
+    static const char *const names[3] = {"approx.sv.contract", "approx.sv.bound", "approx.sv.edges"};
+    for (int i = 0; i < 3; i++) {
+        begin(names[i]);
+        check_cases = cases[i], check_fails = fails[i];
+        end();
+    }
+}
+
+static void check_approx_pc(void)
+{ /* per-channel QK codes: the per-tensor kernel (s = 1) on the rows times the scales */
+    long bad = 0, n = 0;
+    static const size_t KA[] = {1, 5, 16, 64, 100, 1024};
+    for (size_t ki = 0; ki < sizeof(KA) / sizeof(KA[0]); ki++)
+        for (size_t mi = 0; mi < NM; mi++) {
+            const size_t K = KA[ki], M = MS[mi], N = 11;
+            float *A = xmalloc(M * K * 4), *F = xmalloc(M * K * 4), *s = xmalloc(K * 4);
+            float *got = xmalloc(M * N * 4), *want = xmalloc(M * N * 4);
+            int8_t *B = xmalloc(N * K);
+            const float one = 1.0f;
+            for (size_t k = 0; k < K; k++)
+                s[k] = 0.01f + 0.05f * unif();
+            for (size_t i = 0; i < M * K; i++) {
+                A[i] = normal();
+                F[i] = A[i] * s[i % K];
+            }
+            for (size_t i = 0; i < N * K; i++)
+                B[i] = (int8_t)rnd();
+            T->qk_gemm_s8_approx(M, N, K, 0.3f, A, K, B, GQA_S8_PC, s, got, N);
+            approx_oracle(M, N, K, 0.3f, F, K, B, one, want, N, NULL);
+            for (size_t i = 0; i < M * N; i++)
+                bad += !same_float(got[i], want[i]);
+            n++;
+            free(A), free(F), free(s), free(got), free(want), free(B);
+        }
+    if (bad)
+        printf("  approx.pc mismatch: %ld values differ from the per-tensor contract on folded rows\n", bad);
+    begin("approx.pc");
+    check_cases = n, check_fails = bad != 0;
+    end();
+}
+
 /* ---- per-group types ------------------------------------------------------ */
 
 static void check_group(void)
@@ -883,6 +1059,13 @@ int main(int argc, char **argv)
             n_checks++, n_failed++;
         } else {
             check_approx();
+            check_approx_pc();
+        }
+        if (T->sv_gemm_s8_approx == NULL) {
+            printf("approx: the %s table has no sv_gemm_s8_approx\n", T->name);
+            n_checks++, n_failed++;
+        } else {
+            check_sv_approx();
         }
     }
     printf("driver %s: %ld checks, %ld failed\n", T->name, n_checks, n_failed);

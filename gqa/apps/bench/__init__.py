@@ -13,7 +13,8 @@ Peers (each optional; a missing one is reported and skipped):
 * ``ort-naive`` the same in a subprocess with ``ORT_GQA_DISABLE_FLASH_ATTENTION=1`` (its naive
                 path); the subprocess times itself on command, in the same alternation.
 * ``torch``     ``torch.nn.functional.scaled_dot_product_attention``: ``torch-f32`` on a float32
-                cache, and ``torch-dq`` (quantized modes): the cache kept as gqa's codes, the new
+                cache, ``torch-bf16`` on a bfloat16 cache (the query and the new rows cast per
+                call; oneDNN, AMX where the CPU has it), and ``torch-dq`` (quantized modes): the cache kept as gqa's codes, the new
                 rows quantized into it, the whole cache dequantized into preallocated float32
                 buffers, then SDPA.
 * ``ggml``      llama.cpp's ``ggml_flash_attn_ext`` through a ``ggml_peer.py`` script (``--ggml-peer``)
@@ -42,6 +43,12 @@ from .timing import measure_row
 
 
 def run(args, out=None, argv=None):
+    import gqa
+    with gqa.config(accuracy_level=args.accuracy_level):    # gqa's sides, for the run
+        return _run(args, out, argv)
+
+
+def _run(args, out, argv):
     out = out or sys.stdout
     import gqa
     rows, threads = plan_rows(args)
@@ -61,6 +68,10 @@ def run(args, out=None, argv=None):
     header = [f"gqa {gqa.__version__} bench: path {cfg['active_path']}, "
               f"{platform.machine()}, {os.cpu_count()} CPUs; Python {platform.python_version()}, "
               f"numpy {np.__version__}"]
+    header.append(f"  accuracy level {cfg['accuracy_level']}"
+                  + ("" if cfg["accuracy_level"] < 4 else
+                     " (int8 products on INT8 codes)" if gqa._dispatch.int8_dot_effective() else
+                     " (no int8 kernels on this path: float32)"))
     load0 = loadavg()
     if load0 is not None:
         header.append(f"  load average at start: {load0:.2f} on {os.cpu_count()} CPUs"
@@ -148,6 +159,10 @@ def add_arguments(p):
                    help=f"prefill lengths S = T (default {DEFAULTS['prefill_S']}; '' for none)")
     p.add_argument("--modes", default=None,
                    help=f"cache modes (default {DEFAULTS['modes']})")
+    p.add_argument("--accuracy-level", dest="accuracy_level", type=int, default=0,
+                   choices=[0, 1, 2, 3, 4],
+                   help="gqa's accuracy_level for the run (4: int8 products on INT8 codes where "
+                        "the CPU has AVX-512 VNNI; default 0, float32)")
     p.add_argument("--repeats", type=int, default=0,
                    help="alternation rounds per row = samples per side (default 15 decode / 5 prefill; "
                         "--quick: 5 / 3); a decode sample times a batch of ~10 ms of calls")

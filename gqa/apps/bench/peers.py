@@ -19,7 +19,7 @@ DEFAULT_PEERS = "ort,ort-naive,torch"
 
 
 # columns of the table, in order, for each peer the user names
-PEER_COLUMNS = {"ort": ["ort"], "ort-naive": ["ort-naive"], "torch": ["torch-f32", "torch-dq"],
+PEER_COLUMNS = {"ort": ["ort"], "ort-naive": ["ort-naive"], "torch": ["torch-f32", "torch-bf16", "torch-dq"],
                 "ggml": ["ggml"]}
 
 
@@ -40,7 +40,10 @@ def ort_side(spec):
     return run.bound(inp, out)
 
 
-def _torch_setup(spec, dequant):
+def _torch_setup(spec, dequant, dtype=None):
+    """SDPA over the cache's values: float32 (dtype None) or `dtype` (bfloat16: the new rows and
+    the query cast per call, oneDNN / AMX where the CPU has them), or (dequant) over gqa's codes
+    dequantized into float32 buffers on every call."""
     if spec["mode"] not in PEER_MODES:
         return None
     import torch
@@ -62,6 +65,17 @@ def _torch_setup(spec, dequant):
             vc = torch.from_numpy(_dequant_cache(gqa.dequantize, inp["past_value"], inp["v_scale"], bits, H))
         else:
             kc, vc = torch.from_numpy(inp["past_key"]), torch.from_numpy(inp["past_value"])
+
+        if dtype is not None:     # a bfloat16 cache of the same values, the query cast per call
+            kc, vc = kc.to(dtype), vc.to(dtype)
+
+            def low():
+                with torch.inference_mode():
+                    kc[:, :, rows].copy_(k)
+                    vc[:, :, rows].copy_(v)
+                    return F.scaled_dot_product_attention(q.to(dtype), kc, vc, is_causal=causal,
+                                                          enable_gqa=True)
+            return low
 
         def f32():
             with torch.inference_mode():
@@ -296,11 +310,14 @@ def discover_peers(names, args):
                 import torch
             except ImportError:
                 msg = "missing: torch not installed (pip install torch)"
-                status["torch-f32"] = status["torch-dq"] = msg
+                status["torch-f32"] = status["torch-bf16"] = status["torch-dq"] = msg
                 continue
             sides.append(Local("torch-f32", lambda s: _torch_setup(s, False)))
+            sides.append(Local("torch-bf16", lambda s: _torch_setup(s, False, torch.bfloat16)))
             sides.append(Local("torch-dq", lambda s: _torch_setup(s, True)))
             status["torch-f32"] = f"ok: torch {torch.__version__}, SDPA on a float32 cache"
+            status["torch-bf16"] = (f"ok: torch {torch.__version__}, SDPA on a bfloat16 cache, the "
+                                    "query and new rows cast per call")
             status["torch-dq"] = (f"ok: torch {torch.__version__}, new rows quantized into the code cache, "
                                   "cache dequantized into float32 buffers, then SDPA")
         elif name == "ggml":

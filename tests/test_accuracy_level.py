@@ -1,0 +1,235 @@
+"""accuracy_level (onnxruntime's convention: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8):
+how a level is chosen (the attribute, else gqa.config / GQA_ACCURACY_LEVEL), that only level 4
+on INT8 codes leaves the exact float32 contract, and level 4's integer-dot kernels (AVX-512
+VNNI) against NumPy statements of their contracts (kernels_avx512vnni.c), bit for bit, and
+the attention output against float64 within the bound those contracts give.  The emulated
+path (tests/isa, avx512vnni-emulated) checks the same contracts on CPUs without VNNI."""
+import numpy as np
+import pytest
+
+import gqa
+from gqa import _dispatch
+
+F32 = np.float32
+U = 2.0 ** -24
+N, NKV, H = 6, 2, 64
+G = N // NKV
+
+needs_int8_dot = pytest.mark.skipif(
+    not _dispatch.approx_vnni_runnable(),
+    reason="this CPU (or build) cannot run the AVX-512 VNNI kernels; tests/isa/test_isa.py"
+           "[avx512vnni-emulated] checks their contracts under emulation")
+
+
+def test_levels_are_checked():
+    base = dict(num_heads=N, kv_num_heads=NKV)
+    for bad in (5, -1):
+        with pytest.raises(ValueError, match="accuracy_level must be 0 or 1 or 2 or 3 or 4"):
+            gqa.GroupQueryAttention(accuracy_level=bad, **base)
+    for bad in (4.0, "4", True):
+        with pytest.raises(TypeError, match="accuracy_level must be an int"):
+            gqa.GroupQueryAttention(accuracy_level=bad, **base)
+    with pytest.raises(ValueError, match="accuracy_level must be 0, 1, 2, 3 or 4"):
+        gqa.config(accuracy_level=7)
+    with pytest.raises(TypeError, match="accuracy_level must be an int"):
+        gqa.config(accuracy_level=4.0)
+    with pytest.raises(ValueError, match="accuracy_level must be 0 or 1 or 2 or 3 or 4"):
+        gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=8,
+                    accuracy_level=9)
+    assert gqa.GroupQueryAttention(accuracy_level=4, **base).accuracy_level == 4
+    with gqa.config(accuracy_level=4):
+        assert gqa.get_config()["accuracy_level"] == 4
+    assert gqa.get_config()["accuracy_level"] == 0
+
+
+def _sv_ref(a, q, s, beta, c0, chunk=8192):
+    """sv_gemm_s8_approx's contract for rows of finite values >= 0 with a maximum > 0."""
+    M, K = a.shape
+    out = np.empty((M, q.shape[1]), F32)
+    for m in range(M):
+        pmax = a[m].max()
+        inv, sp = F32(255) / pmax, F32(pmax / F32(255))
+        code = np.minimum(255, np.rint((a[m] * inv).astype(F32))).astype(np.int64)
+        mult = (sp * s).astype(F32)
+        r = np.zeros(q.shape[1], F32) if beta == 0 else (F32(beta) * c0[m]).astype(F32)
+        for k0 in range(0, K, chunk):
+            d = code[k0:k0 + chunk] @ q[k0:k0 + chunk].astype(np.int64)
+            r = (r + (d.astype(F32) * mult).astype(F32)).astype(F32)
+        out[m] = r
+    return out
+
+
+@needs_int8_dot
+@pytest.mark.parametrize("M,K,Ncol,pc,beta", [(3, 8192, 64, False, 0.0), (4, 100, 64, True, 1.0),
+                                              (5, 9001, 96, False, 0.5), (1, 7, 13, True, 0.0),
+                                              (8, 20000, 130, True, 1.0)])
+def test_int8_sv_contract(M, K, Ncol, pc, beta):
+    """P @ V at level 4: probabilities quantized to u8 against their row's maximum, integer
+    dots per 8192-key chunk, bit for bit (per tensor and per channel, beta 0 / 0.5 / 1)."""
+    rng = np.random.default_rng(K)
+    a = (rng.uniform(0, 1, (M, K)) * rng.uniform(0, 1, (M, K))).astype(F32)
+    a[0, ::7] = 0.0
+    q = rng.integers(-128, 128, (K, Ncol)).astype(np.int8)
+    s = rng.uniform(0.01, 0.02, Ncol if pc else 1).astype(F32)
+    c0 = rng.standard_normal((M, Ncol)).astype(F32)
+    with gqa.config(path="avx512", accuracy_level=4):
+        got = gqa.sv_gemm(a, q, s, bits=8, beta=beta, out=c0.copy())
+    assert np.array_equal(got, _sv_ref(a, q, s if pc else s[0], beta, c0))
+    with gqa.config(path="avx512", accuracy_level=0):
+        exact = gqa.sv_gemm(a, q, s, bits=8, beta=beta, out=c0.copy())
+    assert not np.array_equal(got, exact)      # the integer kernel ran
+    # the stated bound: sp (1/2 + 2^-15) sum|deq q| + 2^-22 sum a|deq q| (+ float32 roundings)
+    dq = np.abs(q.astype(np.float64)) * s.astype(np.float64)
+    sp = a.max(axis=1, keepdims=True).astype(np.float64) / 255
+    aq = a.astype(np.float64) @ dq
+    bound = sp * (0.5 + 2 ** -15) * dq.sum(axis=0) + aq * 2 ** -22 + (K + 8) * U * (aq + np.abs(exact))
+    assert (np.abs(got.astype(np.float64) - exact) <= bound).all()
+
+
+@needs_int8_dot
+def test_int8_sv_rows_outside_the_contract_are_exact():
+    rng = np.random.default_rng(1)
+    a = rng.uniform(0, 1, (5, 37)).astype(F32)
+    a[0, 3], a[1, 4], a[2, 5], a[3] = -0.25, np.nan, np.inf, 0.0
+    q = rng.integers(-128, 128, (37, 20)).astype(np.int8)
+    s = np.array([0.03], F32)
+    with gqa.config(path="avx512", accuracy_level=4):
+        got = gqa.sv_gemm(a, q, s, bits=8)
+    with gqa.config(path="avx512", accuracy_level=0):
+        exact = gqa.sv_gemm(a, q, s, bits=8)
+    assert np.array_equal(got[:4], exact[:4], equal_nan=True)
+    assert np.array_equal(got[4], _sv_ref(a[4:], q, s[0], 0.0, None)[0])
+
+
+@needs_int8_dot
+def test_int8_qk_per_channel_is_the_per_tensor_kernel_on_scaled_rows():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((7, H)).astype(F32)
+    b = rng.integers(-128, 128, (50, H)).astype(np.int8)
+    s = rng.uniform(0.01, 0.02, H).astype(F32)
+    with gqa.config(path="avx512", accuracy_level=4):
+        got = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
+    with gqa.config(path="avx512", approx_vnni=True):
+        want = gqa.qk_gemm((a * s).astype(F32), b, np.array([1.0], F32), bits=8, alpha=0.125)
+    assert np.array_equal(got, want)
+    # heads wider than 1024: the exact kernel
+    a2, b2, s2 = (rng.standard_normal((2, 1040)).astype(F32), rng.integers(-128, 128, (3, 1040)).astype(np.int8),
+                  rng.uniform(0.01, 0.02, 1040).astype(F32))
+    with gqa.config(path="avx512", accuracy_level=4):
+        got = gqa.qk_gemm(a2, b2, s2, bits=8)
+    with gqa.config(path="avx512", accuracy_level=0):
+        assert np.array_equal(got, gqa.qk_gemm(a2, b2, s2, bits=8))
+
+
+def _decode_case(mode, rng, T=300):
+    """A KVCache of `mode` holding a T - 1 token prompt; (cache, q, k, v) of one decode step."""
+    kw = {}
+    f = gqa.parse_mode(gqa.cache_options(mode)["mode"])[0]
+    if f.static:
+        kw = dict(k_scales=np.full(NKV * H if f.per_channel else 1, 0.02, F32),
+                  v_scales=np.full(NKV * H if f.per_channel else 1, 0.02, F32))
+    x = lambda n: rng.uniform(-1, 1, (1, n, NKV * H)).astype(F32)  # noqa: E731
+    caches = []
+    prompt = (rng.uniform(-1, 1, (1, T - 1, N * H)).astype(F32), x(T - 1), x(T - 1))
+    step = (rng.uniform(-2, 2, (1, 1, N * H)).astype(F32), x(1), x(1))
+    for level in (0, 4):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=T,
+                        mode=mode, accuracy_level=level, **kw)
+        c.attend(0, *prompt)
+        caches.append(c)
+    return caches, step
+
+
+@pytest.mark.parametrize("mode", ["float", "int4-pc", "int4-g16", "int8-g32+s2r4"])
+def test_level_4_leaves_other_formats_exact(kernel_path, mode):
+    """Formats without an integer-dot kernel compute in float32 at every level."""
+    rng = np.random.default_rng(3)
+    (c0, c4), step = _decode_case(mode, rng)
+    with gqa.config(path=kernel_path):
+        assert np.array_equal(c0.attend(0, *step), c4.attend(0, *step))
+
+
+@needs_int8_dot
+@pytest.mark.parametrize("mode", ["int8-pt", "int8-pc"])
+@pytest.mark.parametrize("flash", [False, True], ids=["naive", "flash"])
+def test_level_4_attention_within_its_bound(mode, flash):
+    """One decode step over an INT8 cache at level 4 against float64 over the same codes.
+    With E_j the QK kernel's bound on score j (its per-tensor bound on the rows times the
+    scales) and the probabilities quantized against their maximum 1 (8 bits), the output of
+    a head moves by at most  max|v| (e^{2E} - 1)  from the scores and
+    (1/2 + 2^-15) / 255 * sum_j |v_j| * m_c / l  from P @ V (m_c: the largest probability of
+    a key chunk, 1 on the naive path; l: the row's total), plus float32 roundings."""
+    rng = np.random.default_rng(4)
+    (c0, c4), (q, k, v) = _decode_case(mode, rng)
+    with gqa.config(path="avx512", flash=flash):
+        exact = c0.attend(0, q, k, v)
+        got = c4.attend(0, q, k, v)
+    assert not np.array_equal(got, exact)
+    ks = c0.k_scales[0].astype(np.float64)
+    vs = c0.v_scales[0].astype(np.float64)
+    kq, vq = _codes(c0)
+    K = kq * (ks.reshape(NKV, 1, H) if ks.size > 1 else ks[0])
+    V = vq * (vs.reshape(NKV, 1, H) if vs.size > 1 else vs[0])
+    alpha = 1 / np.sqrt(H)
+    qh = q.reshape(N, H).astype(np.float64)
+    for h in range(N):
+        j = h // G
+        a = qh[h] * (ks.reshape(NKV, H)[j] if ks.size > 1 else 1.0)
+        sa = np.abs(a.astype(F32)).max() / 127
+        sq = np.abs(kq[j]).sum(axis=1) * (1.0 if ks.size > 1 else ks[0])
+        E = alpha * (sa * (0.5 + 2 ** -16) * sq + 2 ** -22 * np.abs(kq[j] * a).sum(axis=1)
+                     * (1.0 if ks.size > 1 else ks[0]))
+        sc = alpha * (K[j] @ qh[h])
+        p = np.exp(sc - sc.max())
+        ref = p @ V[j] / p.sum()
+        bound = (np.abs(V[j]).max() * np.expm1(2 * E.max())
+                 + (0.5 + 2 ** -15) / 255 * np.abs(V[j]).sum(axis=0) / p.sum()
+                 + 1e-5 * (np.abs(ref) + np.abs(V[j]).max()))
+        err = np.abs(got[0, 0, h * H:(h + 1) * H] - ref)
+        assert (err <= bound).all(), (h, err.max(), bound.min())
+        assert np.abs(exact[0, 0, h * H:(h + 1) * H] - ref).max() <= 1e-5 * (np.abs(V[j]).max() + 1)
+
+
+def _codes(cache):
+    """The K / V codes of layer 0 that the step attended, [Nkv, T, H] int64 (INT8 rows)."""
+    T = cache.length
+    return cache.key[0][0, :, :T].astype(np.int64), cache.value[0][0, :, :T].astype(np.int64)
+
+
+@needs_int8_dot
+def test_the_attribute_wins_over_the_configured_level():
+    rng = np.random.default_rng(5)
+    mk = lambda level: gqa.GroupQueryAttention(num_heads=N, kv_num_heads=NKV, k_quant_type="PER_TENSOR",  # noqa: E731
+                                               v_quant_type="PER_TENSOR", kv_cache_bit_width=8,
+                                               accuracy_level=level)
+    T = 200
+    x = lambda n, w: rng.uniform(-1, 1, (1, n, w * H)).astype(F32)  # noqa: E731
+    q, k, v = x(1, N), x(1, NKV), x(1, NKV)
+    pk = rng.integers(-128, 128, (1, NKV, T, H)).astype(np.int8)
+    pv = rng.integers(-128, 128, (1, NKV, T, H)).astype(np.int8)
+    s = np.array([0.02], F32)
+    call = lambda op: op(q, k, v, pk.copy(), pv.copy(), np.array([T - 1], np.int32), np.array(T, np.int32),  # noqa: E731
+                         k_scale=s, v_scale=s)[0]
+    with gqa.config(path="avx512"):
+        exact, four = call(mk(0)), call(mk(4))
+        with gqa.config(accuracy_level=4):
+            assert np.array_equal(call(mk(0)), four)        # 0: the configured level
+            assert np.array_equal(call(mk(1)), exact)       # 1-3: float32
+            assert np.array_equal(call(mk(3)), exact)
+    assert not np.array_equal(exact, four)
+
+
+def test_environment_default():
+    import os
+    import subprocess
+    import sys
+    code = "import gqa; print(gqa.get_config()['accuracy_level'])"
+    env = dict(os.environ, GQA_ACCURACY_LEVEL="4")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "4", r.stderr
+    env["GQA_ACCURACY_LEVEL"] = "high"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "GQA_ACCURACY_LEVEL='high' is not an integer" in r.stderr
+    env["GQA_ACCURACY_LEVEL"] = "6"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "GQA_ACCURACY_LEVEL must be 0, 1, 2, 3 or 4" in r.stderr
