@@ -193,20 +193,15 @@ def _init_from_env():
             break
     new["approx_vnni"] = any(os.environ.get(n) == "1" for n in
                              ("GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI"))
-    a = os.environ.get("GQA_ACCURACY_LEVEL")
-    if a is not None and a.strip():
-        try:
-            n = int(a)
-        except ValueError:
-            raise ValueError(f"GQA_ACCURACY_LEVEL={a!r} is not an integer") from None
-        new["accuracy_level"] = _check_level(n, "GQA_ACCURACY_LEVEL")
-    t = os.environ.get("GQA_NUM_THREADS")
-    if t is not None and t.strip():
-        try:
-            n = int(t)
-        except ValueError:
-            raise ValueError(f"GQA_NUM_THREADS={t!r} is not an integer") from None
-        new["num_threads"] = _check_threads(n, "GQA_NUM_THREADS")
+    for key, name, check in (("accuracy_level", "GQA_ACCURACY_LEVEL", _check_level),
+                             ("num_threads", "GQA_NUM_THREADS", _check_threads)):
+        raw = os.environ.get(name)
+        if raw is not None and raw.strip():
+            try:
+                n = int(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not an integer") from None
+            new[key] = check(n, name)
     _apply(new)
 
 
