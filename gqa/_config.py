@@ -153,6 +153,7 @@ def get_config():
     out["active_path"] = active_path()
     out["kernel"], out["active_kernel"] = out["path"], out["active_path"]   # earlier names
     out["approx_vnni_effective"] = _dispatch.approx_vnni_effective()
+    out["int8_dot_effective"] = _dispatch.int8_dot_effective()   # level 4's kernels run here
     out["effective_num_threads"] = effective_num_threads()
     out["plan_cpus"] = PLAN_CPUS
     return out

@@ -701,7 +701,8 @@ cdef class Signature:
             position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
             _f32(q_norm_weight), _f32(k_norm_weight), out, None, Trel, cnp.PyArray_DIM(<cnp.ndarray>work_k, 2),
             False, nt, _SETTINGS["flash"], q_block, kv_block, splits, ranges,
-            col_base=lay[2], bias_T=<int>T, accuracy=self.level or _SETTINGS["accuracy_level"])
+            col_base=lay[2], bias_T=<int>T, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None,
+            accuracy=self.level or _SETTINGS["accuracy_level"])
         if staged and B:
             # the last L(T_b) rows of the staging buffer: rows [keep + S - L(T_b), keep + S)
             s0 = lay[0] + S - lay[3]

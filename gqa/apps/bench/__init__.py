@@ -70,7 +70,7 @@ def _run(args, out, argv):
               f"numpy {np.__version__}"]
     header.append(f"  accuracy level {cfg['accuracy_level']}"
                   + ("" if cfg["accuracy_level"] < 4 else
-                     " (int8 products on INT8 codes)" if gqa._dispatch.int8_dot_effective() else
+                     " (int8 products on INT8 codes)" if cfg["int8_dot_effective"] else
                      " (no int8 kernels on this path: float32)"))
     load0 = loadavg()
     if load0 is not None:
