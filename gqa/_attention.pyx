@@ -232,7 +232,6 @@ cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k
     no row reads a float)."""
     cdef int i, a0, z0, f1, q0, q1, f2, fs_hi = k0, fr_lo = k0 + nb, fr_hi = k0
     cdef bint codes = False, floats = False
-    cdef size_t c
     for i in range(R):
         tile_keys(rlo[i], rhi[i], k0, nb, &a0, &z0)
         if z0 <= a0:

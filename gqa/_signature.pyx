@@ -419,6 +419,10 @@ cdef class Signature:
                             ext[4], ext[5])
         return tuple([every[i] for i in self.out_slots])
 
+    cdef int _accuracy(self):
+        """The call's accuracy level: the operator's, or gqa.config's where that is 0."""
+        return self.level if self.level else _SETTINGS["accuracy_level"]
+
     cdef str _where(self):
         return " in in-place mode (present is past)" if self.shared else ""
 
@@ -557,7 +561,7 @@ cdef class Signature:
             _f32(q_norm_weight), _f32(k_norm_weight), out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
             q_block, kv_block, splits, ranges, col_base=None, bias_T=0, rk=_f32(rot_k), rv=_f32(rot_v),
             hk=hpk if self.win else None, hv=hpv if self.win else None, phk=phk, phv=phv,
-            accuracy=self.level or _SETTINGS["accuracy_level"])
+            accuracy=self._accuracy())
         if self.f16:
             out = out.astype(np.float16)
             qk_out = qk_out.astype(np.float16) if qk_out is not None else None
@@ -702,7 +706,7 @@ cdef class Signature:
             _f32(q_norm_weight), _f32(k_norm_weight), out, None, Trel, cnp.PyArray_DIM(<cnp.ndarray>work_k, 2),
             False, nt, _SETTINGS["flash"], q_block, kv_block, splits, ranges,
             col_base=lay[2], bias_T=<int>T, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None,
-            accuracy=self.level or _SETTINGS["accuracy_level"])
+            accuracy=self._accuracy())
         if staged and B:
             # the last L(T_b) rows of the staging buffer: rows [keep + S - L(T_b), keep + S)
             s0 = lay[0] + S - lay[3]

@@ -58,7 +58,9 @@ def _torch_setup(spec, dequant, dtype=None):
     v = torch.from_numpy(inp["value"]).view(B, S, Nkv, H).transpose(1, 2)
     causal = spec["phase"] == "prefill"
     rows = slice(T - S, T)
-    sdpa = lambda kk, vv: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, enable_gqa=True)  # noqa: E731
+    # the query in the cache's dtype (a bfloat16 cast per call)
+    sdpa = lambda kk, vv: F.scaled_dot_product_attention(q if dtype is None else q.to(dtype), kk, vv,  # noqa: E731
+                                                         is_causal=causal, enable_gqa=True)
     if not dequant:
         if bits:  # a float32 cache holding the same values
             kc = torch.from_numpy(_dequant_cache(gqa.dequantize, inp["past_key"], inp["k_scale"], bits, H))
@@ -66,16 +68,8 @@ def _torch_setup(spec, dequant, dtype=None):
         else:
             kc, vc = torch.from_numpy(inp["past_key"]), torch.from_numpy(inp["past_value"])
 
-        if dtype is not None:     # a bfloat16 cache of the same values, the query cast per call
+        if dtype is not None:     # a bfloat16 cache of the same values (new rows cast as copied)
             kc, vc = kc.to(dtype), vc.to(dtype)
-
-            def low():
-                with torch.inference_mode():
-                    kc[:, :, rows].copy_(k)
-                    vc[:, :, rows].copy_(v)
-                    return F.scaled_dot_product_attention(q.to(dtype), kc, vc, is_causal=causal,
-                                                          enable_gqa=True)
-            return low
 
         def f32():
             with torch.inference_mode():
