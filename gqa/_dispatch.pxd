@@ -33,7 +33,8 @@ cdef extern from "gqa_kernels.h" nogil:
         gqa_qk_gemm_fn qk_gemm
         gqa_sv_gemm_fn sv_gemm
         gqa_qk_gemm_fn qk_gemm_s8_approx
-        gqa_sv_gemm_fn sv_gemm_s8_approx
+        gqa_qk_gemm_fn qk_gemm_s8_dot
+        gqa_sv_gemm_fn sv_gemm_s8_dot
         gqa_exp_sum_fn exp_sum
         gqa_row_max_fn row_max
     size_t gqa_row_bytes(int type, size_t cols)
@@ -41,10 +42,10 @@ cdef extern from "gqa_kernels.h" nogil:
 
 # The active table (set by gqa.config / GQA_KERNEL).
 cdef const gqa_kernels *active_table() noexcept nogil
-# The QK / SV kernels for `type` at accuracy `level` under the active settings: the
-# integer-dot INT8 kernels where the table has them, the CPU runs them, and either level >= 4
-# (per-tensor and per-channel INT8) or, for QK of per-tensor INT8, the approximate VNNI
-# switch is on; else the exact kernels.
+# The QK / SV kernels for `type` at accuracy `level` under the active settings, where the
+# table has them and the CPU runs them: level >= 4 on per-tensor and per-channel INT8, the
+# level-4 integer-dot kernels; else, for QK of per-tensor INT8 with the approximate VNNI
+# switch on, onnxruntime's approximate kernel; else the exact kernels.
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level) noexcept nogil
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil
 # OpenMP's default team size (omp_get_max_threads), 1 in a build without OpenMP.

@@ -39,16 +39,19 @@ cdef const gqa_kernels *active_table() noexcept nogil:
     return _active
 
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level) noexcept nogil:
-    if t.qk_gemm_s8_approx != NULL and _vnni and (
-            (level >= 4 and (type == GQA_S8_PT or type == GQA_S8_PC)) or (_approx and type == GQA_S8_PT)):
+    if not _vnni or (type != GQA_S8_PT and type != GQA_S8_PC):
+        return t.qk_gemm
+    if level >= 4 and t.qk_gemm_s8_dot != NULL:
+        return t.qk_gemm_s8_dot
+    if _approx and type == GQA_S8_PT and t.qk_gemm_s8_approx != NULL:
         return t.qk_gemm_s8_approx
     return t.qk_gemm
 
 
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil:
-    if (t.sv_gemm_s8_approx != NULL and _vnni and level >= 4
+    if (t.sv_gemm_s8_dot != NULL and _vnni and level >= 4
             and (type == GQA_S8_PT or type == GQA_S8_PC)):
-        return t.sv_gemm_s8_approx
+        return t.sv_gemm_s8_dot
     return t.sv_gemm
 
 
@@ -99,7 +102,7 @@ def approx_vnni_runnable():
 
 def int8_dot_effective():
     """True when accuracy level 4 runs the integer-dot INT8 kernels on the active path."""
-    return _vnni and _active.sv_gemm_s8_approx != NULL and _active.qk_gemm_s8_approx != NULL
+    return _vnni and _active.sv_gemm_s8_dot != NULL and _active.qk_gemm_s8_dot != NULL
 
 
 def approx_vnni_effective():

@@ -33,7 +33,8 @@
  *              beta == 0 overwrites C (NaN in C is ignored).
  *   A (float32) is never quantized, except by the opt-in integer-dot kernels
  *   (AVX-512 VNNI only): qk_gemm_s8_approx quantizes A rows to u8 with zero point
- *   128, sv_gemm_s8_approx (non-negative rows) to u8 against the row's maximum.
+ *   128, qk_gemm_s8_dot to int16 against the row's absolute maximum, sv_gemm_s8_dot
+ *   (non-negative rows) to 15 bits against the row's maximum.
  *   Where a scale is applied is the path's choice (the scalar path decodes
  *   q * s per element; SIMD paths multiply per-tensor scales into the finished
  *   sum, fold per-channel QK scales into A as A[m,k] * s[k] and apply per-channel
@@ -130,11 +131,13 @@ typedef struct gqa_kernels {
     gqa_qk_gemm_fn qk_gemm;
     gqa_sv_gemm_fn sv_gemm;
     /* Integer-dot INT8 kernels (AVX-512 VNNI), approximate; NULL where the path has none.
-       qk: GQA_S8_PT (onnxruntime's approximate VNNI QK) and GQA_S8_PC (accuracy level 4);
-       sv: GQA_S8_PT / GQA_S8_PC probabilities quantized to u8 (accuracy level 4).  Other
-       types (and, per row, what the contract leaves) run the path's exact kernel. */
+       qk_gemm_s8_approx: GQA_S8_PT, onnxruntime's approximate VNNI QK (8-bit query, opt-in);
+       qk_gemm_s8_dot / sv_gemm_s8_dot: accuracy level 4 on GQA_S8_PT / GQA_S8_PC, query rows
+       and probabilities quantized to 15 bits (vpdpwssd).  Other types (and, per row, what
+       the contracts leave) run the path's exact kernel. */
     gqa_qk_gemm_fn qk_gemm_s8_approx;
-    gqa_sv_gemm_fn sv_gemm_s8_approx;
+    gqa_qk_gemm_fn qk_gemm_s8_dot;
+    gqa_sv_gemm_fn sv_gemm_s8_dot;
     /* x[i] = exp(x[i] - m) for i < n; returns their float32 sum.  Accurate to ~2 ulp;
        an argument x[i] - m below -87.3 (including -inf) gives exactly 0, NaN stays NaN.
        NULL in a table: callers use the scalar path's. */

@@ -36,7 +36,7 @@
  *    beta 0 overwrites C (NaN in C ignored), beta 1 accumulates, any other beta
  *    scales C first.
  *  - Both GEMMs prefetch B like the AVX2 path (decode streams the cache).
- *  - qk_gemm_s8_approx, sv_gemm_s8_approx: kernels_avx512vnni.c.
+ *  - qk_gemm_s8_approx, qk_gemm_s8_dot, sv_gemm_s8_dot: kernels_avx512vnni.c.
  *  - exp_sum: the AVX2 path's exp on 16 lanes (identical values), masked tail.
  *  - row_max: 16-lane maxima, NaN skipped (exact), masked tail.
  *
@@ -1232,11 +1232,14 @@ static float row_max_avx512(const float *x, size_t n)
 void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A,
                                       size_t lda, const void *B, int type, const float *s, float *C,
                                       size_t ldc);
-void gqa_sv_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, const float *A, size_t lda,
-                                      const void *B, int type, const float *s, float *C, size_t ldc,
-                                      float beta);
-GQA_KERNEL_TABLE(avx512, gqa_qk_gemm_s8_approx_avx512vnni, gqa_sv_gemm_s8_approx_avx512vnni)
+void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                                   const void *B, int type, const float *s, float *C, size_t ldc);
+void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A, size_t lda,
+                                   const void *B, int type, const float *s, float *C, size_t ldc,
+                                   float beta);
+GQA_KERNEL_TABLE(avx512, gqa_qk_gemm_s8_approx_avx512vnni, gqa_qk_gemm_s8_dot_avx512vnni,
+                 gqa_sv_gemm_s8_dot_avx512vnni)
 #else
-GQA_KERNEL_TABLE(avx512, NULL, NULL)
+GQA_KERNEL_TABLE(avx512, NULL, NULL, NULL)
 #endif
 #endif

@@ -1,12 +1,13 @@
 /*
  * kernels_avx512vnni.c -- the integer-dot kernels of path `avx512`, the one unit that issues
- * vpdpbusd: the approximate INT8 QK (onnxruntime's GQA_QKGEMM_S8_APPROX_VNNI for per-tensor
- * codes; accuracy level 4 for per-tensor and per-channel codes) and the INT8 P @ V of
- * accuracy level 4.  ISA flags: the avx512 path's (-mavx512f -mavx512bw -mavx512dq
- * -mavx512vl -mavx2 -mfma -mf16c) plus -mavx512vnni; setup.py compiles it where the compiler
- * can and then defines GQA_HAVE_AVX512VNNI for kernels_avx512.c, whose table holds
- * gqa_qk_gemm_s8_approx_avx512vnni and gqa_sv_gemm_s8_approx_avx512vnni.  dispatch.c calls
- * them only where the CPU has AVX-512 VNNI (gqa_approx_vnni_runnable).
+ * vpdpbusd / vpdpwssd: onnxruntime's approximate INT8 QK (GQA_QKGEMM_S8_APPROX_VNNI, per-tensor
+ * codes, 8-bit query, opt-in) and accuracy level 4's QK and P @ V on INT8 per-tensor and
+ * per-channel codes (query rows and probabilities with 15 bits).  ISA flags: the avx512
+ * path's (-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c) plus -mavx512vnni;
+ * setup.py compiles it where the compiler can and then defines GQA_HAVE_AVX512VNNI for
+ * kernels_avx512.c, whose table holds gqa_qk_gemm_s8_approx_avx512vnni,
+ * gqa_qk_gemm_s8_dot_avx512vnni and gqa_sv_gemm_s8_dot_avx512vnni.  dispatch.c calls them
+ * only where the CPU has AVX-512 VNNI (gqa_approx_vnni_runnable).
  *
  * Layout: QK: A float32 [M, K] (lda), B int8 codes [N, K] (rows of K bytes), C float32
  * [M, N] (ldc), overwritten.  SV: A float32 [M, K] (lda), B int8 codes [K, N] (rows of N
@@ -247,58 +248,189 @@ static void approx_qk_pt(size_t M, size_t N, size_t K, float alpha, const float 
 /* The exact kernels of this path (kernels_avx512.c), for what the integer kernels leave. */
 extern const gqa_kernels gqa_kernels_avx512;
 
-/* Per-channel codes (accuracy level 4): a'[m,k] = fl(A[m,k] * s[k]), then the per-tensor
-   contract above on a' with s = 1.  K > APPROX_PC_K: the exact kernel. */
-#define APPROX_PC_K 1024
-
 void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A,
                                       size_t lda, const void *B, int type, const float *s, float *C,
                                       size_t ldc)
 {
-    if (type == GQA_S8_PT) {
-        approx_qk_pt(M, N, K, alpha, A, lda, B, type, s, C, ldc);
-        return;
-    }
-    if (type != GQA_S8_PC || K > APPROX_PC_K) {
+    if (type != GQA_S8_PT) {
         gqa_kernels_avx512.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
-    float buf[8 * APPROX_PC_K] __attribute__((aligned(64)));
-    const float one = 1.0f;
-    for (size_t m0 = 0; m0 < M; m0 += 8) {
-        const size_t mb = M - m0 < 8 ? M - m0 : 8;
-        for (size_t i = 0; i < mb; i++)
-            for (size_t k = 0; k < K; k += 16) {
-                const __mmask16 m = mask16(K - k < 16 ? K - k : 16);
-                _mm512_mask_storeu_ps(buf + i * K + k, m,
-                                      _mm512_mul_ps(_mm512_maskz_loadu_ps(m, A + (m0 + i) * lda + k),
-                                                    _mm512_maskz_loadu_ps(m, s + k)));
-            }
-        approx_qk_pt(mb, N, K, alpha, buf, K, B, GQA_S8_PT, &one, C + m0 * ldc, ldc);
+    approx_qk_pt(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+}
+
+/* ---- qk_gemm_s8_dot (accuracy level 4, AVX-512 VNNI) -----------------------------------
+ *
+ * Contract, GQA_S8_PT / GQA_S8_PC codes q [N, K], K <= DOT_QK_K (wider heads, and other
+ * types: the exact kernel).  For each row m of A, with a_k = A[m,k] (per tensor) or
+ * fl(A[m,k] * s[k]) (per channel):
+ *   amax = max_k |a_k| not finite, 0, or 32767 / amax not finite: the row is this path's
+ *               exact qk_gemm;
+ *   otherwise:  inv = fl(32767 / amax), sa = fl(amax / 32767),
+ *               code_k = clamp(rint(fl(a_k * inv)), -32767, 32767)   (int16, half to even),
+ *               D[m,n] = sum_k code_k * q[n,k]                          (exact in int32),
+ *               C[m,n] = fl(float(D) * mult), mult = fl(fl(alpha * sa) * s[0]) per tensor,
+ *               fl(alpha * sa) per channel.
+ * So |sum_k a_k q[n,k] - sa D[m,n]| <= sa / 2 sum_k |q[n,k]| + 2^-22 sum_k |a_k q[n,k]|:
+ * 15 bits where onnxruntime's approximate kernel above gives 8 (whose query rounding cost
+ * SmolLM2 about 1 % of its top-1 agreement with level 0).
+ *
+ * How D is formed: 32 codes of a B row widened to int16 (vpmovsxbw), one vpdpwssd per row
+ * of the block; |lane| <= K / 32 * 2 * 32767 * 128 < 2^31.  Padding codes are 0.
+ */
+#define DOT_QK_K 1024
+
+INLINE void dot_block(const int MB, const int NB, const int16_t *c, size_t cs, const int8_t *B, size_t rb,
+                      size_t K, const float *mult, float *C, size_t ldc)
+{
+    __m512i acc[16];
+    const int nacc = (MB * NB + 7) & ~7;
+    UNROLL
+    for (int i = 0; i < nacc; i++)
+        acc[i] = _mm512_setzero_si512();
+    for (size_t k = 0; k < K; k += 32) {
+        const __mmask32 m = (__mmask32)mask64(K - k < 32 ? K - k : 32);
+        UNROLL
+        for (int nb = 0; nb < NB; nb++) {
+            const __m512i b = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, B + nb * rb + k));
+            UNROLL
+            for (int mb = 0; mb < MB; mb++)
+                acc[mb * NB + nb] = _mm512_dpwssd_epi32(acc[mb * NB + nb],
+                                                        _mm512_load_si512((const void *)(c + mb * cs + k)), b);
+        }
+    }
+    UNROLL
+    for (int g = 0; g < nacc; g += 8) {
+        const __m256i sum = hsum16x8_epi32(acc[g], acc[g + 1], acc[g + 2], acc[g + 3], acc[g + 4], acc[g + 5],
+                                           acc[g + 6], acc[g + 7]); /* lane i: (g + i) / NB, (g + i) % NB */
+        float mu[8], out[8];
+        UNROLL
+        for (int i = 0; i < 8; i++)
+            mu[i] = mult[((g + i) / NB) % MB];
+        const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_loadu_ps(mu));
+        if (NB == 8) {
+            _mm256_storeu_ps(C + (g / 8) * ldc, v);
+        } else {
+            _mm256_storeu_ps(out, v);
+            for (int i = 0; i < 8 && g + i < MB * NB; i++)
+                C[((g + i) / NB) * ldc + (g + i) % NB] = out[i];
+        }
     }
 }
 
-/* ---- sv_gemm_s8_approx (accuracy level 4, AVX-512 VNNI) --------------------------------
+#define DOT_INST(MB, NB)                                                                           \
+    static void dot_##MB##x##NB(const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t K, \
+                                const float *mult, float *C, size_t ldc)                           \
+    {                                                                                              \
+        dot_block(MB, NB, c, cs, B, rb, K, mult, C, ldc);                                          \
+    }
+DOT_INST(1, 1) DOT_INST(1, 8) DOT_INST(2, 8) DOT_INST(3, 4) DOT_INST(4, 4) DOT_INST(5, 2) DOT_INST(6, 2)
+DOT_INST(7, 2) DOT_INST(8, 2)
+typedef void (*dot_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, const float *, float *,
+                       size_t);
+
+/* Row m's codes into c (padded with 0 to cs) and its multiplier; 0 when the row takes the
+   exact kernel. */
+static int dot_row(const float *a, size_t K, const float *s, int pc, float alpha, int16_t *c, size_t cs,
+                   float *mult)
+{
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (size_t k = 0; k < K; k += 16) {
+        const __mmask16 m = mask16(K - k < 16 ? K - k : 16);
+        __m512 v = _mm512_maskz_loadu_ps(m, a + k);
+        if (pc)
+            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, s + k));
+        bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    if (bad || !(amax <= FLT_MAX) || amax == 0.0f || !(32767.0f / amax <= FLT_MAX))
+        return 0;
+    const float inv = 32767.0f / amax, sa = amax / 32767.0f;
+    const __m512 vinv = _mm512_set1_ps(inv), lim = _mm512_set1_ps(32767.0f);
+    for (size_t k = 0; k < cs; k += 16) {
+        const __mmask16 m = mask16(K > k ? (K - k < 16 ? K - k : 16) : 0);
+        __m512 v = _mm512_maskz_loadu_ps(m, a + k);
+        if (pc)
+            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, s + k));
+        v = _mm512_roundscale_ps(_mm512_mul_round_ps(v, vinv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v = _mm512_max_ps(_mm512_min_ps(v, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
+        _mm256_store_si256((__m256i *)(c + k), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(v)));
+    }
+    *mult = pc ? alpha * sa : (alpha * sa) * s[0];
+    return 1;
+}
+
+void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                                   const void *B, int type, const float *s, float *C, size_t ldc)
+{
+    static const dot_fn blocks[9] = {dot_1x1, dot_1x8, dot_2x8, dot_3x4, dot_4x4, dot_5x2, dot_6x2, dot_7x2,
+                                     dot_8x2};
+    static const int nbs[9] = {1, 8, 8, 4, 4, 2, 2, 2, 2};
+    int16_t c[8 * DOT_QK_K] __attribute__((aligned(64)));
+    const int8_t *Bb = (const int8_t *)B;
+    const int pc = type == GQA_S8_PC;
+    if ((type != GQA_S8_PT && !pc) || K == 0 || K > DOT_QK_K) {
+        gqa_kernels_avx512.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        return;
+    }
+    const size_t cs = (K + 31) & ~(size_t)31;
+    for (size_t m0 = 0; m0 < M;) {
+        size_t rows[8];
+        float mult[8];
+        int mb = 0;
+        for (; m0 < M && mb < 8; m0++) {
+            if (dot_row(A + m0 * lda, K, s, pc, alpha, c + mb * cs, cs, &mult[mb]))
+                rows[mb++] = m0;
+            else
+                gqa_kernels_avx512.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc);
+        }
+        if (mb == 0)
+            continue;
+        /* the block's rows are consecutive unless a row left; then one row at a time */
+        const int contiguous = rows[mb - 1] - rows[0] == (size_t)(mb - 1);
+        const int nb = contiguous ? nbs[mb] : nbs[1];
+        size_t n = 0;
+        if (contiguous)
+            for (; n + (size_t)nb <= N; n += (size_t)nb)
+                blocks[mb](c, cs, Bb + n * K, K, K, mult, C + rows[0] * ldc + n, ldc);
+        for (int i = 0; i < mb; i++) {
+            size_t j = n;
+            for (; !contiguous && j + 8 <= N; j += 8)
+                blocks[1](c + i * cs, cs, Bb + j * K, K, K, mult + i, C + rows[i] * ldc + j, ldc);
+            for (; j < N; j++)
+                blocks[0](c + i * cs, cs, Bb + j * K, K, K, mult + i, C + rows[i] * ldc + j, ldc);
+        }
+    }
+}
+
+/* ---- sv_gemm_s8_dot (accuracy level 4, AVX-512 VNNI) -----------------------------------
  *
  * Contract, GQA_S8_PT / GQA_S8_PC codes q [K, N], scales s[0] or s[n].  For each row m of A:
- *   an element negative, NaN or infinite, a row maximum pmax of 0, or 255 / pmax not finite:
- *               the row is this path's exact sv_gemm;
- *   otherwise:  inv = fl(255 / pmax), sp = fl(pmax / 255),
- *               code_k = min(255, rint(fl(A[m,k] * inv)))          (u8, half to even),
+ *   an element negative, NaN or infinite, a row maximum pmax of 0, or 32767 / pmax not
+ *   finite:     the row is this path's exact sv_gemm;
+ *   otherwise:  inv = fl(32767 / pmax), sp = fl(pmax / 32767),
+ *               code_k = min(32767, rint(fl(A[m,k] * inv)))       (15 bits, half to even),
  *               per chunk c of SV_KS keys, in order:
  *                 D_c[n] = sum_{k in c} code_k * q[k,n]           (exact in int32),
  *               r = (beta == 0 ? 0 : fl(beta * C[m,n])), then r = fl(r + fl(float(D_c[n]) * mult[n]))
  *               chunk by chunk, mult[n] = fl(sp * s[0]) or fl(sp * s[n]); C[m,n] = r.
- * Probabilities are quantized with 8 bits against their row's maximum, so
- *   |sum_k A[m,k] deq(q)[k,n] - sp sum_k code_k deq(q)[k,n]| <= sp (1/2 + 2^-15) sum_k |deq(q)[k,n]|
+ * Probabilities are quantized with 15 bits against their row's maximum, so
+ *   |sum_k A[m,k] deq(q)[k,n] - sp sum_k code_k deq(q)[k,n]| <= sp (1/2 + 2^-9) sum_k |deq(q)[k,n]|
  *                                                              + 2^-22 sum_k A[m,k] |deq(q)[k,n]|.
+ * (The 8-bit probabilities of vpdpbusd lost the many small probabilities of a row whose
+ * maximum is an attention sink: SmolLM2's top-1 agreement with level 0 fell to 97 %.)
  *
- * How D is formed: four keys at a time, the 64-column block of each of their rows is
- * interleaved by in-lane byte and word unpacks, so that lane t of vector c holds the four
- * keys' codes of column 16 (t / 4) + 4 c + t % 4; one vpdpbusd per vector and row adds
- * the four products of u8 codes (broadcast) and s8 codes.  255 * 128 * SV_KS < 2^31.
+ * How D is formed: two keys at a time, the 32-column halves of their 64-column block are
+ * widened to int16 (vpmovsxbw) and interleaved by in-lane word unpacks, so that lane t of
+ * vector v holds the two keys' codes of column 32 (v / 2) + 8 (t / 4) + 4 (v % 2) + t % 4;
+ * one vpdpwssd per vector and row adds the two products with the row's two codes
+ * (broadcast).  |one vpdpwssd| <= 2 * 32767 * 128, 256 of them (SV_KS keys) < 2^31.
+ * The sums return to column order by two vpermt2d per vector pair.
  */
-#define SV_KS 8192
+#define SV_KS 512
 #define SV_MB 4
 
 /* inv and sp of a probability row; 0 when the row takes the exact kernel. */
@@ -318,13 +450,13 @@ static int sv_row_params(const float *a, size_t K, float *inv, float *sp)
     const float pmax = _mm512_reduce_max_ps(mx);
     if (bad || pmax == 0.0f)
         return 0;
-    *inv = 255.0f / pmax;
-    *sp = pmax / 255.0f;
+    *inv = 32767.0f / pmax;
+    *sp = pmax / 32767.0f;
     return *inv <= FLT_MAX;
 }
 
-/* u8 codes of a[k0, k1) into c[0, kp), kp = k1 - k0 rounded up to 16, padded with 0. */
-static void sv_codes(const float *a, size_t k0, size_t k1, float inv, uint8_t *c)
+/* int16 codes of a[k0, k1) into c[0, kp), kp = k1 - k0 rounded up to 16, padded with 0. */
+static void sv_codes(const float *a, size_t k0, size_t k1, float inv, int16_t *c)
 {
     const size_t n = k1 - k0;
     const __m512 vinv = _mm512_set1_ps(inv);
@@ -333,68 +465,71 @@ static void sv_codes(const float *a, size_t k0, size_t k1, float inv, uint8_t *c
         __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + k), vinv,
                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         t = _mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                          _mm512_set1_ps(255.0f));
-        /* code - 128 fits an int8: bytes (c - 128) ^ 0x80 = c, 16 at a time (c has
-           SV_KS + 16 per row); lanes past the row are 0 */
-        const __m512i q = _mm512_sub_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(128));
-        _mm_storeu_si128((__m128i *)(c + k), _mm_xor_si128(_mm512_cvtsepi32_epi8(q), _mm_set1_epi8((char)0x80)));
+                          _mm512_set1_ps(32767.0f));
+        /* lanes past the row are 0; c has SV_KS + 16 per row */
+        _mm256_storeu_si256((__m256i *)(c + k), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(t)));
     }
 }
 
-/* Four keys' 64-column blocks r[0..3] -> o[c], lane t: the four codes of column
-   16 (t / 4) + 4 c + t % 4; then D[i][c] += codes_i[k..k+3] . o[c] for rows i < MB. */
-INLINE void sv_quad(const int MB, const __m512i r[4], const uint8_t *const *codes, size_t k,
-                    __m512i D[SV_MB][4])
+/* Two keys' 64-column blocks (int8 rows r0, r1, w columns) -> o[v] in the order above; then
+   D[i][v] += (codes_i[k], codes_i[k+1]) . o[v] for rows i < MB. */
+INLINE void sv_pair(const int MB, const int8_t *r0, const int8_t *r1, __mmask32 m0, __mmask32 m1,
+                    const int16_t *const *codes, size_t k, __m512i D[SV_MB][4])
 {
-    const __m512i l01 = _mm512_unpacklo_epi8(r[0], r[1]), h01 = _mm512_unpackhi_epi8(r[0], r[1]);
-    const __m512i l23 = _mm512_unpacklo_epi8(r[2], r[3]), h23 = _mm512_unpackhi_epi8(r[2], r[3]);
-    const __m512i o[4] = {_mm512_unpacklo_epi16(l01, l23), _mm512_unpackhi_epi16(l01, l23),
-                          _mm512_unpacklo_epi16(h01, h23), _mm512_unpackhi_epi16(h01, h23)};
+    const __m512i a0 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m0, r0));
+    const __m512i a1 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m1, r0 + 32));
+    const __m512i b0 = r1 ? _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m0, r1)) : _mm512_setzero_si512();
+    const __m512i b1 = r1 ? _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m1, r1 + 32)) : _mm512_setzero_si512();
+    const __m512i o[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
+                          _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
     UNROLL
     for (int i = 0; i < MB; i++) {
-        int32_t quad;
-        memcpy(&quad, codes[i] + k, 4);
-        const __m512i p = _mm512_set1_epi32(quad);
+        int32_t pair;
+        memcpy(&pair, codes[i] + k, 4);
+        const __m512i p = _mm512_set1_epi32(pair);
         UNROLL
-        for (int c = 0; c < 4; c++)
-            D[i][c] = _mm512_dpbusd_epi32(D[i][c], p, o[c]);
+        for (int v = 0; v < 4; v++)
+            D[i][v] = _mm512_dpwssd_epi32(D[i][v], p, o[v]);
     }
 }
 
-/* D[i][c] = the int32 dots of rows i < MB (codes, kn keys, padded with 0 to a multiple of
-   4) with the 64-column block of B at column n0 (w <= 64 columns, rows of ldb bytes),
-   lanes in sv_quad's order. */
-INLINE void sv_block(const int MB, const uint8_t *const *codes, size_t kn, const int8_t *B, size_t ldb,
+/* D[i][v] = the int32 dots of rows i < MB (codes, kn keys, padded with 0 to a multiple of
+   2) with the 64-column block of B at column n0 (w <= 64 columns, rows of ldb bytes), in
+   sv_pair's lane order. */
+INLINE void sv_block(const int MB, const int16_t *const *codes, size_t kn, const int8_t *B, size_t ldb,
                      size_t w, __m512i D[SV_MB][4])
 {
-    const __mmask64 cm = mask64(w);
+    const __mmask32 m0 = (__mmask32)mask64(w < 32 ? w : 32), m1 = (__mmask32)mask64(w > 32 ? w - 32 : 0);
     UNROLL
     for (int i = 0; i < MB; i++)
         UNROLL
-        for (int c = 0; c < 4; c++)
-            D[i][c] = _mm512_setzero_si512();
+        for (int v = 0; v < 4; v++)
+            D[i][v] = _mm512_setzero_si512();
     size_t k = 0;
-    for (; k + 4 <= kn; k += 4) {
-        __m512i r[4];
-        UNROLL
-        for (int i = 0; i < 4; i++)
-            r[i] = _mm512_maskz_loadu_epi8(cm, B + (k + i) * ldb);
-        sv_quad(MB, r, codes, k, D);
-    }
-    if (k < kn) { /* the last 1-3 keys; the missing rows are zero (their codes are 0) */
-        __m512i r[4];
-        for (int i = 0; i < 4; i++)
-            r[i] = k + i < kn ? _mm512_maskz_loadu_epi8(cm, B + (k + i) * ldb) : _mm512_setzero_si512();
-        sv_quad(MB, r, codes, k, D);
-    }
+    for (; k + 2 <= kn; k += 2)
+        sv_pair(MB, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, D);
+    if (k < kn) /* the last key; its partner's code is 0 */
+        sv_pair(MB, B + k * ldb, NULL, m0, m1, codes, k, D);
 }
 
-void gqa_sv_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, const float *A, size_t lda,
-                                      const void *B, int type, const float *s, float *C, size_t ldc,
-                                      float beta)
+/* One row's sums D[4] back in column order: out[0..3] = columns 16 j .. 16 j + 15. */
+INLINE void sv_columns(const __m512i D[4], __m512i out[4])
 {
-    uint8_t codes[SV_MB][SV_KS + 16] __attribute__((aligned(64)));
-    const uint8_t *const cr[SV_MB] = {codes[0], codes[1], codes[2], codes[3]};
+    /* D[2h] lane group g (4 dwords): columns 32 h + 8 g + 0..3; D[2h+1]: + 4 */
+    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    out[0] = _mm512_permutex2var_epi32(D[0], lo, D[1]);
+    out[1] = _mm512_permutex2var_epi32(D[0], hi, D[1]);
+    out[2] = _mm512_permutex2var_epi32(D[2], lo, D[3]);
+    out[3] = _mm512_permutex2var_epi32(D[2], hi, D[3]);
+}
+
+void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A, size_t lda,
+                                   const void *B, int type, const float *s, float *C, size_t ldc,
+                                   float beta)
+{
+    int16_t codes[SV_MB][SV_KS + 16] __attribute__((aligned(64)));
+    const int16_t *const cr[SV_MB] = {codes[0], codes[1], codes[2], codes[3]};
     const int8_t *Bb = (const int8_t *)B;
     const int pc = type == GQA_S8_PC;
     if ((type != GQA_S8_PT && !pc) || K == 0) {
@@ -428,19 +563,20 @@ void gqa_sv_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, const float 
                 default: sv_block(4, cr, kn, Bn, N, w, D); break;
                 }
                 for (int i = 0; i < mb; i++) {
-                    int32_t d[64];
+                    __m512i d[4];
                     float *crow = C + rows[i] * ldc + n0;
-                    for (int c = 0; c < 4; c++)
-                        _mm512_storeu_si512((void *)(d + 16 * c), D[i][c]);
-                    for (int c = 0; c < 4; c++)
-                        for (int t = 0; t < 16; t++) {
-                            const size_t col = 16 * (size_t)(t / 4) + 4 * (size_t)c + (size_t)(t % 4);
-                            if (col >= w)
-                                continue;
-                            const float mult = sp[i] * s[pc ? n0 + col : 0];
-                            const float base = k0 > 0 ? crow[col] : (beta == 0.0f ? 0.0f : beta * crow[col]);
-                            crow[col] = base + (float)d[16 * c + t] * mult;
-                        }
+                    const __m512 spv = _mm512_set1_ps(sp[i]);
+                    sv_columns(D[i], d);
+                    for (size_t j = 0; 16 * j < w; j++) {
+                        const __mmask16 m = mask16(w - 16 * j < 16 ? w - 16 * j : 16);
+                        const __m512 sc = pc ? _mm512_maskz_loadu_ps(m, s + n0 + 16 * j) : _mm512_set1_ps(s[0]);
+                        const __m512 mult = _mm512_mul_ps(spv, sc);
+                        __m512 base = _mm512_maskz_loadu_ps(m, crow + 16 * j);
+                        if (k0 == 0)
+                            base = beta == 0.0f ? _mm512_setzero_ps() : _mm512_mul_ps(_mm512_set1_ps(beta), base);
+                        _mm512_mask_storeu_ps(crow + 16 * j, m,
+                                              _mm512_add_ps(base, _mm512_mul_ps(_mm512_cvtepi32_ps(d[j]), mult)));
+                    }
                 }
             }
         }

@@ -9,7 +9,10 @@ scales calibrated on the first ``--calib-tokens`` tokens of a different text (gq
 the KVCache calibration rule: absolute maximum per channel / per tensor, K's rotary pairs by
 their norm, ``--margin`` 1; ``--plain-k-maxima`` for plain K maxima).  For each
 cache mode: perplexity, its change against the float cache, and top-1 agreement (the share of
-positions whose most likely next token equals the float cache's).
+positions whose most likely next token equals the float cache's).  ``--accuracy-levels`` adds
+each mode at those levels (gqa.config's accuracy_level) beside its level 0 run: perplexity change
+and top-1 agreement against the same cache at level 0, over all scored positions and over the
+decoded ones; ``--decode-tail`` sets how many positions are decoded.
 
 Speed: decode at total lengths ``--decode-T``: the caches hold T - steps - 1 positions of the
 evaluation text (one float prefill, copied and quantized into every side's cache), then one
@@ -31,6 +34,7 @@ import numpy as np
 
 from . import texts as _texts
 from gqa import cache_options, needs_scales
+from gqa._config import ACCURACY_LEVELS
 from .terminal import format_table
 
 # static scales, then the per-group caches with float windows and rotations that keep the
@@ -41,32 +45,47 @@ DECODE_TAIL = 32
 
 
 def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE_TAIL, progress=None,
-                 margin=1.0, rotations=None):
-    """{mode: dict(ppl, nll_mean, top1_agreement, rel_change)} over ``tokens`` (1-D); "float" is
-    always run (the reference)."""
+                 margin=1.0, rotations=None, levels=(0,)):
+    """{name: dict(ppl, nll_mean, top1_agreement, rel_change, mode, accuracy_level)} over ``tokens``
+    (1-D); the name is the mode at level 0 and ``mode@L`` at accuracy level L.  "float" at level 0 is
+    always run (the reference of ``top1_agreement`` and ``rel_change``); every mode at a level L > 0
+    also runs at level 0 and gains ``top1_vs_level0`` (all scored positions),
+    ``top1_vs_level0_decoded`` (the ``decode_tail`` decoded ones) and ``rel_vs_level0``."""
+    levels = sorted(set(levels) | {0})
     runs = {}
-    for mode in ("float",) + tuple(m for m in modes if m != "float"):
-        kw = cache_options(mode)
-        if needs_scales(mode):
-            kw.update(calibration=calibration, margin=margin)
-        if kw.get("rotations") == "calibrated":
-            if rotations is None:
-                raise ValueError(f"{mode}: +rot needs calibrated rotations")
-            kw["rotations"] = rotations
-        cache = model.new_cache(len(tokens), **kw)
-        nll, top = model.score(tokens, cache, decode_tail=decode_tail)
-        runs[mode] = dict(nll=nll, top=top)
-        if progress:
-            progress(mode)
-    ref = runs["float"]
+    wanted = ("float",) + tuple(m for m in modes if m != "float")
+    for level in levels:
+        for mode in wanted:
+            if level and mode not in modes:
+                continue
+            kw = cache_options(mode)
+            if needs_scales(mode):
+                kw.update(calibration=calibration, margin=margin)
+            if kw.get("rotations") == "calibrated":
+                if rotations is None:
+                    raise ValueError(f"{mode}: +rot needs calibrated rotations")
+                kw["rotations"] = rotations
+            cache = model.new_cache(len(tokens), accuracy_level=level, **kw)
+            nll, top = model.score(tokens, cache, decode_tail=decode_tail)
+            runs[mode, level] = dict(nll=nll, top=top)
+            if progress:
+                progress(mode if not level else f"{mode}@{level}")
+    ref = runs["float", 0]
+    ppl_of = {k: float(np.exp(r["nll"].mean())) for k, r in runs.items()}
     out = {}
-    for mode, r in runs.items():
+    for (mode, level), r in runs.items():
         if mode not in modes and mode != "float":
             continue
-        ppl = float(np.exp(r["nll"].mean()))
-        out[mode] = dict(ppl=ppl, nll_mean=float(r["nll"].mean()),
-                         top1_agreement=float((r["top"] == ref["top"]).mean()),
-                         rel_change=ppl / float(np.exp(ref["nll"].mean())) - 1.0)
+        row = dict(mode=mode, accuracy_level=level, ppl=ppl_of[mode, level], nll_mean=float(r["nll"].mean()),
+                   top1_agreement=float((r["top"] == ref["top"]).mean()),
+                   rel_change=ppl_of[mode, level] / ppl_of["float", 0] - 1.0)
+        if level:
+            base = runs[mode, 0]["top"]
+            tail = min(decode_tail, len(base))
+            row.update(top1_vs_level0=float((r["top"] == base).mean()),
+                       top1_vs_level0_decoded=float((r["top"][-tail:] == base[-tail:]).mean()) if tail else None,
+                       rel_vs_level0=ppl_of[mode, level] / ppl_of[mode, 0] - 1.0)
+        out[mode if not level else f"{mode}@{level}"] = row
     return out
 
 
@@ -155,10 +174,25 @@ def report_text(res):
              f"{res['texts']['calibration']} (first {res['calibration_tokens']} tokens, margin {res['margin']}, K by {res['k_calibration']}); path "
              f"{res['path']}, {res['threads']} threads"]
     for C, modes in res.get("perplexity", {}).items():
-        rows = [[m, f"{r['ppl']:.3f}", "-" if m == "float" else f"{100 * r['rel_change']:+.2f}%",
-                 f"{100 * r['top1_agreement']:.1f}%"] for m, r in modes.items()]
-        parts.append(f"\nperplexity, context {C} ({C - 1 - DECODE_TAIL} prefilled + {DECODE_TAIL} decoded "
-                     "positions scored):\n" + format_table(["cache", "perplexity", "vs float", "top-1 = float"], rows))
+        tail = res.get("decode_tail", DECODE_TAIL)
+        leveled = any(r.get("accuracy_level") for r in modes.values())
+        rows = []
+        for m, r in modes.items():
+            row = [r.get("mode", m), f"{r['ppl']:.3f}", "-" if m == "float" else f"{100 * r['rel_change']:+.2f}%",
+                   f"{100 * r['top1_agreement']:.1f}%"]
+            if leveled:
+                lv = r.get("accuracy_level", 0)
+                row[1:1] = [str(lv)]
+                row += ["-", "-", "-"] if not lv else [
+                    f"{100 * r['rel_vs_level0']:+.2f}%", f"{100 * r['top1_vs_level0']:.1f}%",
+                    f"{100 * r['top1_vs_level0_decoded']:.1f}%"]
+            rows.append(row)
+        head = ["cache", "perplexity", "vs float", "top-1 = float"]
+        if leveled:
+            head[1:1] = ["level"]
+            head += ["vs level 0", "top-1 = level 0", "decoded: top-1 = level 0"]
+        parts.append(f"\nperplexity, context {C} ({C - 1 - tail} prefilled + {tail} decoded "
+                     "positions scored):\n" + format_table(head, rows))
     for T, sides in res.get("speed", {}).items():
         best_ort = min((s for s in sides if s.startswith("ort")), default=None,
                        key=lambda s: sides[s]["attention_ms"])
@@ -217,6 +251,10 @@ def add_arguments(p):
     p.add_argument("--what", default="ppl,speed", help="ppl, speed or both")
     p.add_argument("--contexts", type=_ints, default=[1024, 4096], help="perplexity contexts")
     p.add_argument("--modes", default=",".join(PPL_MODES), help="cache modes of the perplexity table")
+    p.add_argument("--accuracy-levels", type=_ints, default=[0],
+                   help="accuracy levels of the perplexity table (0-4, gqa.config); each L > 0 beside level 0")
+    p.add_argument("--decode-tail", type=int, default=DECODE_TAIL,
+                   help="positions of each context scored by one decode step each (the rest prefilled)")
     p.add_argument("--calib-tokens", type=int, default=1024, help="calibration tokens")
     p.add_argument("--margin", type=float, default=1.0, help="calibration margin (KVCache)")
     p.add_argument("--plain-k-maxima", action="store_true",
@@ -255,6 +293,8 @@ def run(args, out=None):
             cache_options(m)
         except ValueError as e:
             raise SystemExit(f"gqa eval: {e}")
+    if not set(args.accuracy_levels) <= set(ACCURACY_LEVELS) or args.decode_tail < 0:
+        raise SystemExit(f"gqa eval: --accuracy-levels takes {ACCURACY_LEVELS}, --decode-tail >= 0")
     if not _gguf.available():
         try:
             _gguf.model_path()
@@ -277,7 +317,7 @@ def run(args, out=None):
     res = dict(model=model.name, path=gqa.active_path(), threads=threads,
                texts=dict(evaluation=_texts.describe(_texts.EVAL_TOPIC),
                           calibration=_texts.describe(_texts.CALIBRATION_TOPIC)),
-               calibration_tokens=int(len(cal_ids)), margin=args.margin,
+               calibration_tokens=int(len(cal_ids)), margin=args.margin, decode_tail=args.decode_tail,
                k_calibration="plain maxima" if args.plain_k_maxima else "rotary pair norms", skipped=[])
     enabled = sys.stderr.isatty()
     blas = blas_threads(args.blas_threads) if args.blas_threads else None
@@ -291,8 +331,9 @@ def run(args, out=None):
         if "ppl" in what:
             res["perplexity"] = {}
             for C in args.contexts:
-                bar = Progress(len(modes) + 1, enabled)
+                bar = Progress((len(modes) + 1) * len(set(args.accuracy_levels) | {0}), enabled)
                 res["perplexity"][C] = perplexities(model, ev[:C], calibration, modes, margin=args.margin,
+                                                    decode_tail=args.decode_tail, levels=args.accuracy_levels,
                                                     progress=lambda m: bar.update(1, f"ppl C={C} {m}"),
                                                     rotations=rotations)
                 bar.close()
