@@ -1,7 +1,7 @@
 """accuracy_level (onnxruntime's convention: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8):
 how a level is chosen (the attribute, else gqa.config / GQA_ACCURACY_LEVEL), that only level 4
 on INT8 codes leaves the exact float32 contract, and level 4's integer-dot kernels (AVX-512
-VNNI) against NumPy statements of their contracts (kernels_avx512vnni.c), bit for bit, and
+VNNI; 15-bit query rows and probabilities) against NumPy statements of their contracts (kernels_avx512vnni.c), bit for bit, and
 the attention output against float64 within the bound those contracts give.  The emulated
 path (tests/isa, avx512vnni-emulated) checks the same contracts on CPUs without VNNI."""
 import numpy as np
@@ -42,14 +42,14 @@ def test_levels_are_checked():
     assert gqa.get_config()["accuracy_level"] == 0
 
 
-def _sv_ref(a, q, s, beta, c0, chunk=8192):
-    """sv_gemm_s8_approx's contract for rows of finite values >= 0 with a maximum > 0."""
+def _sv_ref(a, q, s, beta, c0, chunk=512):
+    """sv_gemm_s8_dot's contract for rows of finite values >= 0 with a maximum > 0."""
     M, K = a.shape
     out = np.empty((M, q.shape[1]), F32)
     for m in range(M):
         pmax = a[m].max()
-        inv, sp = F32(255) / pmax, F32(pmax / F32(255))
-        code = np.minimum(255, np.rint((a[m] * inv).astype(F32))).astype(np.int64)
+        inv, sp = F32(32767) / pmax, F32(pmax / F32(32767))
+        code = np.minimum(32767, np.rint((a[m] * inv).astype(F32))).astype(np.int64)
         mult = (sp * s).astype(F32)
         r = np.zeros(q.shape[1], F32) if beta == 0 else (F32(beta) * c0[m]).astype(F32)
         for k0 in range(0, K, chunk):
@@ -62,10 +62,10 @@ def _sv_ref(a, q, s, beta, c0, chunk=8192):
 @needs_int8_dot
 @pytest.mark.parametrize("M,K,Ncol,pc,beta", [(3, 8192, 64, False, 0.0), (4, 100, 64, True, 1.0),
                                               (5, 9001, 96, False, 0.5), (1, 7, 13, True, 0.0),
-                                              (8, 20000, 130, True, 1.0)])
+                                              (8, 20000, 130, True, 1.0), (2, 513, 40, False, 0.0)])
 def test_int8_sv_contract(M, K, Ncol, pc, beta):
-    """P @ V at level 4: probabilities quantized to u8 against their row's maximum, integer
-    dots per 8192-key chunk, bit for bit (per tensor and per channel, beta 0 / 0.5 / 1)."""
+    """P @ V at level 4: probabilities quantized to 15 bits against their row's maximum,
+    integer dots per 512-key chunk, bit for bit (per tensor and per channel, beta 0 / 0.5 / 1)."""
     rng = np.random.default_rng(K)
     a = (rng.uniform(0, 1, (M, K)) * rng.uniform(0, 1, (M, K))).astype(F32)
     a[0, ::7] = 0.0
@@ -78,11 +78,12 @@ def test_int8_sv_contract(M, K, Ncol, pc, beta):
     with gqa.config(path="avx512", accuracy_level=0):
         exact = gqa.sv_gemm(a, q, s, bits=8, beta=beta, out=c0.copy())
     assert not np.array_equal(got, exact)      # the integer kernel ran
-    # the stated bound: sp (1/2 + 2^-15) sum|deq q| + 2^-22 sum a|deq q| (+ float32 roundings)
+    # the stated bound: sp (1/2 + 2^-9) sum|deq q| + 2^-22 sum a|deq q| (+ float32 roundings)
     dq = np.abs(q.astype(np.float64)) * s.astype(np.float64)
-    sp = a.max(axis=1, keepdims=True).astype(np.float64) / 255
+    sp = a.max(axis=1, keepdims=True).astype(np.float64) / 32767
     aq = a.astype(np.float64) @ dq
-    bound = sp * (0.5 + 2 ** -15) * dq.sum(axis=0) + aq * 2 ** -22 + (K + 8) * U * (aq + np.abs(exact))
+    bound = (sp * (0.5 + 2 ** -9) * dq.sum(axis=0) + aq * 2 ** -22
+             + (K // 512 + K + 8) * U * (aq + np.abs(exact)))
     assert (np.abs(got.astype(np.float64) - exact) <= bound).all()
 
 
@@ -101,18 +102,59 @@ def test_int8_sv_rows_outside_the_contract_are_exact():
     assert np.array_equal(got[4], _sv_ref(a[4:], q, s[0], 0.0, None)[0])
 
 
+def _qk_ref(a, b, s, pc, alpha):
+    """qk_gemm_s8_dot's contract for rows whose (scaled) maximum is finite and > 0."""
+    out = np.empty((a.shape[0], b.shape[0]), F32)
+    for m in range(a.shape[0]):
+        x = (a[m] * s).astype(F32) if pc else a[m]
+        amax = np.abs(x).max()
+        inv, sa = F32(32767) / amax, F32(amax / F32(32767))
+        c = np.clip(np.rint((x * inv).astype(F32)), -32767, 32767).astype(np.int64)
+        mult = F32(F32(alpha) * sa) if pc else F32(F32(F32(alpha) * sa) * s[0])
+        out[m] = ((b.astype(np.int64) @ c).astype(F32) * mult).astype(F32)
+    return out
+
+
 @needs_int8_dot
-def test_int8_qk_per_channel_is_the_per_tensor_kernel_on_scaled_rows():
+@pytest.mark.parametrize("M,Ncol,K,pc", [(3, 50, 64, True), (8, 33, 64, False), (1, 7, 100, True),
+                                         (5, 130, 128, False), (9, 17, 1024, True), (2, 3, 1, False)])
+def test_int8_qk_contract(M, Ncol, K, pc):
+    """Q K^T at level 4: query rows (times the per-channel scales) quantized to 15 bits
+    against their absolute maximum, exact integer dots, bit for bit; within the bound
+    |alpha| (sa / 2 sum|q s'| + 2^-22 sum|a' q s'|) of the exact kernel."""
+    rng = np.random.default_rng(K + M)
+    a = (rng.standard_normal((M, K)) * np.where(np.arange(K) % 7 == 0, 30, 1)).astype(F32)
+    b = rng.integers(-128, 128, (Ncol, K)).astype(np.int8)
+    s = rng.uniform(0.01, 0.02, K if pc else 1).astype(F32)
+    with gqa.config(path="avx512", accuracy_level=4):
+        got = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
+    assert np.array_equal(got, _qk_ref(a, b, s, pc, 0.125))
+    with gqa.config(path="avx512", accuracy_level=0):
+        exact = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
+    x = a.astype(np.float64) * (s if pc else 1.0)
+    sq = np.abs(b).astype(np.float64) * (1.0 if pc else float(s[0]))
+    sa = np.abs(x).max(axis=1, keepdims=True) / 32767
+    aq = np.abs(x) @ sq.T
+    bound = 0.125 * (sa / 2 * sq.sum(axis=1) + aq * (2 ** -22 + (K + 4) * U)) + 4 * U * np.abs(got)
+    assert (np.abs(got.astype(np.float64) - exact) <= bound).all()
+    if K > 1:
+        assert not np.array_equal(got, exact)      # the integer kernel ran
+
+
+@needs_int8_dot
+def test_int8_qk_rows_outside_the_contract_are_exact():
+    """Rows of zeros, NaN or inf, and heads wider than 1024, take the exact kernel."""
     rng = np.random.default_rng(2)
-    a = rng.standard_normal((7, H)).astype(F32)
+    a = rng.standard_normal((5, H)).astype(F32)
+    a[1], a[2, 3], a[3, 4] = 0.0, np.nan, np.inf
     b = rng.integers(-128, 128, (50, H)).astype(np.int8)
     s = rng.uniform(0.01, 0.02, H).astype(F32)
     with gqa.config(path="avx512", accuracy_level=4):
         got = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
-    with gqa.config(path="avx512", approx_vnni=True):
-        want = gqa.qk_gemm((a * s).astype(F32), b, np.array([1.0], F32), bits=8, alpha=0.125)
-    assert np.array_equal(got, want)
-    # heads wider than 1024: the exact kernel
+    with gqa.config(path="avx512", accuracy_level=0):
+        exact = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
+    assert np.array_equal(got[1:4], exact[1:4], equal_nan=True)
+    assert np.array_equal(got[[0, 4]], _qk_ref(a[[0, 4]], b, s, True, 0.125))
     a2, b2, s2 = (rng.standard_normal((2, 1040)).astype(F32), rng.integers(-128, 128, (3, 1040)).astype(np.int8),
                   rng.uniform(0.01, 0.02, 1040).astype(F32))
     with gqa.config(path="avx512", accuracy_level=4):
@@ -155,9 +197,9 @@ def test_level_4_leaves_other_formats_exact(kernel_path, mode):
 def test_level_4_attention_within_its_bound(mode, flash):
     """One decode step over an INT8 cache at level 4 against float64 over the same codes.
     With E_j the QK kernel's bound on score j (its per-tensor bound on the rows times the
-    scales) and the probabilities quantized against their maximum 1 (8 bits), the output of
+    scales) and the probabilities quantized against their maximum 1 (15 bits), the output of
     a head moves by at most  max|v| (e^{2E} - 1)  from the scores and
-    (1/2 + 2^-15) / 255 * sum_j |v_j| * m_c / l  from P @ V (m_c: the largest probability of
+    (1/2 + 2^-9) / 32767 * sum_j |v_j| * m_c / l  from P @ V (m_c: the largest probability of
     a key chunk, 1 on the naive path; l: the row's total), plus float32 roundings."""
     rng = np.random.default_rng(4)
     (c0, c4), (q, k, v) = _decode_case(mode, rng)
@@ -175,15 +217,15 @@ def test_level_4_attention_within_its_bound(mode, flash):
     for h in range(N):
         j = h // G
         a = qh[h] * (ks.reshape(NKV, H)[j] if ks.size > 1 else 1.0)
-        sa = np.abs(a.astype(F32)).max() / 127
+        sa = np.abs(a.astype(F32)).max() / 32767
         sq = np.abs(kq[j]).sum(axis=1) * (1.0 if ks.size > 1 else ks[0])
-        E = alpha * (sa * (0.5 + 2 ** -16) * sq + 2 ** -22 * np.abs(kq[j] * a).sum(axis=1)
+        E = alpha * (sa * 0.5 * sq + 2 ** -22 * np.abs(kq[j] * a).sum(axis=1)
                      * (1.0 if ks.size > 1 else ks[0]))
         sc = alpha * (K[j] @ qh[h])
         p = np.exp(sc - sc.max())
         ref = p @ V[j] / p.sum()
         bound = (np.abs(V[j]).max() * np.expm1(2 * E.max())
-                 + (0.5 + 2 ** -15) / 255 * np.abs(V[j]).sum(axis=0) / p.sum()
+                 + (0.5 + 2 ** -9) / 32767 * np.abs(V[j]).sum(axis=0) / p.sum()
                  + 1e-5 * (np.abs(ref) + np.abs(V[j]).max()))
         err = np.abs(got[0, 0, h * H:(h + 1) * H] - ref)
         assert (err <= bound).all(), (h, err.max(), bound.min())

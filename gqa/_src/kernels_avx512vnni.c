@@ -280,6 +280,12 @@ void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha,
  */
 #define DOT_QK_K 1024
 
+/* The bytes of mask m at p (32 at most), as a 256-bit vector. */
+INLINE __m256i load32_epi8(__mmask32 m, const void *p)
+{
+    return _mm512_castsi512_si256(_mm512_maskz_loadu_epi8((__mmask64)m, p));
+}
+
 INLINE void dot_block(const int MB, const int NB, const int16_t *c, size_t cs, const int8_t *B, size_t rb,
                       size_t K, const float *mult, float *C, size_t ldc)
 {
@@ -292,7 +298,7 @@ INLINE void dot_block(const int MB, const int NB, const int16_t *c, size_t cs, c
         const __mmask32 m = (__mmask32)mask64(K - k < 32 ? K - k : 32);
         UNROLL
         for (int nb = 0; nb < NB; nb++) {
-            const __m512i b = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, B + nb * rb + k));
+            const __m512i b = _mm512_cvtepi8_epi16(load32_epi8(m, B + nb * rb + k));
             UNROLL
             for (int mb = 0; mb < MB; mb++)
                 acc[mb * NB + nb] = _mm512_dpwssd_epi32(acc[mb * NB + nb],
@@ -357,7 +363,7 @@ static int dot_row(const float *a, size_t K, const float *s, int pc, float alpha
         v = _mm512_roundscale_ps(_mm512_mul_round_ps(v, vinv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         v = _mm512_max_ps(_mm512_min_ps(v, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
-        _mm256_store_si256((__m256i *)(c + k), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(v)));
+        _mm256_store_si256((__m256i *)(c + k), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(v)));
     }
     *mult = pc ? alpha * sa : (alpha * sa) * s[0];
     return 1;
@@ -467,7 +473,7 @@ static void sv_codes(const float *a, size_t k0, size_t k1, float inv, int16_t *c
         t = _mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
                           _mm512_set1_ps(32767.0f));
         /* lanes past the row are 0; c has SV_KS + 16 per row */
-        _mm256_storeu_si256((__m256i *)(c + k), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(t)));
+        _mm256_storeu_si256((__m256i *)(c + k), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(t)));
     }
 }
 
@@ -476,10 +482,10 @@ static void sv_codes(const float *a, size_t k0, size_t k1, float inv, int16_t *c
 INLINE void sv_pair(const int MB, const int8_t *r0, const int8_t *r1, __mmask32 m0, __mmask32 m1,
                     const int16_t *const *codes, size_t k, __m512i D[SV_MB][4])
 {
-    const __m512i a0 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m0, r0));
-    const __m512i a1 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m1, r0 + 32));
-    const __m512i b0 = r1 ? _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m0, r1)) : _mm512_setzero_si512();
-    const __m512i b1 = r1 ? _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m1, r1 + 32)) : _mm512_setzero_si512();
+    const __m512i a0 = _mm512_cvtepi8_epi16(load32_epi8(m0, r0));
+    const __m512i a1 = _mm512_cvtepi8_epi16(load32_epi8(m1, r0 + 32));
+    const __m512i b0 = r1 ? _mm512_cvtepi8_epi16(load32_epi8(m0, r1)) : _mm512_setzero_si512();
+    const __m512i b1 = r1 ? _mm512_cvtepi8_epi16(load32_epi8(m1, r1 + 32)) : _mm512_setzero_si512();
     const __m512i o[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
                           _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
     UNROLL

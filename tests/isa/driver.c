@@ -35,7 +35,7 @@
  *                   the error bound against the exact scalar path, edge rows;
  *                   per-channel codes bit for bit as per-tensor codes of the
  *                   rows times the scales.
- *   approx.sv.*     the INT8 P @ V kernel of accuracy level 4: bit for bit against
+ *   dot.sv.*     the INT8 P @ V kernel of accuracy level 4: bit for bit against
  *                   its contract (keys 1 .. 20000, across its 8192-key chunks,
  *                   columns 1 .. 130, beta 0 / 1 / 0.5, per tensor and per channel),
  *                   the bound against the exact scalar path, and rows with a
@@ -760,18 +760,18 @@ static void check_approx(void)
     }
 }
 
-/* The contract of sv_gemm_s8_approx (stated in kernels_avx512vnni.c), for rows whose elements
+/* The contract of sv_gemm_s8_dot (stated in kernels_avx512vnni.c), for rows whose elements
    are finite and >= 0 with a maximum > 0: C = beta * C + the chunked integer dots. */
-static void sv_approx_oracle(size_t M, size_t N, size_t K, const float *A, size_t lda, const int8_t *B,
+static void sv_dot_oracle(size_t M, size_t N, size_t K, const float *A, size_t lda, const int8_t *B,
                              const float *s, int pc, float *C, size_t ldc, float beta)
 {
-    const size_t KS = 8192;
+    const size_t KS = 512;
     for (size_t m = 0; m < M; m++) {
         const float *a = A + m * lda;
         float pmax = 0.0f;
         for (size_t k = 0; k < K; k++)
             pmax = a[k] > pmax ? a[k] : pmax;
-        const float inv = 255.0f / pmax, sp = pmax / 255.0f;
+        const float inv = 32767.0f / pmax, sp = pmax / 32767.0f;
         for (size_t n = 0; n < N; n++) {
             const float mult = sp * s[pc ? n : 0];
             float r = beta == 0.0f ? 0.0f : beta * C[m * ldc + n];
@@ -780,7 +780,7 @@ static void sv_approx_oracle(size_t M, size_t N, size_t K, const float *A, size_
                 for (size_t k = k0; k < K && k < k0 + KS; k++) {
                     float t = a[k] * inv;
                     float q = rintf(t);
-                    q = q > 255.0f ? 255.0f : q;
+                    q = q > 32767.0f ? 32767.0f : q;
                     d += (int64_t)q * B[k * N + n];
                 }
                 r = r + (float)d * mult;
@@ -790,9 +790,9 @@ static void sv_approx_oracle(size_t M, size_t N, size_t K, const float *A, size_
     }
 }
 
-static void check_sv_approx(void)
+static void check_sv_dot(void)
 {
-    static const size_t KA[] = {1, 2, 3, 4, 5, 7, 29, 64, 300, 8191, 8192, 8193, 20000};
+    static const size_t KA[] = {1, 2, 3, 4, 5, 7, 29, 64, 300, 511, 512, 513, 1025, 8193, 20000};
     static const size_t NA[] = {1, 13, 64, 65, 130};
     static const float BETAS[] = {0.0f, 1.0f, 0.5f};
     const size_t NK = sizeof(KA) / sizeof(KA[0]), NN = sizeof(NA) / sizeof(NA[0]);
@@ -820,8 +820,8 @@ static void check_sv_approx(void)
                 for (size_t i = 0; i < M * ldc; i++)
                     got[i] = want[i] = exact[i] = (i % ldc) < N ? normal() : GUARD_F;
                 const int type = pc ? GQA_S8_PC : GQA_S8_PT;
-                T->sv_gemm_s8_approx(M, N, K, A, lda, B, type, s, got, ldc, beta);
-                sv_approx_oracle(M, N, K, A, lda, B, s, pc, want, ldc, beta);
+                T->sv_gemm_s8_dot(M, N, K, A, lda, B, type, s, got, ldc, beta);
+                sv_dot_oracle(M, N, K, A, lda, B, s, pc, want, ldc, beta);
                 R->sv_gemm(M, N, K, A, lda, B, type, s, exact, ldc, beta);
                 int bad_c = 0, bad_b = 0;
                 for (size_t m = 0; m < M; m++) {
@@ -829,20 +829,20 @@ static void check_sv_approx(void)
                     float pmax = 0.0f;
                     for (size_t k = 0; k < K; k++)
                         pmax = a[k] > pmax ? a[k] : pmax;
-                    const double sp = pmax / 255.0f;
+                    const double sp = pmax / 32767.0f;
                     for (size_t n = 0; n < ldc; n++) {
                         const size_t i = m * ldc + n;
                         if (n >= N) {
                             if (!same_float(got[i], GUARD_F) && (bad_c = 1) && shown[0]++ < 5)
-                                printf("  approx.sv.contract mismatch: K=%zu N=%zu padding [%zu,%zu] overwritten\n",
+                                printf("  dot.sv.contract mismatch: K=%zu N=%zu padding [%zu,%zu] overwritten\n",
                                        K, N, m, n);
                             continue;
                         }
                         if (!same_float(got[i], want[i]) && (bad_c = 1) && shown[0]++ < 5)
-                            printf("  approx.sv.contract mismatch: K=%zu N=%zu pc=%d beta=%g C[%zu,%zu]: got %.9g "
+                            printf("  dot.sv.contract mismatch: K=%zu N=%zu pc=%d beta=%g C[%zu,%zu]: got %.9g "
                                    "want %.9g\n", K, N, pc, (double)beta, m, n, (double)got[i], (double)want[i]);
                         /* bound (kernels_avx512vnni.c): with dq = |q| s,
-                           |approx - exact| <= sp (1/2 + 2^-15) sum dq + 2^-22 sum a dq
+                           |approx - exact| <= sp (1/2 + 2^-9) sum dq + 2^-22 sum a dq
                                                + (chunks + 3) u (|got| + |beta C0| + sum a dq) + exact's (K + 2) u sum a dq */
                         double sq = 0, aq = 0;
                         const double sn = s[pc ? n : 0];
@@ -850,11 +850,11 @@ static void check_sv_approx(void)
                             sq += abs(B[k * N + n]) * sn;
                             aq += (double)a[k] * abs(B[k * N + n]) * sn;
                         }
-                        const double chunks = (double)(K / 8192 + 1);
-                        const double bound = sp * (0.5 + 1.0 / 32768) * sq + aq / 4194304.0 +
+                        const double chunks = (double)(K / 512 + 1);
+                        const double bound = sp * (0.5 + 1.0 / 512) * sq + aq / 4194304.0 +
                                              (chunks + 3 + K + 2) * u * (fabs(got[i]) + fabs(exact[i]) + aq);
                         if (!(fabs((double)got[i] - exact[i]) <= bound) && (bad_b = 1) && shown[1]++ < 5)
-                            printf("  approx.sv.bound mismatch: K=%zu N=%zu C[%zu,%zu]: approx %.9g exact %.9g "
+                            printf("  dot.sv.bound mismatch: K=%zu N=%zu C[%zu,%zu]: approx %.9g exact %.9g "
                                    "bound %.3g\n", K, N, m, n, (double)got[i], (double)exact[i], bound);
                     }
                 }
@@ -878,17 +878,17 @@ static void check_sv_approx(void)
             A[3 * K + k] = 0.0f;
         for (size_t i = 0; i < M * N; i++)
             got[i] = want[i] = normal();
-        T->sv_gemm_s8_approx(M, N, K, A, K, B, GQA_S8_PT, &s, got, N, 1.0f);
+        T->sv_gemm_s8_dot(M, N, K, A, K, B, GQA_S8_PT, &s, got, N, 1.0f);
         T->sv_gemm(4, N, K, A, K, B, GQA_S8_PT, &s, want, N, 1.0f);
-        sv_approx_oracle(1, N, K, A + 4 * K, K, B, &s, 0, want + 4 * N, N, 1.0f);
+        sv_dot_oracle(1, N, K, A + 4 * K, K, B, &s, 0, want + 4 * N, N, 1.0f);
         int bad = 0;
         for (size_t i = 0; i < M * N; i++)
             bad += !same_float(got[i], want[i]);
         if (bad && shown[2]++ < 5)
-            printf("  approx.sv.edges mismatch: %d values differ from the exact kernel / the contract\n", bad);
+            printf("  dot.sv.edges mismatch: %d values differ from the exact kernel / the contract\n", bad);
         cases[2]++, fails[2] += bad != 0;
     }
-    static const char *const names[3] = {"approx.sv.contract", "approx.sv.bound", "approx.sv.edges"};
+    static const char *const names[3] = {"dot.sv.contract", "dot.sv.bound", "dot.sv.edges"};
     for (int i = 0; i < 3; i++) {
         begin(names[i]);
         check_cases = cases[i], check_fails = fails[i];
@@ -896,37 +896,107 @@ static void check_sv_approx(void)
     }
 }
 
-static void check_approx_pc(void)
-{ /* per-channel QK codes: the per-tensor kernel (s = 1) on the rows times the scales */
-    long bad = 0, n = 0;
-    static const size_t KA[] = {1, 5, 16, 64, 100, 1024};
-    for (size_t ki = 0; ki < sizeof(KA) / sizeof(KA[0]); ki++)
-        for (size_t mi = 0; mi < NM; mi++) {
-            const size_t K = KA[ki], M = MS[mi], N = 11;
-            float *A = xmalloc(M * K * 4), *F = xmalloc(M * K * 4), *s = xmalloc(K * 4);
-            float *got = xmalloc(M * N * 4), *want = xmalloc(M * N * 4);
-            int8_t *B = xmalloc(N * K);
-            const float one = 1.0f;
-            for (size_t k = 0; k < K; k++)
-                s[k] = 0.01f + 0.05f * unif();
-            for (size_t i = 0; i < M * K; i++) {
-                A[i] = normal();
-                F[i] = A[i] * s[i % K];
-            }
-            for (size_t i = 0; i < N * K; i++)
-                B[i] = (int8_t)rnd();
-            T->qk_gemm_s8_approx(M, N, K, 0.3f, A, K, B, GQA_S8_PC, s, got, N);
-            approx_oracle(M, N, K, 0.3f, F, K, B, one, want, N, NULL);
-            for (size_t i = 0; i < M * N; i++)
-                bad += !same_float(got[i], want[i]);
-            n++;
-            free(A), free(F), free(s), free(got), free(want), free(B);
+/* The contract of qk_gemm_s8_dot (stated in kernels_avx512vnni.c) for rows whose (scaled)
+   maximum is finite and > 0; returns the row's sa. */
+static float qk_dot_oracle_row(size_t N, size_t K, float alpha, const float *a, const int8_t *B, int pc,
+                               const float *s, float *c)
+{
+    float amax = 0.0f;
+    for (size_t k = 0; k < K; k++) {
+        const float x = pc ? a[k] * s[k] : a[k];
+        amax = fabsf(x) > amax ? fabsf(x) : amax;
+    }
+    const float inv = 32767.0f / amax, sa = amax / 32767.0f;
+    const float mult = pc ? alpha * sa : (alpha * sa) * s[0];
+    for (size_t n = 0; n < N; n++) {
+        int64_t d = 0;
+        for (size_t k = 0; k < K; k++) {
+            const float x = pc ? a[k] * s[k] : a[k];
+            float q = rintf(x * inv);
+            q = q > 32767.0f ? 32767.0f : q < -32767.0f ? -32767.0f : q;
+            d += (int64_t)q * B[n * K + k];
         }
-    if (bad)
-        printf("  approx.pc mismatch: %ld values differ from the per-tensor contract on folded rows\n", bad);
-    begin("approx.pc");
-    check_cases = n, check_fails = bad != 0;
-    end();
+        c[n] = (float)d * mult;
+    }
+    return sa;
+}
+
+static void check_dot_qk(void)
+{ /* bit for bit against the contract; the bound against the exact scalar kernel; rows of
+     zeros / NaN / inf and heads wider than 1024 as the path's exact kernel */
+    static const size_t KA[] = {1, 5, 16, 31, 32, 33, 64, 100, 128, 1024, 1025};
+    const double u = 1.0 / 16777216.0;
+    long cases[3] = {0}, fails[3] = {0};
+    for (size_t ki = 0; ki < sizeof(KA) / sizeof(KA[0]); ki++)
+        for (size_t mi = 0; mi < NM; mi++)
+            for (int pc = 0; pc < 2; pc++) {
+                const size_t K = KA[ki], M = MS[mi], N = 11 + ki, ldc = N + 1;
+                const float alpha = 0.3f;
+                float *A = xmalloc(M * K * 4), *s = xmalloc(K * 4);
+                float *got = xmalloc(M * ldc * 4), *want = xmalloc(M * ldc * 4), *exact = xmalloc(M * ldc * 4);
+                int8_t *B = xmalloc(N * K);
+                for (size_t k = 0; k < K; k++)
+                    s[k] = 0.01f + 0.05f * unif();
+                for (size_t i = 0; i < M * K; i++)
+                    A[i] = normal() * (i % 7 == 0 ? 30.0f : 1.0f); /* outlier channels */
+                for (size_t i = 0; i < N * K; i++)
+                    B[i] = (int8_t)rnd();
+                B[0] = -128;
+                if (M > 2) { /* rows the contract leaves: zeros, a NaN, an inf */
+                    for (size_t k = 0; k < K; k++)
+                        A[1 * K + k] = 0.0f;
+                    A[2 * K + K / 2] = (mi & 1) ? NAN : INFINITY;
+                }
+                for (size_t i = 0; i < M * ldc; i++)
+                    got[i] = want[i] = exact[i] = GUARD_F;
+                const int type = pc ? GQA_S8_PC : GQA_S8_PT;
+                T->qk_gemm_s8_dot(M, N, K, alpha, A, K, B, type, s, got, ldc);
+                T->qk_gemm(M, N, K, alpha, A, K, B, type, s, want, ldc);
+                R->qk_gemm(M, N, K, alpha, A, K, B, type, s, exact, ldc);
+                int bad_c = 0, bad_b = 0, bad_e = 0;
+                for (size_t m = 0; m < M; m++) {
+                    const int edge = M > 2 && (m == 1 || m == 2);
+                    float sa = 0.0f;
+                    if (!edge && K <= 1024)
+                        sa = qk_dot_oracle_row(N, K, alpha, A + m * K, B, pc, s, want + m * ldc);
+                    for (size_t n = 0; n < ldc; n++) {
+                        const size_t i = m * ldc + n;
+                        if (!same_float(got[i], want[i])) {
+                            if (edge || K > 1024)
+                                bad_e = 1;
+                            else
+                                bad_c = 1;
+                        }
+                        if (n >= N || edge || K > 1024)
+                            continue;
+                        /* |got - exact| <= |alpha| (sa/2 sum|q| s' + 2^-22 sum|a' q|) + roundings,
+                           s' = s (per tensor) or 1 (per channel: a' = a s) */
+                        double sq = 0, aq = 0;
+                        for (size_t k = 0; k < K; k++) {
+                            const double x = pc ? (double)A[m * K + k] * s[k] : A[m * K + k];
+                            sq += abs(B[n * K + k]) * (pc ? 1.0 : s[0]);
+                            aq += fabs(x * B[n * K + k]) * (pc ? 1.0 : s[0]);
+                        }
+                        const double bound = fabs(alpha) * (sa * 0.5 * sq + aq / 4194304.0 + (K + 4) * u * aq)
+                                             + 4 * u * fabs(got[i]);
+                        if (!(fabs((double)got[i] - exact[i]) <= bound))
+                            bad_b = 1;
+                    }
+                }
+                if (bad_c || bad_b || bad_e)
+                    printf("  dot.qk mismatch: K=%zu M=%zu pc=%d: contract %d bound %d edges %d\n", K, M, pc,
+                           bad_c, bad_b, bad_e);
+                cases[0]++, fails[0] += bad_c;
+                cases[1]++, fails[1] += bad_b;
+                cases[2]++, fails[2] += bad_e;
+                free(A), free(s), free(got), free(want), free(exact), free(B);
+            }
+    static const char *const names[3] = {"dot.qk.contract", "dot.qk.bound", "dot.qk.edges"};
+    for (int i = 0; i < 3; i++) {
+        begin(names[i]);
+        check_cases = cases[i], check_fails = fails[i];
+        end();
+    }
 }
 
 /* ---- per-group types ------------------------------------------------------ */
@@ -1059,13 +1129,13 @@ int main(int argc, char **argv)
             n_checks++, n_failed++;
         } else {
             check_approx();
-            check_approx_pc();
         }
-        if (T->sv_gemm_s8_approx == NULL) {
-            printf("approx: the %s table has no sv_gemm_s8_approx\n", T->name);
+        if (T->qk_gemm_s8_dot == NULL || T->sv_gemm_s8_dot == NULL) {
+            printf("approx: the %s table has no qk_gemm_s8_dot / sv_gemm_s8_dot\n", T->name);
             n_checks++, n_failed++;
         } else {
-            check_sv_approx();
+            check_dot_qk();
+            check_sv_dot();
         }
     }
     printf("driver %s: %ld checks, %ld failed\n", T->name, n_checks, n_failed);
