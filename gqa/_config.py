@@ -103,7 +103,7 @@ class config:
     approx_vnni : bool, opt in to the approximate INT8 per-tensor QK kernel (AVX-512 VNNI)
     accuracy_level : 0-4, the level of operators whose own accuracy_level is 0 and of
                   gqa.qk_gemm / sv_gemm (GQA_ACCURACY_LEVEL; 0 and 1-3: float32 products,
-                  4: int8 products on INT8 codes where the CPU has AVX-512 VNNI)
+                  4: integer dot products on INT8 codes where the CPU has AVX-512 VNNI)
     num_threads : int >= 1, or None for GQA_NUM_THREADS / OpenMP's default
     """
 

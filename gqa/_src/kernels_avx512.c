@@ -378,38 +378,6 @@ INLINE __m256 fold256(__m512 v)
                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
-/* Lane i of the result = horizontal sum of v[i] (i < 16), by the same tree for every
-   slot: 128-bit quarters (Q0 + Q2) + (Q1 + Q3), then the 4 lanes (e0 + e1) + (e2 + e3).
-   Each step merges two vectors a, b into one with one permute, one blend and one add
-   (out[p] = src(p)[p] + src(p)[partner(p)], src(p) = a or b), so only 15 of the 45
-   operations are shuffles (port 5 alone on AVX-512 cores).  The tree leaves v[4e + w(l)]
-   in element 4l + e, w = (0 2 1 3); the inputs are taken in that order, so lane i of the
-   result is the sum of in[i]. */
-INLINE __m512 hsum16x16(const __m512 in[16])
-{
-    __m512 v[16], s[8], t[4], r[2];
-    UNROLL
-    for (int k = 0; k < 16; k++) {
-        const int l = (k & 3) == 1 ? 2 : (k & 3) == 2 ? 1 : (k & 3), e = k >> 2;
-        v[k] = in[4 * l + e];
-    }
-    UNROLL
-    for (int j = 0; j < 8; j++) /* lanes 0-7: v[2j] folded to 256 bits, 8-15: v[2j+1] */
-        s[j] = _mm512_add_ps(_mm512_mask_blend_ps(0xFF00, v[2 * j], v[2 * j + 1]),
-                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x4E));
-    const __m512i q2 = _mm512_setr_epi32(4, 5, 6, 7, 16, 17, 18, 19, 12, 13, 14, 15, 24, 25, 26, 27);
-    UNROLL
-    for (int j = 0; j < 4; j++) /* 128-bit lane l: v[4j + w(l)] folded to 128 bits */
-        t[j] = _mm512_add_ps(_mm512_mask_blend_ps(0xF0F0, s[2 * j], s[2 * j + 1]),
-                             _mm512_permutex2var_ps(s[2 * j], q2, s[2 * j + 1]));
-    const __m512i e2 = _mm512_setr_epi32(1, 16, 3, 18, 5, 20, 7, 22, 9, 24, 11, 26, 13, 28, 15, 30);
-    UNROLL
-    for (int j = 0; j < 2; j++) /* per lane: e0 + e1 of t[2j], of t[2j+1], then e2 + e3 of each */
-        r[j] = _mm512_add_ps(_mm512_mask_blend_ps(0xAAAA, t[2 * j], t[2 * j + 1]),
-                             _mm512_permutex2var_ps(t[2 * j], e2, t[2 * j + 1]));
-    return _mm512_add_ps(_mm512_mask_blend_ps(0xCCCC, r[0], r[1]), _mm512_shuffle_ps(r[0], r[1], 0x4E));
-}
-
 /* A block's sums h (lane m * NB + r: row m of A, row r of B) into C[m * ldc + r] for the first
    nb <= NB rows of B. */
 INLINE void qk_store(const int MB, const int NB, const __m512 h, float *C, size_t ldc, size_t nb)

@@ -1,7 +1,8 @@
 /*
  * kernels_avx512.h -- what the AVX-512 units (kernels_avx512.c, kernels_avx512vnni.c) share:
  * the intrinsics (<immintrin.h>, or SIMDe for the emulation build of tests/isa:
- * GQA_EMULATE_AVX512), the ISA-free helpers, and lane masks.  Included only by units
+ * GQA_EMULATE_AVX512), the ISA-free helpers, lane masks and the 16-sum reduction tree.
+ * Included only by units
  * compiled with the avx512 path's flags.
  */
 #ifndef GQA_KERNELS_AVX512_H
@@ -19,5 +20,55 @@
 /* Lanes [0, n) set, n <= 16 / n <= 64. */
 static inline __mmask16 mask16(size_t n) { return (__mmask16)((1u << n) - 1u); }
 static inline __mmask64 mask64(size_t n) { return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1); }
+
+/* Lane i of the result = horizontal sum of v[i] (i < 16), by the same tree for every
+   slot: 128-bit quarters (Q0 + Q2) + (Q1 + Q3), then the 4 lanes (e0 + e1) + (e2 + e3).
+   Each step merges two vectors a, b into one with one permute, one blend and one add
+   (out[p] = src(p)[p] + src(p)[partner(p)], src(p) = a or b), so only 15 of the 45
+   operations are shuffles (port 5 alone on AVX-512 cores).  The tree leaves v[4e + w(l)]
+   in element 4l + e, w = (0 2 1 3); the inputs are taken in that order, so lane i of the
+   result is the sum of in[i].  isint: the lanes are int32 (bit patterns in __m512), added
+   exactly as integers; else float32. */
+INLINE __m512 hsum16x16_add(const int isint, __m512 a, __m512 b)
+{
+    return isint ? _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)))
+                 : hsum16x16_add(isint, a, b);
+}
+
+INLINE __m512 hsum16x16_tree(const int isint, const __m512 in[16])
+{
+    __m512 v[16], s[8], t[4], r[2];
+    UNROLL
+    for (int k = 0; k < 16; k++) {
+        const int l = (k & 3) == 1 ? 2 : (k & 3) == 2 ? 1 : (k & 3), e = k >> 2;
+        v[k] = in[4 * l + e];
+    }
+    UNROLL
+    for (int j = 0; j < 8; j++) /* lanes 0-7: v[2j] folded to 256 bits, 8-15: v[2j+1] */
+        s[j] = hsum16x16_add(isint, _mm512_mask_blend_ps(0xFF00, v[2 * j], v[2 * j + 1]),
+                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x4E));
+    const __m512i q2 = _mm512_setr_epi32(4, 5, 6, 7, 16, 17, 18, 19, 12, 13, 14, 15, 24, 25, 26, 27);
+    UNROLL
+    for (int j = 0; j < 4; j++) /* 128-bit lane l: v[4j + w(l)] folded to 128 bits */
+        t[j] = hsum16x16_add(isint, _mm512_mask_blend_ps(0xF0F0, s[2 * j], s[2 * j + 1]),
+                             _mm512_permutex2var_ps(s[2 * j], q2, s[2 * j + 1]));
+    const __m512i e2 = _mm512_setr_epi32(1, 16, 3, 18, 5, 20, 7, 22, 9, 24, 11, 26, 13, 28, 15, 30);
+    UNROLL
+    for (int j = 0; j < 2; j++) /* per lane: e0 + e1 of t[2j], of t[2j+1], then e2 + e3 of each */
+        r[j] = hsum16x16_add(isint, _mm512_mask_blend_ps(0xAAAA, t[2 * j], t[2 * j + 1]),
+                             _mm512_permutex2var_ps(t[2 * j], e2, t[2 * j + 1]));
+    return hsum16x16_add(isint, _mm512_mask_blend_ps(0xCCCC, r[0], r[1]), _mm512_shuffle_ps(r[0], r[1], 0x4E));
+}
+
+INLINE __m512 hsum16x16(const __m512 in[16]) { return hsum16x16_tree(0, in); }
+
+INLINE __m512i hsum16x16_epi32(const __m512i in[16])
+{
+    __m512 f[16];
+    UNROLL
+    for (int i = 0; i < 16; i++)
+        f[i] = _mm512_castsi512_ps(in[i]);
+    return _mm512_castps_si512(hsum16x16_tree(1, f));
+}
 
 #endif

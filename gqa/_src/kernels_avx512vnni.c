@@ -279,6 +279,7 @@ void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha,
  * of the block; |lane| <= K / 32 * 2 * 32767 * 128 < 2^31.  Padding codes are 0.
  */
 #define DOT_QK_K 1024
+#define DOT_PF 4096
 
 /* The bytes of mask m at p (32 at most), as a 256-bit vector. */
 INLINE __m256i load32_epi8(__mmask32 m, const void *p)
@@ -286,53 +287,77 @@ INLINE __m256i load32_epi8(__mmask32 m, const void *p)
     return _mm512_castsi512_si256(_mm512_maskz_loadu_epi8((__mmask64)m, p));
 }
 
-INLINE void dot_block(const int MB, const int NB, const int16_t *c, size_t cs, const int8_t *B, size_t rb,
+/* C[mb, n] for rows mb < MB of c (stride cs) and the N rows of B (stride rb), NB = 16 / MB
+   rows of B at a time (a last partial block repeats B's last row and stores only its own). */
+INLINE void dot_block(const int MB, const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N,
                       size_t K, const float *mult, float *C, size_t ldc)
 {
-    __m512i acc[16];
-    const int nacc = (MB * NB + 7) & ~7;
+    const int NB = 16 / MB;
+    float mu[16];
     UNROLL
-    for (int i = 0; i < nacc; i++)
-        acc[i] = _mm512_setzero_si512();
-    for (size_t k = 0; k < K; k += 32) {
-        const __mmask32 m = (__mmask32)mask64(K - k < 32 ? K - k : 32);
+    for (int i = 0; i < 16; i++)
+        mu[i] = i < MB * NB ? mult[i / NB] : 0.0f;
+    const __m512 vmu = _mm512_loadu_ps(mu);
+    for (size_t n = 0; n < N; n += (size_t)NB) {
+        const size_t nv = N - n < (size_t)NB ? N - n : (size_t)NB;
+        __m512i acc[16];
+        const int8_t *b[16];
         UNROLL
-        for (int nb = 0; nb < NB; nb++) {
-            const __m512i b = _mm512_cvtepi8_epi16(load32_epi8(m, B + nb * rb + k));
+        for (int i = 0; i < 16; i++)
+            acc[i] = _mm512_setzero_si512();
+        UNROLL
+        for (int nb = 0; nb < NB; nb++)
+            b[nb] = B + (n + ((size_t)nb < nv ? (size_t)nb : nv - 1)) * rb;
+        size_t k = 0;
+        for (; k + 32 <= K; k += 32) {
+            /* B streams from memory in decode: the block's rows DOT_PF bytes ahead (rows of a
+               block are contiguous), one prefetch per line spread over the steps */
+            UNROLL
+            for (int j = 0; j < (32 * NB + 63) / 64; j++)
+                _mm_prefetch((const char *)b[0] + DOT_PF + k * NB + 64 * j, _MM_HINT_T0);
+            __m512i a[4];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
-                acc[mb * NB + nb] = _mm512_dpwssd_epi32(acc[mb * NB + nb],
-                                                        _mm512_load_si512((const void *)(c + mb * cs + k)), b);
+                a[mb] = _mm512_load_si512((const void *)(c + mb * cs + k));
+            UNROLL
+            for (int nb = 0; nb < NB; nb++) {
+                const __m512i bv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b[nb] + k)));
+                UNROLL
+                for (int mb = 0; mb < MB; mb++)
+                    acc[mb * NB + nb] = _mm512_dpwssd_epi32(acc[mb * NB + nb], a[mb], bv);
+            }
         }
-    }
-    UNROLL
-    for (int g = 0; g < nacc; g += 8) {
-        const __m256i sum = hsum16x8_epi32(acc[g], acc[g + 1], acc[g + 2], acc[g + 3], acc[g + 4], acc[g + 5],
-                                           acc[g + 6], acc[g + 7]); /* lane i: (g + i) / NB, (g + i) % NB */
-        float mu[8], out[8];
-        UNROLL
-        for (int i = 0; i < 8; i++)
-            mu[i] = mult[((g + i) / NB) % MB];
-        const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_loadu_ps(mu));
-        if (NB == 8) {
-            _mm256_storeu_ps(C + (g / 8) * ldc, v);
+        if (k < K) { /* B read only up to the row's end */
+            const __mmask32 m = (__mmask32)mask64(K - k);
+            UNROLL
+            for (int nb = 0; nb < NB; nb++) {
+                const __m512i bv = _mm512_cvtepi8_epi16(load32_epi8(m, b[nb] + k));
+                UNROLL
+                for (int mb = 0; mb < MB; mb++)
+                    acc[mb * NB + nb] = _mm512_dpwssd_epi32(
+                        acc[mb * NB + nb], _mm512_load_si512((const void *)(c + mb * cs + k)), bv);
+            }
+        }
+        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(hsum16x16_epi32(acc)), vmu);
+        if (MB == 1) {
+            _mm512_mask_storeu_ps(C + n, mask16(nv), v);
         } else {
-            _mm256_storeu_ps(out, v);
-            for (int i = 0; i < 8 && g + i < MB * NB; i++)
-                C[((g + i) / NB) * ldc + (g + i) % NB] = out[i];
+            UNROLL
+            for (int mb = 0; mb < MB; mb++) /* lanes mb NB .. mb NB + nv - 1 -> C[mb, n ..] */
+                _mm512_mask_storeu_ps(C + mb * ldc + n, mask16(nv),
+                                      _mm512_maskz_compress_ps((__mmask16)(mask16(nv) << (mb * NB)), v));
         }
     }
 }
 
-#define DOT_INST(MB, NB)                                                                           \
-    static void dot_##MB##x##NB(const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t K, \
-                                const float *mult, float *C, size_t ldc)                           \
+#define DOT_INST(MB)                                                                               \
+    static void dot_##MB(const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N, size_t K, \
+                         const float *mult, float *C, size_t ldc)                                  \
     {                                                                                              \
-        dot_block(MB, NB, c, cs, B, rb, K, mult, C, ldc);                                          \
+        dot_block(MB, c, cs, B, rb, N, K, mult, C, ldc);                                           \
     }
-DOT_INST(1, 1) DOT_INST(1, 8) DOT_INST(2, 8) DOT_INST(3, 4) DOT_INST(4, 4) DOT_INST(5, 2) DOT_INST(6, 2)
-DOT_INST(7, 2) DOT_INST(8, 2)
-typedef void (*dot_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, const float *, float *,
+DOT_INST(1) DOT_INST(2) DOT_INST(3) DOT_INST(4)
+typedef void (*dot_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, size_t, const float *, float *,
                        size_t);
 
 /* Row m's codes into c (padded with 0 to cs) and its multiplier; 0 when the row takes the
@@ -372,9 +397,7 @@ static int dot_row(const float *a, size_t K, const float *s, int pc, float alpha
 void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                                    const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    static const dot_fn blocks[9] = {dot_1x1, dot_1x8, dot_2x8, dot_3x4, dot_4x4, dot_5x2, dot_6x2, dot_7x2,
-                                     dot_8x2};
-    static const int nbs[9] = {1, 8, 8, 4, 4, 2, 2, 2, 2};
+    static const dot_fn blocks[5] = {NULL, dot_1, dot_2, dot_3, dot_4};
     int16_t c[8 * DOT_QK_K] __attribute__((aligned(64)));
     const int8_t *Bb = (const int8_t *)B;
     const int pc = type == GQA_S8_PC;
@@ -396,18 +419,15 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
         if (mb == 0)
             continue;
         /* the block's rows are consecutive unless a row left; then one row at a time */
-        const int contiguous = rows[mb - 1] - rows[0] == (size_t)(mb - 1);
-        const int nb = contiguous ? nbs[mb] : nbs[1];
-        size_t n = 0;
-        if (contiguous)
-            for (; n + (size_t)nb <= N; n += (size_t)nb)
-                blocks[mb](c, cs, Bb + n * K, K, K, mult, C + rows[0] * ldc + n, ldc);
-        for (int i = 0; i < mb; i++) {
-            size_t j = n;
-            for (; !contiguous && j + 8 <= N; j += 8)
-                blocks[1](c + i * cs, cs, Bb + j * K, K, K, mult + i, C + rows[i] * ldc + j, ldc);
-            for (; j < N; j++)
-                blocks[0](c + i * cs, cs, Bb + j * K, K, K, mult + i, C + rows[i] * ldc + j, ldc);
+        if (rows[mb - 1] - rows[0] == (size_t)(mb - 1)) {
+            /* at most 4 rows a block (8 as 4 + 4: faster than 8 x 2, as in the exact kernel) */
+            for (int r0 = 0; r0 < mb; r0 += 4) {
+                const int rb = mb - r0 < 4 ? mb - r0 : 4;
+                blocks[rb](c + r0 * cs, cs, Bb, K, N, K, mult + r0, C + rows[r0] * ldc, ldc);
+            }
+        } else {
+            for (int i = 0; i < mb; i++)
+                blocks[1](c + i * cs, cs, Bb, K, N, K, mult + i, C + rows[i] * ldc, ldc);
         }
     }
 }
@@ -437,6 +457,7 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
  * The sums return to column order by two vpermt2d per vector pair.
  */
 #define SV_KS 512
+#define SV_PFR 64
 #define SV_MB 4
 
 /* inv and sp of a probability row; 0 when the row takes the exact kernel. */
@@ -479,13 +500,25 @@ static void sv_codes(const float *a, size_t k0, size_t k1, float inv, int16_t *c
 
 /* Two keys' 64-column blocks (int8 rows r0, r1, w columns) -> o[v] in the order above; then
    D[i][v] += (codes_i[k], codes_i[k+1]) . o[v] for rows i < MB. */
-INLINE void sv_pair(const int MB, const int8_t *r0, const int8_t *r1, __mmask32 m0, __mmask32 m1,
-                    const int16_t *const *codes, size_t k, __m512i D[SV_MB][4])
+INLINE void sv_pair(const int MB, const int full, const int8_t *r0, const int8_t *r1, __mmask32 m0,
+                    __mmask32 m1, const int16_t *const *codes, size_t k, __m512i D[SV_MB][4])
 {
-    const __m512i a0 = _mm512_cvtepi8_epi16(load32_epi8(m0, r0));
-    const __m512i a1 = _mm512_cvtepi8_epi16(load32_epi8(m1, r0 + 32));
-    const __m512i b0 = r1 ? _mm512_cvtepi8_epi16(load32_epi8(m0, r1)) : _mm512_setzero_si512();
-    const __m512i b1 = r1 ? _mm512_cvtepi8_epi16(load32_epi8(m1, r1 + 32)) : _mm512_setzero_si512();
+    __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
+    if (full) { /* 64 columns: plain loads */
+        a0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)r0));
+        a1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(r0 + 32)));
+        if (r1) {
+            b0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)r1));
+            b1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(r1 + 32)));
+        }
+    } else {
+        a0 = _mm512_cvtepi8_epi16(load32_epi8(m0, r0));
+        a1 = _mm512_cvtepi8_epi16(load32_epi8(m1, r0 + 32));
+        if (r1) {
+            b0 = _mm512_cvtepi8_epi16(load32_epi8(m0, r1));
+            b1 = _mm512_cvtepi8_epi16(load32_epi8(m1, r1 + 32));
+        }
+    }
     const __m512i o[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
                           _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
     UNROLL
@@ -512,10 +545,18 @@ INLINE void sv_block(const int MB, const int16_t *const *codes, size_t kn, const
         for (int v = 0; v < 4; v++)
             D[i][v] = _mm512_setzero_si512();
     size_t k = 0;
-    for (; k + 2 <= kn; k += 2)
-        sv_pair(MB, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, D);
+    if (w == 64)
+        for (; k + 2 <= kn; k += 2) {
+            /* the rows SV_PFR ahead (decode streams the cache; prefetches never fault) */
+            _mm_prefetch((const char *)(B + (k + SV_PFR) * ldb), _MM_HINT_T0);
+            _mm_prefetch((const char *)(B + (k + SV_PFR + 1) * ldb) + 63, _MM_HINT_T0);
+            sv_pair(MB, 1, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, D);
+        }
+    else
+        for (; k + 2 <= kn; k += 2)
+            sv_pair(MB, 0, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, D);
     if (k < kn) /* the last key; its partner's code is 0 */
-        sv_pair(MB, B + k * ldb, NULL, m0, m1, codes, k, D);
+        sv_pair(MB, 0, B + k * ldb, NULL, m0, m1, codes, k, D);
 }
 
 /* One row's sums D[4] back in column order: out[0..3] = columns 16 j .. 16 j + 15. */

@@ -70,8 +70,8 @@ def _run(args, out, argv):
               f"numpy {np.__version__}"]
     header.append(f"  accuracy level {cfg['accuracy_level']}"
                   + ("" if cfg["accuracy_level"] < 4 else
-                     " (int8 products on INT8 codes)" if cfg["int8_dot_effective"] else
-                     " (no int8 kernels on this path: float32)"))
+                     " (integer dot products on INT8 codes)" if cfg["int8_dot_effective"] else
+                     " (no integer-dot kernels on this path: float32)"))
     load0 = loadavg()
     if load0 is not None:
         header.append(f"  load average at start: {load0:.2f} on {os.cpu_count()} CPUs"
@@ -161,7 +161,7 @@ def add_arguments(p):
                    help=f"cache modes (default {DEFAULTS['modes']})")
     p.add_argument("--accuracy-level", dest="accuracy_level", type=int, default=0,
                    choices=[0, 1, 2, 3, 4],
-                   help="gqa's accuracy_level for the run (4: int8 products on INT8 codes where "
+                   help="gqa's accuracy_level for the run (4: integer dot products on INT8 codes where "
                         "the CPU has AVX-512 VNNI; default 0, float32)")
     p.add_argument("--repeats", type=int, default=0,
                    help="alternation rounds per row = samples per side (default 15 decode / 5 prefill; "
