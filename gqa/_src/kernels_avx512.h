@@ -32,7 +32,7 @@ static inline __mmask64 mask64(size_t n) { return n >= 64 ? ~(__mmask64)0 : (((_
 INLINE __m512 hsum16x16_add(const int isint, __m512 a, __m512 b)
 {
     return isint ? _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)))
-                 : hsum16x16_add(isint, a, b);
+                 : _mm512_add_ps(a, b);
 }
 
 INLINE __m512 hsum16x16_tree(const int isint, const __m512 in[16])
