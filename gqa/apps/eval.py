@@ -34,7 +34,6 @@ import numpy as np
 
 from . import texts as _texts
 from gqa import cache_options, needs_scales
-from gqa._config import ACCURACY_LEVELS
 from .terminal import format_table
 
 # static scales, then the per-group caches with float windows and rotations that keep the
@@ -293,8 +292,14 @@ def run(args, out=None):
             cache_options(m)
         except ValueError as e:
             raise SystemExit(f"gqa eval: {e}")
-    if not set(args.accuracy_levels) <= set(ACCURACY_LEVELS) or args.decode_tail < 0:
-        raise SystemExit(f"gqa eval: --accuracy-levels takes {ACCURACY_LEVELS}, --decode-tail >= 0")
+    try:
+        for level in args.accuracy_levels:
+            with gqa.config(accuracy_level=level):      # the library's own check
+                pass
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"gqa eval: --accuracy-levels: {e}")
+    if args.decode_tail < 0:
+        raise SystemExit(f"gqa eval: --decode-tail must be >= 0, got {args.decode_tail}")
     if not _gguf.available():
         try:
             _gguf.model_path()
