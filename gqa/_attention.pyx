@@ -339,7 +339,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef float *row
     cdef float mx, mnew, corr, total, inv
     cdef bint smooth = p.smooth or p.sink != NULL
-    cdef bint partial
+    cdef bint partial, codes_pv
     cdef int kind, f1, q0, q1, f2, nr
     cdef int cut[3]
     s1 = s0 + p.Br if s0 + p.Br < p.S else p.S
@@ -375,6 +375,9 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             mrow[r] = sink_logit(p, j * G + g) if smooth else -INFINITY
             lrow[r] = 1.0 if smooth else 0.0
     memset(O, 0, <size_t>M * H * sizeof(float))
+    # accuracy level 4 on INT8 V codes (finite, no float windows): P @ V by the integer-dot
+    # kernel on the codes themselves, and no V tile
+    codes_pv = p.sv != t.sv_gemm and p.fk == NULL and p.v_finite
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
@@ -385,7 +388,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                     nb = cut[i] - k0
             kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, Kt, Vt, Kf, Vf)
         else:
-            kv_tiles(p, t, b, j, k0, nb, Kt, Vt)
+            kv_tiles(p, t, b, j, k0, nb, Kt, NULL if codes_pv else Vt)
         t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
         if kind == 3:       # mixed: each row's float runs take the staged rows' scores
             t.sv_gemm(M, nb, H, Qt, H, Kf, GQA_F32, NULL, Sf, nb, 0.0)
@@ -433,6 +436,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 if z0 > a0:
                     t.sv_gemm(1, H, z0 - a0, Sx + <size_t>r * nb + a0, nb, Vt + <size_t>a0 * H,
                               GQA_F32, NULL, O + <size_t>r * H, H, 1.0)
+        elif codes_pv:
+            p.sv(M, H, nb, Sx, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
         else:
             t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)
         k0 = k0 + nb

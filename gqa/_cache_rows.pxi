@@ -102,8 +102,9 @@ cdef void sv_keys(const Params *p, const gqa_kernels *t, int b, int j, int Tq, i
 
 cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb,
                    float *Kt, float *Vt) noexcept nogil:
-    """The flash tiles of keys [k0, k0 + nb): Kt [H, nb] (K transposed) and Vt [nb, H]; the
-    tiles are shared by the query rows, so the windows are the call's (per_call)."""
+    """The flash tiles of keys [k0, k0 + nb): Kt [H, nb] (K transposed) and Vt [nb, H] (not
+    made when Vt is NULL); the tiles are shared by the query rows, so the windows are the
+    call's (per_call)."""
     cdef int r = k0, e, hrow, Tb = p.seqlens[b] + 1
     while r < k0 + nb:
         if segment(p, b, Tb, r, k0 + nb, &e, &hrow):
@@ -113,8 +114,9 @@ cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, 
                          e - r, p.H, p.hp_type, NULL)
         else:
             t.dequantize_t(k_row(p, b, j, r), Kt + (r - k0), nb, e - r, p.H, p.ktype, k_scales(p, j))
-            t.dequantize(v_row(p, b, j, r), Vt + <size_t>(r - k0) * p.H, p.H, e - r, p.H, p.vtype,
-                         v_scales(p, j))
+            if Vt != NULL:
+                t.dequantize(v_row(p, b, j, r), Vt + <size_t>(r - k0) * p.H, p.H, e - r, p.H, p.vtype,
+                             v_scales(p, j))
         r = e
 
 

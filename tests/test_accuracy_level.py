@@ -232,6 +232,49 @@ def test_level_4_attention_within_its_bound(mode, flash):
         assert np.abs(exact[0, 0, h * H:(h + 1) * H] - ref).max() <= 1e-5 * (np.abs(V[j]).max() + 1)
 
 
+@needs_int8_dot
+@pytest.mark.parametrize("mode", ["int8-pt", "int8-pc"])
+@pytest.mark.parametrize("blocks", [(3, 7), (8, 16), (16, 64)])
+def test_level_4_prompt_within_its_bound(mode, blocks):
+    """A causal prompt over an INT8 cache at level 4 on the flash tiles: P @ V of each tile by
+    the integer-dot kernel on the V codes (the scores stay float32), against float64 over the
+    same codes.  A tile row's probabilities are exp(s - m) <= 1 against the running maximum m
+    and are quantized against their own maximum (<= 1), later rescaled by factors <= 1, so a
+    head's output moves by at most (1/2 + 2^-9) / 32767 * sum_j |v_j| / l over its keys,
+    plus float32 roundings; level 0 gives the same codes."""
+    rng = np.random.default_rng(6)
+    S = 61
+    f = gqa.parse_mode(gqa.cache_options(mode)["mode"])[0]
+    n = NKV * H if f.per_channel else 1
+    kw = dict(k_scales=np.full(n, 0.02, F32), v_scales=rng.uniform(0.01, 0.03, n).astype(F32))
+    q = rng.uniform(-2, 2, (1, S, N * H)).astype(F32)
+    k, v = (rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32) for _ in range(2))
+    outs = {}
+    for level in (0, 4):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
+                        mode=mode, accuracy_level=level, **kw)
+        with gqa.config(path="avx512", flash=True, flash_blocks=blocks):
+            outs[level] = c.attend(0, q, k, v)
+    assert not np.array_equal(outs[0], outs[4])
+    ks = c.k_scales[0].astype(np.float64)
+    vs = c.v_scales[0].astype(np.float64)
+    kq, vq = _codes(c)
+    K = kq * (ks.reshape(NKV, 1, H) if ks.size > 1 else ks[0])
+    V = vq * (vs.reshape(NKV, 1, H) if vs.size > 1 else vs[0])
+    qh = q.reshape(S, N, H).astype(np.float64)
+    for h in range(N):
+        j = h // G
+        for s in range(S):
+            sc = (K[j, :s + 1] @ qh[s, h]) / np.sqrt(H)
+            p = np.exp(sc - sc.max())
+            ref = p @ V[j, :s + 1] / p.sum()
+            bound = ((0.5 + 2 ** -9) / 32767 * np.abs(V[j, :s + 1]).sum(axis=0) / p.sum()
+                     + 1e-5 * (np.abs(ref) + np.abs(V[j, :s + 1]).max()))
+            for level in (0, 4):
+                err = np.abs(outs[level][0, s, h * H:(h + 1) * H] - ref)
+                assert (err <= bound).all(), (level, h, s, err.max(), bound.min())
+
+
 def _codes(cache):
     """The K / V codes of layer 0 that the step attended, [Nkv, T, H] int64 (INT8 rows)."""
     T = cache.length
