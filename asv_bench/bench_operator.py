@@ -69,8 +69,8 @@ class Decode:
 
 
 class DecodeAccuracy:
-    """A decode step over an INT8 cache at accuracy_level 0 (float32 products) and 4 (int8
-    products: the AVX-512 VNNI kernels; float32 where the CPU has none), the automatic path."""
+    """A decode step over an INT8 cache at accuracy_level 0 (float32 products) and 4 (integer
+    dot products: the AVX-512 VNNI kernels; float32 where the CPU has none), the automatic path."""
     params = ([0, 4], ["s8_pt", "s8_pc"], [2048, 8192])
     param_names = ["level", "mode", "T"]
     timer = timeit.default_timer
@@ -86,6 +86,28 @@ class DecodeAccuracy:
             self.cfg.__exit__(None, None, None)
 
     def time_decode(self, level, mode, T):
+        self.op(*self.args, **self.kw)
+
+
+class PrefillAccuracy:
+    """A first prompt S = T (causal) over an INT8 cache at accuracy_level 0 and 4 (level 4: each
+    flash tile's P @ V by the integer-dot kernel on the V codes)."""
+    params = ([0, 4], ["s8_pt", "s8_pc"], [2048])
+    param_names = ["level", "mode", "S"]
+    timer = timeit.default_timer
+    timeout = 300
+
+    def setup(self, level, mode, S):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        self.cfg = gqa.config(accuracy_level=level)
+        self.op, self.args, self.kw = _case(mode, S, S, S)
+
+    def teardown(self, level, mode, S):
+        if getattr(self, "cfg", None) is not None:
+            self.cfg.__exit__(None, None, None)
+
+    def time_prefill(self, level, mode, S):
         self.op(*self.args, **self.kw)
 
 
