@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _signature
 from . import _formats
+from ._config import ACCURACY_LEVELS
 from . import _validate as v
 
 INT32_MAX = 2 ** 31 - 1   # sizes and lengths reach the compute as C int
@@ -122,8 +123,8 @@ ATTRIBUTES = (
               "which rows of a step the float windows take"),
     Attribute("k_cache_bit_width", _int, 0, None, "K's code bits (0: kv_cache_bit_width)"),
     Attribute("v_cache_bit_width", _int, 0, None, "V's code bits (0: kv_cache_bit_width)"),
-    Attribute("accuracy_level", _int, 0, _in(0, 1, 2, 3, 4),
-              "products: 0 gqa.config's, 1-3 float32, 4 int8 on INT8 codes (VNNI)"),
+    Attribute("accuracy_level", _int, 0, _in(*ACCURACY_LEVELS),
+              "products: 0 gqa.config's, 1-3 float32, 4 integer dots on INT8 codes (VNNI)"),
 )
 ATTRIBUTE_NAMES = tuple(a.name for a in ATTRIBUTES)
 # the call's inputs and keywords: gqa/_signature.pyx's op_call, their one statement
