@@ -18,7 +18,8 @@ Speed: decode at total lengths ``--decode-T``: the caches hold T - steps - 1 pos
 evaluation text (one float prefill, copied and quantized into every side's cache), then one
 warm-up and ``--steps`` timed teacher-forced decode tokens, the last at total length T; whole-token time (projections, MLP and logits in NumPy included)
 and attention time per token.  Sides: gqa (``--speed-modes``, default INT8 per tensor, and its
-float cache), NumPy float attention (``numpy``), and onnxruntime 1.31.1's GroupQueryAttention
+float cache; each speed mode also at every ``--accuracy-levels`` L > 0, ``gqa MODE@L``, its
+ratio against the same cache at level 0), NumPy float attention (``numpy``), and onnxruntime 1.31.1's GroupQueryAttention
 on the same cache buffers in place (one session, one IOBinding per layer) with its default
 spinning thread pool (``ort``) and with ``session.intra_op.allow_spinning=0`` (``ort-nospin``).
 Sides alternate within each of ``--rounds`` rounds (the order rotating), each after a
@@ -101,6 +102,9 @@ def _sides(model, args, calibration, rotations=None):
         if kw.get("rotations") == "calibrated":
             kw["rotations"] = rotations
         sides[f"gqa {mode}"] = lambda M, kw=kw: model.new_cache(M, num_threads=args.threads, **kw)
+        for level in sorted(set(args.accuracy_levels) - {0}):
+            sides[f"gqa {mode}@{level}"] = lambda M, kw=kw, level=level: model.new_cache(
+                M, num_threads=args.threads, accuracy_level=level, **kw)
     if "float" not in args.speed_modes:
         sides["gqa float"] = lambda M: model.new_cache(M, "float", num_threads=args.threads)
     if "numpy" in args.peers:
@@ -200,7 +204,10 @@ def report_text(res):
         for name, s in sides.items():
             share = s["attention_ms"] / s["token_ms"]
             ratio = "-"
-            if name.startswith("gqa") and best_ort is not None and name == gqa_q:
+            if "@" in name and name.split("@")[0] in sides:
+                base = sides[name.split("@")[0]]
+                ratio = f"{base['attention_ms'] / s['attention_ms']:.2f}x vs level 0"
+            elif name.startswith("gqa") and best_ort is not None and name == gqa_q:
                 ratio = f"{sides[best_ort]['attention_ms'] / s['attention_ms']:.2f}x vs {best_ort}"
             elif name.startswith("gqa") and "float" in name and "numpy float" in sides:
                 ratio = f"{sides['numpy float']['attention_ms'] / s['attention_ms']:.2f}x vs numpy"
@@ -251,7 +258,7 @@ def add_arguments(p):
     p.add_argument("--contexts", type=_ints, default=[1024, 4096], help="perplexity contexts")
     p.add_argument("--modes", default=",".join(PPL_MODES), help="cache modes of the perplexity table")
     p.add_argument("--accuracy-levels", type=_ints, default=[0],
-                   help="accuracy levels of the perplexity table (0-4, gqa.config); each L > 0 beside level 0")
+                   help="accuracy levels (0-4, gqa.config) of the perplexity table and the speed sides; each L > 0 beside level 0")
     p.add_argument("--decode-tail", type=int, default=DECODE_TAIL,
                    help="positions of each context scored by one decode step each (the rest prefilled)")
     p.add_argument("--calib-tokens", type=int, default=1024, help="calibration tokens")
