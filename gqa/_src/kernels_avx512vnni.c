@@ -329,13 +329,16 @@ INLINE void dot_block(const int MB, const int16_t *c, size_t cs, const int8_t *B
         }
         if (k < K) { /* B read only up to the row's end */
             const __mmask32 m = (__mmask32)mask64(K - k);
+            __m512i a[4];
+            UNROLL
+            for (int mb = 0; mb < MB; mb++)
+                a[mb] = _mm512_load_si512((const void *)(c + mb * cs + k));
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
                 const __m512i bv = _mm512_cvtepi8_epi16(load32_epi8(m, b[nb] + k));
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
-                    acc[mb * NB + nb] = _mm512_dpwssd_epi32(
-                        acc[mb * NB + nb], _mm512_load_si512((const void *)(c + mb * cs + k)), bv);
+                    acc[mb * NB + nb] = _mm512_dpwssd_epi32(acc[mb * NB + nb], a[mb], bv);
             }
         }
         const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(hsum16x16_epi32(acc)), vmu);
@@ -398,7 +401,7 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
                                    const void *B, int type, const float *s, float *C, size_t ldc)
 {
     static const dot_fn blocks[5] = {NULL, dot_1, dot_2, dot_3, dot_4};
-    int16_t c[8 * DOT_QK_K] __attribute__((aligned(64)));
+    int16_t c[4 * DOT_QK_K] __attribute__((aligned(64)));
     const int8_t *Bb = (const int8_t *)B;
     const int pc = type == GQA_S8_PC;
     if ((type != GQA_S8_PT && !pc) || K == 0 || K > DOT_QK_K) {
@@ -407,10 +410,11 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
     }
     const size_t cs = (K + 31) & ~(size_t)31;
     for (size_t m0 = 0; m0 < M;) {
-        size_t rows[8];
-        float mult[8];
+        /* blocks of at most 4 rows (8 as 4 + 4: faster than 8 x 2, as in the exact kernel) */
+        size_t rows[4];
+        float mult[4];
         int mb = 0;
-        for (; m0 < M && mb < 8; m0++) {
+        for (; m0 < M && mb < 4; m0++) {
             if (dot_row(A + m0 * lda, K, s, pc, alpha, c + mb * cs, cs, &mult[mb]))
                 rows[mb++] = m0;
             else
@@ -418,17 +422,11 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
         }
         if (mb == 0)
             continue;
-        /* the block's rows are consecutive unless a row left; then one row at a time */
-        if (rows[mb - 1] - rows[0] == (size_t)(mb - 1)) {
-            /* at most 4 rows a block (8 as 4 + 4: faster than 8 x 2, as in the exact kernel) */
-            for (int r0 = 0; r0 < mb; r0 += 4) {
-                const int rb = mb - r0 < 4 ? mb - r0 : 4;
-                blocks[rb](c + r0 * cs, cs, Bb, K, N, K, mult + r0, C + rows[r0] * ldc, ldc);
-            }
-        } else {
+        if (rows[mb - 1] - rows[0] == (size_t)(mb - 1)) /* consecutive rows: one block */
+            blocks[mb](c, cs, Bb, K, N, K, mult, C + rows[0] * ldc, ldc);
+        else /* a row left: one row at a time */
             for (int i = 0; i < mb; i++)
                 blocks[1](c + i * cs, cs, Bb, K, N, K, mult + i, C + rows[i] * ldc, ldc);
-        }
     }
 }
 

@@ -44,6 +44,11 @@ PPL_MODES = ("float", "int8-pt", "int8-pc", "int8-pc/pt", "int4-pt", "int4-pc/pt
 DECODE_TAIL = 32
 
 
+def leveled(mode, level):
+    """The name of a cache mode run at an accuracy level: the mode at 0, ``mode@L`` else."""
+    return mode if not level else f"{mode}@{level}"
+
+
 def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE_TAIL, progress=None,
                  margin=1.0, rotations=None, levels=(0,)):
     """{name: dict(ppl, nll_mean, top1_agreement, rel_change, mode, accuracy_level)} over ``tokens``
@@ -69,7 +74,7 @@ def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE
             nll, top = model.score(tokens, cache, decode_tail=decode_tail)
             runs[mode, level] = dict(nll=nll, top=top)
             if progress:
-                progress(mode if not level else f"{mode}@{level}")
+                progress(leveled(mode, level))
     ref = runs["float", 0]
     ppl_of = {k: float(np.exp(r["nll"].mean())) for k, r in runs.items()}
     out = {}
@@ -85,7 +90,7 @@ def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE
             row.update(top1_vs_level0=float((r["top"] == base).mean()),
                        top1_vs_level0_decoded=float((r["top"][-tail:] == base[-tail:]).mean()) if tail else None,
                        rel_vs_level0=ppl_of[mode, level] / ppl_of[mode, 0] - 1.0)
-        out[mode if not level else f"{mode}@{level}"] = row
+        out[leveled(mode, level)] = row
     return out
 
 
@@ -103,7 +108,7 @@ def _sides(model, args, calibration, rotations=None):
             kw["rotations"] = rotations
         sides[f"gqa {mode}"] = lambda M, kw=kw: model.new_cache(M, num_threads=args.threads, **kw)
         for level in sorted(set(args.accuracy_levels) - {0}):
-            sides[f"gqa {mode}@{level}"] = lambda M, kw=kw, level=level: model.new_cache(
+            sides["gqa " + leveled(mode, level)] = lambda M, kw=kw, level=level: model.new_cache(
                 M, num_threads=args.threads, accuracy_level=level, **kw)
     if "float" not in args.speed_modes:
         sides["gqa float"] = lambda M: model.new_cache(M, "float", num_threads=args.threads)
@@ -178,12 +183,12 @@ def report_text(res):
              f"{res['path']}, {res['threads']} threads"]
     for C, modes in res.get("perplexity", {}).items():
         tail = res.get("decode_tail", DECODE_TAIL)
-        leveled = any(r.get("accuracy_level") for r in modes.values())
+        with_levels = any(r.get("accuracy_level") for r in modes.values())
         rows = []
         for m, r in modes.items():
             row = [r.get("mode", m), f"{r['ppl']:.3f}", "-" if m == "float" else f"{100 * r['rel_change']:+.2f}%",
                    f"{100 * r['top1_agreement']:.1f}%"]
-            if leveled:
+            if with_levels:
                 lv = r.get("accuracy_level", 0)
                 row[1:1] = [str(lv)]
                 row += ["-", "-", "-"] if not lv else [
@@ -191,7 +196,7 @@ def report_text(res):
                     f"{100 * r['top1_vs_level0_decoded']:.1f}%"]
             rows.append(row)
         head = ["cache", "perplexity", "vs float", "top-1 = float"]
-        if leveled:
+        if with_levels:
             head[1:1] = ["level"]
             head += ["vs level 0", "top-1 = level 0", "decoded: top-1 = level 0"]
         parts.append(f"\nperplexity, context {C} ({C - 1 - tail} prefilled + {tail} decoded "
