@@ -42,7 +42,10 @@ X86_PATHS = {
 # the compiler can; the path's file then sees the define and puts the unit's entry in its table
 X86_UNITS = {"avx512vnni": ("kernels_avx512vnni.c", "avx512", ["-mavx512vnni"], "GQA_HAVE_AVX512VNNI",
                             "#include <immintrin.h>\nint main(void){__m512i a=_mm512_set1_epi32(1);"
-                            "a=_mm512_dpbusd_epi32(a,a,a);return 0;}")}
+                            "a=_mm512_dpbusd_epi32(a,a,a);return 0;}"),
+            "amx": ("kernels_amx.c", "avx512", ["-mamx-tile", "-mamx-bf16", "-mavx512bf16"], "GQA_HAVE_AMX",
+                    "#include <immintrin.h>\nint main(void){_tile_zero(0);_tile_dpbf16ps(0,1,2);"
+                    "_tile_release();return 0;}")}
 ARM_PATHS = {"neon": ("kernels_neon.c", [],
                       "#include <arm_neon.h>\nint main(void){float32x4_t a=vdupq_n_f32(1.f);"
                       "a=vfmaq_f32(a,a,a);return (int)vgetq_lane_f32(a,0)-2;}")}

@@ -1,6 +1,6 @@
 # Declarations shared with gqa/_signature.pyx (the operator's call and its checks).
 from libc.stdint cimport uint8_t, int64_t
-from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn, gqa_sv_gemm_fn
+from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn, gqa_sv_gemm_fn, gqa_tiles
 
 cdef enum:
     ROT_MAX = 1024       # the widest head a rotation takes (a stack row of _prepare.pxi)
@@ -57,6 +57,7 @@ cdef struct Params:
     gqa_exp_sum_fn exp_sum
     gqa_row_max_fn row_max
     gqa_sv_gemm_fn sv     # P @ V over the codes (the accuracy level's kernel)
+    const gqa_tiles *tiles  # flash tiles' GEMMs on matrix tiles (accuracy level >= 3), or NULL
     int Br, Bc, chunks, chunk_len
     float *partials       # split decode units: chunks x G x (m, l, P @ V[H]) per split unit
     float *qprep          # split decode units whose query rows are prepared: G x H per unit, once per call

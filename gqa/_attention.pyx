@@ -16,11 +16,12 @@ from cython.parallel cimport prange, parallel, threadid
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset, memcpy, memmove
 from libc.math cimport expf, tanhf, fmaf, fabsf, sqrt
-from libc.stdint cimport uint8_t, uint32_t, int64_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t, uint64_t
 cimport numpy as cnp
 import numpy as np
 
-from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, exp_kernel, gqa_kernels, gqa_qk_gemm_fn,
+from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, exp_kernel, tile_kernels, gqa_kernels,
+                            gqa_tiles, gqa_qk_gemm_fn,
                             round_to_half, GQA_F32, GQA_F16, GQA_IS_GROUP,
                             gqa_row_bytes)
 
@@ -310,6 +311,91 @@ cdef void mixed_pv(const Params *p, const gqa_kernels *t, int k0, int nb, int M,
         t.sv_gemm(M, H, nb, Sf, nb, Vf, GQA_F32, NULL, O, H, 1.0)
 
 
+cdef struct Tiled:
+    # attend_tiled's scratch regions, each on a 64-byte line (see tiled_layout)
+    float *Qt           # [Mmax, H] the prepared query rows, times alpha
+    float *Sx           # [Mx, Bx] the scores, then the probabilities, of a tile
+    float *O            # [Mx, H] the unnormalised output rows
+    float *mrow         # [Mmax] online softmax: each row's maximum so far
+    float *lrow         # [Mmax] and its sum
+    float *Kt           # [H, Bc] the K tile, transposed
+    float *Vt           # [Bc, H] the V tile
+    int *rlo            # [Br] each query row's keys [rlo, rhi)
+    int *rhi
+    int *rns            # [Br] p.hstage: a row's float sinks [0, ns) and recent [rl, end)
+    int *rrl
+    float *Sf           # p.hstage: [Mmax, Bc] the staged floats' scores, and their tiles
+    float *Kf           #   [H, Bc]
+    float *Vf           #   [Bc, H]
+    uint16_t *Qb        # p.tiles: [Mx, Hk] the query rows in bfloat16
+    uint16_t *Pb        #   [Mx, Bx] the probabilities in bfloat16
+    uint32_t *Kp        #   [Hk / 2, Bx] the K tile as row pairs
+    uint32_t *Vp        #   [Bx / 2, H] the V tile as row pairs
+    int Mx, Bx, Hk      # rows, keys and head padded for p.tiles (16, 32, 32), else Mmax, Bc, H
+
+
+cdef inline size_t take(size_t *at, size_t n) noexcept nogil:
+    """The offset of a region of n floats at at[0], which moves past it to the next line."""
+    cdef size_t o = at[0]
+    at[0] = o + ((n + 15) & ~(<size_t>15))
+    return o
+
+
+cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
+    """attend_tiled's scratch of one thread: its length in floats, and its regions in s
+    (pointers into base, which starts on a 64-byte line; NULL: the length only)."""
+    cdef size_t H = p.H, Br = p.Br, Mmax = Br * p.G, Bc = p.Bc, at = 0
+    cdef size_t Mx = Mmax, Bx = Bc, Hk = H
+    cdef size_t o[15]
+    cdef int i
+    if p.tiles != NULL:
+        Mx = (Mmax + 15) & ~(<size_t>15)
+        Bx = (Bc + 31) & ~(<size_t>31)
+        Hk = (H + 31) & ~(<size_t>31)
+    o[0] = take(&at, Mmax * H)
+    o[1] = take(&at, Mx * Bx)
+    o[2] = take(&at, Mx * H)
+    o[3] = take(&at, Mmax)
+    o[4] = take(&at, Mmax)
+    o[5] = take(&at, H * Bc)
+    o[6] = take(&at, Bc * H)
+    o[7] = take(&at, 4 * Br)
+    for i in range(8, 15):
+        o[i] = 0
+    if p.hstage:
+        o[8] = take(&at, Mmax * Bc)
+        o[9] = take(&at, H * Bc)
+        o[10] = take(&at, Bc * H)
+    if p.tiles != NULL:
+        o[11] = take(&at, (Mx * Hk + 1) // 2)
+        o[12] = take(&at, (Mx * Bx + 1) // 2)
+        o[13] = take(&at, Hk // 2 * Bx)
+        o[14] = take(&at, Bx // 2 * H)
+    if base != NULL:
+        s.Qt = base + o[0]
+        s.Sx = base + o[1]
+        s.O = base + o[2]
+        s.mrow = base + o[3]
+        s.lrow = base + o[4]
+        s.Kt = base + o[5]
+        s.Vt = base + o[6]
+        s.rlo = <int *>(base + o[7])
+        s.rhi = s.rlo + Br
+        s.rns = s.rhi + Br
+        s.rrl = s.rns + Br
+        s.Sf = base + o[8]
+        s.Kf = base + o[9]
+        s.Vf = base + o[10]
+        s.Qb = <uint16_t *>(base + o[11])
+        s.Pb = <uint16_t *>(base + o[12])
+        s.Kp = <uint32_t *>(base + o[13])
+        s.Vp = <uint32_t *>(base + o[14])
+        s.Mx = <int>Mx
+        s.Bx = <int>Bx
+        s.Hk = <int>Hk
+    return at
+
+
 cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int qb,
                        float *scratch) noexcept nogil:
     """Flash attention for query rows [qb*Br, qb*Br + Br) of the G heads of KV head j:
@@ -318,23 +404,30 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     Causal float windows of a multi-token step (p.hstage): a row reads positions [0, ns) and
     [rl, end) of its own end as floats, the rest as codes, so a tile that some row reads both
     ways gets two tile pairs (codes: Kt / Vt, staged floats: Kf / Vf), both score GEMMs, each
-    row's scores taken from the pair it reads, and P split between the two P @ V GEMMs."""
-    cdef int G = p.G, H = p.H, Bc = p.Bc, Mmax = p.Br * G
+    row's scores taken from the pair it reads, and P split between the two P @ V GEMMs.
+    p.tiles (accuracy level >= 3, no float windows): both GEMMs on matrix tiles in bfloat16
+    over the same float32 tiles (scores in rows of ls = nb padded to 32), softmax in float32;
+    a tile whose masked keys have NaN / inf values takes the float32 P @ V as below."""
+    cdef Tiled sc
+    tiled_layout(p, scratch, &sc)
+    cdef int G = p.G, H = p.H, Bc = p.Bc
     cdef int s0 = qb * p.Br, s1, R, M, r, s, g, h, i, k0, nb, a0, z0, kv_lo, kv_hi
-    cdef float *Qt = scratch
-    cdef float *Sx = Qt + <size_t>Mmax * H
-    cdef float *O = Sx + <size_t>Mmax * Bc
-    cdef float *mrow = O + <size_t>Mmax * H
-    cdef float *lrow = mrow + Mmax
-    cdef float *Kt = lrow + Mmax
-    cdef float *Vt = Kt + <size_t>H * Bc
-    cdef int *rlo = <int *>(Vt + <size_t>Bc * H)
-    cdef int *rhi = rlo + p.Br
-    cdef int *rns = rhi + p.Br          # p.hstage: a row's float sinks [0, ns) and recent [rl, end)
-    cdef int *rrl = rns + p.Br
-    cdef float *Sf = <float *>(rrl + p.Br)
-    cdef float *Kf = Sf + <size_t>Mmax * Bc
-    cdef float *Vf = Kf + <size_t>H * Bc
+    cdef float *Qt = sc.Qt
+    cdef float *Sx = sc.Sx
+    cdef float *O = sc.O
+    cdef float *mrow = sc.mrow
+    cdef float *lrow = sc.lrow
+    cdef float *Kt = sc.Kt
+    cdef float *Vt = sc.Vt
+    cdef int *rlo = sc.rlo
+    cdef int *rhi = sc.rhi
+    cdef int *rns = sc.rns
+    cdef int *rrl = sc.rrl
+    cdef float *Sf = sc.Sf
+    cdef float *Kf = sc.Kf
+    cdef float *Vf = sc.Vf
+    cdef const gqa_tiles *x = p.tiles
+    cdef int ls, nbx = 0
     cdef const float *src
     cdef float *row
     cdef float mx, mnew, corr, total, inv
@@ -374,10 +467,13 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 Qt[<size_t>r * H + i] = Qt[<size_t>r * H + i] * p.alpha
             mrow[r] = sink_logit(p, j * G + g) if smooth else -INFINITY
             lrow[r] = 1.0 if smooth else 0.0
-    memset(O, 0, <size_t>M * H * sizeof(float))
+    memset(O, 0, <size_t>sc.Mx * H * sizeof(float))
     # accuracy level 4 on INT8 V codes (finite, no float windows): P @ V by the integer-dot
     # kernel on the codes themselves, and no V tile
-    codes_pv = p.sv != t.sv_gemm and p.fk == NULL and p.v_finite
+    codes_pv = p.sv != t.sv_gemm and p.fk == NULL and p.v_finite and x == NULL
+    if x != NULL:
+        x.begin()
+        x.pack_rows(Qt, H, M, H, sc.Mx, sc.Hk, sc.Qb)
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
@@ -389,7 +485,14 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, Kt, Vt, Kf, Vf)
         else:
             kv_tiles(p, t, b, j, k0, nb, Kt, NULL if codes_pv else Vt)
-        t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
+        ls = nb
+        if x != NULL:
+            nbx = (nb + 31) & ~31
+            ls = nbx
+            x.pack_pairs(Kt, nb, H, nb, sc.Hk, nbx, sc.Kp)
+            x.gemm(sc.Mx, nbx, sc.Hk, sc.Qb, sc.Hk, sc.Kp, nbx, Sx, ls, 0)
+        else:
+            t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
         if kind == 3:       # mixed: each row's float runs take the staged rows' scores
             t.sv_gemm(M, nb, H, Qt, H, Kf, GQA_F32, NULL, Sf, nb, 0.0)
             for r in range(M):
@@ -402,7 +505,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         for r in range(M):
             s = s0 + r // G
             h = j * G + r % G
-            row = Sx + <size_t>r * nb
+            row = Sx + <size_t>r * ls
             tile_keys(rlo[s - s0], rhi[s - s0], k0, nb, &a0, &z0)
             if a0 > 0 or z0 < nb:
                 partial = True
@@ -434,13 +537,19 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             for r in range(M):
                 tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
                 if z0 > a0:
-                    t.sv_gemm(1, H, z0 - a0, Sx + <size_t>r * nb + a0, nb, Vt + <size_t>a0 * H,
+                    t.sv_gemm(1, H, z0 - a0, Sx + <size_t>r * ls + a0, ls, Vt + <size_t>a0 * H,
                               GQA_F32, NULL, O + <size_t>r * H, H, 1.0)
         elif codes_pv:
             p.sv(M, H, nb, Sx, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
+        elif x != NULL:
+            x.pack_rows(Sx, ls, M, nb, sc.Mx, nbx, sc.Pb)
+            x.pack_pairs(Vt, H, nb, H, nbx, H, sc.Vp)
+            x.gemm(sc.Mx, H, nbx, sc.Pb, nbx, sc.Vp, H, O, H, 1)
         else:
             t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)
         k0 = k0 + nb
+    if x != NULL:
+        x.end()
     for r in range(M):
         s = s0 + r // G
         row = p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * G + r % G) * H
@@ -792,10 +901,13 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             else:
                 p.chunks = 1
     scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H + G
+    # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has them
+    # (heads of a multiple of 16 columns; not with causal float windows' staged tiles)
+    p.tiles = NULL
+    if mode == 1 and not p.hstage and H % 16 == 0:
+        p.tiles = tile_kernels(accuracy)
     if mode == 1:
-        scratch_len = (<size_t>p.Br * G * (2 * H + p.Bc + 2) + <size_t>2 * H * p.Bc + 2 * p.Br + 16)
-        if p.hstage:        # rns / rrl, Sf, Kf / Vf (attend_tiled)
-            scratch_len = scratch_len + <size_t>p.Br * G * p.Bc + <size_t>2 * H * p.Bc + 2 * p.Br
+        scratch_len = tiled_layout(&p, NULL, NULL)
         # quantized V with scales below 1e30 dequantizes to finite values only (attend_tiled)
         p.v_finite = (p.vtype != GQA_F32 and p.vtype != GQA_F16 and not GQA_IS_GROUP(p.vtype)
                       and p.hv == NULL)

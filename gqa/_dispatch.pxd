@@ -1,6 +1,6 @@
 # Declarations of the C kernel contract (gqa_kernels.h) and the accessors
 # through which every other Cython module reaches the one active table.
-from libc.stdint cimport uint8_t, uint16_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t
 
 cdef extern from "gqa_kernels.h" nogil:
     ctypedef enum gqa_type_t:
@@ -25,6 +25,16 @@ cdef extern from "gqa_kernels.h" nogil:
                                     size_t ldc, float beta) noexcept nogil
     ctypedef float (*gqa_exp_sum_fn)(float *x, size_t n, float m) noexcept nogil
     ctypedef float (*gqa_row_max_fn)(const float *x, size_t n) noexcept nogil
+    ctypedef struct gqa_tiles:
+        const char *name
+        void (*begin)() noexcept nogil
+        void (*end)() noexcept nogil
+        void (*pack_rows)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
+                          size_t cols_pad, uint16_t *dst) noexcept nogil
+        void (*pack_pairs)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
+                           size_t cols_pad, uint32_t *dst) noexcept nogil
+        void (*gemm)(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda, const uint32_t *B,
+                     size_t ldb, float *C, size_t ldc, int acc) noexcept nogil
     ctypedef struct gqa_kernels:
         const char *name
         gqa_quantize_fn quantize
@@ -48,6 +58,8 @@ cdef const gqa_kernels *active_table() noexcept nogil
 # switch on, onnxruntime's approximate kernel; else the exact kernels.
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level) noexcept nogil
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil
+# The active path's matrix tiles at accuracy `level` (>= 3) where this CPU runs them, else NULL.
+cdef const gqa_tiles *tile_kernels(int level) noexcept nogil
 # OpenMP's default team size (omp_get_max_threads), 1 in a build without OpenMP.
 cdef int omp_max_threads() noexcept nogil
 # The table's exp_sum, or the scalar path's where the table has none.

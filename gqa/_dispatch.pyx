@@ -10,6 +10,7 @@ cdef extern from "gqa_kernels.h" nogil:
     const gqa_kernels *gqa_path_table(int path)
     int gqa_path_runnable(int path)
     int gqa_approx_vnni_runnable()
+    const gqa_tiles *gqa_path_tiles(int path)
     size_t gqa_l2_cache_bytes()
     int GQA_PATH_COUNT
     const char *GQA_COMPILED_PATHS
@@ -29,6 +30,7 @@ cdef extern from *:
     int gqa_openmp_max_threads() nogil
 
 cdef const gqa_kernels *_active = gqa_path_table(0)
+cdef const gqa_tiles *_tiles = NULL      # the active path's tiles where this CPU runs them
 cdef bint _approx = False
 cdef bint _vnni = gqa_approx_vnni_runnable() == 1     # the CPU (and build) run the VNNI unit
 
@@ -46,6 +48,10 @@ cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level) noexcep
     if _approx and type == GQA_S8_PT and t.qk_gemm_s8_approx != NULL:
         return t.qk_gemm_s8_approx
     return t.qk_gemm
+
+
+cdef const gqa_tiles *tile_kernels(int level) noexcept nogil:
+    return _tiles if level >= 3 else NULL
 
 
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil:
@@ -82,8 +88,9 @@ def path_runnable(name):
 
 def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
-    global _active
+    global _active, _tiles
     _active = gqa_path_table(PATH_NAMES.index(name))
+    _tiles = gqa_path_tiles(PATH_NAMES.index(name))
 
 
 def active_path():
@@ -103,6 +110,17 @@ def approx_vnni_runnable():
 def int8_dot_effective():
     """True when accuracy level 4 runs the integer-dot INT8 kernels on the active path."""
     return _vnni and _active.sv_gemm_s8_dot != NULL and _active.qk_gemm_s8_dot != NULL
+
+
+def tiles_effective():
+    """The name of the matrix tiles ("amx") accuracy levels 3 and 4 run prompts on with the
+    active path, or None where it has none this CPU runs."""
+    return _tiles.name.decode() if _tiles != NULL else None
+
+
+def tiles_runnable():
+    """True when the build has AMX tiles and this CPU and OS run them (any path)."""
+    return any(gqa_path_tiles(i) != NULL for i in range(GQA_PATH_COUNT))
 
 
 def approx_vnni_effective():

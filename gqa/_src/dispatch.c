@@ -147,6 +147,44 @@ int gqa_approx_vnni_runnable(void)
            (gqa_cpu_features() & GQA_CPU_AVX512VNNI) != 0;
 }
 
+/* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (bit 24); CPUID.7.1 EAX: AVX512-BF16 (bit 5);
+   XCR0 bits 17-18 (tile config, data). */
+static int amx_cpu(void)
+{
+#ifdef GQA_X86
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!(d & (1u << 22)) || !(d & (1u << 24)))
+        return 0;
+    __cpuid_count(7, 1, a, b, c, d); /* EAX bit 5: AVX512-BF16 (the unit's conversions) */
+    if (!(a & (1u << 5)))
+        return 0;
+    __cpuid(1, a, b, c, d);
+    if (!(c & (1u << 27)))
+        return 0;
+    return (read_xcr0() & 0x60000) == 0x60000;
+#else
+    return 0;
+#endif
+}
+
+const gqa_tiles *gqa_path_tiles(int path)
+{
+    /* Idempotent like gqa_cpu_features: the grant is asked once per process (permit). */
+    static volatile int known[GQA_PATH_COUNT];
+    static volatile int ok[GQA_PATH_COUNT];
+    const gqa_kernels *t = gqa_path_table(path);
+    if (t == NULL || t->tiles == NULL || !gqa_path_runnable(path))
+        return NULL;
+    if (!known[path]) {
+        ok[path] = amx_cpu() && t->tiles->permit();
+        known[path] = 1;
+    }
+    return ok[path] ? t->tiles : NULL;
+}
+
 size_t gqa_l2_cache_bytes(void)
 {
 #if defined(_SC_LEVEL2_CACHE_SIZE)

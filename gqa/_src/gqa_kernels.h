@@ -117,6 +117,25 @@ typedef void (*gqa_sv_gemm_fn)(size_t M, size_t N, size_t K,
                                float *C, size_t ldc, float beta);
 
 typedef float (*gqa_exp_sum_fn)(float *x, size_t n, float m);
+
+/* Matrix tiles for the flash prompt tiles at accuracy level >= 3 (kernels_amx.c states the
+   operand layouts and roundings): bfloat16 operands, float32 sums.  Bracket the gemm calls
+   of one thread by begin / end; permit once per process before any (dispatch.c does). */
+typedef struct gqa_tiles {
+    const char *name;
+    int (*permit)(void);
+    void (*begin)(void);
+    void (*end)(void);
+    /* src [rows, cols] (row stride lds) -> dst [rows_pad, cols_pad] bfloat16, zero padded. */
+    void (*pack_rows)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
+                      size_t cols_pad, uint16_t *dst);
+    /* src [rows, cols] -> dst [rows_pad / 2, cols_pad] pairs of rows, zero padded. */
+    void (*pack_pairs)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
+                       size_t cols_pad, uint32_t *dst);
+    /* C[M, N] = (acc ? C : 0) + A B; M, N multiples of 16, K of 32. */
+    void (*gemm)(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda, const uint32_t *B,
+                 size_t ldb, float *C, size_t ldc, int acc);
+} gqa_tiles;
 typedef float (*gqa_row_max_fn)(const float *x, size_t n);
 
 typedef struct gqa_kernels {
@@ -146,6 +165,9 @@ typedef struct gqa_kernels {
        reaches the row through exp_sum); -inf when n == 0 or no element is larger.  Exact:
        every path returns the same value (+0 and -0 may differ). */
     gqa_row_max_fn row_max;
+    /* The path's matrix tiles (AMX on avx512), NULL where the build has none; callers take
+       them through gqa_path_tiles, which checks the CPU. */
+    const gqa_tiles *tiles;
 } gqa_kernels;
 
 /* Tables, one per compiled path (dispatch.c knows which exist). */
@@ -174,6 +196,9 @@ const gqa_kernels *gqa_path_table(int path);
 int gqa_path_runnable(int path);
 /* 1 when the approximate VNNI QK kernel can run here. */
 int gqa_approx_vnni_runnable(void);
+/* The tiles of a path where the build has them and this CPU, its OS and the kernel's grant
+   of the tile state run them (AMX-TILE + AMX-BF16, XCR0 bits 17-18), else NULL. */
+const gqa_tiles *gqa_path_tiles(int path);
 size_t gqa_l2_cache_bytes(void);
 
 /* Half-precision conversion helpers shared by all paths (kernels_scalar.c). */

@@ -910,5 +910,5 @@ static float row_max_avx2(const float *x, size_t n)
     return gqa_max_of(x + i, n - i, gqa_max_of(buf, 8, -INFINITY));
 }
 
-GQA_KERNEL_TABLE(avx2, NULL, NULL, NULL)
+GQA_KERNEL_TABLE(avx2, NULL, NULL, NULL, NULL)
 #endif

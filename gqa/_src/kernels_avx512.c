@@ -3,6 +3,7 @@
  * -mavx512vl -mavx2 -mfma -mf16c (never -mavx512vnni: the approximate VNNI QK kernel
  * is its own unit, kernels_avx512vnni.c, whose entry this table holds where the build
  * compiled it, GQA_HAVE_AVX512VNNI; dispatch.c calls it only where the CPU has VNNI).
+ * Likewise the AMX tiles, kernels_amx.c (GQA_HAVE_AMX), handed out by gqa_path_tiles.
  *
  * Same operations and layouts as gqa_kernels.h, 16 float32 lanes at a time;
  * tails use AVX-512 masked loads/stores (masked-off lanes read as 0).
@@ -1196,6 +1197,12 @@ static float row_max_avx512(const float *x, size_t n)
     return gqa_max_of(buf, 16, -INFINITY);
 }
 
+#ifdef GQA_HAVE_AMX
+extern const gqa_tiles gqa_tiles_amx;
+#define TILES_AVX512 (&gqa_tiles_amx)
+#else
+#define TILES_AVX512 NULL
+#endif
 #ifdef GQA_HAVE_AVX512VNNI
 void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A,
                                       size_t lda, const void *B, int type, const float *s, float *C,
@@ -1206,8 +1213,8 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                                    const void *B, int type, const float *s, float *C, size_t ldc,
                                    float beta);
 GQA_KERNEL_TABLE(avx512, gqa_qk_gemm_s8_approx_avx512vnni, gqa_qk_gemm_s8_dot_avx512vnni,
-                 gqa_sv_gemm_s8_dot_avx512vnni)
+                 gqa_sv_gemm_s8_dot_avx512vnni, TILES_AVX512)
 #else
-GQA_KERNEL_TABLE(avx512, NULL, NULL, NULL)
+GQA_KERNEL_TABLE(avx512, NULL, NULL, NULL, TILES_AVX512)
 #endif
 #endif

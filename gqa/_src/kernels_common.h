@@ -51,12 +51,12 @@ static inline float gqa_max_of(const float *x, size_t n, float m)
 }
 
 /* A path's kernel table: every operation named <op>_<path>, and the integer-dot kernels
-   (or NULL): onnxruntime's approximate QK, level 4's QK and SV. */
-#define GQA_KERNEL_TABLE(path, approx_qk, dot_qk, dot_sv)                                        \
+   (or NULL): onnxruntime's approximate QK, level 4's QK and SV; the path's tiles (or NULL). */
+#define GQA_KERNEL_TABLE(path, approx_qk, dot_qk, dot_sv, tiles)                                 \
     const gqa_kernels gqa_kernels_##path = {#path, quantize_##path, dequantize_##path,          \
                                             dequantize_t_##path, qk_gemm_##path, sv_gemm_##path, \
                                             approx_qk, dot_qk, dot_sv, exp_sum_##path,           \
-                                            row_max_##path};
+                                            row_max_##path, tiles};
 
 /* dequantize_<path> of a path whose row decoder dequant_row(row, d, cols, type, s) is
    specialized on a constant type: one instance per static or float type in deq_rows[type]

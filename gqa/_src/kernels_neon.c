@@ -698,5 +698,5 @@ static float row_max_neon(const float *x, size_t n)
     return gqa_max_of(x + i, n - i, gqa_max_of(buf, 16, -INFINITY));
 }
 
-GQA_KERNEL_TABLE(neon, NULL, NULL, NULL)
+GQA_KERNEL_TABLE(neon, NULL, NULL, NULL, NULL)
 #endif

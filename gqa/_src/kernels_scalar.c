@@ -121,4 +121,4 @@ static float row_max_scalar(const float *x, size_t n)
     return gqa_max_of(x, n, -INFINITY);
 }
 
-GQA_KERNEL_TABLE(scalar, NULL, NULL, NULL)
+GQA_KERNEL_TABLE(scalar, NULL, NULL, NULL, NULL)

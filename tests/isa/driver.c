@@ -5,7 +5,7 @@
  *
  * Build: this file + kernels_scalar.c + the path's TU, with
  *   -DGQA_TEST_TABLE=gqa_kernels_<path>   (the table under test).
- * Run:   driver [exact] [approx]           (default: both; `approx` needs a
+ * Run:   driver [exact] [approx] [tiles]   (default: the first two; `approx` needs a
  *        table with qk_gemm_s8_approx).
  *
  * Checks (each prints one line; a failure prints its first cases):
@@ -35,6 +35,10 @@
  *                   the error bound against the exact scalar path, edge rows;
  *                   per-channel codes bit for bit as per-tensor codes of the
  *                   rows times the scales.
+ *   tiles.*      (mode `tiles`, AMX hosts only) pack_rows / pack_pairs bit for bit against
+ *                   the bfloat16 rounding of the contract (ties, NaN, inf, subnormals) with
+ *                   zero padding; gemm exact on small integers (acc 0 over NaN in C, acc 1),
+ *                   within (K + 2) 2^-24 sum|ab| on normal operands, strides, C's padding kept.
  *   dot.sv.*     the INT8 P @ V kernel of accuracy level 4: bit for bit against
  *                   its contract (keys 1 .. 20000, across its 8192-key chunks,
  *                   columns 1 .. 130, beta 0 / 1 / 0.5, per tensor and per channel),
@@ -1100,16 +1104,157 @@ static void check_group(void)
     }
 }
 
+/* ---- matrix tiles (AMX; nothing emulates them: native runs only) ---------- */
+
+/* The contract's float32 -> bfloat16: nearest, ties to even, NaN quieted, subnormals as 0. */
+static uint16_t bf16_ref(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7F800000u) == 0)
+        return (uint16_t)((u >> 16) & 0x8000u);
+    if (x != x)
+        return (uint16_t)((u | 0x00400000u) >> 16);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float bf16_value(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* Floats that exercise the rounding: ties both ways, NaN, +-inf, overflow, subnormals. */
+static float tile_float(size_t i)
+{
+    static const uint32_t special[] = {0x3F808000u, 0x3F818000u, 0x3F80FFFFu, 0x7FC00001u, 0xFF800001u,
+                                       0x7F800000u, 0xFF800000u, 0x7F7FFFFFu, 0x00000001u, 0x807FFFFFu,
+                                       0x00800000u, 0x80000000u};
+    float x;
+    if (i % 13 == 7) {
+        memcpy(&x, &special[(i / 13) % (sizeof(special) / sizeof(special[0]))], 4);
+        return x;
+    }
+    return normal() * 10.0f;
+}
+
+static void check_tiles(void)
+{
+    const gqa_tiles *x = T->tiles;
+    static const size_t ROWS[] = {1, 2, 3, 15, 16, 17, 33};
+    static const size_t COLS[] = {1, 5, 16, 17, 31, 32, 33, 64, 70};
+    x->begin();
+    /* pack_rows / pack_pairs bit for bit, zero padding, stride lds > cols */
+    long cases[2] = {0}, fails[2] = {0};
+    for (size_t ri = 0; ri < sizeof(ROWS) / sizeof(ROWS[0]); ri++)
+        for (size_t ci = 0; ci < sizeof(COLS) / sizeof(COLS[0]); ci++) {
+            const size_t rows = ROWS[ri], cols = COLS[ci], lds = cols + 3;
+            const size_t rp = (rows + 15) / 16 * 16 + 16 * (ci & 1), cp = (cols + 31) / 32 * 32 + 32 * (ri & 1);
+            float *src = xmalloc(rows * lds * 4);
+            uint16_t *rw = xmalloc(rp * cp * 2);
+            uint32_t *pw = xmalloc(rp / 2 * cp * 4);
+            for (size_t i = 0; i < rows * lds; i++)
+                src[i] = tile_float(i);
+            memset(rw, 0xAB, rp * cp * 2);
+            memset(pw, 0xAB, rp / 2 * cp * 4);
+            x->pack_rows(src, lds, rows, cols, rp, cp, rw);
+            x->pack_pairs(src, lds, rows, cols, rp, cp, pw);
+            int bad_r = 0, bad_p = 0;
+            for (size_t r = 0; r < rp; r++)
+                for (size_t c = 0; c < cp; c++) {
+                    const uint16_t want = r < rows && c < cols ? bf16_ref(src[r * lds + c]) : 0;
+                    bad_r |= rw[r * cp + c] != want;
+                    const uint32_t got = pw[(r / 2) * cp + c] >> (16 * (r & 1)) & 0xFFFFu;
+                    bad_p |= got != want;
+                }
+            if (bad_r || bad_p)
+                printf("  tiles.pack mismatch: rows=%zu cols=%zu pads %zu x %zu: rows %d pairs %d\n", rows, cols,
+                       rp, cp, bad_r, bad_p);
+            cases[0]++, fails[0] += bad_r;
+            cases[1]++, fails[1] += bad_p;
+            free(src), free(rw), free(pw);
+        }
+    begin("tiles.rows");
+    check_cases = cases[0], check_fails = fails[0];
+    end();
+    begin("tiles.pairs");
+    check_cases = cases[1], check_fails = fails[1];
+    end();
+
+    /* gemm: integers exact in bfloat16 with exact float32 sums (|sum| < 2^24) give exactly the
+       integer product; acc = 0 ignores NaN in C, acc = 1 adds to C; columns past N and rows'
+       padding of C untouched.  Random normal operands within the float32 summation bound. */
+    static const size_t GM[] = {16, 32, 48, 80}, GN[] = {16, 32, 48, 96, 144}, GK[] = {32, 64, 96, 256, 1024};
+    long gcases[2] = {0}, gfails[2] = {0};
+    for (size_t mi = 0; mi < 4; mi++)
+        for (size_t ni = 0; ni < 5; ni++)
+            for (size_t ki = 0; ki < 5; ki++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const size_t M = GM[mi], N = GN[ni], K = GK[ki], lda = K + 32 * (ni & 1),
+                                 ldb = N + 16 * (mi & 1), ldc = N + 5;
+                    uint16_t *A = xmalloc(M * lda * 2);
+                    uint32_t *B = xmalloc(K / 2 * ldb * 4);
+                    float *C = xmalloc(M * ldc * 4), *C0 = xmalloc(M * ldc * 4);
+                    int ints = 1, bad[2] = {0, 0};
+                    for (int pass = 0; pass < 2; pass++, ints = 0) {
+                        for (size_t i = 0; i < M * lda; i++)
+                            A[i] = bf16_ref(ints ? (float)((int)(rnd() % 17) - 8) : normal());
+                        for (size_t i = 0; i < K / 2 * ldb; i++)
+                            B[i] = (uint32_t)bf16_ref(ints ? (float)((int)(rnd() % 17) - 8) : normal()) |
+                                   (uint32_t)bf16_ref(ints ? (float)((int)(rnd() % 17) - 8) : normal()) << 16;
+                        for (size_t i = 0; i < M * ldc; i++)
+                            C[i] = C0[i] = (i % ldc) >= N ? GUARD_F : acc ? (float)((int)(rnd() % 101) - 50) : NAN;
+                        x->gemm(M, N, K, A, lda, B, ldb, C, ldc, acc);
+                        for (size_t m = 0; m < M; m++)
+                            for (size_t n = 0; n < ldc; n++) {
+                                const float got = C[m * ldc + n];
+                                if (n >= N) {
+                                    bad[pass] |= !same_float(got, GUARD_F);
+                                    continue;
+                                }
+                                double sum = acc ? C0[m * ldc + n] : 0.0, mag = fabs(sum);
+                                for (size_t k = 0; k < K; k++) {
+                                    const uint32_t pr = B[(k / 2) * ldb + n];
+                                    const double p = (double)bf16_value(A[m * lda + k]) *
+                                                     bf16_value((uint16_t)(pr >> (16 * (k & 1))));
+                                    sum += p, mag += fabs(p);
+                                }
+                                if (ints)
+                                    bad[0] |= got != (float)sum;
+                                else
+                                    bad[1] |= !(fabs(got - sum) <= (K + 2) * mag / 16777216.0 + 1e-30);
+                            }
+                    }
+                    if (bad[0] || bad[1])
+                        printf("  tiles.gemm mismatch: M=%zu N=%zu K=%zu acc=%d: exact %d bound %d\n", M, N, K,
+                               acc, bad[0], bad[1]);
+                    for (int i = 0; i < 2; i++)
+                        gcases[i]++, gfails[i] += bad[i];
+                    free(A), free(B), free(C), free(C0);
+                }
+    x->end();
+    begin("tiles.gemm.exact");
+    check_cases = gcases[0], check_fails = gfails[0];
+    end();
+    begin("tiles.gemm.bound");
+    check_cases = gcases[1], check_fails = gfails[1];
+    end();
+}
+
 int main(int argc, char **argv)
 {
-    int exact = argc < 2, approx = argc < 2;
+    int exact = argc < 2, approx = argc < 2, tiles = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "exact"))
             exact = 1;
         else if (!strcmp(argv[i], "approx"))
             approx = 1;
+        else if (!strcmp(argv[i], "tiles"))
+            tiles = 1;
         else {
-            fprintf(stderr, "usage: %s [exact] [approx]\n", argv[0]);
+            fprintf(stderr, "usage: %s [exact] [approx] [tiles]\n", argv[0]);
             return 2;
         }
     }
@@ -1136,6 +1281,14 @@ int main(int argc, char **argv)
         } else {
             check_dot_qk();
             check_sv_dot();
+        }
+    }
+    if (tiles) {
+        if (T->tiles == NULL || !T->tiles->permit()) {
+            printf("tiles: the %s table has no tiles, or the kernel refused the tile state\n", T->name);
+            n_checks++, n_failed++;
+        } else {
+            check_tiles();
         }
     }
     printf("driver %s: %ld checks, %ld failed\n", T->name, n_checks, n_failed);

@@ -6,8 +6,9 @@ Each test builds tests/isa/driver.c with kernels_scalar.c and one path's TU
 into a temporary directory and runs it (see driver.c for the checks).  Test ids
 name the path and how it ran: neon-qemu (neon-native on aarch64),
 avx512-emulated, avx512vnni-emulated, avx512-native, avx512vnni-native,
-avx2-native; the native ones exist only where this CPU runs the path.  A
-test skips only when the tools it needs are missing (Debian:
+amx-native, avx2-native; the native ones exist only where this CPU runs the path
+(amx-native is listed everywhere and skips, with the reason, on CPUs without AMX:
+nothing emulates AMX).  A test skips otherwise only when the tools it needs are missing (Debian:
 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; libsimde-dev).
 """
 import ast
@@ -67,6 +68,7 @@ CPU = _cpu_flags()
 HAS_AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= CPU
 HAS_VNNI = HAS_AVX512 and "avx512_vnni" in CPU
 HAS_AVX2 = {"avx2", "fma", "f16c"} <= CPU
+HAS_AMX = HAS_AVX512 and {"amx_tile", "amx_bf16", "avx512_bf16"} <= CPU
 
 
 def _run(cmd, **kw):
@@ -152,9 +154,12 @@ def _avx512_emulated_driver(d):
     flags = [f for f in CFLAGS if f != "-O2"] + ["-O1", "-mavx2", "-mfma", "-mf16c",
                                                  "-DGQA_EMULATE_AVX512", "-I" + HERE]
     assert not any(f.startswith("-mavx512") for f in flags)
-    # the VNNI unit on SIMDe too: its own -mavx512vnni left out, the define kept
+    # the VNNI unit on SIMDe too: its own -mavx512vnni left out, the define kept; nothing
+    # emulates AMX, so its unit is left out (its tests run natively on AMX hosts)
     objs, defines = [], []
-    for src, _own, define in UNITS.get("avx512", []):
+    for src, own, define in UNITS.get("avx512", []):
+        if any(f.startswith("-mamx") for f in own):
+            continue
         uobj = os.path.join(d, src.replace(".c", "_emu.o"))
         _compile(CC + flags + ["-c", os.path.join(SRC, src), "-o", uobj])
         objs.append(uobj)
@@ -201,6 +206,7 @@ def _cases():
             cases.append(("avx512-native", "exact", "avx512-native"))
         if HAS_VNNI:
             cases.append(("avx512vnni-native", "approx", "avx512-native"))
+        cases.append(("amx-native", "tiles", "avx512-native"))
         if HAS_AVX2:
             cases.append(("avx2-native", "exact", "avx2-native"))
     return cases
@@ -220,6 +226,8 @@ def test_isa(builds, how, mode, build):
         _simde()
         cmd = builds.get(build, _avx512_emulated_driver)
     elif build == "avx512-native":
+        if mode == "tiles" and not HAS_AMX:
+            pytest.skip("the CPU has no AMX-TILE / AMX-BF16 / AVX512-BF16 (nothing emulates AMX)")
         cmd = builds.get(build, lambda d: _native_driver(d, "avx512"))
     else:
         cmd = builds.get(build, lambda d: _native_driver(d, "avx2"))
