@@ -311,6 +311,10 @@ cdef void mixed_pv(const Params *p, const gqa_kernels *t, int k0, int nb, int M,
         t.sv_gemm(M, H, nb, Sf, nb, Vf, GQA_F32, NULL, O, H, 1.0)
 
 
+cdef enum:
+    TILE_STRIP = 32     # rows of a score strip on matrix tiles (a multiple of 16; 32 x 256 keys: 32 KB)
+
+
 cdef struct Tiled:
     # attend_tiled's scratch regions, each on a 64-byte line (see tiled_layout)
     float *Qt           # [Mmax, H] the prepared query rows, times alpha
@@ -474,6 +478,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     if x != NULL:
         x.begin()
         x.pack_rows(Qt, H, M, H, sc.Mx, sc.Hk, sc.Qb)
+        # probabilities: rows [0, M) by exp_pack per tile (ld Bx); rows [M, Mx) stay zero
+        memset(sc.Pb, 0, <size_t>sc.Mx * sc.Bx * sizeof(uint16_t))
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
@@ -490,7 +496,6 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             nbx = (nb + 31) & ~31
             ls = nbx
             x.pack_pairs(Kt, nb, H, nb, sc.Hk, nbx, sc.Kp)
-            x.gemm(sc.Mx, nbx, sc.Hk, sc.Qb, sc.Hk, sc.Kp, nbx, Sx, ls, 0)
         else:
             t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
         if kind == 3:       # mixed: each row's float runs take the staged rows' scores
@@ -503,6 +508,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 move_runs(Sx + <size_t>r * nb, Sf + <size_t>r * nb, f2, z0)
         partial = False
         for r in range(M):
+            if x != NULL and r % TILE_STRIP == 0:
+                # the scores of rows [r, r + TILE_STRIP) (16 or 32 of Mx), softmaxed while
+                # they are in L1
+                i = TILE_STRIP if sc.Mx - r >= TILE_STRIP else sc.Mx - r
+                x.gemm(i, nbx, sc.Hk, sc.Qb + <size_t>r * sc.Hk, sc.Hk, sc.Kp, nbx,
+                       Sx + <size_t>r * ls, ls, 0)
             s = s0 + r // G
             h = j * G + r % G
             row = Sx + <size_t>r * ls
@@ -511,18 +522,25 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 partial = True
             if z0 <= a0:
                 memset(row, 0, nb * sizeof(float))
+                if x != NULL:
+                    memset(sc.Pb + <size_t>r * sc.Bx, 0, nbx * sizeof(uint16_t))
                 continue
             score_features(p, row + a0, z0 - a0, b, h, s, k0 + a0)
             mx = nan_or_max(p, row + a0, z0 - a0)
             mnew = mx if (mx > mrow[r] or mx != mx) else mrow[r]
             if mnew == -INFINITY:        # every score so far is -inf (masked by the bias)
                 memset(row, 0, nb * sizeof(float))
+                if x != NULL:
+                    memset(sc.Pb + <size_t>r * sc.Bx, 0, nbx * sizeof(uint16_t))
                 continue
             for i in range(a0):
                 row[i] = -INFINITY
             for i in range(z0, nb):
                 row[i] = -INFINITY
-            total = p.exp_sum(row, nb, mnew)
+            if x != NULL:
+                total = x.exp_pack(row, nb, nbx, mnew, sc.Pb + <size_t>r * sc.Bx)
+            else:
+                total = p.exp_sum(row, nb, mnew)
             corr = expf(mrow[r] - mnew)
             if corr != 1.0:
                 for i in range(H):
@@ -542,9 +560,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         elif codes_pv:
             p.sv(M, H, nb, Sx, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
         elif x != NULL:
-            x.pack_rows(Sx, ls, M, nb, sc.Mx, nbx, sc.Pb)
             x.pack_pairs(Vt, H, nb, H, nbx, H, sc.Vp)
-            x.gemm(sc.Mx, H, nbx, sc.Pb, nbx, sc.Vp, H, O, H, 1)
+            x.gemm(sc.Mx, H, nbx, sc.Pb, sc.Bx, sc.Vp, H, O, H, 1)
         else:
             t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)
         k0 = k0 + nb
@@ -902,10 +919,8 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                 p.chunks = 1
     scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H + G
     # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has them
-    # (heads of a multiple of 16 columns; not with causal float windows' staged tiles)
-    p.tiles = NULL
-    if mode == 1 and not p.hstage and H % 16 == 0:
-        p.tiles = tile_kernels(accuracy)
+    # (not with causal float windows' staged tiles)
+    p.tiles = tile_kernels(accuracy, H) if mode == 1 and not p.hstage else NULL
     if mode == 1:
         scratch_len = tiled_layout(&p, NULL, NULL)
         # quantized V with scales below 1e30 dequantizes to finite values only (attend_tiled)

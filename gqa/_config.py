@@ -29,11 +29,12 @@ PLAN_CPUS = _process_cpus()
 
 # changed only in place (_apply): gqa/_signature.pyx keeps a reference to this dict
 _settings = {"path": "auto", "flash": True, "approx_vnni": False, "num_threads": None,
-             "flash_blocks": None, "decode_splits": None, "accuracy_level": 0}
+             "flash_blocks": None, "decode_splits": None, "accuracy_level": 0, "tiles": True}
 
 # onnxruntime's accuracy_level values (MatMulNBits): 0 unset, 1 float32, 2 float16, 3 bfloat16,
-# 4 int8.  gqa computes levels 1-3 in float32 (no float16 / bfloat16 kernels yet) and level 4
-# with the integer-dot INT8 kernels where the path has them (AVX-512 VNNI).
+# 4 int8, each the lowest precision a computation may use.  gqa: levels 0-2 float32; levels 3
+# and 4 run prompts' flash tiles on AMX BF16 tiles where the CPU has them (and the `tiles`
+# setting allows); level 4 also runs the integer-dot INT8 kernels (AVX-512 VNNI) elsewhere.
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 
 
@@ -89,6 +90,7 @@ def _check_level(n, source):
 def _apply(settings):
     _dispatch._set_path(_best_path() if settings["path"] == "auto" else settings["path"])
     _dispatch._set_approx_vnni(settings["approx_vnni"])
+    _dispatch._set_tiles(settings["tiles"])
     _settings.update(settings)
 
 
@@ -102,13 +104,16 @@ class config:
                     units), or None (automatic)
     approx_vnni : bool, opt in to the approximate INT8 per-tensor QK kernel (AVX-512 VNNI)
     accuracy_level : 0-4, the level of operators whose own accuracy_level is 0 and of
-                  gqa.qk_gemm / sv_gemm (GQA_ACCURACY_LEVEL; 0 and 1-3: float32 products,
-                  4: integer dot products on INT8 codes where the CPU has AVX-512 VNNI)
+                  gqa.qk_gemm / sv_gemm (GQA_ACCURACY_LEVEL; 0-2: float32 products; 3: prompts
+                  on AMX BF16 tiles where the CPU has them, else float32; 4: as 3, and integer
+                  dot products on INT8 codes where the CPU has AVX-512 VNNI)
+    tiles       : bool (GQA_TILES, default True); False keeps levels 3 and 4 off the AMX tiles
     num_threads : int >= 1, or None for GQA_NUM_THREADS / OpenMP's default
     """
 
     def __init__(self, *, path=None, flash=None, approx_vnni=None, num_threads=None,
-                 flash_blocks=None, decode_splits=None, kernel=None, accuracy_level=None):
+                 flash_blocks=None, decode_splits=None, kernel=None, accuracy_level=None,
+                 tiles=None):
         new = dict(_settings)
         if kernel is not None:
             if path is not None:
@@ -135,6 +140,8 @@ class config:
             new["num_threads"] = _check_threads(num_threads, "num_threads")
         if accuracy_level is not None:
             new["accuracy_level"] = _check_level(accuracy_level, "accuracy_level")
+        if tiles is not None:
+            new["tiles"] = bool(tiles)
         self._previous = dict(_settings)
         _apply(new)
 
@@ -154,6 +161,7 @@ def get_config():
     out["kernel"], out["active_kernel"] = out["path"], out["active_path"]   # earlier names
     out["approx_vnni_effective"] = _dispatch.approx_vnni_effective()
     out["int8_dot_effective"] = _dispatch.int8_dot_effective()   # level 4's kernels run here
+    out["tiles_effective"] = _dispatch.tiles_effective()         # levels 3-4's prompt tiles, or None
     out["effective_num_threads"] = effective_num_threads()
     out["plan_cpus"] = PLAN_CPUS
     return out
@@ -194,6 +202,12 @@ def _init_from_env():
             break
     new["approx_vnni"] = any(os.environ.get(n) == "1" for n in
                              ("GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI"))
+    raw = os.environ.get("GQA_TILES")
+    if raw is not None and raw.strip():
+        v = raw.strip().lower()
+        if v not in ("0", "1", "true", "false", "on", "off", "yes", "no"):
+            raise ValueError(f"environment variable GQA_TILES={raw!r} is not a boolean; use 1 or 0")
+        new["tiles"] = v in ("1", "true", "on", "yes")
     for key, name, check in (("accuracy_level", "GQA_ACCURACY_LEVEL", _check_level),
                              ("num_threads", "GQA_NUM_THREADS", _check_threads)):
         raw = os.environ.get(name)

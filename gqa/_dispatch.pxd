@@ -33,6 +33,7 @@ cdef extern from "gqa_kernels.h" nogil:
                           size_t cols_pad, uint16_t *dst) noexcept nogil
         void (*pack_pairs)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
                            size_t cols_pad, uint32_t *dst) noexcept nogil
+        float (*exp_pack)(float *x, size_t n, size_t n_pad, float m, uint16_t *dst) noexcept nogil
         void (*gemm)(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda, const uint32_t *B,
                      size_t ldb, float *C, size_t ldc, int acc) noexcept nogil
     ctypedef struct gqa_kernels:
@@ -58,8 +59,9 @@ cdef const gqa_kernels *active_table() noexcept nogil
 # switch on, onnxruntime's approximate kernel; else the exact kernels.
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level) noexcept nogil
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil
-# The active path's matrix tiles at accuracy `level` (>= 3) where this CPU runs them, else NULL.
-cdef const gqa_tiles *tile_kernels(int level) noexcept nogil
+# The active path's matrix tiles for flash tiles of heads of H columns at accuracy `level`:
+# where this CPU runs them, level >= 3 and H a multiple of 16; else NULL.
+cdef const gqa_tiles *tile_kernels(int level, int H) noexcept nogil
 # OpenMP's default team size (omp_get_max_threads), 1 in a build without OpenMP.
 cdef int omp_max_threads() noexcept nogil
 # The table's exp_sum, or the scalar path's where the table has none.

@@ -31,6 +31,7 @@ cdef extern from *:
 
 cdef const gqa_kernels *_active = gqa_path_table(0)
 cdef const gqa_tiles *_tiles = NULL      # the active path's tiles where this CPU runs them
+cdef bint _tiles_on = True               # gqa.config(tiles=...)
 cdef bint _approx = False
 cdef bint _vnni = gqa_approx_vnni_runnable() == 1     # the CPU (and build) run the VNNI unit
 
@@ -50,8 +51,8 @@ cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level) noexcep
     return t.qk_gemm
 
 
-cdef const gqa_tiles *tile_kernels(int level) noexcept nogil:
-    return _tiles if level >= 3 else NULL
+cdef const gqa_tiles *tile_kernels(int level, int H) noexcept nogil:
+    return _tiles if level >= 3 and H % 16 == 0 else NULL
 
 
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil:
@@ -90,7 +91,14 @@ def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
     global _active, _tiles
     _active = gqa_path_table(PATH_NAMES.index(name))
-    _tiles = gqa_path_tiles(PATH_NAMES.index(name))
+    _tiles = gqa_path_tiles(PATH_NAMES.index(name)) if _tiles_on else NULL
+
+
+def _set_tiles(bint on):
+    """Allow (the default) or keep off the active path's matrix tiles; after _set_path."""
+    global _tiles, _tiles_on
+    _tiles_on = on
+    _tiles = gqa_path_tiles(PATH_NAMES.index(active_path())) if on else NULL
 
 
 def active_path():

@@ -8,21 +8,23 @@ cdef int _CPUS = _config.PLAN_CPUS       # CPUs this process may run on (affinit
 cdef int _UNITS = max(8, _CPUS)
 
 
-cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int *q_block, int *kv_block,
-                int *splits, int *ranges):
+cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, bint tiles, int *q_block,
+                int *kv_block, int *splits, int *ranges):
     """Tile sizes of the flash path and the split of decode work (see _attention.run: the
     (batch, KV head) units form `ranges` contiguous ranges and the last unit of each range is
     cut into `splits` key chunks).  They depend on the shapes, the L2 size and the CPU count
     only -- never on the thread count -- so results do not either.
     K and V tiles (2 x kv_rows x H float32) take about 1/8 of L2; a query tile holds
-    ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times."""
+    ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times;
+    ~256 where the tiles' GEMMs run on matrix tiles (`tiles`), whose packing of each K/V
+    tile costs as much as its float32 GEMMs' rows."""
     cdef int units = B * Nkv
     blocks = _SETTINGS["flash_blocks"]
     if blocks is not None:
         q_block[0], kv_block[0] = blocks
     else:
         kv_block[0] = max(16, min(256, <int>(_L2 // (64 * H))))
-        q_block[0] = max(4, 128 // G)
+        q_block[0] = max(4, (256 if tiles else 128) // G)
     sp = _SETTINGS["decode_splits"]
     splits[0] = 1
     ranges[0] = units
@@ -41,8 +43,8 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int *q_block, int
         ranges[0] = _CPUS
 
 
-def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax):
+def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax, bint tiles=False):
     """(q_block, kv_block, splits, ranges) of a call: see _plan."""
     cdef int q_block, kv_block, splits, ranges
-    _plan(B, S, Nkv, G, H, Tmax, &q_block, &kv_block, &splits, &ranges)
+    _plan(B, S, Nkv, G, H, Tmax, tiles, &q_block, &kv_block, &splits, &ranges)
     return q_block, kv_block, splits, ranges

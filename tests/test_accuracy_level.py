@@ -236,7 +236,8 @@ def test_level_4_attention_within_its_bound(mode, flash):
 @pytest.mark.parametrize("mode", ["int8-pt", "int8-pc"])
 @pytest.mark.parametrize("blocks", [(3, 7), (8, 16), (16, 64)])
 def test_level_4_prompt_within_its_bound(mode, blocks):
-    """A causal prompt over an INT8 cache at level 4 on the flash tiles: P @ V of each tile by
+    """A causal prompt over an INT8 cache at level 4 on the float32 flash tiles (the AMX tiles
+    kept off: tests/test_tiles.py checks level 4 on them): P @ V of each tile by
     the integer-dot kernel on the V codes (the scores stay float32), against float64 over the
     same codes.  A tile row's probabilities are exp(s - m) <= 1 against the running maximum m
     and are quantized against their own maximum (<= 1), later rescaled by factors <= 1, so a
@@ -253,7 +254,7 @@ def test_level_4_prompt_within_its_bound(mode, blocks):
     for level in (0, 4):
         c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
                         mode=mode, accuracy_level=level, **kw)
-        with gqa.config(path="avx512", flash=True, flash_blocks=blocks):
+        with gqa.config(path="avx512", flash=True, flash_blocks=blocks, tiles=False):
             outs[level] = c.attend(0, q, k, v)
     assert not np.array_equal(outs[0], outs[4])
     ks = c.k_scales[0].astype(np.float64)

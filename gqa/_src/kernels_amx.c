@@ -1,8 +1,8 @@
 /*
  * kernels_amx.c -- AMX BF16 tiles for the flash prompt tiles at accuracy level >= 3
  * (gqa_tiles in gqa_kernels.h): bfloat16 operands, float32 products and sums.
- * ISA flags: the avx512 path's plus -mamx-tile -mamx-bf16 -mavx512bf16 (a unit of the avx512 path; its
- * table's `tiles`).  dispatch.c hands the table out only where CPUID has AMX-TILE,
+ * ISA flags: the avx512 path's plus -mamx-tile -mamx-bf16 -mavx512bf16 (a unit of the avx512
+ * path; its table's `tiles`).  dispatch.c hands the table out only where CPUID has AMX-TILE,
  * AMX-BF16 and AVX512-BF16, XCR0 enables the tile state and the kernel grants it (permit).
  *
  * Operand layouts (every buffer padded by the caller; padding is written as zeros):
@@ -10,9 +10,12 @@
  *   pairs B [rows_pad / 2, cols_pad] uint32, element (p, c) = bf16(src[2p][c]) in its low
  *         16 bits and bf16(src[2p + 1][c]) in its high 16 bits: AMX's "VNNI" right operand,
  *         two consecutive rows of the K dimension per 32-bit element.
+ *   exp_pack  x[i] = exp(x[i] - m) within 2^-16 relative (exp2_16; -inf and arguments below
+ *         -103.9 give 0, subnormal results may be 0, NaN stays NaN) for i < n, returning
+ *         their float32 sum, and the same values as a row of A (zeros past n, to n_pad).
  *   gemm  C[M, N] = (acc ? C : 0) + A[M, K] B[K, N] with A rows, B pairs; M and N multiples
  *         of 16, K a multiple of 32; C float32 with row stride ldc.
- * Rounding: float32 -> bfloat16 by vcvtne2ps2bf16: to nearest, ties to even, NaN kept
+ * Rounding of rows / pairs: float32 -> bfloat16 by vcvtne2ps2bf16: to nearest, ties to even, NaN kept
  * (quiet), overflow to inf, subnormal inputs as zero; tdpbf16ps takes subnormal bfloat16
  * inputs as zero and sums each pair of exact products into the float32 accumulator (round
  * to nearest even, subnormal results flushed to zero).
@@ -22,14 +25,13 @@
  * them, so other code on that thread (oneDNN, between calls) never sees ours, nor we its.
  */
 #define _DEFAULT_SOURCE 1 /* syscall() under -std=c99 */
-#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
-#include "gqa_kernels.h"
+#include "kernels_avx512.h" /* <immintrin.h> */
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -182,5 +184,48 @@ static void gemm_amx(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda
     }
 }
 
-const gqa_tiles gqa_tiles_amx = {"amx", permit_amx, begin_amx, end_amx, pack_rows_amx, pack_pairs_amx,
-                                 gemm_amx};
+/* exp(x - m) = 2^t, t = (x - m) log2(e) clamped at -150 (giving 0): 2^f, f = t - rint(t) in
+   [-1/2, 1/2], by a degree-4 polynomial (relative error 2.7e-6, fitted to 2^f), times
+   2^rint(t) by vscalefps.  t's roundings (x - m, then the product) move the result by at most
+   |x - m| 2^-24 relative, so below 2^-16 in all for normal results (x - m >= -104; lower gives
+   at most a subnormal); NaN stays NaN (vmaxps returns its second operand, t, when it is NaN). */
+static inline __m512 exp2_16(__m512 x, __m512 m)
+{
+    __m512 t = _mm512_mul_ps(_mm512_sub_ps(x, m), _mm512_set1_ps(1.44269504088896341f));
+    t = _mm512_max_ps(_mm512_set1_ps(-150.0f), t);
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(0.009569965302944183f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05591750890016556f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240247443318367f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931218504905701f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999992847442627f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static float exp_pack_amx(float *x, size_t n, size_t n_pad, float m, uint16_t *dst)
+{
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 e = exp2_16(_mm512_loadu_ps(x + i), vm);
+        _mm512_storeu_ps(x + i, e);
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i), (__m256i)_mm512_cvtneps_pbh(e));
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (i < n) {
+        const __mmask16 k = lanes(n - i);
+        const __m512 e = _mm512_maskz_mov_ps(k, exp2_16(_mm512_maskz_loadu_ps(k, x + i), vm));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        _mm256_mask_storeu_epi16(dst + i, lanes(n_pad - i), (__m256i)_mm512_cvtneps_pbh(e));
+        acc = _mm512_add_ps(acc, e);
+        i += 16;
+    }
+    if (i < n_pad)
+        memset(dst + i, 0, (n_pad - i) * sizeof(uint16_t));
+    return _mm512_reduce_add_ps(acc);
+}
+
+const gqa_tiles gqa_tiles_amx = {"amx",          permit_amx,     begin_amx,    end_amx, pack_rows_amx,
+                                 pack_pairs_amx, exp_pack_amx, gemm_amx};

@@ -31,7 +31,7 @@ def random_spec(rng):
                 Nkv=nkv, H=_pick(rng, [16, 32, 64]), M=int(rng.integers(12, 40)),
                 B=int(rng.integers(1, 3)), mode=_pick(rng, MODES), rotary=bool(rng.integers(2)),
                 dtype=_pick(rng, ["f32", "f32", "f16"]), prompt=int(rng.integers(1, 8)),
-                decode=int(rng.integers(0, 4)), accuracy=_pick(rng, [0, 0, 4]))
+                decode=int(rng.integers(0, 4)), accuracy=_pick(rng, [0, 0, 3, 4]))
 
 
 def kwargs(spec):

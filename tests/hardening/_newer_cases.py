@@ -64,7 +64,7 @@ def random_spec(rng):
         qk_norm=bool(rng.integers(3) == 0), rotary=bool(rng.integers(2)),
         dtype=pick(["f32", "f32", "f16"]), inplace=phase != "prompt" and bool(rng.integers(2)),
         windows=pick(["inplace", "inplace", "fresh", "caller"]), extra_rows=pick([0, 0, 3]),
-        rho=pick([1.0, 1.0, 0.95]), accuracy=pick([0, 0, 4]))
+        rho=pick([1.0, 1.0, 0.95]), accuracy=pick([0, 0, 3, 4]))
 
 
 def _dtype(spec):

@@ -1,0 +1,248 @@
+"""Accuracy levels 3 and 4 on prompts with matrix tiles (AMX BF16, gqa/_src/kernels_amx.c): the
+flash tiles' QK and P @ V with bfloat16 operands and float32 sums, the softmax in float32.
+
+Against float64 over the values the cache holds, every cache format, within the bound the
+roundings give (derived in _bound).  Where the tiles do not run -- another path, a head that is
+not a multiple of 16 columns, gqa.config(tiles=False), a causal multi-token step with float
+windows -- levels 3 and 4 are level 0's float32 contract (or level 4's VNNI kernels), checked
+bit for bit.  tests/isa/test_isa.py[amx-native] checks the kernels' contracts; nothing emulates
+AMX, so on CPUs without it these tests skip with that reason."""
+import numpy as np
+import pytest
+
+import gqa
+from gqa import _dispatch
+
+F32 = np.float32
+UB = 2.0 ** -9          # bfloat16 unit roundoff (8-bit significand, to nearest)
+U = 2.0 ** -24          # float32's
+N, NKV = 6, 2
+G = N // NKV
+
+needs_tiles = pytest.mark.skipif(
+    not _dispatch.tiles_runnable(),
+    reason="this CPU, OS or build has no AMX BF16 tiles (AMX-TILE, AMX-BF16, AVX512-BF16); "
+           "nothing emulates AMX")
+
+MODES = ["float", "int8-g16-fp16", "int8-pt", "int8-pc", "int4-pt", "int4-pc", "int4-g16", "int2-g16",
+         "int8-g32"]
+
+
+def _cache(mode, H, S, level, rng):
+    f = gqa.parse_mode(gqa.cache_options(mode)["mode"])[0]
+    kw = {}
+    if f.static:
+        n = NKV * H if f.per_channel else 1
+        top = f.top_code
+        kw = dict(k_scales=rng.uniform(1.0, 1.5, n).astype(F32) / top,
+                  v_scales=rng.uniform(1.0, 1.5, n).astype(F32) / top)
+    return gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
+                       mode=mode, accuracy_level=level, **kw), f
+
+
+def _values(cache, f, H):
+    """[2, Nkv, T, H] float64: the K and V values the cache's rows dequantize to (float32, as
+    every kernel path dequantizes them), per KV head."""
+    T = cache.length
+    out = np.empty((2, NKV, T, H))
+    for w, (codes, scales) in enumerate(((cache.key[0], cache.k_scales[0]),
+                                         (cache.value[0], cache.v_scales[0]))):
+        for j in range(NKV):
+            rows = codes[0, j, :T]
+            if not f.quantized:
+                out[w, j] = rows.astype(np.float64)
+                continue
+            s = None
+            if f.static:
+                s = scales[j * H:(j + 1) * H] if f.per_channel else scales[:1]
+            out[w, j] = gqa.dequantize(rows, s, bits=f.bits, head_size=H,
+                                       group_size=f.group or None, metadata=f.metadata)
+    return out
+
+
+def _bound(sc_abs, w, v_abs, H, T):
+    """The bound on |o' - o| of one output row (per column) at levels 3-4 on tiles.
+    Scores: the query row times alpha (float32) and the K values each round to bfloat16
+    (relative UB each), their exact products summed in float32 over H terms, so score j moves
+    by at most e_j = (2 UB + UB^2 + (H + 4) U) sum_i |q_i alpha| |k_ji| (sc_abs); with D the
+    largest e_j of the row the softmax weights move by a factor within exp(+-2 D).  The
+    probabilities (exp_pack: within E = 2^-16 relative, in P and in the row sum l alike, so a
+    weight moves by a factor within (1 + E) / (1 - E)) and the V values round to bfloat16 for
+    P @ V (relative UB each), summed in float32 with the online rescaling (T + 16) U.  So
+    |o' - o| <= (exp(2 D) (1 + E) / (1 - E) (1 + UB)^2 (1 + (T + 16) U) - 1) sum_j w_j |v_j|."""
+    D = (2 * UB + UB * UB + (H + 4) * U) * sc_abs.max()
+    E = 2.0 ** -16
+    grow = np.exp(2 * D) * (1 + E) / (1 - E) * (1 + UB) ** 2 * (1 + (T + 16) * U)
+    return (grow - 1) * (w @ v_abs) + 1e-30
+
+
+def _attend(mode, H, S, level, blocks, rng, q_scale=1.0):
+    c, f = _cache(mode, H, S, level, rng)
+    q = (rng.uniform(-1, 1, (1, S, N * H)) * q_scale).astype(F32)
+    k, v = (rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32) for _ in range(2))
+    with gqa.config(path="avx512", flash=True, flash_blocks=blocks):
+        out = c.attend(0, q, k, v)
+    return c, f, q, out
+
+
+def _check_against_float64(c, f, q, out, H, S):
+    KV = _values(c, f, H)
+    alpha = F32(1.0 / np.sqrt(H))
+    qh = q.reshape(S, N, H).astype(np.float64)
+    worst = 0.0
+    for h in range(N):
+        j = h // G
+        K, V = KV[0, j], KV[1, j]
+        qa = (q.reshape(S, N, H)[:, h] * alpha).astype(np.float64)   # float32 q * alpha
+        for s in range(S):
+            sc = K[:s + 1] @ qh[s, h] * float(alpha)
+            p = np.exp(sc - sc.max())
+            w = p / p.sum()
+            ref = w @ V[:s + 1]
+            bound = _bound(np.abs(K[:s + 1]) @ np.abs(qa[s]), w, np.abs(V[:s + 1]), H, s + 1)
+            err = np.abs(out[0, s, h * H:(h + 1) * H] - ref)
+            assert (err <= bound).all(), (h, s, err.max(), bound.min())
+            worst = max(worst, (err / bound).max())
+    return worst
+
+
+@needs_tiles
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("level", [3, 4])
+def test_prompt_on_tiles_within_its_bound(mode, level):
+    """A causal prompt on the default tile plan: every output row within the bound of float64
+    over the cache's values, and not level 0's bits (the tiles ran)."""
+    rng = np.random.default_rng(11)
+    S, H = 70, 64
+    c, f, q, out = _attend(mode, H, S, level, None, rng)
+    _check_against_float64(c, f, q, out, H, S)
+    c0, _, _, out0 = _attend(mode, H, S, 0, None, np.random.default_rng(11))
+    assert not np.array_equal(out, out0)
+
+
+@needs_tiles
+@pytest.mark.parametrize("blocks", [(1, 1), (3, 7), (5, 33), (16, 64), (40, 100)])
+@pytest.mark.parametrize("H", [16, 48, 80, 128])
+def test_tile_edges_within_the_bound(blocks, H):
+    """Rows, keys and heads that do not fill a tile (M padded to 16, keys and the head's K
+    dimension to 32): padding never reaches an output."""
+    rng = np.random.default_rng(12)
+    S = 45
+    c, f, q, out = _attend("int8-pc", H, S, 3, blocks, rng)
+    _check_against_float64(c, f, q, out, H, S)
+
+
+@needs_tiles
+def test_large_scores_within_the_bound():
+    """Scores spread over tens of units (peaked softmax rows): the bound scales with them."""
+    rng = np.random.default_rng(13)
+    S, H = 50, 64
+    c, f, q, out = _attend("float", H, S, 3, (8, 32), rng, q_scale=8.0)
+    _check_against_float64(c, f, q, out, H, S)
+
+
+@pytest.mark.parametrize("case", ["avx2", "head-24", "tiles-off"])
+@pytest.mark.parametrize("mode", ["float", "int8-pt", "int4-g8"])
+def test_level_3_without_tiles_is_level_0(case, mode):
+    """Where the tiles do not run, level 3 is level 0 bit for bit."""
+    path = "avx2" if case == "avx2" else "avx512"
+    if path not in gqa.available_paths():
+        pytest.skip(f"this CPU cannot run the {path} path")
+    H = 24 if case == "head-24" else 64
+    S = 40
+    outs = []
+    for level in (0, 3):
+        rng = np.random.default_rng(14)
+        c, _ = _cache(mode, H, S, level, rng)
+        q = rng.uniform(-1, 1, (1, S, N * H)).astype(F32)
+        k, v = (rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32) for _ in range(2))
+        with gqa.config(path=path, tiles=case != "tiles-off", flash_blocks=(8, 16)):
+            outs.append(c.attend(0, q, k, v))
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_causal_float_windows_stay_float32():
+    """A multi-token step with causal float windows (staged tiles) runs the float32 tiles at
+    level 3: the same bits as level 0."""
+    if "avx512" not in gqa.available_paths():
+        pytest.skip("this CPU cannot run the avx512 path (the only one with tiles)")
+    outs = []
+    H, S = 64, 30
+    for level in (0, 3):
+        rng = np.random.default_rng(15)
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=2 * S,
+                        mode="int4-g16", sink_size=2, recent_size=5, accuracy_level=level)
+        x = lambda n, w: rng.uniform(-1, 1, (1, n, w * H)).astype(F32)  # noqa: E731
+        with gqa.config(path="avx512", flash_blocks=(4, 8)):
+            c.attend(0, x(S, N), x(S, NKV), x(S, NKV))
+            outs.append(c.attend(0, x(7, N), x(7, NKV), x(7, NKV)))
+    assert np.array_equal(outs[0], outs[1])
+
+
+@needs_tiles
+def test_masked_inf_values_stay_out():
+    """A key whose V value is inf, masked (causal) for the rows before it: those rows stay
+    finite and within the bound (their tile's P @ V runs in float32 over each row's own keys,
+    as level 0 does), the rows that read it are inf / NaN as at level 0."""
+    rng = np.random.default_rng(16)
+    H, S = 64, 40
+    q = rng.uniform(-1, 1, (1, S, N * H)).astype(F32)
+    k = rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32)
+    v = rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32)
+    v[0, 33, :] = np.inf
+    outs = {}
+    for level in (0, 3):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
+                        mode="float", accuracy_level=level)
+        with gqa.config(path="avx512", flash_blocks=(8, 16)):
+            outs[level] = c.attend(0, q, k, v)
+    assert np.isfinite(outs[3][0, :33]).all()
+    assert np.array_equal(np.isfinite(outs[3][0, 33:]), np.isfinite(outs[0][0, 33:]))
+    assert not np.isfinite(outs[3][0, 33:]).all()
+    c3 = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=33,
+                     mode="float", accuracy_level=3)
+    with gqa.config(path="avx512", flash_blocks=(8, 16)):
+        part = c3.attend(0, q[:, :33], k[:, :33], v[:, :33])
+    f = gqa.parse_mode("float")[0]
+    _check_against_float64(c3, f, q[:, :33], part, H, 33)
+    np.testing.assert_allclose(outs[3][0, :33], part[0], rtol=0, atol=0.05)
+
+
+@needs_tiles
+def test_threads_give_the_same_bits():
+    """Results depend on the tile plan only, never on the thread count."""
+    rng = np.random.default_rng(17)
+    H, S = 64, 300
+    q = rng.uniform(-1, 1, (1, S, N * H)).astype(F32)
+    k, v = (rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32) for _ in range(2))
+    outs = []
+    for threads in (1, 2, 3):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
+                        mode="int8-pt", k_scales=np.array([0.01], F32), v_scales=np.array([0.01], F32),
+                        accuracy_level=3)
+        with gqa.config(path="avx512", num_threads=threads):
+            outs.append(c.attend(0, q, k, v))
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+@needs_tiles
+def test_torch_between_calls():
+    """oneDNN's AMX kernels (torch bfloat16 matmul) between gqa's calls on the same thread:
+    each side loads its own tile configuration, so both keep their results."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(18)
+    H, S = 64, 100
+    q = rng.uniform(-1, 1, (1, S, N * H)).astype(F32)
+    k, v = (rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32) for _ in range(2))
+    a = torch.from_numpy(rng.uniform(-1, 1, (512, 512)).astype(F32)).to(torch.bfloat16)
+    want_t = (a @ a).float().numpy()
+
+    def ours():
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
+                        mode="float", accuracy_level=3)
+        with gqa.config(path="avx512"):
+            return c.attend(0, q, k, v)
+    first = ours()
+    for _ in range(3):
+        assert np.array_equal((a @ a).float().numpy(), want_t)
+        assert np.array_equal(ours(), first)
