@@ -10,8 +10,8 @@
  *   pairs B [rows_pad / 2, cols_pad] uint32, element (p, c) = bf16(src[2p][c]) in its low
  *         16 bits and bf16(src[2p + 1][c]) in its high 16 bits: AMX's "VNNI" right operand,
  *         two consecutive rows of the K dimension per 32-bit element.
- *   exp_pack  x[i] = exp(x[i] - m) within 2^-16 relative (exp2_16; -inf and arguments below
- *         -103.9 give 0, subnormal results may be 0, NaN stays NaN) for i < n, returning
+ *   exp_pack  x[i] = exp(x[i] - m) within 2^-16 relative (exp2_16; arguments below -86.6,
+ *         -inf included, give 0, NaN stays NaN) for i < n, returning
  *         their float32 sum, and the same values as a row of A (zeros past n, to n_pad).
  *   gemm  C[M, N] = (acc ? C : 0) + A[M, K] B[K, N] with A rows, B pairs; M and N multiples
  *         of 16, K a multiple of 32; C float32 with row stride ldc.
@@ -184,15 +184,17 @@ static void gemm_amx(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda
     }
 }
 
-/* exp(x - m) = 2^t, t = (x - m) log2(e) clamped at -150 (giving 0): 2^f, f = t - rint(t) in
-   [-1/2, 1/2], by a degree-4 polynomial (relative error 2.7e-6, fitted to 2^f), times
-   2^rint(t) by vscalefps.  t's roundings (x - m, then the product) move the result by at most
-   |x - m| 2^-24 relative, so below 2^-16 in all for normal results (x - m >= -104; lower gives
-   at most a subnormal); NaN stays NaN (vmaxps returns its second operand, t, when it is NaN). */
+/* exp(x - m) = 2^t, t = (x - m) log2(e): 2^f, f = t - rint(t) in [-1/2, 1/2], by a degree-4
+   polynomial (relative error 2.7e-6, fitted to 2^f), times 2^rint(t) by vscalefps.  t's
+   roundings (x - m, then the product) move the result by at most |x - m| 2^-24 relative, so
+   below 2^-16 in all.  t < -125 (x - m < -86.6, -inf included) gives exactly 0, so no result
+   is subnormal (each would cost a microcode assist: masked keys are -inf); NaN stays NaN
+   (the compare is unordered-true and vmaxps returns its second operand, t, when it is NaN). */
 static inline __m512 exp2_16(__m512 x, __m512 m)
 {
     __m512 t = _mm512_mul_ps(_mm512_sub_ps(x, m), _mm512_set1_ps(1.44269504088896341f));
-    t = _mm512_max_ps(_mm512_set1_ps(-150.0f), t);
+    const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
+    t = _mm512_max_ps(_mm512_set1_ps(-125.0f), t);
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
     __m512 p = _mm512_set1_ps(0.009569965302944183f);
@@ -200,7 +202,7 @@ static inline __m512 exp2_16(__m512 x, __m512 m)
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240247443318367f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931218504905701f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999992847442627f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
 static float exp_pack_amx(float *x, size_t n, size_t n_pad, float m, uint16_t *dst)

@@ -38,7 +38,9 @@
  *   tiles.*      (mode `tiles`, AMX hosts only) pack_rows / pack_pairs bit for bit against
  *                   the bfloat16 rounding of the contract (ties, NaN, inf, subnormals) with
  *                   zero padding; gemm exact on small integers (acc 0 over NaN in C, acc 1),
- *                   within (K + 2) 2^-24 sum|ab| on normal operands, strides, C's padding kept.
+ *                   within (K + 2) 2^-24 sum|ab| on normal operands, strides, C's padding kept;
+ *                   exp_pack within 2^-16 of exp, 0 below -86.7 and for -inf, no subnormal,
+ *                   NaN kept, its sum, its bfloat16 row with zeros to n_pad.
  *   dot.sv.*     the INT8 P @ V kernel of accuracy level 4: bit for bit against
  *                   its contract (keys 1 .. 20000, across its 8192-key chunks,
  *                   columns 1 .. 130, beta 0 / 1 / 0.5, per tensor and per channel),
@@ -1182,6 +1184,62 @@ static void check_tiles(void)
     begin("tiles.pairs");
     check_cases = cases[1], check_fails = fails[1];
     end();
+
+    /* exp_pack: within 2^-16 of exp (float64), 0 below -86.7 and for -inf, NaN kept; the
+       returned sum within float32 summation of the written values; dst the written values'
+       bfloat16 (bf16_ref: no result is subnormal), zeros to n_pad, nothing past it */
+    static const size_t EN[] = {0, 1, 5, 15, 16, 17, 31, 32, 33, 100, 256, 1000};
+    long ecases[3] = {0}, efails[3] = {0};
+    for (size_t ni = 0; ni < sizeof(EN) / sizeof(EN[0]); ni++)
+        for (int pad = 0; pad < 3; pad++) {
+            const size_t n = EN[ni], n_pad = pad == 0 ? n : pad == 1 ? (n + 31) / 32 * 32 : n + 40;
+            const float m = 3.0f * normal();
+            float *xv = xmalloc((n + 1) * 4), *x0 = xmalloc((n + 1) * 4);
+            uint16_t *dst = xmalloc((n_pad + 8) * 2);
+            for (size_t i = 0; i < n; i++) {
+                const size_t c = i % 11;
+                x0[i] = c == 3 ? -INFINITY : c == 5 ? m - 86.0f - 2.0f * unif() : c == 7 && n > 50 ? NAN
+                        : m - 30.0f * unif();
+                xv[i] = x0[i];
+            }
+            for (size_t i = 0; i < n_pad + 8; i++)
+                dst[i] = 0xABCD;
+            const float sum = x->exp_pack(xv, n, n_pad, m, dst);
+            int bad_v = 0, bad_s = 0, bad_d = 0, nan = 0;
+            double s = 0, mag = 0;
+            for (size_t i = 0; i < n; i++) {
+                const double d = (double)x0[i] - m, want = exp(d);
+                if (x0[i] != x0[i]) {
+                    bad_v |= xv[i] == xv[i];
+                    nan = 1;
+                } else if (d < -86.7) { /* t = d log2(e) < -125 from d < -86.64 */
+                    bad_v |= xv[i] != 0.0f;
+                } else if (d < -86.5) {
+                    bad_v |= !(xv[i] == 0.0f || fabs(xv[i] - want) <= want / 65536.0);
+                } else {
+                    bad_v |= !(fabs(xv[i] - want) <= want / 65536.0);
+                }
+                bad_v |= xv[i] != 0.0f && fabsf(xv[i]) < FLT_MIN;
+                s += xv[i], mag += fabsf(xv[i]);
+                bad_d |= dst[i] != bf16_ref(xv[i]);
+            }
+            for (size_t i = n; i < n_pad + 8; i++)
+                bad_d |= dst[i] != (i < n_pad ? 0 : 0xABCD);
+            bad_s = nan ? sum == sum : !(fabs(sum - s) <= (n + 2) * mag / 16777216.0);
+            if (bad_v || bad_s || bad_d)
+                printf("  tiles.exp mismatch: n=%zu n_pad=%zu: values %d sum %d dst %d\n", n, n_pad, bad_v,
+                       bad_s, bad_d);
+            ecases[0]++, efails[0] += bad_v;
+            ecases[1]++, efails[1] += bad_s;
+            ecases[2]++, efails[2] += bad_d;
+            free(xv), free(x0), free(dst);
+        }
+    static const char *const enames[3] = {"tiles.exp", "tiles.exp.sum", "tiles.exp.dst"};
+    for (int i = 0; i < 3; i++) {
+        begin(enames[i]);
+        check_cases = ecases[i], check_fails = efails[i];
+        end();
+    }
 
     /* gemm: integers exact in bfloat16 with exact float32 sums (|sum| < 2^24) give exactly the
        integer product; acc = 0 ignores NaN in C, acc = 1 adds to C; columns past N and rows'
