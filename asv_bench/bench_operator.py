@@ -90,9 +90,10 @@ class DecodeAccuracy:
 
 
 class PrefillAccuracy:
-    """A first prompt S = T (causal) over an INT8 cache at accuracy_level 0 and 4 (level 4: each
-    flash tile's P @ V by the integer-dot kernel on the V codes)."""
-    params = ([0, 4], ["s8_pt", "s8_pc"], [2048])
+    """A first prompt S = T (causal) over an INT8 cache at accuracy_level 0, 3 and 4 (levels 3-4
+    on AMX hosts: each flash tile's QK and P @ V on AMX BF16 tiles; level 4 elsewhere: each
+    tile's P @ V by the integer-dot kernel on the V codes; level 3 elsewhere: level 0)."""
+    params = ([0, 3, 4], ["s8_pt", "s8_pc"], [2048])
     param_names = ["level", "mode", "S"]
     timer = timeit.default_timer
     timeout = 300
