@@ -478,8 +478,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     if x != NULL:
         x.begin()
         x.pack_rows(Qt, H, M, H, sc.Mx, sc.Hk, sc.Qb)
-        # probabilities: rows [0, M) by exp_pack per tile (ld Bx); rows [M, Mx) stay zero
-        memset(sc.Pb, 0, <size_t>sc.Mx * sc.Bx * sizeof(uint16_t))
+        # probabilities: rows [0, M) written per tile (exp_pack, or zeros); rows [M, Mx) zero
+        memset(sc.Pb + <size_t>M * sc.Bx, 0, <size_t>(sc.Mx - M) * sc.Bx * sizeof(uint16_t))
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc

@@ -66,8 +66,9 @@ static void begin_amx(void) { _tile_loadconfig(&CONFIG); }
 
 static void end_amx(void) { _tile_release(); }
 
-static inline __mmask16 lanes(size_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
-static inline __mmask32 lanes32(size_t n) { return n >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1u << n) - 1); }
+/* Lanes [0, min(n, 16)) / [0, min(n, 32)): kernels_avx512.h's masks, clamped. */
+static inline __mmask16 lanes(size_t n) { return mask16(n < 16 ? n : 16); }
+static inline __mmask32 lanes32(size_t n) { return (__mmask32)mask64(n < 32 ? n : 32); }
 
 /* 16 floats of src from column c (zeros past cols). */
 static inline __m512 cols16(const float *src, size_t c, size_t cols)

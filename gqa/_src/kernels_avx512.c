@@ -372,6 +372,13 @@ INLINE void dec32_s4(const uint8_t *row, size_t k, __m512 *v0, __m512 *v1)
 
 /* ---- qk_gemm ----------------------------------------------------------------- */
 
+/* 512 -> 256 bits: low half + high half. */
+INLINE __m256 fold256(__m512 v)
+{
+    return _mm256_add_ps(_mm512_castps512_ps256(v),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
 /* A block's sums h (lane m * NB + r: row m of A, row r of B) into C[m * ldc + r] for the first
    nb <= NB rows of B. */
 INLINE void qk_store(const int MB, const int NB, const __m512 h, float *C, size_t ldc, size_t nb)
@@ -1117,8 +1124,54 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
 
 /* ---- exp_sum -------------------------------------------------------------------- */
 
-/* exp_sum: the loop of kernels_avx512.h. */
-static float exp_sum_avx512(float *x, size_t n, float m) { return exp_sum16(x, n, m); }
+/* exp(d), the same values as the AVX2 path's exp8: d = n ln2 + r, |r| <= ln2/2
+   (two-constant Cody-Waite), exp(r) by the degree-6 Cephes expf polynomial (~1 ulp),
+   times 2^n.  n = rint(d log2e) by the 1.5 * 2^23 shift (exact for |n| < 2^22, the
+   value vroundps gives) and p * 2^n by vscalefps (one rounding, the value of p times
+   2^n built in the exponent field), fewer operations than exp8's.  d below
+   GQA_EXP_MIN (and -inf) gives exactly +0; NaN stays NaN (vmaxps / vminps return
+   their second operand when one is NaN, and the compare is false). */
+INLINE __m512 exp16(__m512 d)
+{
+    const __mmask16 keep = _mm512_cmp_ps_mask(d, _mm512_set1_ps(GQA_EXP_MIN), _CMP_NLT_UQ);
+    const __m512 magic = _mm512_set1_ps(12582912.0f); /* 1.5 * 2^23: x + magic - magic = rint(x), |x| < 2^22 */
+    d = _mm512_max_ps(_mm512_set1_ps(GQA_EXP_MIN), d);
+    d = _mm512_min_ps(_mm512_set1_ps(GQA_EXP_MAX), d);
+    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(d, _mm512_set1_ps(GQA_EXP_LOG2E)), magic), magic);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(GQA_EXP_LN2_HI), d);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(GQA_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(GQA_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GQA_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GQA_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GQA_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GQA_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GQA_EXP_P5));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_scalef_ps(keep, p, n); /* p * 2^n, one rounding, as p * (float)2^n */
+}
+
+/* x[i] = exp(x[i] - m); the sum in 16 lanes (the tail masked: lanes past n are
+   neither read, written nor summed), then 16 -> 8 and the AVX2 path's tree. */
+static float exp_sum_avx512(float *x, size_t n, float m)
+{
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (i < n) {
+        const __mmask16 k = mask16(n - i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vm));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        acc = _mm512_mask_add_ps(acc, k, acc, e);
+    }
+    float out[8];
+    _mm256_storeu_ps(out, fold256(acc));
+    return ((out[0] + out[1]) + (out[2] + out[3])) + ((out[4] + out[5]) + (out[6] + out[7]));
+}
 
 /* max_ps(x, m) is x > m ? x : m: a NaN x leaves m.  Four independent maxima; the
    tail under a mask. */
