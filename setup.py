@@ -43,6 +43,10 @@ X86_PATHS = {
 X86_UNITS = {"avx512vnni": ("kernels_avx512vnni.c", "avx512", ["-mavx512vnni"], "GQA_HAVE_AVX512VNNI",
                             "#include <immintrin.h>\nint main(void){__m512i a=_mm512_set1_epi32(1);"
                             "a=_mm512_dpbusd_epi32(a,a,a);return 0;}"),
+            "avx512bf16": ("kernels_avx512bf16.c", "avx512", ["-mavx512bf16"], "GQA_HAVE_AVX512BF16",
+                           "#include <immintrin.h>\nint main(void){__m512 a=_mm512_set1_ps(1.f);"
+                           "a=_mm512_dpbf16_ps(a,(__m512bh)a,(__m512bh)a);return 0;}"),
+            # the AMX unit uses the avx512bf16 unit's packing: its probe needs -mavx512bf16 too
             "amx": ("kernels_amx.c", "avx512", ["-mamx-tile", "-mamx-bf16", "-mavx512bf16"], "GQA_HAVE_AMX",
                     "#include <immintrin.h>\nint main(void){_tile_zero(0);_tile_dpbf16ps(0,1,2);"
                     "_tile_release();return 0;}")}

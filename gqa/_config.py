@@ -33,8 +33,9 @@ _settings = {"path": "auto", "flash": True, "approx_vnni": False, "num_threads":
 
 # onnxruntime's accuracy_level values (MatMulNBits): 0 unset, 1 float32, 2 float16, 3 bfloat16,
 # 4 int8, each the lowest precision a computation may use.  gqa: levels 0-2 float32; levels 3
-# and 4 run prompts' flash tiles on AMX BF16 tiles where the CPU has them (and the `tiles`
-# setting allows); level 4 also runs the integer-dot INT8 kernels (AVX-512 VNNI) elsewhere.
+# and 4 run prompts' flash tiles on bfloat16 tiles where the CPU has them (AMX, else AVX-512
+# BF16 dot products; the `tiles` setting allows or picks them); level 4 also runs the
+# integer-dot INT8 kernels (AVX-512 VNNI) elsewhere.
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 
 
@@ -87,6 +88,23 @@ def _check_level(n, source):
     return n
 
 
+def _check_tiles(v, source):
+    """True / False, or the name of tiles this CPU runs (gqa._dispatch.tile_names())."""
+    if isinstance(v, bool):
+        return v
+    if not isinstance(v, str):
+        raise TypeError(f"{source} must be a bool or a str naming tiles, got {type(v).__name__}")
+    names = _dispatch.tile_names()
+    if v not in names:
+        raise ValueError(f"{source}={v!r} is not tiles of this build; valid values: True, False"
+                         + "".join(f", {n!r}" for n in names))
+    if not _dispatch.tiles_runnable(v):
+        runs = [n for n in names if _dispatch.tiles_runnable(n)]
+        raise ValueError(f"{source}={v!r} cannot run here: it needs CPU features this machine "
+                         f"lacks; this CPU runs: {', '.join(runs) or 'no tiles'}")
+    return v
+
+
 def _apply(settings):
     _dispatch._set_path(_best_path() if settings["path"] == "auto" else settings["path"])
     _dispatch._set_approx_vnni(settings["approx_vnni"])
@@ -105,9 +123,11 @@ class config:
     approx_vnni : bool, opt in to the approximate INT8 per-tensor QK kernel (AVX-512 VNNI)
     accuracy_level : 0-4, the level of operators whose own accuracy_level is 0 and of
                   gqa.qk_gemm / sv_gemm (GQA_ACCURACY_LEVEL; 0-2: float32 products; 3: prompts
-                  on AMX BF16 tiles where the CPU has them, else float32; 4: as 3, and integer
+                  on bfloat16 tiles where the CPU has them, else float32; 4: as 3, and integer
                   dot products on INT8 codes where the CPU has AVX-512 VNNI)
-    tiles       : bool (GQA_TILES, default True); False keeps levels 3 and 4 off the AMX tiles
+    tiles       : bool or a name (GQA_TILES, default True: the best this CPU runs, "amx" then
+                  "avx512bf16"); False keeps levels 3 and 4 off the tiles; a name picks those
+                  tiles (an error where the CPU lacks them)
     num_threads : int >= 1, or None for GQA_NUM_THREADS / OpenMP's default
     """
 
@@ -141,7 +161,7 @@ class config:
         if accuracy_level is not None:
             new["accuracy_level"] = _check_level(accuracy_level, "accuracy_level")
         if tiles is not None:
-            new["tiles"] = bool(tiles)
+            new["tiles"] = _check_tiles(tiles, "tiles")
         self._previous = dict(_settings)
         _apply(new)
 
@@ -205,9 +225,13 @@ def _init_from_env():
     raw = os.environ.get("GQA_TILES")
     if raw is not None and raw.strip():
         v = raw.strip().lower()
-        if v not in ("0", "1", "true", "false", "on", "off", "yes", "no"):
-            raise ValueError(f"environment variable GQA_TILES={raw!r} is not a boolean; use 1 or 0")
-        new["tiles"] = v in ("1", "true", "on", "yes")
+        if v in ("0", "1", "true", "false", "on", "off", "yes", "no"):
+            new["tiles"] = v in ("1", "true", "on", "yes")
+        elif v in _dispatch.tile_names():
+            new["tiles"] = _check_tiles(v, "environment variable GQA_TILES")
+        else:
+            raise ValueError(f"environment variable GQA_TILES={raw!r} is neither a boolean (1 or 0) "
+                             f"nor tiles of this build ({', '.join(_dispatch.tile_names()) or 'none'})")
     for key, name, check in (("accuracy_level", "GQA_ACCURACY_LEVEL", _check_level),
                              ("num_threads", "GQA_NUM_THREADS", _check_threads)):
         raw = os.environ.get(name)

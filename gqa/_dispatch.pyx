@@ -11,6 +11,8 @@ cdef extern from "gqa_kernels.h" nogil:
     int gqa_path_runnable(int path)
     int gqa_approx_vnni_runnable()
     const gqa_tiles *gqa_path_tiles(int path)
+    const gqa_tiles *gqa_path_tiles_at(int path, int i)
+    int gqa_tiles_runnable(int path, const gqa_tiles *x)
     size_t gqa_l2_cache_bytes()
     int GQA_PATH_COUNT
     const char *GQA_COMPILED_PATHS
@@ -31,7 +33,7 @@ cdef extern from *:
 
 cdef const gqa_kernels *_active = gqa_path_table(0)
 cdef const gqa_tiles *_tiles = NULL      # the active path's tiles where this CPU runs them
-cdef bint _tiles_on = True               # gqa.config(tiles=...)
+cdef object _tiles_choice = True         # gqa.config(tiles=...): True (the best), False or a name
 cdef bint _approx = False
 cdef bint _vnni = gqa_approx_vnni_runnable() == 1     # the CPU (and build) run the VNNI unit
 
@@ -87,18 +89,48 @@ def path_runnable(name):
     return name in PATH_NAMES and gqa_path_runnable(PATH_NAMES.index(name)) == 1
 
 
+cdef const gqa_tiles *_pick_tiles(int path, choice):
+    """Path `path`'s tiles for a tiles setting: True the best it runs here, a name those
+    tiles where it runs them, False none."""
+    if choice is False:
+        return NULL
+    if choice is True:
+        return gqa_path_tiles(path)
+    cdef int i = 0
+    while gqa_path_tiles_at(path, i) != NULL:
+        if gqa_path_tiles_at(path, i).name.decode() == choice:
+            return gqa_path_tiles_at(path, i) if gqa_tiles_runnable(path, gqa_path_tiles_at(path, i)) else NULL
+        i += 1
+    return NULL
+
+
+def tile_names():
+    """The names of the tiles compiled into any path of this build, best first."""
+    out = []
+    cdef int path, i
+    for path in range(GQA_PATH_COUNT):
+        i = 0
+        while gqa_path_tiles_at(path, i) != NULL:
+            name = gqa_path_tiles_at(path, i).name.decode()
+            if name not in out:
+                out.append(name)
+            i += 1
+    return tuple(out)
+
+
 def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
     global _active, _tiles
     _active = gqa_path_table(PATH_NAMES.index(name))
-    _tiles = gqa_path_tiles(PATH_NAMES.index(name)) if _tiles_on else NULL
+    _tiles = _pick_tiles(PATH_NAMES.index(name), _tiles_choice)
 
 
-def _set_tiles(bint on):
-    """Allow (the default) or keep off the active path's matrix tiles; after _set_path."""
-    global _tiles, _tiles_on
-    _tiles_on = on
-    _tiles = gqa_path_tiles(PATH_NAMES.index(active_path())) if on else NULL
+def _set_tiles(choice):
+    """The tiles setting (True: the best the active path runs here, False: none, or a name
+    tiles_runnable accepts); after _set_path."""
+    global _tiles, _tiles_choice
+    _tiles_choice = choice
+    _tiles = _pick_tiles(PATH_NAMES.index(active_path()), choice)
 
 
 def active_path():
@@ -121,14 +153,15 @@ def int8_dot_effective():
 
 
 def tiles_effective():
-    """The name of the matrix tiles ("amx") accuracy levels 3 and 4 run prompts on with the
-    active path, or None where it has none this CPU runs."""
+    """The name of the matrix tiles ("amx", "avx512bf16") accuracy levels 3 and 4 run prompts
+    on with the active path, or None where it has none this CPU runs (or they are off)."""
     return _tiles.name.decode() if _tiles != NULL else None
 
 
-def tiles_runnable():
-    """True when the build has AMX tiles and this CPU and OS run them (any path)."""
-    return any(gqa_path_tiles(i) != NULL for i in range(GQA_PATH_COUNT))
+def tiles_runnable(name=None):
+    """True when some path of the build has tiles `name` (None: any) and this CPU and OS run
+    them."""
+    return any(_pick_tiles(i, True if name is None else name) != NULL for i in range(GQA_PATH_COUNT))
 
 
 def approx_vnni_effective():

@@ -24,7 +24,7 @@ def show_config(file=None):
         f"  accuracy level   : {cfg['accuracy_level']}  (level 4's int8 kernels "
         f"{'run on this path' if cfg['int8_dot_effective'] else 'absent here: float32'})",
         f"  matrix tiles     : {cfg['tiles_effective'] or 'none'}  (levels 3-4's prompt tiles; "
-        f"{'allowed' if cfg['tiles'] else 'off: gqa.config(tiles=False) / GQA_TILES=0'})",
+        f"{'off: gqa.config(tiles=False) / GQA_TILES=0' if cfg['tiles'] is False else 'the best here' if cfg['tiles'] is True else 'picked: ' + cfg['tiles']})",
         f"  OpenMP           : {'yes' if _dispatch.openmp_enabled() else 'no (single-threaded build)'}",
         f"  threads          : {cfg['effective_num_threads']}  (decode plan for {cfg['plan_cpus']} CPUs)",
         f"  L2 cache         : {l2 // 1024 if l2 else 'unknown'} KiB",

@@ -1,12 +1,14 @@
-"""Accuracy levels 3 and 4 on prompts with matrix tiles (AMX BF16, gqa/_src/kernels_amx.c): the
-flash tiles' QK and P @ V with bfloat16 operands and float32 sums, the softmax in float32.
+"""Accuracy levels 3 and 4 on prompts with bfloat16 tiles -- AMX (gqa/_src/kernels_amx.c) and
+AVX-512 BF16 dot products (gqa/_src/kernels_avx512bf16.c): the flash tiles' QK and P @ V with
+bfloat16 operands and float32 sums, the softmax in float32.
 
-Against float64 over the values the cache holds, every cache format, within the bound the
-roundings give (derived in _bound).  Where the tiles do not run -- another path, a head that is
-not a multiple of 16 columns, gqa.config(tiles=False), a causal multi-token step with float
-windows -- levels 3 and 4 are level 0's float32 contract (or level 4's VNNI kernels), checked
-bit for bit.  tests/isa/test_isa.py[amx-native] checks the kernels' contracts; nothing emulates
-AMX, so on CPUs without it these tests skip with that reason."""
+Every test on tiles runs once per kind of tiles (the `tiles` fixture: gqa.config(tiles=name)),
+skipping with the reason those this CPU, OS or build does not run.  Against float64 over the
+values the cache holds, every cache format, within the bound the roundings give (derived in
+_bound).  Where the tiles do not run -- another path, a head that is not a multiple of 16
+columns, gqa.config(tiles=False), a causal multi-token step with float windows -- levels 3 and
+4 are level 0's float32 contract (or level 4's VNNI kernels), checked bit for bit.
+tests/isa/test_isa.py[amx-native, avx512bf16-*] checks the kernels' contracts."""
 import numpy as np
 import pytest
 
@@ -19,10 +21,22 @@ U = 2.0 ** -24          # float32's
 N, NKV = 6, 2
 G = N // NKV
 
-needs_tiles = pytest.mark.skipif(
-    not _dispatch.tiles_runnable(),
-    reason="this CPU, OS or build has no AMX BF16 tiles (AMX-TILE, AMX-BF16, AVX512-BF16); "
-           "nothing emulates AMX")
+NEEDS = {"amx": "AMX-TILE, AMX-BF16 and AVX512-BF16 with the tile state granted (nothing "
+                "emulates AMX)",
+         "avx512bf16": "AVX512-BF16"}
+
+
+@pytest.fixture(params=list(NEEDS))
+def tiles(request):
+    """Each kind of tiles in turn, as gqa.config(tiles=name) for the test's duration."""
+    name = request.param
+    if not _dispatch.tiles_runnable(name):
+        pytest.skip(f"this CPU, OS or build does not run the {name} tiles (they need {NEEDS[name]})")
+    with gqa.config(tiles=name):
+        yield name
+
+
+needs_tiles = pytest.mark.usefixtures("tiles")
 
 MODES = ["float", "int8-g16-fp16", "int8-pt", "int8-pc", "int4-pt", "int4-pc", "int4-g16", "int2-g16",
          "int8-g32"]
@@ -227,8 +241,9 @@ def test_threads_give_the_same_bits():
 
 @needs_tiles
 def test_torch_between_calls():
-    """oneDNN's AMX kernels (torch bfloat16 matmul) between gqa's calls on the same thread:
-    each side loads its own tile configuration, so both keep their results."""
+    """oneDNN's kernels (torch bfloat16 matmul, AMX where the CPU has it) between gqa's calls
+    on the same thread: each side loads its own tile configuration, so both keep their
+    results."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(18)
     H, S = 64, 100
@@ -246,3 +261,21 @@ def test_torch_between_calls():
     for _ in range(3):
         assert np.array_equal((a @ a).float().numpy(), want_t)
         assert np.array_equal(ours(), first)
+
+
+def test_tiles_setting_is_checked():
+    """gqa.config(tiles=): a bool or the name of tiles this build has and this CPU runs."""
+    with pytest.raises(TypeError, match="tiles"):
+        gqa.config(tiles=1)
+    with pytest.raises(ValueError, match="not tiles of this build"):
+        gqa.config(tiles="sme")
+    for name in _dispatch.tile_names():
+        if not _dispatch.tiles_runnable(name):
+            with pytest.raises(ValueError, match="cannot run here"):
+                gqa.config(tiles=name)
+        else:
+            with gqa.config(tiles=name):
+                want = name if "avx512" in gqa.available_paths() else None
+                assert gqa.get_config()["tiles_effective"] == want
+    with gqa.config(tiles=False):
+        assert gqa.get_config()["tiles_effective"] is None

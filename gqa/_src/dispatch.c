@@ -35,7 +35,7 @@ extern const gqa_kernels gqa_kernels_neon;
 static const char *const path_names[GQA_PATH_COUNT] = {"scalar", "avx2", "avx512", "neon"};
 static const char *const feature_names[] = {
     "SSE2", "AVX", "AVX2", "FMA", "F16C", "AVX512F", "AVX512BW", "AVX512DQ",
-    "AVX512VL", "AVX512VNNI", "NEON", "ASIMDDP"};
+    "AVX512VL", "AVX512VNNI", "NEON", "ASIMDDP", "AVX512BF16", "AMX"};
 
 const char *gqa_path_name(int path)
 {
@@ -84,6 +84,11 @@ static unsigned detect(void)
             if (b & (1u << 31)) f |= GQA_CPU_AVX512VL;
             if (c & (1u << 11)) f |= GQA_CPU_AVX512VNNI;
         }
+        /* EDX bits 22, 24: AMX-BF16, AMX-TILE; XCR0 bits 17-18: tile config and data */
+        const int amx = (d & (1u << 22)) && (d & (1u << 24)) && (xcr0 & 0x60000) == 0x60000;
+        __cpuid_count(7, 1, a, b, c, d);
+        if (os_avx512 && (a & (1u << 5))) f |= GQA_CPU_AVX512BF16;
+        if (amx) f |= GQA_CPU_AMX;
     }
 #elif defined(GQA_ARM64)
     f |= GQA_CPU_NEON;
@@ -147,42 +152,42 @@ int gqa_approx_vnni_runnable(void)
            (gqa_cpu_features() & GQA_CPU_AVX512VNNI) != 0;
 }
 
-/* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (bit 24); CPUID.7.1 EAX: AVX512-BF16 (bit 5);
-   XCR0 bits 17-18 (tile config, data). */
-static int amx_cpu(void)
+const gqa_tiles *gqa_path_tiles_at(int path, int i)
 {
-#ifdef GQA_X86
-    unsigned a, b, c, d;
-    if (__get_cpuid_max(0, NULL) < 7)
+    const gqa_kernels *t = gqa_path_table(path);
+    if (t == NULL || t->tiles == NULL || i < 0)
+        return NULL;
+    for (int k = 0; k < i; k++)
+        if (t->tiles[k] == NULL)
+            return NULL;
+    return t->tiles[i];
+}
+
+int gqa_tiles_runnable(int path, const gqa_tiles *x)
+{
+    /* Idempotent like gqa_cpu_features: the grant is asked once per process (permit). */
+    static volatile int known[GQA_PATH_COUNT][4];
+    static volatile int ok[GQA_PATH_COUNT][4];
+    int i = 0;
+    if (x == NULL || !gqa_path_runnable(path) || (gqa_cpu_features() & x->cpu) != x->cpu)
         return 0;
-    __cpuid_count(7, 0, a, b, c, d);
-    if (!(d & (1u << 22)) || !(d & (1u << 24)))
+    while (gqa_path_tiles_at(path, i) != NULL && gqa_path_tiles_at(path, i) != x)
+        i++;
+    if (gqa_path_tiles_at(path, i) == NULL || i >= 4)
         return 0;
-    __cpuid_count(7, 1, a, b, c, d); /* EAX bit 5: AVX512-BF16 (the unit's conversions) */
-    if (!(a & (1u << 5)))
-        return 0;
-    __cpuid(1, a, b, c, d);
-    if (!(c & (1u << 27)))
-        return 0;
-    return (read_xcr0() & 0x60000) == 0x60000;
-#else
-    return 0;
-#endif
+    if (!known[path][i]) {
+        ok[path][i] = x->permit();
+        known[path][i] = 1;
+    }
+    return ok[path][i];
 }
 
 const gqa_tiles *gqa_path_tiles(int path)
 {
-    /* Idempotent like gqa_cpu_features: the grant is asked once per process (permit). */
-    static volatile int known[GQA_PATH_COUNT];
-    static volatile int ok[GQA_PATH_COUNT];
-    const gqa_kernels *t = gqa_path_table(path);
-    if (t == NULL || t->tiles == NULL || !gqa_path_runnable(path))
-        return NULL;
-    if (!known[path]) {
-        ok[path] = amx_cpu() && t->tiles->permit();
-        known[path] = 1;
-    }
-    return ok[path] ? t->tiles : NULL;
+    for (int i = 0; gqa_path_tiles_at(path, i) != NULL; i++)
+        if (gqa_tiles_runnable(path, gqa_path_tiles_at(path, i)))
+            return gqa_path_tiles_at(path, i);
+    return NULL;
 }
 
 size_t gqa_l2_cache_bytes(void)

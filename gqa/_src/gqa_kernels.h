@@ -118,11 +118,13 @@ typedef void (*gqa_sv_gemm_fn)(size_t M, size_t N, size_t K,
 
 typedef float (*gqa_exp_sum_fn)(float *x, size_t n, float m);
 
-/* Matrix tiles for the flash prompt tiles at accuracy level >= 3 (kernels_amx.c states the
-   operand layouts and roundings): bfloat16 operands, float32 sums.  Bracket the gemm calls
-   of one thread by begin / end; permit once per process before any (dispatch.c does). */
+/* Matrix tiles for the flash prompt tiles at accuracy level >= 3 (kernels_avx512bf16.c states
+   the operand layouts and roundings; kernels_amx.c the AMX gemm): bfloat16 operands, float32
+   sums.  Bracket the gemm calls of one thread by begin / end; permit once per process before
+   any (dispatch.c does). */
 typedef struct gqa_tiles {
     const char *name;
+    unsigned cpu; /* the GQA_CPU_* features it needs, beyond its path's */
     int (*permit)(void);
     void (*begin)(void);
     void (*end)(void);
@@ -168,9 +170,10 @@ typedef struct gqa_kernels {
        reaches the row through exp_sum); -inf when n == 0 or no element is larger.  Exact:
        every path returns the same value (+0 and -0 may differ). */
     gqa_row_max_fn row_max;
-    /* The path's matrix tiles (AMX on avx512), NULL where the build has none; callers take
-       them through gqa_path_tiles, which checks the CPU. */
-    const gqa_tiles *tiles;
+    /* The path's matrix tiles, best first, NULL-terminated (avx512: AMX, then AVX-512 BF16
+       dot products), or NULL where the build has none; callers take them through
+       gqa_path_tiles, which checks the CPU. */
+    const gqa_tiles *const *tiles;
 } gqa_kernels;
 
 /* Tables, one per compiled path (dispatch.c knows which exist). */
@@ -189,6 +192,8 @@ extern const gqa_kernels gqa_kernels_scalar;
 #define GQA_CPU_AVX512VNNI (1u << 9)
 #define GQA_CPU_NEON      (1u << 10)
 #define GQA_CPU_ASIMDDP   (1u << 11)
+#define GQA_CPU_AVX512BF16 (1u << 12)
+#define GQA_CPU_AMX       (1u << 13) /* AMX-TILE + AMX-BF16, tile state enabled in XCR0 */
 
 unsigned gqa_cpu_features(void);
 const char *gqa_cpu_feature_name(unsigned bit_index);
@@ -199,8 +204,12 @@ const gqa_kernels *gqa_path_table(int path);
 int gqa_path_runnable(int path);
 /* 1 when the approximate VNNI QK kernel can run here. */
 int gqa_approx_vnni_runnable(void);
-/* The tiles of a path where the build has them and this CPU, its OS and the kernel's grant
-   of the tile state run them (AMX-TILE + AMX-BF16, XCR0 bits 17-18), else NULL. */
+/* The i-th tiles of a path's table (best first), NULL past the last or where it has none. */
+const gqa_tiles *gqa_path_tiles_at(int path, int i);
+/* 1 when this CPU, its OS and (AMX) the kernel's grant of the tile state run tiles x of a
+   runnable path. */
+int gqa_tiles_runnable(int path, const gqa_tiles *x);
+/* The best tiles of a path this CPU runs, else NULL. */
 const gqa_tiles *gqa_path_tiles(int path);
 size_t gqa_l2_cache_bytes(void);
 

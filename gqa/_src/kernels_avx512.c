@@ -3,7 +3,8 @@
  * -mavx512vl -mavx2 -mfma -mf16c (never -mavx512vnni: the approximate VNNI QK kernel
  * is its own unit, kernels_avx512vnni.c, whose entry this table holds where the build
  * compiled it, GQA_HAVE_AVX512VNNI; dispatch.c calls it only where the CPU has VNNI).
- * Likewise the AMX tiles, kernels_amx.c (GQA_HAVE_AMX), handed out by gqa_path_tiles.
+ * Likewise the tiles, kernels_amx.c (GQA_HAVE_AMX) and kernels_avx512bf16.c
+ * (GQA_HAVE_AVX512BF16), handed out by gqa_path_tiles.
  *
  * Same operations and layouts as gqa_kernels.h, 16 float32 lanes at a time;
  * tails use AVX-512 masked loads/stores (masked-off lanes read as 0).
@@ -1197,9 +1198,23 @@ static float row_max_avx512(const float *x, size_t n)
     return gqa_max_of(buf, 16, -INFINITY);
 }
 
+/* The tiles, best first: AMX (kernels_amx.c), then AVX-512 BF16 dots (kernels_avx512bf16.c) */
 #ifdef GQA_HAVE_AMX
 extern const gqa_tiles gqa_tiles_amx;
-#define TILES_AVX512 (&gqa_tiles_amx)
+#endif
+#ifdef GQA_HAVE_AVX512BF16
+extern const gqa_tiles gqa_tiles_avx512bf16;
+#endif
+#if defined(GQA_HAVE_AMX) || defined(GQA_HAVE_AVX512BF16)
+static const gqa_tiles *const tiles_avx512[] = {
+#ifdef GQA_HAVE_AMX
+    &gqa_tiles_amx,
+#endif
+#ifdef GQA_HAVE_AVX512BF16
+    &gqa_tiles_avx512bf16,
+#endif
+    NULL};
+#define TILES_AVX512 tiles_avx512
 #else
 #define TILES_AVX512 NULL
 #endif

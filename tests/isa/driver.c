@@ -5,7 +5,7 @@
  *
  * Build: this file + kernels_scalar.c + the path's TU, with
  *   -DGQA_TEST_TABLE=gqa_kernels_<path>   (the table under test).
- * Run:   driver [exact] [approx] [tiles]   (default: the first two; `approx` needs a
+ * Run:   driver [exact] [approx] [tiles=NAME]   (default: the first two; `approx` needs a
  *        table with qk_gemm_s8_approx).
  *
  * Checks (each prints one line; a failure prints its first cases):
@@ -35,7 +35,7 @@
  *                   the error bound against the exact scalar path, edge rows;
  *                   per-channel codes bit for bit as per-tensor codes of the
  *                   rows times the scales.
- *   tiles.*      (mode `tiles`, AMX hosts only) pack_rows / pack_pairs bit for bit against
+ *   tiles.*      (mode `tiles=NAME`: the table's tiles NAME, amx or avx512bf16) pack_rows / pack_pairs bit for bit against
  *                   the bfloat16 rounding of the contract (ties, NaN, inf, subnormals) with
  *                   zero padding; gemm exact on small integers (acc 0 over NaN in C, acc 1),
  *                   within (K + 2) 2^-24 sum|ab| on normal operands, strides, C's padding kept;
@@ -1106,7 +1106,7 @@ static void check_group(void)
     }
 }
 
-/* ---- matrix tiles (AMX; nothing emulates them: native runs only) ---------- */
+/* ---- matrix tiles (a table's tiles by name: AMX natively only, AVX-512 BF16 also emulated) */
 
 /* The contract's float32 -> bfloat16: nearest, ties to even, NaN quieted, subnormals as 0. */
 static uint16_t bf16_ref(float x)
@@ -1142,9 +1142,8 @@ static float tile_float(size_t i)
     return normal() * 10.0f;
 }
 
-static void check_tiles(void)
+static void check_tiles(const gqa_tiles *x)
 {
-    const gqa_tiles *x = T->tiles;
     static const size_t ROWS[] = {1, 2, 3, 15, 16, 17, 33};
     static const size_t COLS[] = {1, 5, 16, 17, 31, 32, 33, 64, 70};
     x->begin();
@@ -1303,16 +1302,17 @@ static void check_tiles(void)
 
 int main(int argc, char **argv)
 {
-    int exact = argc < 2, approx = argc < 2, tiles = 0;
+    int exact = argc < 2, approx = argc < 2;
+    const char *tiles = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "exact"))
             exact = 1;
         else if (!strcmp(argv[i], "approx"))
             approx = 1;
-        else if (!strcmp(argv[i], "tiles"))
-            tiles = 1;
+        else if (!strncmp(argv[i], "tiles=", 6))
+            tiles = argv[i] + 6;
         else {
-            fprintf(stderr, "usage: %s [exact] [approx] [tiles]\n", argv[0]);
+            fprintf(stderr, "usage: %s [exact] [approx] [tiles=NAME]\n", argv[0]);
             return 2;
         }
     }
@@ -1342,11 +1342,16 @@ int main(int argc, char **argv)
         }
     }
     if (tiles) {
-        if (T->tiles == NULL || !T->tiles->permit()) {
-            printf("tiles: the %s table has no tiles, or the kernel refused the tile state\n", T->name);
+        const gqa_tiles *x = NULL;
+        for (size_t i = 0; T->tiles != NULL && T->tiles[i] != NULL; i++)
+            if (!strcmp(T->tiles[i]->name, tiles))
+                x = T->tiles[i];
+        if (x == NULL || !x->permit()) {
+            printf("tiles: the %s table has no tiles %s, or the kernel refused the tile state\n", T->name,
+                   tiles);
             n_checks++, n_failed++;
         } else {
-            check_tiles();
+            check_tiles(x);
         }
     }
     printf("driver %s: %ld checks, %ld failed\n", T->name, n_checks, n_failed);

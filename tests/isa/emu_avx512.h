@@ -23,6 +23,7 @@
 
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -178,6 +179,24 @@ EMU void emu_mm256_mask_storeu_epi16(void *p, __mmask16 k, __m256i a)
             memcpy((char *)p + 2 * i, x + i, 2);
 }
 
+EMU void emu_mm512_mask_storeu_epi16(void *p, __mmask32 k, __m512i a)
+{
+    uint16_t x[32];
+    EMU_TO(x, a);
+    for (int i = 0; i < 32; i++)
+        if (k >> i & 1)
+            memcpy((char *)p + 2 * i, x + i, 2);
+}
+
+EMU void emu_mm512_mask_storeu_epi32(void *p, __mmask16 k, __m512i a)
+{
+    uint32_t x[16];
+    EMU_TO(x, a);
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy((char *)p + 4 * i, x + i, 4);
+}
+
 EMU __m128i emu_mm_maskz_loadu_epi8(__mmask16 k, const void *p)
 {
     uint8_t r[16] = {0};
@@ -208,6 +227,16 @@ EMU float emu_mm512_reduce_max_ps(__m512 a)
     for (int i = 1; i < 16; i++)
         m = x[i] > m ? x[i] : m;
     return m;
+}
+
+EMU float emu_mm512_reduce_add_ps(__m512 a) /* halves folded: 16 -> 8 -> 4 -> 2 -> 1 */
+{
+    float x[16];
+    EMU_TO(x, a);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++)
+            x[i] = x[i] + x[i + w];
+    return x[0];
 }
 
 EMU int emu_mm512_reduce_add_epi32(__m512i a)
@@ -247,6 +276,74 @@ EMU __m512 emu_mm512_maskz_scalef_ps(__mmask16 k, __m512 a, __m512 b)
     return v;
 }
 
+/* AVX512-BF16 (the avx512bf16 unit): float32 -> bfloat16 to nearest even, NaN quieted,
+   subnormal inputs as (signed) zero; vdpbf16ps with bfloat16 inputs' subnormals as zero, the
+   odd element's product added first, then the even one's, each a float32 rounding, subnormal
+   results flushed to zero (Intel's pseudocode). */
+EMU uint16_t emu_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7F800000u) == 0)
+        return (uint16_t)((u >> 16) & 0x8000u);
+    if (x != x)
+        return (uint16_t)((u | 0x00400000u) >> 16);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+EMU float emu_bf16_value(uint16_t b)
+{
+    uint32_t u = (b & 0x7F80u) == 0 ? (uint32_t)(b & 0x8000u) << 16 : (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+EMU float emu_ftz(float x) { return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x; }
+
+EMU __m512bh emu_mm512_cvtne2ps_pbh(__m512 a, __m512 b)
+{
+    float fa[16], fb[16];
+    uint16_t r[32];
+    __m512bh v;
+    EMU_TO(fa, a);
+    EMU_TO(fb, b);
+    for (int i = 0; i < 16; i++)
+        r[i] = emu_bf16(fb[i]), r[16 + i] = emu_bf16(fa[i]);
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU __m256bh emu_mm512_cvtneps_pbh(__m512 a)
+{
+    float f[16];
+    uint16_t r[16];
+    __m256bh v;
+    EMU_TO(f, a);
+    for (int i = 0; i < 16; i++)
+        r[i] = emu_bf16(f[i]);
+    EMU_FROM(v, r);
+    return v;
+}
+
+EMU __m512 emu_mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
+{
+    float s[16];
+    uint16_t x[32], y[32];
+    EMU_TO(s, src);
+    EMU_TO(x, a);
+    EMU_TO(y, b);
+    for (int i = 0; i < 16; i++) {
+        volatile float t = s[i] + emu_bf16_value(x[2 * i + 1]) * emu_bf16_value(y[2 * i + 1]);
+        t = emu_ftz(t);
+        t = t + emu_bf16_value(x[2 * i]) * emu_bf16_value(y[2 * i]);
+        s[i] = emu_ftz(t);
+    }
+    EMU_FROM(src, s);
+    return src;
+}
+
+
 /* (the compiler's headers define some of these as macros without -O) */
 #undef _mm512_cvtps_epi32
 #undef _mm512_cvtps_epu32
@@ -269,6 +366,15 @@ EMU __m512 emu_mm512_maskz_scalef_ps(__mmask16 k, __m512 a, __m512 b)
 #undef _mm512_add_round_ps
 #undef _mm512_shuffle_f32x4
 #undef _mm512_maskz_scalef_ps
+#undef _mm512_cvtne2ps_pbh
+#undef _mm512_cvtneps_pbh
+#undef _mm512_dpbf16_ps
+#undef _mm512_mask_storeu_epi16
+#undef _mm512_reduce_add_ps
+#undef _mm512_mask_storeu_epi32
+#define _mm512_cvtne2ps_pbh(a, b) emu_mm512_cvtne2ps_pbh((a), (b))
+#define _mm512_cvtneps_pbh(a) emu_mm512_cvtneps_pbh(a)
+#define _mm512_dpbf16_ps(s, a, b) emu_mm512_dpbf16_ps((s), (a), (b))
 #define _mm512_cvtps_epi32(a) emu_mm512_cvtps_epi32(a)
 #define _mm512_cvtps_epu32(a) emu_mm512_cvtps_epu32(a)
 #define _mm512_cvtepi32_ps(a) emu_mm512_cvtepi32_ps(a)
@@ -283,10 +389,13 @@ EMU __m512 emu_mm512_maskz_scalef_ps(__mmask16 k, __m512 a, __m512 b)
 #define _mm512_mask_storeu_ps(p, k, a) emu_mm512_mask_storeu_ps((p), (k), (a))
 #define _mm256_maskz_loadu_epi16(k, p) emu_mm256_maskz_loadu_epi16((k), (p))
 #define _mm256_mask_storeu_epi16(p, k, a) emu_mm256_mask_storeu_epi16((p), (k), (a))
+#define _mm512_mask_storeu_epi16(p, k, a) emu_mm512_mask_storeu_epi16((p), (k), (a))
+#define _mm512_mask_storeu_epi32(p, k, a) emu_mm512_mask_storeu_epi32((p), (k), (a))
 #define _mm_maskz_loadu_epi8(k, p) emu_mm_maskz_loadu_epi8((k), (p))
 #define _mm512_maskz_loadu_epi8(k, p) emu_mm512_maskz_loadu_epi8((k), (p))
 #define _mm512_reduce_max_ps(a) emu_mm512_reduce_max_ps(a)
 #define _mm512_reduce_add_epi32(a) emu_mm512_reduce_add_epi32(a)
+#define _mm512_reduce_add_ps(a) emu_mm512_reduce_add_ps(a)
 #define _mm512_shuffle_f32x4(a, b, imm) emu_mm512_shuffle_f32x4((a), (b), (imm))
 #define _mm512_maskz_scalef_ps(k, a, b) emu_mm512_maskz_scalef_ps((k), (a), (b))
 /* round-to-nearest only; fp-contract must be off in this build (plain * and +) */

@@ -5,10 +5,10 @@ VNNI) through SIMDe emulation, and natively where the CPU has the ISA.
 Each test builds tests/isa/driver.c with kernels_scalar.c and one path's TU
 into a temporary directory and runs it (see driver.c for the checks).  Test ids
 name the path and how it ran: neon-qemu (neon-native on aarch64),
-avx512-emulated, avx512vnni-emulated, avx512-native, avx512vnni-native,
-amx-native, avx2-native; the native ones exist only where this CPU runs the path
-(amx-native is listed everywhere and skips, with the reason, on CPUs without AMX:
-nothing emulates AMX).  A test skips otherwise only when the tools it needs are missing (Debian:
+avx512-emulated, avx512vnni-emulated, avx512bf16-emulated (the AVX-512 BF16 tiles),
+avx512-native, avx512vnni-native, avx512bf16-native, amx-native, avx2-native; the native ones
+exist only where this CPU runs the path (amx-native is listed everywhere and skips, with the
+reason, on CPUs without AMX: nothing emulates AMX; avx512bf16-native skips without AVX512-BF16).  A test skips otherwise only when the tools it needs are missing (Debian:
 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; libsimde-dev).
 """
 import ast
@@ -68,7 +68,8 @@ CPU = _cpu_flags()
 HAS_AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= CPU
 HAS_VNNI = HAS_AVX512 and "avx512_vnni" in CPU
 HAS_AVX2 = {"avx2", "fma", "f16c"} <= CPU
-HAS_AMX = HAS_AVX512 and {"amx_tile", "amx_bf16", "avx512_bf16"} <= CPU
+HAS_BF16 = HAS_AVX512 and "avx512_bf16" in CPU
+HAS_AMX = HAS_BF16 and {"amx_tile", "amx_bf16"} <= CPU
 
 
 def _run(cmd, **kw):
@@ -206,7 +207,10 @@ def _cases():
             cases.append(("avx512-native", "exact", "avx512-native"))
         if HAS_VNNI:
             cases.append(("avx512vnni-native", "approx", "avx512-native"))
-        cases.append(("amx-native", "tiles", "avx512-native"))
+        cases.append(("amx-native", "tiles=amx", "avx512-native"))
+        cases.append(("avx512bf16-emulated", "tiles=avx512bf16", "avx512-emulated"))
+        if HAS_AVX512:
+            cases.append(("avx512bf16-native", "tiles=avx512bf16", "avx512-native"))
         if HAS_AVX2:
             cases.append(("avx2-native", "exact", "avx2-native"))
     return cases
@@ -226,8 +230,10 @@ def test_isa(builds, how, mode, build):
         _simde()
         cmd = builds.get(build, _avx512_emulated_driver)
     elif build == "avx512-native":
-        if mode == "tiles" and not HAS_AMX:
+        if mode == "tiles=amx" and not HAS_AMX:
             pytest.skip("the CPU has no AMX-TILE / AMX-BF16 / AVX512-BF16 (nothing emulates AMX)")
+        if mode == "tiles=avx512bf16" and not HAS_BF16:
+            pytest.skip("the CPU has no AVX512-BF16 (avx512bf16-emulated checks these kernels)")
         cmd = builds.get(build, lambda d: _native_driver(d, "avx512"))
     else:
         cmd = builds.get(build, lambda d: _native_driver(d, "avx2"))
