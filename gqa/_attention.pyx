@@ -490,12 +490,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                     nb = cut[i] - k0
             kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, Kt, Vt, Kf, Vf)
         else:
-            kv_tiles(p, t, b, j, k0, nb, Kt, NULL if codes_pv else Vt)
+            kv_tiles(p, t, b, j, k0, nb, Kt, NULL if codes_pv else Vt, x != NULL)
         ls = nb
         if x != NULL:
             nbx = (nb + 31) & ~31
             ls = nbx
-            x.pack_pairs(Kt, nb, H, nb, sc.Hk, nbx, sc.Kp)
+            x.pack_pairs_t(Kt, H, nb, H, nbx, sc.Hk, sc.Kp)
         else:
             t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
         if kind == 3:       # mixed: each row's float runs take the staged rows' scores

@@ -134,6 +134,10 @@ typedef struct gqa_tiles {
     /* src [rows, cols] -> dst [rows_pad / 2, cols_pad] pairs of rows, zero padded. */
     void (*pack_pairs)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
                        size_t cols_pad, uint32_t *dst);
+    /* src [rows, cols] -> dst [cols_pad / 2, rows_pad] pairs of columns of src (the pairs
+       of src's transpose), zero padded; rows_pad a multiple of 16, cols_pad of 32. */
+    void (*pack_pairs_t)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
+                         size_t cols_pad, uint32_t *dst);
     /* x[i] = exp(x[i] - m) for i < n within 2^-16 relative (-inf gives 0, NaN stays NaN),
        returning their sum, and dst[0:n_pad] = bfloat16(x[i]) for i < n, 0 past n. */
     float (*exp_pack)(float *x, size_t n, size_t n_pad, float m, uint16_t *dst);

@@ -62,6 +62,8 @@ void gqa_pack_rows_avx512bf16(const float *src, size_t lds, size_t rows, size_t 
                               size_t rows_pad, size_t cols_pad, uint16_t *dst);
 void gqa_pack_pairs_avx512bf16(const float *src, size_t lds, size_t rows, size_t cols,
                                size_t rows_pad, size_t cols_pad, uint32_t *dst);
+void gqa_pack_pairs_t_avx512bf16(const float *src, size_t lds, size_t rows, size_t cols,
+                                 size_t rows_pad, size_t cols_pad, uint32_t *dst);
 float gqa_exp_pack_avx512bf16(float *x, size_t n, size_t n_pad, float m, uint16_t *dst);
 
 /* One block of up to 2 x 2 C tiles (32 x 32): tiles 0-3 accumulate, 4-5 hold A, 6-7 B. */
@@ -137,5 +139,6 @@ const gqa_tiles gqa_tiles_amx = {"amx",
                                  end_amx,
                                  gqa_pack_rows_avx512bf16,
                                  gqa_pack_pairs_avx512bf16,
+                                 gqa_pack_pairs_t_avx512bf16,
                                  gqa_exp_pack_avx512bf16,
                                  gemm_amx};

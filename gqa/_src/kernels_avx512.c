@@ -227,37 +227,6 @@ INLINE void dequant_row(const uint8_t *row, float *d, size_t cols, const int typ
 
 GQA_DEQUANTIZE_BY_TYPE(avx512)
 
-/* 16 x 16 transpose of r[0..15] in place: 4 x 4 transposes inside each 128-bit
-   lane (unpack, shuffle), then a 4 x 4 transpose of the 128-bit lanes. */
-INLINE void transpose16(__m512 r[16])
-{
-    __m512 t[16], u[16];
-    UNROLL
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    /* u[4i + c], 128-bit lane j: rows 4i .. 4i+3 of column 4j + c */
-    UNROLL
-    for (int i = 0; i < 4; i++) {
-        u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-    }
-    UNROLL
-    for (int c = 0; c < 4; c++) {
-        __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);      /* lanes 0, 2 of rows 0-3, 4-7 */
-        __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);      /* lanes 1, 3 */
-        __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88); /* rows 8-11, 12-15 */
-        __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
-        r[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
-        r[8 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
-        r[4 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
-        r[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
-    }
-}
-
 /* Rows r .. r+nr-1, columns c .. c+nc-1 (nr, nc <= 16; c % 16 == 0) of the packed
    rows, transposed into dst[(c + j) * ldd + r + i].  Missing rows read as 0 and
    are not stored; missing columns are not read (masked loads) nor stored. */

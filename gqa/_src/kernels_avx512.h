@@ -1,7 +1,8 @@
 /*
- * kernels_avx512.h -- what the AVX-512 units (kernels_avx512.c, kernels_avx512vnni.c) share:
- * the intrinsics (<immintrin.h>, or SIMDe for the emulation build of tests/isa:
- * GQA_EMULATE_AVX512), the ISA-free helpers, lane masks and the 16-sum reduction tree.
+ * kernels_avx512.h -- what the AVX-512 units (kernels_avx512.c, kernels_avx512vnni.c,
+ * kernels_avx512bf16.c, kernels_amx.c) share: the intrinsics (<immintrin.h>, or SIMDe for the
+ * emulation build of tests/isa: GQA_EMULATE_AVX512), the ISA-free helpers, lane masks, the
+ * 16-sum reduction tree and the 16 x 16 transpose.
  * Included only by units
  * compiled with the avx512 path's flags.
  */
@@ -69,6 +70,37 @@ INLINE __m512i hsum16x16_epi32(const __m512i in[16])
     for (int i = 0; i < 16; i++)
         f[i] = _mm512_castsi512_ps(in[i]);
     return _mm512_castps_si512(hsum16x16_tree(1, f));
+}
+
+/* 16 x 16 transpose of r[0..15] in place: 4 x 4 transposes inside each 128-bit
+   lane (unpack, shuffle), then a 4 x 4 transpose of the 128-bit lanes. */
+INLINE void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16];
+    UNROLL
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4i + c], 128-bit lane j: rows 4i .. 4i+3 of column 4j + c */
+    UNROLL
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    UNROLL
+    for (int c = 0; c < 4; c++) {
+        __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);      /* lanes 0, 2 of rows 0-3, 4-7 */
+        __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);      /* lanes 1, 3 */
+        __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88); /* rows 8-11, 12-15 */
+        __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+        r[4 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+    }
 }
 
 #endif

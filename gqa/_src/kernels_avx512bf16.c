@@ -11,6 +11,9 @@
  *         16 bits and bf16(src[2p + 1][c]) in its high 16 bits: two consecutive rows of the
  *         K dimension per 32-bit element (AMX's "VNNI" layout; a zmm of 16 pairs is the
  *         right operand of vdpbf16ps).
+ *   pairs_t B [cols_pad / 2, rows_pad] uint32, element (p, r) = bf16(src[r][2p]) low,
+ *         bf16(src[r][2p + 1]) high: the pairs of the transpose of src (K^T's pairs from K's
+ *         rows); rows_pad a multiple of 16, cols_pad of 32.
  *   exp_pack  x[i] = exp(x[i] - m) within 2^-16 relative (exp2_16; arguments below -86.6,
  *         -inf included, give 0, NaN stays NaN) for i < n, returning their float32 sum, and
  *         the same values as a row of A (zeros past n, to n_pad).
@@ -78,6 +81,28 @@ void gqa_pack_pairs_avx512bf16(const float *src, size_t lds, size_t rows, size_t
             _mm512_mask_storeu_epi32(d + c, lanes(cols_pad - c), _mm512_permutexvar_epi16(pairs, b));
         }
     }
+}
+
+void gqa_pack_pairs_t_avx512bf16(const float *src, size_t lds, size_t rows, size_t cols,
+                                 size_t rows_pad, size_t cols_pad, uint32_t *dst)
+{
+    /* per 16 rows x 32 columns: each row's 32 bfloat16 in column order are 16 pairs (one
+       zmm); the 16 x 16 transpose makes zmm p the pair p of the 16 rows */
+    for (size_t r0 = 0; r0 < rows_pad; r0 += 16)
+        for (size_t c = 0; c < cols_pad; c += 32) {
+            __m512 v[16];
+            UNROLL
+            for (int i = 0; i < 16; i++) {
+                const size_t r = r0 + i;
+                const float *s = src + r * lds;
+                v[i] = r < rows ? (__m512)_mm512_cvtne2ps_pbh(cols16(s, c + 16, cols), cols16(s, c, cols))
+                                : _mm512_setzero_ps();
+            }
+            transpose16(v);
+            UNROLL
+            for (int e = 0; e < 16; e++)
+                _mm512_storeu_ps((float *)(void *)(dst + (c / 2 + e) * rows_pad + r0), v[e]);
+        }
 }
 
 /* exp(x - m) = 2^t, t = (x - m) log2(e): 2^f, f = t - rint(t) in [-1/2, 1/2], by a degree-4
@@ -180,5 +205,6 @@ const gqa_tiles gqa_tiles_avx512bf16 = {"avx512bf16",
                                         begin_none,
                                         gqa_pack_rows_avx512bf16,
                                         gqa_pack_pairs_avx512bf16,
+                                        gqa_pack_pairs_t_avx512bf16,
                                         gqa_exp_pack_avx512bf16,
                                         gemm_avx512bf16};

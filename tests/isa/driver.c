@@ -35,7 +35,8 @@
  *                   the error bound against the exact scalar path, edge rows;
  *                   per-channel codes bit for bit as per-tensor codes of the
  *                   rows times the scales.
- *   tiles.*      (mode `tiles=NAME`: the table's tiles NAME, amx or avx512bf16) pack_rows / pack_pairs bit for bit against
+ *   tiles.*      (mode `tiles=NAME`: the table's tiles NAME, amx or avx512bf16) pack_rows / pack_pairs /
+ *                   pack_pairs_t bit for bit against
  *                   the bfloat16 rounding of the contract (ties, NaN, inf, subnormals) with
  *                   zero padding; gemm exact on small integers (acc 0 over NaN in C, acc 1),
  *                   within (K + 2) 2^-24 sum|ab| on normal operands, strides, C's padding kept;
@@ -1148,7 +1149,7 @@ static void check_tiles(const gqa_tiles *x)
     static const size_t COLS[] = {1, 5, 16, 17, 31, 32, 33, 64, 70};
     x->begin();
     /* pack_rows / pack_pairs bit for bit, zero padding, stride lds > cols */
-    long cases[2] = {0}, fails[2] = {0};
+    long cases[3] = {0}, fails[3] = {0};
     for (size_t ri = 0; ri < sizeof(ROWS) / sizeof(ROWS[0]); ri++)
         for (size_t ci = 0; ci < sizeof(COLS) / sizeof(COLS[0]); ci++) {
             const size_t rows = ROWS[ri], cols = COLS[ci], lds = cols + 3;
@@ -1156,32 +1157,41 @@ static void check_tiles(const gqa_tiles *x)
             float *src = xmalloc(rows * lds * 4);
             uint16_t *rw = xmalloc(rp * cp * 2);
             uint32_t *pw = xmalloc(rp / 2 * cp * 4);
+            uint32_t *tw = xmalloc(cp / 2 * rp * 4);
             for (size_t i = 0; i < rows * lds; i++)
                 src[i] = tile_float(i);
             memset(rw, 0xAB, rp * cp * 2);
             memset(pw, 0xAB, rp / 2 * cp * 4);
+            memset(tw, 0xAB, cp / 2 * rp * 4);
             x->pack_rows(src, lds, rows, cols, rp, cp, rw);
             x->pack_pairs(src, lds, rows, cols, rp, cp, pw);
-            int bad_r = 0, bad_p = 0;
+            x->pack_pairs_t(src, lds, rows, cols, rp, cp, tw);
+            int bad_r = 0, bad_p = 0, bad_t = 0;
             for (size_t r = 0; r < rp; r++)
                 for (size_t c = 0; c < cp; c++) {
                     const uint16_t want = r < rows && c < cols ? bf16_ref(src[r * lds + c]) : 0;
                     bad_r |= rw[r * cp + c] != want;
                     const uint32_t got = pw[(r / 2) * cp + c] >> (16 * (r & 1)) & 0xFFFFu;
                     bad_p |= got != want;
+                    /* pairs_t: element (c / 2, r), column c's half */
+                    bad_t |= (tw[(c / 2) * rp + r] >> (16 * (c & 1)) & 0xFFFFu) != want;
                 }
-            if (bad_r || bad_p)
-                printf("  tiles.pack mismatch: rows=%zu cols=%zu pads %zu x %zu: rows %d pairs %d\n", rows, cols,
-                       rp, cp, bad_r, bad_p);
+            if (bad_r || bad_p || bad_t)
+                printf("  tiles.pack mismatch: rows=%zu cols=%zu pads %zu x %zu: rows %d pairs %d pairs_t %d\n",
+                       rows, cols, rp, cp, bad_r, bad_p, bad_t);
             cases[0]++, fails[0] += bad_r;
             cases[1]++, fails[1] += bad_p;
-            free(src), free(rw), free(pw);
+            cases[2]++, fails[2] += bad_t;
+            free(src), free(rw), free(pw), free(tw);
         }
     begin("tiles.rows");
     check_cases = cases[0], check_fails = fails[0];
     end();
     begin("tiles.pairs");
     check_cases = cases[1], check_fails = fails[1];
+    end();
+    begin("tiles.pairs_t");
+    check_cases = cases[2], check_fails = fails[2];
     end();
 
     /* exp_pack: within 2^-16 of exp (float64), 0 below -86.7 and for -inf, NaN kept; the
