@@ -91,8 +91,9 @@ class DecodeAccuracy:
 
 class PrefillAccuracy:
     """A first prompt S = T (causal) over an INT8 cache at accuracy_level 0, 3 and 4 (levels 3-4
-    on AMX hosts: each flash tile's QK and P @ V on AMX BF16 tiles; level 4 elsewhere: each
-    tile's P @ V by the integer-dot kernel on the V codes; level 3 elsewhere: level 0)."""
+    where the CPU has bfloat16 tiles, AMX or AVX-512 BF16: each flash tile's QK and P @ V on
+    them; level 4 elsewhere: each tile's P @ V by the integer-dot kernel on the V codes; level 3
+    elsewhere: level 0)."""
     params = ([0, 3, 4], ["s8_pt", "s8_pc"], [2048])
     param_names = ["level", "mode", "S"]
     timer = timeit.default_timer
@@ -109,6 +110,30 @@ class PrefillAccuracy:
             self.cfg.__exit__(None, None, None)
 
     def time_prefill(self, level, mode, S):
+        self.op(*self.args, **self.kw)
+
+
+class PrefillTiles:
+    """A first prompt S = T (causal) at accuracy_level 3 on each kind of bfloat16 tiles
+    (gqa.config(tiles=name): "amx", "avx512bf16"); a kind this CPU does not run is skipped."""
+    params = (["amx", "avx512bf16"], ["float", "s8_pc"], [2048])
+    param_names = ["tiles", "mode", "S"]
+    timer = timeit.default_timer
+    timeout = 300
+
+    def setup(self, tiles, mode, S):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        if not gqa._dispatch.tiles_runnable(tiles):
+            raise NotImplementedError(f"this CPU does not run the {tiles} tiles")
+        self.cfg = gqa.config(accuracy_level=3, tiles=tiles)
+        self.op, self.args, self.kw = _case(mode, S, S, S)
+
+    def teardown(self, tiles, mode, S):
+        if getattr(self, "cfg", None) is not None:
+            self.cfg.__exit__(None, None, None)
+
+    def time_prefill(self, tiles, mode, S):
         self.op(*self.args, **self.kw)
 
 
