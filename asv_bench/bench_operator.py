@@ -113,13 +113,12 @@ class PrefillAccuracy:
         self.op(*self.args, **self.kw)
 
 
-class PrefillTiles:
+class PrefillTiles(PrefillAccuracy):
     """A first prompt S = T (causal) at accuracy_level 3 on each kind of bfloat16 tiles
-    (gqa.config(tiles=name): "amx", "avx512bf16"); a kind this CPU does not run is skipped."""
+    (gqa.config(tiles=name): "amx", "avx512bf16"); a kind this CPU does not run is skipped.
+    Teardown and the timed call: PrefillAccuracy's."""
     params = (["amx", "avx512bf16"], ["float", "s8_pc"], [2048])
     param_names = ["tiles", "mode", "S"]
-    timer = timeit.default_timer
-    timeout = 300
 
     def setup(self, tiles, mode, S):
         if gqa is None:
@@ -128,13 +127,6 @@ class PrefillTiles:
             raise NotImplementedError(f"this CPU does not run the {tiles} tiles")
         self.cfg = gqa.config(accuracy_level=3, tiles=tiles)
         self.op, self.args, self.kw = _case(mode, S, S, S)
-
-    def teardown(self, tiles, mode, S):
-        if getattr(self, "cfg", None) is not None:
-            self.cfg.__exit__(None, None, None)
-
-    def time_prefill(self, tiles, mode, S):
-        self.op(*self.args, **self.kw)
 
 
 class CallOverhead:

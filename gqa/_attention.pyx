@@ -189,6 +189,20 @@ cdef inline void tile_keys(int lo, int hi, int k0, int nb, int *a0, int *z0) noe
     z0[0] = hi - k0 if hi - k0 < nb else nb
 
 
+cdef int strip_keys(int r, int n, int M, int G, const int *rlo, const int *rhi, int k0, int nb,
+                    int nbx) noexcept nogil:
+    """The keys [0, z) of tile [k0, k0 + nb) that rows [r, r + n) (of M, G per position) read,
+    z rounded up to 32 and at most nbx: a strip's scores and P @ V on tiles stop there (a
+    causal diagonal tile's later keys are masked for its early rows)."""
+    cdef int z = 0, q, a0, z0
+    for q in range(r, r + n if r + n < M else M):
+        tile_keys(rlo[q // G], rhi[q // G], k0, nb, &a0, &z0)
+        if z0 > a0 and z0 > z:
+            z = z0
+    z = (z + 31) & ~31
+    return z if z < nbx else nbx
+
+
 cdef inline float sink_logit(const Params *p, int h) noexcept nogil:
     return p.sink[h] if p.sink != NULL else 0.0
 
@@ -431,7 +445,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef float *Kf = sc.Kf
     cdef float *Vf = sc.Vf
     cdef const gqa_tiles *x = p.tiles
-    cdef int ls, nbx = 0
+    cdef int ls, nbx = 0, z
     cdef const float *src
     cdef float *row
     cdef float mx, mnew, corr, total, inv
@@ -512,8 +526,10 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 # the scores of rows [r, r + TILE_STRIP) (16 or 32 of Mx), softmaxed while
                 # they are in L1
                 i = TILE_STRIP if sc.Mx - r >= TILE_STRIP else sc.Mx - r
-                x.gemm(i, nbx, sc.Hk, sc.Qb + <size_t>r * sc.Hk, sc.Hk, sc.Kp, nbx,
-                       Sx + <size_t>r * ls, ls, 0)
+                z = strip_keys(r, i, M, G, rlo, rhi, k0, nb, nbx)
+                if z > 0:   # scores past z are never read (set to -inf below)
+                    x.gemm(i, z, sc.Hk, sc.Qb + <size_t>r * sc.Hk, sc.Hk, sc.Kp, nbx,
+                           Sx + <size_t>r * ls, ls, 0)
             s = s0 + r // G
             h = j * G + r % G
             row = Sx + <size_t>r * ls
@@ -561,7 +577,14 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             p.sv(M, H, nb, Sx, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
         elif x != NULL:
             x.pack_pairs(Vt, H, nb, H, nbx, H, sc.Vp)
-            x.gemm(sc.Mx, H, nbx, sc.Pb, sc.Bx, sc.Vp, H, O, H, 1)
+            r = 0
+            while r < sc.Mx:
+                # the probabilities past a strip's keys are zeros: its P @ V stops there
+                i = TILE_STRIP if sc.Mx - r >= TILE_STRIP else sc.Mx - r
+                z = strip_keys(r, i, M, G, rlo, rhi, k0, nb, nbx)
+                if z > 0:
+                    x.gemm(i, H, z, sc.Pb + <size_t>r * sc.Bx, sc.Bx, sc.Vp, H, O + <size_t>r * H, H, 1)
+                r = r + i
         else:
             t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)
         k0 = k0 + nb

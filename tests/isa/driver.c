@@ -61,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels_common.h" /* gqa_kernels.h, GQA_EXP_MIN */
+#include "bf16_ref.h"       /* bf16_ref: the bfloat16 rounding of the tiles' contract */
 
 #ifndef GQA_TEST_TABLE
 #error "define GQA_TEST_TABLE as the kernel table under test, e.g. gqa_kernels_neon"
@@ -1108,18 +1109,6 @@ static void check_group(void)
 }
 
 /* ---- matrix tiles (a table's tiles by name: AMX natively only, AVX-512 BF16 also emulated) */
-
-/* The contract's float32 -> bfloat16: nearest, ties to even, NaN quieted, subnormals as 0. */
-static uint16_t bf16_ref(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7F800000u) == 0)
-        return (uint16_t)((u >> 16) & 0x8000u);
-    if (x != x)
-        return (uint16_t)((u | 0x00400000u) >> 16);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 static float bf16_value(uint16_t b)
 {

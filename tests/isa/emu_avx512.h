@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "bf16_ref.h"
 
 #define EMU static inline
 
@@ -150,14 +151,15 @@ EMU __m512 emu_mm512_maskz_loadu_ps(__mmask16 k, const void *p)
     return v;
 }
 
-EMU void emu_mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 a)
+/* Lanes i < n of the vector x (lanes of w bytes) whose bit i of k is set, stored to p[i]. */
+EMU void emu_mask_store(void *p, uint64_t k, const void *x, int n, size_t w)
 {
-    float x[16];
-    EMU_TO(x, a);
-    for (int i = 0; i < 16; i++)
+    for (int i = 0; i < n; i++)
         if (k >> i & 1)
-            memcpy((char *)p + 4 * i, x + i, 4);
+            memcpy((char *)p + w * i, (const char *)x + w * i, w);
 }
+
+EMU void emu_mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 a) { emu_mask_store(p, k, &a, 16, 4); }
 
 EMU __m256i emu_mm256_maskz_loadu_epi16(__mmask16 k, const void *p)
 {
@@ -170,32 +172,11 @@ EMU __m256i emu_mm256_maskz_loadu_epi16(__mmask16 k, const void *p)
     return v;
 }
 
-EMU void emu_mm256_mask_storeu_epi16(void *p, __mmask16 k, __m256i a)
-{
-    uint16_t x[16];
-    EMU_TO(x, a);
-    for (int i = 0; i < 16; i++)
-        if (k >> i & 1)
-            memcpy((char *)p + 2 * i, x + i, 2);
-}
+EMU void emu_mm256_mask_storeu_epi16(void *p, __mmask16 k, __m256i a) { emu_mask_store(p, k, &a, 16, 2); }
 
-EMU void emu_mm512_mask_storeu_epi16(void *p, __mmask32 k, __m512i a)
-{
-    uint16_t x[32];
-    EMU_TO(x, a);
-    for (int i = 0; i < 32; i++)
-        if (k >> i & 1)
-            memcpy((char *)p + 2 * i, x + i, 2);
-}
+EMU void emu_mm512_mask_storeu_epi16(void *p, __mmask32 k, __m512i a) { emu_mask_store(p, k, &a, 32, 2); }
 
-EMU void emu_mm512_mask_storeu_epi32(void *p, __mmask16 k, __m512i a)
-{
-    uint32_t x[16];
-    EMU_TO(x, a);
-    for (int i = 0; i < 16; i++)
-        if (k >> i & 1)
-            memcpy((char *)p + 4 * i, x + i, 4);
-}
+EMU void emu_mm512_mask_storeu_epi32(void *p, __mmask16 k, __m512i a) { emu_mask_store(p, k, &a, 16, 4); }
 
 EMU __m128i emu_mm_maskz_loadu_epi8(__mmask16 k, const void *p)
 {
@@ -276,21 +257,10 @@ EMU __m512 emu_mm512_maskz_scalef_ps(__mmask16 k, __m512 a, __m512 b)
     return v;
 }
 
-/* AVX512-BF16 (the avx512bf16 unit): float32 -> bfloat16 to nearest even, NaN quieted,
-   subnormal inputs as (signed) zero; vdpbf16ps with bfloat16 inputs' subnormals as zero, the
+/* AVX512-BF16 (the avx512bf16 unit): float32 -> bfloat16 by bf16_ref (bf16_ref.h);
+   vdpbf16ps with bfloat16 inputs' subnormals as zero, the
    odd element's product added first, then the even one's, each a float32 rounding, subnormal
    results flushed to zero (Intel's pseudocode). */
-EMU uint16_t emu_bf16(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7F800000u) == 0)
-        return (uint16_t)((u >> 16) & 0x8000u);
-    if (x != x)
-        return (uint16_t)((u | 0x00400000u) >> 16);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 EMU float emu_bf16_value(uint16_t b)
 {
     uint32_t u = (b & 0x7F80u) == 0 ? (uint32_t)(b & 0x8000u) << 16 : (uint32_t)b << 16;
@@ -309,7 +279,7 @@ EMU __m512bh emu_mm512_cvtne2ps_pbh(__m512 a, __m512 b)
     EMU_TO(fa, a);
     EMU_TO(fb, b);
     for (int i = 0; i < 16; i++)
-        r[i] = emu_bf16(fb[i]), r[16 + i] = emu_bf16(fa[i]);
+        r[i] = bf16_ref(fb[i]), r[16 + i] = bf16_ref(fa[i]);
     EMU_FROM(v, r);
     return v;
 }
@@ -321,7 +291,7 @@ EMU __m256bh emu_mm512_cvtneps_pbh(__m512 a)
     __m256bh v;
     EMU_TO(f, a);
     for (int i = 0; i < 16; i++)
-        r[i] = emu_bf16(f[i]);
+        r[i] = bf16_ref(f[i]);
     EMU_FROM(v, r);
     return v;
 }
