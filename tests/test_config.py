@@ -13,7 +13,8 @@ from gqa import _dispatch
 
 BEST_FIRST = ("avx512", "avx2", "neon", "scalar")  # the issue's preference order
 ENV_NAMES = ("GQA_PATH", "GQA_KERNEL", "GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI",
-             "GQA_NUM_THREADS", "GQA_DISABLE_FLASH_ATTENTION", "ORT_GQA_DISABLE_FLASH_ATTENTION")
+             "GQA_NUM_THREADS", "GQA_DISABLE_FLASH_ATTENTION", "ORT_GQA_DISABLE_FLASH_ATTENTION",
+             "GQA_TILES", "GQA_ACCURACY_LEVEL")
 
 
 def unavailable_path():
@@ -271,3 +272,26 @@ def test_the_earlier_names_of_path_are_aliases(tmp_path):
         gqa.config(kernel="avx3")
     r = run_python("import gqa; print(gqa.active_path())", tmp_path, GQA_KERNEL="scalar")
     assert r.stdout.strip() == "scalar", r.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "1", "amx", "avx512bf16", "sme"])
+def test_env_tiles(tmp_path, value):
+    """GQA_TILES: a boolean, or the name of tiles this CPU runs; another name, or tiles the
+    CPU lacks, is an error at import naming the variable (never a crash)."""
+    code = "import gqa; c = gqa.get_config(); print(repr(c['tiles']), c['tiles_effective'])"
+    r = run_python(code, tmp_path, GQA_TILES=value)
+    runs = value in ("0", "1") or (value in _dispatch.tile_names() and _dispatch.tiles_runnable(value))
+    if not runs:
+        assert r.returncode > 0, r.stdout
+        last = r.stderr.strip().splitlines()[-1]
+        assert "GQA_TILES" in last and value in last, r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    setting, effective = r.stdout.split()
+    if value == "0":
+        assert setting == "False" and effective == "None"
+    elif value == "1":   # the best tiles this CPU runs (tile_names: best first)
+        best = next((n for n in _dispatch.tile_names() if _dispatch.tiles_runnable(n)), None)
+        assert setting == "True" and effective == str(best if "avx512" in gqa.available_paths() else None)
+    else:
+        assert setting == repr(value) and effective == (value if "avx512" in gqa.available_paths() else "None")
