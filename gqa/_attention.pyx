@@ -22,7 +22,8 @@ import numpy as np
 
 from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, exp_kernel, tile_kernels, gqa_kernels,
                             gqa_tiles, gqa_qk_gemm_fn,
-                            round_to_half, GQA_F32, GQA_F16, GQA_IS_GROUP,
+                            round_to_half, GQA_F32, GQA_F16, GQA_IS_GROUP, GQA_S8_PT, GQA_S8_PC,
+                            GQA_S4_PT, GQA_S4_PC,
                             gqa_row_bytes)
 
 cnp.import_array()
@@ -189,6 +190,11 @@ cdef inline void tile_keys(int lo, int hi, int k0, int nb, int *a0, int *z0) noe
     z0[0] = hi - k0 if hi - k0 < nb else nb
 
 
+cdef inline bint static_codes(int type) noexcept nogil:
+    """INT8 / INT4 codes with static (per tensor / per channel) scales."""
+    return type == GQA_S8_PT or type == GQA_S8_PC or type == GQA_S4_PT or type == GQA_S4_PC
+
+
 cdef int strip_keys(int r, int n, int M, int G, const int *rlo, const int *rhi, int k0, int nb,
                     int nbx) noexcept nogil:
     """The keys [0, z) of tile [k0, k0 + nb) that rows [r, r + n) (of M, G per position) read,
@@ -349,6 +355,7 @@ cdef struct Tiled:
     uint16_t *Pb        #   [Mx, Bx] the probabilities in bfloat16
     uint32_t *Kp        #   [Hk / 2, Bx] the K tile as row pairs
     uint32_t *Vp        #   [Bx / 2, H] the V tile as row pairs
+    float *one          #   [H] ones: the scales that dequantize static codes to themselves
     int Mx, Bx, Hk      # rows, keys and head padded for p.tiles (16, 32, 32), else Mmax, Bc, H
 
 
@@ -364,7 +371,7 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     (pointers into base, which starts on a 64-byte line; NULL: the length only)."""
     cdef size_t H = p.H, Br = p.Br, Mmax = Br * p.G, Bc = p.Bc, at = 0
     cdef size_t Mx = Mmax, Bx = Bc, Hk = H
-    cdef size_t o[15]
+    cdef size_t o[16]
     cdef int i
     if p.tiles != NULL:
         Mx = (Mmax + 15) & ~(<size_t>15)
@@ -378,7 +385,7 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     o[5] = take(&at, H * Bc)
     o[6] = take(&at, Bc * H)
     o[7] = take(&at, 4 * Br)
-    for i in range(8, 15):
+    for i in range(8, 16):
         o[i] = 0
     if p.hstage:
         o[8] = take(&at, Mmax * Bc)
@@ -389,6 +396,7 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
         o[12] = take(&at, (Mx * Bx + 1) // 2)
         o[13] = take(&at, Hk // 2 * Bx)
         o[14] = take(&at, Bx // 2 * H)
+        o[15] = take(&at, H)
     if base != NULL:
         s.Qt = base + o[0]
         s.Sx = base + o[1]
@@ -408,6 +416,7 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
         s.Pb = <uint16_t *>(base + o[12])
         s.Kp = <uint32_t *>(base + o[13])
         s.Vp = <uint32_t *>(base + o[14])
+        s.one = base + o[15]
         s.Mx = <int>Mx
         s.Bx = <int>Bx
         s.Hk = <int>Hk
@@ -424,8 +433,11 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     ways gets two tile pairs (codes: Kt / Vt, staged floats: Kf / Vf), both score GEMMs, each
     row's scores taken from the pair it reads, and P split between the two P @ V GEMMs.
     p.tiles (accuracy level >= 3, no float windows): both GEMMs on matrix tiles in bfloat16
-    over the same float32 tiles (scores in rows of ls = nb padded to 32), softmax in float32;
-    a tile whose masked keys have NaN / inf values takes the float32 P @ V as below."""
+    (scores in rows of ls = nb padded to 32), softmax in float32: K's tile made as rows [nb, H]
+    and packed into K^T's pairs, V's into pairs of keys; static INT8 / INT4 codes enter the
+    tiles as they are (K's scales in the query rows, V's on the output); each 32-row strip's
+    GEMMs stop at the keys its rows read (strip_keys); a tile whose masked keys have NaN / inf
+    values takes the float32 P @ V as below."""
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
     cdef int G = p.G, H = p.H, Bc = p.Bc
@@ -450,12 +462,27 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef float *row
     cdef float mx, mnew, corr, total, inv
     cdef bint smooth = p.smooth or p.sink != NULL
-    cdef bint partial, codes_pv
+    cdef bint partial, codes_pv, kcodes, vcodes
+    cdef const float *ks
+    cdef const float *vs
     cdef int kind, f1, q0, q1, f2, nr
     cdef int cut[3]
     s1 = s0 + p.Br if s0 + p.Br < p.S else p.S
     R = s1 - s0
     M = R * G
+    # tiles over static INT8 / INT4 codes without float windows: the tiles hold the codes
+    # themselves (exact in bfloat16: one rounding fewer per product), K's scales folded into
+    # the query rows (times alpha), V's applied to the output rows
+    kcodes = x != NULL and p.fk == NULL and static_codes(p.ktype)
+    vcodes = x != NULL and p.fk == NULL and static_codes(p.vtype) and p.v_finite
+    ks = k_scales(p, j)
+    vs = v_scales(p, j)
+    for i in range(H if p.k_pc else 1):
+        if kcodes and not fabsf(ks[i]) < 1e30:
+            kcodes = False
+    if x != NULL:
+        for i in range(H):
+            sc.one[i] = 1.0
     kv_lo = 1 << 30
     kv_hi = 0
     # p.hstage: tiles end where the rows' float runs do (the largest sink end, the smallest and
@@ -481,8 +508,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             r = (s - s0) * G + g
             src = p.q + (<size_t>b * p.S + s) * p.q_tok + (<size_t>j * G + g) * H
             prep_row(p, src, Qt + <size_t>r * H, p.qn, position(p, b, s), rotation(p.rk, p, j))
-            for i in range(H):
-                Qt[<size_t>r * H + i] = Qt[<size_t>r * H + i] * p.alpha
+            if kcodes:
+                for i in range(H):
+                    Qt[<size_t>r * H + i] = Qt[<size_t>r * H + i] * (p.alpha * ks[i if p.k_pc else 0])
+            else:
+                for i in range(H):
+                    Qt[<size_t>r * H + i] = Qt[<size_t>r * H + i] * p.alpha
             mrow[r] = sink_logit(p, j * G + g) if smooth else -INFINITY
             lrow[r] = 1.0 if smooth else 0.0
     memset(O, 0, <size_t>sc.Mx * H * sizeof(float))
@@ -504,7 +535,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                     nb = cut[i] - k0
             kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, Kt, Vt, Kf, Vf)
         else:
-            kv_tiles(p, t, b, j, k0, nb, Kt, NULL if codes_pv else Vt, x != NULL)
+            kv_tiles(p, t, b, j, k0, nb, Kt, NULL if codes_pv else Vt, x != NULL,
+                     sc.one if kcodes else NULL, sc.one if vcodes else NULL)
         ls = nb
         if x != NULL:
             nbx = (nb + 31) & ~31
@@ -594,8 +626,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         s = s0 + r // G
         row = p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * G + r % G) * H
         inv = 1.0 / lrow[r] if lrow[r] != 0 else 0.0   # NaN stays NaN
-        for i in range(H):
-            row[i] = O[<size_t>r * H + i] * inv
+        if vcodes:
+            for i in range(H):
+                row[i] = O[<size_t>r * H + i] * inv * vs[i if p.v_pc else 0]
+        else:
+            for i in range(H):
+                row[i] = O[<size_t>r * H + i] * inv
 
 
 cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j,

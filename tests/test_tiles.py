@@ -39,28 +39,28 @@ def tiles(request):
 needs_tiles = pytest.mark.usefixtures("tiles")
 
 MODES = ["float", "int8-g16-fp16", "int8-pt", "int8-pc", "int4-pt", "int4-pc", "int4-g16", "int2-g16",
-         "int8-g32"]
+         "int8-g32", "int8-pc/pt", "int4-pc/pt"]
 
 
 def _cache(mode, H, S, level, rng):
-    f = gqa.parse_mode(gqa.cache_options(mode)["mode"])[0]
+    fk, fv = gqa.parse_mode(gqa.cache_options(mode)["mode"])
     kw = {}
-    if f.static:
-        n = NKV * H if f.per_channel else 1
-        top = f.top_code
-        kw = dict(k_scales=rng.uniform(1.0, 1.5, n).astype(F32) / top,
-                  v_scales=rng.uniform(1.0, 1.5, n).astype(F32) / top)
+    if fk.static:
+        nk, nv = (NKV * H if f.per_channel else 1 for f in (fk, fv))
+        kw = dict(k_scales=rng.uniform(1.0, 1.5, nk).astype(F32) / fk.top_code,
+                  v_scales=rng.uniform(1.0, 1.5, nv).astype(F32) / fv.top_code)
     return gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
-                       mode=mode, accuracy_level=level, **kw), f
+                       mode=mode, accuracy_level=level, **kw), (fk, fv)
 
 
-def _values(cache, f, H):
-    """[2, Nkv, T, H] float64: the K and V values the cache's rows dequantize to (float32, as
-    every kernel path dequantizes them), per KV head."""
+def _values(cache, fs, H):
+    """[2, Nkv, T, H] float64: the K and V values the cache's rows (formats fs = (K's, V's))
+    dequantize to (float32, as every kernel path dequantizes them), per KV head."""
     T = cache.length
     out = np.empty((2, NKV, T, H))
     for w, (codes, scales) in enumerate(((cache.key[0], cache.k_scales[0]),
                                          (cache.value[0], cache.v_scales[0]))):
+        f = fs[w]
         for j in range(NKV):
             rows = codes[0, j, :T]
             if not f.quantized:
@@ -217,8 +217,7 @@ def test_masked_inf_values_stay_out():
                      mode="float", accuracy_level=3)
     with gqa.config(path="avx512", flash_blocks=(8, 16)):
         part = c3.attend(0, q[:, :33], k[:, :33], v[:, :33])
-    f = gqa.parse_mode("float")[0]
-    _check_against_float64(c3, f, q[:, :33], part, H, 33)
+    _check_against_float64(c3, gqa.parse_mode("float"), q[:, :33], part, H, 33)
     np.testing.assert_allclose(outs[3][0, :33], part[0], rtol=0, atol=0.05)
 
 
