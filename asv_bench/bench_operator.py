@@ -123,7 +123,7 @@ class PrefillTiles(PrefillAccuracy):
     def setup(self, tiles, mode, S):
         if gqa is None:
             raise NotImplementedError("gqa not importable")
-        if not gqa._dispatch.tiles_runnable(tiles):
+        if tiles not in gqa.available_tiles():
             raise NotImplementedError(f"this CPU does not run the {tiles} tiles")
         self.cfg = gqa.config(accuracy_level=3, tiles=tiles)
         self.op, self.args, self.kw = _case(mode, S, S, S)

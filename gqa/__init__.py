@@ -52,8 +52,8 @@ except ImportError:
     _sys.modules["gqa"] = _installed_copy()
 else:
     from ._version import __version__
-    from ._config import (active_kernel, active_path, available_kernels, available_paths, config,
-                          get_config)
+    from ._config import (active_kernel, active_path, available_kernels, available_paths,
+                          available_tiles, config, get_config)
     from ._api import dequantize, qk_gemm, quantize, sv_gemm
     from ._show import show_config
     from ._dispatch import cpu_features
@@ -66,7 +66,8 @@ else:
                            operator_attributes, parse_mode)
 
 __all__ = [
-    "__version__", "config", "get_config", "available_paths", "active_path", "available_kernels", "active_kernel",
+    "__version__", "config", "get_config", "available_paths", "available_tiles", "active_path",
+    "available_kernels", "active_kernel",
     "show_config", "cpu_features",
     "quantize", "dequantize", "qk_gemm", "sv_gemm", "GroupQueryAttention", "group_query_attention",
     "MixedPrecisionGroupQueryAttention", "mixed_precision_group_query_attention", "hadamard",

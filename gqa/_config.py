@@ -44,6 +44,12 @@ def available_paths():
     return [p for p in _dispatch.PATH_NAMES if _dispatch.path_runnable(p)]
 
 
+def available_tiles():
+    """Names of the bfloat16 tiles this CPU runs (levels 3-4's prompt tiles), best first:
+    "amx", "avx512bf16"; gqa.config(tiles=name) accepts each."""
+    return [n for n in _dispatch.tile_names() if _dispatch.tiles_runnable(n)]
+
+
 def _best_path():
     order = ("avx512", "avx2", "neon", "scalar")
     return next(p for p in order if _dispatch.path_runnable(p))
@@ -99,9 +105,8 @@ def _check_tiles(v, source):
         raise ValueError(f"{source}={v!r} is not tiles of this build; valid values: True, False"
                          + "".join(f", {n!r}" for n in names))
     if not _dispatch.tiles_runnable(v):
-        runs = [n for n in names if _dispatch.tiles_runnable(n)]
         raise ValueError(f"{source}={v!r} cannot run here: it needs CPU features this machine "
-                         f"lacks; this CPU runs: {', '.join(runs) or 'no tiles'}")
+                         f"lacks; this CPU runs: {', '.join(available_tiles()) or 'no tiles'}")
     return v
 
 

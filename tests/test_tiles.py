@@ -268,8 +268,9 @@ def test_tiles_setting_is_checked():
         gqa.config(tiles=1)
     with pytest.raises(ValueError, match="not tiles of this build"):
         gqa.config(tiles="sme")
+    assert gqa.available_tiles() == [n for n in _dispatch.tile_names() if _dispatch.tiles_runnable(n)]
     for name in _dispatch.tile_names():
-        if not _dispatch.tiles_runnable(name):
+        if name not in gqa.available_tiles():
             with pytest.raises(ValueError, match="cannot run here"):
                 gqa.config(tiles=name)
         else:
