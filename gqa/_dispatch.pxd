@@ -27,6 +27,7 @@ cdef extern from "gqa_kernels.h" nogil:
     ctypedef float (*gqa_row_max_fn)(const float *x, size_t n) noexcept nogil
     ctypedef struct gqa_tiles:
         const char *name
+        int rows
         void (*begin)() noexcept nogil
         void (*end)() noexcept nogil
         void (*pack_rows)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
@@ -64,6 +65,8 @@ cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcep
 # The active path's matrix tiles for flash tiles of heads of H columns at accuracy `level`:
 # where this CPU runs them, level >= 3 and H a multiple of 16; else NULL.
 cdef const gqa_tiles *tile_kernels(int level, int H) noexcept nogil
+# Their `rows` (the flash plan's query tile on them), 0 where tile_kernels is NULL.
+cdef int tile_rows(int level, int H) noexcept nogil
 # OpenMP's default team size (omp_get_max_threads), 1 in a build without OpenMP.
 cdef int omp_max_threads() noexcept nogil
 # The table's exp_sum, or the scalar path's where the table has none.

@@ -57,6 +57,11 @@ cdef const gqa_tiles *tile_kernels(int level, int H) noexcept nogil:
     return _tiles if level >= 3 and H % 16 == 0 else NULL
 
 
+cdef int tile_rows(int level, int H) noexcept nogil:
+    cdef const gqa_tiles *x = tile_kernels(level, H)
+    return x.rows if x != NULL else 0
+
+
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil:
     if (t.sv_gemm_s8_dot != NULL and _vnni and level >= 4
             and (type == GQA_S8_PT or type == GQA_S8_PC)):

@@ -8,23 +8,24 @@ cdef int _CPUS = _config.PLAN_CPUS       # CPUs this process may run on (affinit
 cdef int _UNITS = max(8, _CPUS)
 
 
-cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, bint tiles, int *q_block,
+cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, int *q_block,
                 int *kv_block, int *splits, int *ranges):
     """Tile sizes of the flash path and the split of decode work (see _attention.run: the
     (batch, KV head) units form `ranges` contiguous ranges and the last unit of each range is
     cut into `splits` key chunks).  They depend on the shapes, the L2 size and the CPU count
     only -- never on the thread count -- so results do not either.
     K and V tiles (2 x kv_rows x H float32) take about 1/8 of L2; a query tile holds
-    ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times;
-    ~256 where the tiles' GEMMs run on matrix tiles (`tiles`), whose packing of each K/V
-    tile costs as much as its float32 GEMMs' rows."""
+    ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times.
+    Where the tiles' GEMMs run on bfloat16 tiles, tile_rows (> 0: the tiles' own `rows`,
+    256 on AMX, 512 on AVX-512 BF16) rows, since packing each K/V tile costs as much as many
+    rows of its GEMMs, and K/V tiles of twice the keys (bfloat16 pairs: half the bytes)."""
     cdef int units = B * Nkv
     blocks = _SETTINGS["flash_blocks"]
     if blocks is not None:
         q_block[0], kv_block[0] = blocks
     else:
-        kv_block[0] = max(16, min(256, <int>(_L2 // (64 * H))))
-        q_block[0] = max(4, (256 if tiles else 128) // G)
+        kv_block[0] = max(16, min(256, <int>(_L2 // ((32 if tile_rows else 64) * H))))
+        q_block[0] = max(4, (tile_rows if tile_rows else 128) // G)
     sp = _SETTINGS["decode_splits"]
     splits[0] = 1
     ranges[0] = units
@@ -43,8 +44,8 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, bint tiles, int *
         ranges[0] = _CPUS
 
 
-def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax, bint tiles=False):
+def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows=0):
     """(q_block, kv_block, splits, ranges) of a call: see _plan."""
     cdef int q_block, kv_block, splits, ranges
-    _plan(B, S, Nkv, G, H, Tmax, tiles, &q_block, &kv_block, &splits, &ranges)
+    _plan(B, S, Nkv, G, H, Tmax, tile_rows, &q_block, &kv_block, &splits, &ranges)
     return q_block, kv_block, splits, ranges

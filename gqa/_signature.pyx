@@ -29,7 +29,7 @@ from gqa cimport _window
 from gqa._checks cimport (INT32_MAX, _array, _ready, _f32, _contiguous, _total_length, _threads,
                           _finite, _finite_scale, _orthogonal, _side_format, _rotary, _present,
                           apart)
-from gqa._dispatch cimport GQA_F32, GQA_F16, tile_kernels
+from gqa._dispatch cimport GQA_F32, GQA_F16, tile_rows
 from gqa._plan cimport _plan
 from gqa import _config
 
@@ -523,7 +523,7 @@ cdef class Signature:
                     raise ValueError(f"{name} must have shape {(B, Nkv, Pres, Hp)}, got "
                                      f"{x.shape}")
         nt = _threads(num_threads)
-        _plan(B, S, Nkv, p.G, H, Tmax, tile_kernels(self._accuracy(), H) != NULL, &q_block, &kv_block,
+        _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(self._accuracy(), H), &q_block, &kv_block,
               &splits, &ranges)
         phk, phv, rot_k, rot_v, hpk, hpv = ext
         if self.win:
@@ -698,7 +698,7 @@ cdef class Signature:
         if B:
             _window.move_rows(work_k, &z[0], past_key, &l[1, 0], &l[0, 0], B, Nkv)
             _window.move_rows(work_v, &z[0], past_value, &l[1, 0], &l[0, 0], B, Nkv)
-        _plan(B, S, Nkv, p.G, p.H, Trel, tile_kernels(self._accuracy(), p.H) != NULL, &q_block,
+        _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(self._accuracy(), p.H), &q_block,
               &kv_block, &splits, &ranges)
         dims[0] = B; dims[1] = S; dims[2] = p.N * p.H
         out = cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT32, 0)

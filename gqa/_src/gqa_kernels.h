@@ -125,6 +125,7 @@ typedef float (*gqa_exp_sum_fn)(float *x, size_t n, float m);
 typedef struct gqa_tiles {
     const char *name;
     unsigned cpu; /* the GQA_CPU_* features it needs, beyond its path's */
+    int rows;     /* the flash plan's query tile on these tiles: rows (positions x G heads) */
     int (*permit)(void);
     void (*begin)(void);
     void (*end)(void);
