@@ -64,7 +64,9 @@ cdef struct Params:
     int *items            # decode work item -> unit * (chunks + 1) + chunk + 1 (0: whole unit)
     int *split            # unit -> its index among the split units, or -1
     int *merged           # unit -> chunks finished so far
-    int v_finite          # every dequantized V value is finite (quantized, moderate scales)
+    int k_finite          # every dequantized K value is finite (static codes, moderate scales,
+                          # no float windows); likewise V:
+    int v_finite
 
 
 cdef class Consts:

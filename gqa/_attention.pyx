@@ -22,7 +22,7 @@ import numpy as np
 
 from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, exp_kernel, tile_kernels, gqa_kernels,
                             gqa_tiles, gqa_qk_gemm_fn,
-                            round_to_half, GQA_F32, GQA_F16, GQA_IS_GROUP, GQA_S8_PT, GQA_S8_PC,
+                            round_to_half, GQA_F32, GQA_F16, GQA_S8_PT, GQA_S8_PC,
                             GQA_S4_PT, GQA_S4_PC,
                             gqa_row_bytes)
 
@@ -193,6 +193,15 @@ cdef inline void tile_keys(int lo, int hi, int k0, int nb, int *a0, int *z0) noe
 cdef inline bint static_codes(int type) noexcept nogil:
     """INT8 / INT4 codes with static (per tensor / per channel) scales."""
     return type == GQA_S8_PT or type == GQA_S8_PC or type == GQA_S4_PT or type == GQA_S4_PC
+
+
+cdef bint scales_below(const float *s, size_t n, float limit) noexcept nogil:
+    """|s[u]| < limit for every u < n (NaN is not)."""
+    cdef size_t u
+    for u in range(n):
+        if not fabsf(s[u]) < limit:
+            return False
+    return True
 
 
 cdef int strip_keys(int r, int n, int M, int G, const int *rlo, const int *rhi, int k0, int nb,
@@ -473,14 +482,11 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     # tiles over static INT8 / INT4 codes without float windows: the tiles hold the codes
     # themselves (exact in bfloat16: one rounding fewer per product), K's scales folded into
     # the query rows (times alpha), V's applied to the output rows
-    kcodes = x != NULL and p.fk == NULL and static_codes(p.ktype)
-    vcodes = x != NULL and p.fk == NULL and static_codes(p.vtype) and p.v_finite
+    kcodes = x != NULL and p.fk == NULL and p.k_finite
+    vcodes = x != NULL and p.fk == NULL and p.v_finite
     ks = k_scales(p, j)
     vs = v_scales(p, j)
-    for i in range(H if p.k_pc else 1):
-        if kcodes and not fabsf(ks[i]) < 1e30:
-            kcodes = False
-    if x != NULL:
+    if kcodes or vcodes:
         for i in range(H):
             sc.one[i] = 1.0
     kv_lo = 1 << 30
@@ -982,12 +988,12 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.tiles = tile_kernels(accuracy, H) if mode == 1 and not p.hstage else NULL
     if mode == 1:
         scratch_len = tiled_layout(&p, NULL, NULL)
-        # quantized V with scales below 1e30 dequantizes to finite values only (attend_tiled)
-        p.v_finite = (p.vtype != GQA_F32 and p.vtype != GQA_F16 and not GQA_IS_GROUP(p.vtype)
-                      and p.hv == NULL)
-        for u in range(Nkv * H if p.v_pc else 1):
-            if p.v_finite and not fabsf(p.vs[u]) < 1e30:
-                p.v_finite = 0
+        # static codes with scales below 1e30, no float windows: finite values only
+        # (attend_tiled)
+        p.k_finite = (static_codes(p.ktype) and p.hk == NULL
+                      and scales_below(p.ks, Nkv * H if p.k_pc else 1, 1e30))
+        p.v_finite = (static_codes(p.vtype) and p.hv == NULL
+                      and scales_below(p.vs, Nkv * H if p.v_pc else 1, 1e30))
     # Below ~2^17 multiply-adds the team's wake-up costs more than it saves (results do
     # not depend on the thread count, so this is only a speed decision).
     if num_threads < 1 or <size_t>p.Tmax * B * Nkv * H * S < (1 << 17):

@@ -102,11 +102,11 @@ cdef const gqa_tiles *_pick_tiles(int path, choice):
     if choice is True:
         return gqa_path_tiles(path)
     cdef int i = 0
-    while gqa_path_tiles_at(path, i) != NULL:
-        if gqa_path_tiles_at(path, i).name.decode() == choice:
-            return gqa_path_tiles_at(path, i) if gqa_tiles_runnable(path, gqa_path_tiles_at(path, i)) else NULL
+    cdef const gqa_tiles *x = gqa_path_tiles_at(path, 0)
+    while x != NULL and x.name.decode() != choice:
         i += 1
-    return NULL
+        x = gqa_path_tiles_at(path, i)
+    return x if gqa_tiles_runnable(path, x) else NULL
 
 
 def tile_names():

@@ -165,21 +165,8 @@ const gqa_tiles *gqa_path_tiles_at(int path, int i)
 
 int gqa_tiles_runnable(int path, const gqa_tiles *x)
 {
-    /* Idempotent like gqa_cpu_features: the grant is asked once per process (permit). */
-    static volatile int known[GQA_PATH_COUNT][4];
-    static volatile int ok[GQA_PATH_COUNT][4];
-    int i = 0;
-    if (x == NULL || !gqa_path_runnable(path) || (gqa_cpu_features() & x->cpu) != x->cpu)
-        return 0;
-    while (gqa_path_tiles_at(path, i) != NULL && gqa_path_tiles_at(path, i) != x)
-        i++;
-    if (gqa_path_tiles_at(path, i) == NULL || i >= 4)
-        return 0;
-    if (!known[path][i]) {
-        ok[path][i] = x->permit();
-        known[path][i] = 1;
-    }
-    return ok[path][i];
+    /* permit asks the kernel's grant once per process and keeps the answer (kernels_amx.c) */
+    return x != NULL && gqa_path_runnable(path) && (gqa_cpu_features() & x->cpu) == x->cpu && x->permit();
 }
 
 const gqa_tiles *gqa_path_tiles(int path)

@@ -126,7 +126,7 @@ typedef struct gqa_tiles {
     const char *name;
     unsigned cpu; /* the GQA_CPU_* features it needs, beyond its path's */
     int rows;     /* the flash plan's query tile on these tiles: rows (positions x G heads) */
-    int (*permit)(void);
+    int (*permit)(void); /* the OS's grant, asked once per process; 1 where none is needed */
     void (*begin)(void);
     void (*end)(void);
     /* src [rows, cols] (row stride lds) -> dst [rows_pad, cols_pad] bfloat16, zero padded. */
@@ -211,8 +211,8 @@ int gqa_path_runnable(int path);
 int gqa_approx_vnni_runnable(void);
 /* The i-th tiles of a path's table (best first), NULL past the last or where it has none. */
 const gqa_tiles *gqa_path_tiles_at(int path, int i);
-/* 1 when this CPU, its OS and (AMX) the kernel's grant of the tile state run tiles x of a
-   runnable path. */
+/* 1 when path `path` runs here and this CPU, its OS and (AMX) the kernel's grant of the tile
+   state run tiles x, one of the path's. */
 int gqa_tiles_runnable(int path, const gqa_tiles *x);
 /* The best tiles of a path this CPU runs, else NULL. */
 const gqa_tiles *gqa_path_tiles(int path);

@@ -195,15 +195,15 @@ static void gemm_avx512bf16(size_t M, size_t N, size_t K, const uint16_t *A, siz
             block_bf16(K, A + m * lda, lda, B + n, ldb, C + m * ldc + n, ldc, acc, 1);
 }
 
-static int permit_none(void) { return 1; }
-static void begin_none(void) {}
+static int permit_none(void) { return 1; } /* no state to grant, load or release */
+static void nothing(void) {}
 
 const gqa_tiles gqa_tiles_avx512bf16 = {"avx512bf16",
                                         GQA_CPU_AVX512BF16,
                                         512, /* Zen 4, S = 2048 / 8192: 7-11 % faster than 256 */
                                         permit_none,
-                                        begin_none,
-                                        begin_none,
+                                        nothing,
+                                        nothing,
                                         gqa_pack_rows_avx512bf16,
                                         gqa_pack_pairs_avx512bf16,
                                         gqa_pack_pairs_t_avx512bf16,
