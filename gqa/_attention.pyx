@@ -443,7 +443,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     row's scores taken from the pair it reads, and P split between the two P @ V GEMMs.
     p.tiles (accuracy level >= 3, no float windows): both GEMMs on matrix tiles in bfloat16
     (scores in rows of ls = nb padded to 32), softmax in float32: K's tile made as rows [nb, H]
-    and packed into K^T's pairs, V's into pairs of keys; static INT8 / INT4 codes enter the
+    (a float32 cache's own rows, no copy) and packed into K^T's pairs, V's into pairs of keys; static INT8 / INT4 codes enter the
     tiles as they are (K's scales in the query rows, V's on the output); each 32-row strip's
     GEMMs stop at the keys its rows read (strip_keys); a tile whose masked keys have NaN / inf
     values takes the float32 P @ V as below."""
@@ -471,10 +471,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef float *row
     cdef float mx, mnew, corr, total, inv
     cdef bint smooth = p.smooth or p.sink != NULL
-    cdef bint partial, codes_pv, kcodes, vcodes
+    cdef bint partial, codes_pv, kcodes, vcodes, kdirect, vdirect
+    cdef const float *Kr = Kt     # the rows the tiles pack: Kt / Vt, or a float32 cache's own
+    cdef const float *Vr = Vt
     cdef const float *ks
     cdef const float *vs
-    cdef int kind, f1, q0, q1, f2, nr
+    cdef int kind, f1, q0, q1, f2, nr, hi_a, lo_z
     cdef int cut[3]
     s1 = s0 + p.Br if s0 + p.Br < p.S else p.S
     R = s1 - s0
@@ -526,6 +528,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     # accuracy level 4 on INT8 V codes (finite, no float windows): P @ V by the integer-dot
     # kernel on the codes themselves, and no V tile
     codes_pv = p.sv != t.sv_gemm and p.fk == NULL and p.v_finite and x == NULL
+    kdirect = x != NULL and p.fk == NULL and p.ktype == GQA_F32
+    vdirect = x != NULL and p.fk == NULL and p.vtype == GQA_F32
     if x != NULL:
         x.begin()
         x.pack_rows(Qt, H, M, H, sc.Mx, sc.Hk, sc.Qb)
@@ -541,13 +545,18 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                     nb = cut[i] - k0
             kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, Kt, Vt, Kf, Vf)
         else:
-            kv_tiles(p, t, b, j, k0, nb, Kt, NULL if codes_pv else Vt, x != NULL,
-                     sc.one if kcodes else NULL, sc.one if vcodes else NULL)
+            # a float32 cache's rows (no windows) are the tiles' rows as they are
+            Kr = <const float *>k_row(p, b, j, k0) if kdirect else Kt
+            Vr = <const float *>v_row(p, b, j, k0) if vdirect else Vt
+            if not (kdirect and (vdirect or codes_pv)):
+                kv_tiles(p, t, b, j, k0, nb, NULL if kdirect else Kt,
+                         NULL if (codes_pv or vdirect) else Vt, x != NULL,
+                         sc.one if kcodes else NULL, sc.one if vcodes else NULL)
         ls = nb
         if x != NULL:
             nbx = (nb + 31) & ~31
             ls = nbx
-            x.pack_pairs_t(Kt, H, nb, H, nbx, sc.Hk, sc.Kp)
+            x.pack_pairs_t(Kr, H, nb, H, nbx, sc.Hk, sc.Kp)
         else:
             t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
         if kind == 3:       # mixed: each row's float runs take the staged rows' scores
@@ -559,6 +568,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 move_runs(Sx + <size_t>r * nb, Sf + <size_t>r * nb, a0, f1)
                 move_runs(Sx + <size_t>r * nb, Sf + <size_t>r * nb, f2, z0)
         partial = False
+        hi_a = 0
+        lo_z = nb
         for r in range(M):
             if x != NULL and r % TILE_STRIP == 0:
                 # the scores of rows [r, r + TILE_STRIP) (16 or 32 of Mx), softmaxed while
@@ -574,6 +585,9 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             tile_keys(rlo[s - s0], rhi[s - s0], k0, nb, &a0, &z0)
             if a0 > 0 or z0 < nb:
                 partial = True
+                # the keys some row masks: [0, hi_a) and [lo_z, nb)
+                hi_a = nb if z0 <= a0 else (a0 if a0 > hi_a else hi_a)
+                lo_z = z0 if z0 < lo_z else lo_z
             if z0 <= a0:
                 memset(row, 0, nb * sizeof(float))
                 if x != NULL:
@@ -603,18 +617,19 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             mrow[r] = mnew
         if kind == 3:
             mixed_pv(p, t, k0, nb, M, rlo, rhi, rns, rrl, Sx, Sf, Vt, Vf, O)
-        elif partial and not p.v_finite and not all_finite(Vt, <size_t>nb * H):
+        elif partial and not p.v_finite and not (all_finite(Vr, <size_t>hi_a * H) and
+                                                 all_finite(Vr + <size_t>lo_z * H, <size_t>(nb - lo_z) * H)):
             # a key masked for some rows of the tile has a NaN / inf value: 0 * inf is NaN,
             # so each row takes P @ V over its own keys only (as the naive path does)
             for r in range(M):
                 tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
                 if z0 > a0:
-                    t.sv_gemm(1, H, z0 - a0, Sx + <size_t>r * ls + a0, ls, Vt + <size_t>a0 * H,
+                    t.sv_gemm(1, H, z0 - a0, Sx + <size_t>r * ls + a0, ls, Vr + <size_t>a0 * H,
                               GQA_F32, NULL, O + <size_t>r * H, H, 1.0)
         elif codes_pv:
             p.sv(M, H, nb, Sx, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
         elif x != NULL:
-            x.pack_pairs(Vt, H, nb, H, nbx, H, sc.Vp)
+            x.pack_pairs(Vr, H, nb, H, nbx, H, sc.Vp)
             r = 0
             while r < sc.Mx:
                 # the probabilities past a strip's keys are zeros: its P @ V stops there

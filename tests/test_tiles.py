@@ -279,3 +279,29 @@ def test_tiles_setting_is_checked():
                 assert gqa.get_config()["tiles_effective"] == want
     with gqa.config(tiles=False):
         assert gqa.get_config()["tiles_effective"] is None
+
+
+@needs_tiles
+def test_inf_value_left_behind_by_the_window():
+    """A V value of inf at key 5 with a local window of 8: rows 5-12 read it (inf / NaN, as at
+    level 0), every later row has left it behind (masked before the row's first key, in a tile
+    that holds it) and stays finite, within the bound of a cache that never held it (the rows
+    of the tile that holds it take the float32 P @ V)."""
+    rng = np.random.default_rng(18)
+    H, S, W = 64, 48, 8
+    q = rng.uniform(-1, 1, (1, S, N * H)).astype(F32)
+    k = rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32)
+    v = rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32)
+    bad = v.copy()
+    bad[0, 5, :] = np.inf
+    outs = {}
+    for level, vv in ((0, bad), (3, bad), (-3, v)):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
+                        mode="float", accuracy_level=abs(level), local_window_size=W)
+        with gqa.config(path="avx512", flash_blocks=(8, 32)):
+            outs[level] = c.attend(0, q, k, vv)
+    assert np.array_equal(np.isfinite(outs[3][0, 5:5 + W + 1]), np.isfinite(outs[0][0, 5:5 + W + 1]))
+    assert not np.isfinite(outs[3][0, 5:5 + W]).any()
+    assert np.isfinite(outs[3][0, 5 + W + 1:]).all()
+    np.testing.assert_allclose(outs[3][0, 5 + W + 1:], outs[-3][0, 5 + W + 1:], rtol=0, atol=0.05)
+    assert np.array_equal(outs[3][0, 32:], outs[-3][0, 32:])   # rows 32-: key tiles from 24 on, all on tiles
