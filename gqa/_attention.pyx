@@ -603,11 +603,11 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 continue
             for i in range(a0):
                 row[i] = -INFINITY
-            for i in range(z0, nb):
-                row[i] = -INFINITY
-            if x != NULL:
-                total = x.exp_pack(row, nb, nbx, mnew, sc.Pb + <size_t>r * sc.Bx)
+            if x != NULL:   # keys [z0, nbx): probabilities 0 (the float row past z0 is never read)
+                total = x.exp_pack(row, z0, nbx, mnew, sc.Pb + <size_t>r * sc.Bx)
             else:
+                for i in range(z0, nb):
+                    row[i] = -INFINITY
                 total = p.exp_sum(row, nb, mnew)
             corr = expf(mrow[r] - mnew)
             if corr != 1.0:
