@@ -443,8 +443,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     row's scores taken from the pair it reads, and P split between the two P @ V GEMMs.
     p.tiles (accuracy level >= 3, no float windows): both GEMMs on matrix tiles in bfloat16
     (scores in rows of ls = nb padded to 32), softmax in float32: K's tile made as rows [nb, H]
-    (a float32 cache's own rows, no copy) and packed into K^T's pairs, V's into pairs of keys; static INT8 / INT4 codes enter the
-    tiles as they are (K's scales in the query rows, V's on the output); each 32-row strip's
+    (a float32 cache's own rows, no copy) and packed into K^T's pairs, V's into pairs of keys;
+    static INT8 / INT4 codes enter the tiles as they are (K's scales in the query rows, V's on the output); each 32-row strip's
     GEMMs stop at the keys its rows read (strip_keys); a tile whose masked keys have NaN / inf
     values takes the float32 P @ V as below."""
     cdef Tiled sc
@@ -548,7 +548,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             # a float32 cache's rows (no windows) are the tiles' rows as they are
             Kr = <const float *>k_row(p, b, j, k0) if kdirect else Kt
             Vr = <const float *>v_row(p, b, j, k0) if vdirect else Vt
-            if not (kdirect and (vdirect or codes_pv)):
+            if not (kdirect and vdirect):
                 kv_tiles(p, t, b, j, k0, nb, NULL if kdirect else Kt,
                          NULL if (codes_pv or vdirect) else Vt, x != NULL,
                          sc.one if kcodes else NULL, sc.one if vcodes else NULL)

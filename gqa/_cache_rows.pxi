@@ -103,20 +103,23 @@ cdef void sv_keys(const Params *p, const gqa_kernels *t, int b, int j, int Tq, i
 cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb,
                    float *Kt, float *Vt, bint k_rows, const float *kscale, const float *vscale) noexcept nogil:
     """The flash tiles of keys [k0, k0 + nb): Kt [H, nb] (K transposed), or with k_rows K's
-    rows [nb, H] (not made when Kt is NULL), and Vt [nb, H] (not made when Vt is NULL); the tiles are shared by the query
+    rows [nb, H], and Vt [nb, H] (each not made when NULL); the tiles are shared by the query
     rows, so the windows are the call's (per_call).  kscale / vscale: the scales the codes
     dequantize with instead of KV head j's (NULL: j's)."""
     cdef int r = k0, e, hrow, Tb = p.seqlens[b] + 1
     while r < k0 + nb:
         if segment(p, b, Tb, r, k0 + nb, &e, &hrow):
-            if k_rows:
+            if Kt == NULL:
+                pass
+            elif k_rows:
                 t.dequantize(hp_row(p, p.fk, p.fcap, b, j, hrow), Kt + <size_t>(r - k0) * p.H, p.H,
                              e - r, p.H, p.hp_type, NULL)
             else:
                 t.dequantize_t(hp_row(p, p.fk, p.fcap, b, j, hrow), Kt + (r - k0), nb, e - r, p.H,
                                p.hp_type, NULL)
-            t.dequantize(hp_row(p, p.fv, p.fcap, b, j, hrow), Vt + <size_t>(r - k0) * p.H, p.H,
-                         e - r, p.H, p.hp_type, NULL)
+            if Vt != NULL:
+                t.dequantize(hp_row(p, p.fv, p.fcap, b, j, hrow), Vt + <size_t>(r - k0) * p.H, p.H,
+                             e - r, p.H, p.hp_type, NULL)
         else:
             if Kt == NULL:
                 pass
