@@ -25,7 +25,8 @@ from setuptools.command.build_ext import build_ext
 
 SRC = os.path.join("gqa", "_src")
 HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "kernels_group.h",
-                                          "kernels_avx512.h", "work_ranges.h", "team_spread.h")]
+                                          "kernels_avx512.h", "kernels_s8dot.h", "work_ranges.h",
+                                          "team_spread.h")]
 PXI = [os.path.join("gqa", f) for f in ("_prepare.pxi", "_cache_rows.pxi")]   # in _attention.pyx
 
 # path name -> (source, gcc/clang flags, a snippet using one intrinsic of the tier)
@@ -38,8 +39,9 @@ X86_PATHS = {
                "#include <immintrin.h>\nint main(void){__m512 a=_mm512_set1_ps(1.f);"
                "a=_mm512_fmadd_ps(a,a,a);return 0;}"),
 }
-# units of a path beyond its own file, each with the path's flags plus its own, compiled where
-# the compiler can; the path's file then sees the define and puts the unit's entry in its table
+# units of a path beyond its own file (one source or several), each with the path's flags plus
+# its own, compiled where the compiler can; the path's file then sees the define and puts the
+# unit's entry in its table
 X86_UNITS = {"avx512vnni": ("kernels_avx512vnni.c", "avx512", ["-mavx512vnni"], "GQA_HAVE_AVX512VNNI",
                             "#include <immintrin.h>\nint main(void){__m512i a=_mm512_set1_epi32(1);"
                             "a=_mm512_dpbusd_epi32(a,a,a);return 0;}"),
@@ -47,9 +49,10 @@ X86_UNITS = {"avx512vnni": ("kernels_avx512vnni.c", "avx512", ["-mavx512vnni"], 
                            "#include <immintrin.h>\nint main(void){__m512 a=_mm512_set1_ps(1.f);"
                            "a=_mm512_dpbf16_ps(a,(__m512bh)a,(__m512bh)a);return 0;}"),
             # the AMX unit uses the avx512bf16 unit's packing: its probe needs -mavx512bf16 too
-            "amx": ("kernels_amx.c", "avx512", ["-mamx-tile", "-mamx-bf16", "-mavx512bf16"], "GQA_HAVE_AMX",
+            "amx": (("kernels_amx.c", "kernels_amxint8.c"), "avx512",
+                    ["-mamx-tile", "-mamx-bf16", "-mamx-int8", "-mavx512bf16"], "GQA_HAVE_AMX",
                     "#include <immintrin.h>\nint main(void){_tile_zero(0);_tile_dpbf16ps(0,1,2);"
-                    "_tile_release();return 0;}")}
+                    "_tile_dpbssd(0,1,2);_tile_dpbusd(0,1,2);_tile_release();return 0;}")}
 ARM_PATHS = {"neon": ("kernels_neon.c", [],
                       "#include <arm_neon.h>\nint main(void){float32x4_t a=vdupq_n_f32(1.f);"
                       "a=vfmaq_f32(a,a,a);return (int)vgetq_lane_f32(a,0)-2;}")}
@@ -132,8 +135,9 @@ class BuildExt(build_ext):
                     print(f"gqa: compiler cannot build {unit}; the {name} path goes without it",
                           file=sys.stderr)
                     continue
+                usrcs = (usrc,) if isinstance(usrc, str) else usrc
                 objects += self.compiler.compile(
-                    [os.path.join(SRC, usrc)], output_dir=self.build_temp,
+                    [os.path.join(SRC, u) for u in usrcs], output_dir=self.build_temp,
                     include_dirs=[SRC], extra_postargs=common + flags + uflags, depends=HEADERS)
                 defines.append("-D" + define)
             objects += self.compiler.compile(

@@ -20,8 +20,8 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t, uint64_t
 cimport numpy as cnp
 import numpy as np
 
-from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, exp_kernel, tile_kernels, gqa_kernels,
-                            gqa_tiles, gqa_qk_gemm_fn,
+from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, dot_tiles, exp_kernel, tile_kernels,
+                            gqa_kernels, gqa_tiles, gqa_qk_gemm_fn,
                             round_to_half, GQA_F32, GQA_F16, GQA_S8_PT, GQA_S8_PC,
                             GQA_S4_PT, GQA_S4_PC,
                             gqa_row_bytes)
@@ -895,6 +895,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     cdef Params p = c.p
     cdef const gqa_kernels *t = active_table()
     cdef gqa_qk_gemm_fn qk
+    cdef const gqa_tiles *dt = NULL      # the tiles of qk / p.sv (accuracy level 4), or NULL
     cdef int B = p.B, S = p.S, Nkv = p.Nkv, G = p.G, H = p.H
     cdef int u, units = B * Nkv
     cdef int me = 0, w = 0
@@ -967,9 +968,6 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             raise MemoryError("gqa: cannot allocate the float windows' staging rows")
         p.fk = <uint8_t *>stage_raw
         p.fv = p.fk + <size_t>p.B * p.Nkv * p.fcap * p.hp_rb
-    # accuracy level 4: integer-dot kernels for the codes (naive and decode paths)
-    qk = qk_kernel(t, p.ktype, accuracy)
-    p.sv = sv_kernel(t, p.vtype, accuracy)
     p.exp_sum = exp_kernel(t)
     p.row_max = t.row_max
     # path: naive (per row, whole range), tiled flash (S > 1), or flash decoding (S == 1)
@@ -997,6 +995,15 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                 work_units = units + nsplit * (p.chunks - 1)
             else:
                 p.chunks = 1
+    # accuracy level 4: integer-dot kernels for the codes; the decode steps' and the naive
+    # path's on the active tiles where they have them (AMX INT8), each thread's calls
+    # bracketed by the tiles' begin / end below; the flash tiles' on the VNNI unit
+    qk = qk_kernel(t, p.ktype, accuracy, mode != 1)
+    p.sv = sv_kernel(t, p.vtype, accuracy, mode != 1)
+    if mode != 1:
+        dt = dot_tiles(p.ktype, accuracy)
+        if dt == NULL:
+            dt = dot_tiles(p.vtype, accuracy)
     scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H + G
     # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has them
     # (not with causal float windows' staged tiles)
@@ -1075,8 +1082,12 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                 for u in range(work_units):
                     attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units, scratch)
             else:
+                if dt != NULL:
+                    dt.begin()
                 for u in range(work_units):
                     decode_item(&p, t, qk, u, item_write, scratch)
+                if dt != NULL:
+                    dt.end()
     else:
         taken = gqa_cpu_bit()
         with nogil, parallel(num_threads=num_threads):
@@ -1096,10 +1107,14 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                 # items on every call, so their cache slices are still in its own L2 from the
                 # call before, and a slower core hands its last items to a faster one
                 me = threadid()
+                if dt != NULL:
+                    dt.begin()
                 w = gqa_work_next(ranges, num_threads, me)
                 while w >= 0:
                     decode_item(&p, t, qk, w, item_write, scratch + me * scratch_len)
                     w = gqa_work_next(ranges, num_threads, me)
+                if dt != NULL:
+                    dt.end()
         # end: parallel
     if p.rv != NULL:       # outputs back from V's rotated basis: o = o' R_V^T
         if num_threads == 1:

@@ -39,6 +39,8 @@ cdef extern from "gqa_kernels.h" nogil:
         float (*exp_pack)(float *x, size_t n, size_t n_pad, float m, uint16_t *dst) noexcept nogil
         void (*gemm)(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda, const uint32_t *B,
                      size_t ldb, float *C, size_t ldc, int acc) noexcept nogil
+        gqa_qk_gemm_fn qk_s8
+        gqa_sv_gemm_fn sv_s8
     ctypedef struct gqa_kernels:
         const char *name
         gqa_quantize_fn quantize
@@ -58,10 +60,14 @@ cdef extern from "gqa_kernels.h" nogil:
 cdef const gqa_kernels *active_table() noexcept nogil
 # The QK / SV kernels for `type` at accuracy `level` under the active settings, where the
 # table has them and the CPU runs them: level >= 4 on per-tensor and per-channel INT8, the
-# level-4 integer-dot kernels; else, for QK of per-tensor INT8 with the approximate VNNI
+# level-4 integer-dot kernels (with `tiles`, the active tiles' where they have them, called
+# between dot_tiles' begin and end); else, for QK of per-tensor INT8 with the approximate VNNI
 # switch on, onnxruntime's approximate kernel; else the exact kernels.
-cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level) noexcept nogil
-cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil
+cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil
+cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil
+# The active tiles whose integer kernels qk_kernel / sv_kernel give for `type` at `level` with
+# `tiles` (a caller brackets their calls on each thread by its begin / end), else NULL.
+cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil
 # The active path's matrix tiles for flash tiles of heads of H columns at accuracy `level`:
 # where this CPU runs them, level >= 3 and H a multiple of 16; else NULL.
 cdef const gqa_tiles *tile_kernels(int level, int H) noexcept nogil

@@ -43,7 +43,15 @@ cdef int omp_max_threads() noexcept nogil:
 cdef const gqa_kernels *active_table() noexcept nogil:
     return _active
 
-cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level) noexcept nogil:
+cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil:
+    if level >= 4 and (type == GQA_S8_PT or type == GQA_S8_PC) and _tiles != NULL and _tiles.qk_s8 != NULL:
+        return _tiles
+    return NULL
+
+
+cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
+    if tiles and dot_tiles(type, level) != NULL:
+        return _tiles.qk_s8
     if not _vnni or (type != GQA_S8_PT and type != GQA_S8_PC):
         return t.qk_gemm
     if level >= 4 and t.qk_gemm_s8_dot != NULL:
@@ -62,7 +70,9 @@ cdef int tile_rows(int level, int H) noexcept nogil:
     return x.rows if x != NULL else 0
 
 
-cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level) noexcept nogil:
+cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
+    if tiles and dot_tiles(type, level) != NULL:
+        return _tiles.sv_s8
     if (t.sv_gemm_s8_dot != NULL and _vnni and level >= 4
             and (type == GQA_S8_PT or type == GQA_S8_PC)):
         return t.sv_gemm_s8_dot
@@ -154,7 +164,16 @@ def approx_vnni_runnable():
 
 def int8_dot_effective():
     """True when accuracy level 4 runs the integer-dot INT8 kernels on the active path."""
-    return _vnni and _active.sv_gemm_s8_dot != NULL and _active.qk_gemm_s8_dot != NULL
+    return dot_tiles(GQA_S8_PT, 4) != NULL or (
+        _vnni and _active.sv_gemm_s8_dot != NULL and _active.qk_gemm_s8_dot != NULL)
+
+
+def int8_dot_unit():
+    """Where accuracy level 4's INT8 dots of decode steps run with the active settings: the
+    tiles' name ("amx"), "avx512vnni", or None (the exact kernels)."""
+    if dot_tiles(GQA_S8_PT, 4) != NULL:
+        return _tiles.name.decode()
+    return "avx512vnni" if _vnni and _active.qk_gemm_s8_dot != NULL else None
 
 
 def tiles_effective():

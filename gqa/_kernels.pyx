@@ -7,8 +7,8 @@ The one internal API the library documents beyond its public names: kernel bench
 ``gqa.CacheFormat.ctype``, to time a kernel without the argument checks.  Nothing here
 checks its arguments: wrong sizes are out-of-bounds accesses."""
 cimport numpy as cnp
-from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, gqa_kernels, gqa_qk_gemm_fn,
-                            gqa_sv_gemm_fn, gqa_dequantize_fn)
+from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, dot_tiles, gqa_kernels, gqa_tiles,
+                            gqa_qk_gemm_fn, gqa_sv_gemm_fn, gqa_dequantize_fn)
 from gqa import _config
 
 cnp.import_array()
@@ -54,12 +54,13 @@ def dequantize_t(cnp.ndarray codes, cnp.ndarray out, cnp.ndarray scale, size_t r
 
 
 cdef _gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out, size_t M, size_t N,
-           size_t K, float x, int type, bint sv):
-    """qk_gemm (x = alpha) or sv_gemm (x = beta) of a [M, K] and b, into out [M, N]."""
+           size_t K, float v, int type, bint sv):
+    """qk_gemm (v = alpha) or sv_gemm (v = beta) of a [M, K] and b, into out [M, N]."""
     cdef const gqa_kernels *t = active_table()
     cdef int level = _config._settings["accuracy_level"]
-    cdef gqa_qk_gemm_fn qk = qk_kernel(t, type, level)
-    cdef gqa_sv_gemm_fn svk = sv_kernel(t, type, level)
+    cdef gqa_qk_gemm_fn qk = qk_kernel(t, type, level, True)
+    cdef gqa_sv_gemm_fn svk = sv_kernel(t, type, level, True)
+    cdef const gqa_tiles *x = dot_tiles(type, level)
     cdef const float *pa = <const float *>data(a)
     cdef const void *pb = data(b)
     cdef const float *ps = <const float *>data(scale)
@@ -67,10 +68,14 @@ cdef _gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out, siz
     if M == 0 or N == 0:
         return
     with nogil:
+        if x != NULL:
+            x.begin()
         if sv:
-            svk(M, N, K, pa, K, pb, type, ps, pc, N, x)
+            svk(M, N, K, pa, K, pb, type, ps, pc, N, v)
         else:
-            qk(M, N, K, x, pa, K, pb, type, ps, pc, N)
+            qk(M, N, K, v, pa, K, pb, type, ps, pc, N)
+        if x != NULL:
+            x.end()
 
 
 def qk_gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out,

@@ -1,7 +1,8 @@
 """accuracy_level (onnxruntime's convention: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8):
 how a level is chosen (the attribute, else gqa.config / GQA_ACCURACY_LEVEL), that only level 4
 on INT8 codes leaves the exact float32 contract, and level 4's integer-dot kernels (AVX-512
-VNNI; 15-bit query rows and probabilities) against NumPy statements of their contracts (kernels_avx512vnni.c), bit for bit, and
+VNNI, and AMX INT8 tiles where the CPU has them; 15-bit query rows and probabilities) against
+NumPy statements of their contracts (kernels_s8dot.h), bit for bit, and
 the attention output against float64 within the bound those contracts give.  The emulated
 path (tests/isa, avx512vnni-emulated) checks the same contracts on CPUs without VNNI."""
 import numpy as np
@@ -12,6 +13,7 @@ from gqa import _dispatch
 
 F32 = np.float32
 U = 2.0 ** -24
+QK_MAX = 32639      # the query codes' limit, 127 * 257 (kernels_s8dot.h)
 N, NKV, H = 6, 2, 64
 G = N // NKV
 
@@ -19,6 +21,22 @@ needs_int8_dot = pytest.mark.skipif(
     not _dispatch.approx_vnni_runnable(),
     reason="this CPU (or build) cannot run the AVX-512 VNNI kernels; tests/isa/test_isa.py"
            "[avx512vnni-emulated] checks their contracts under emulation")
+
+
+@pytest.fixture(params=["avx512vnni", "amx"])
+def dot_unit(request):
+    """The settings under which level 4's INT8 dots run on one unit: the VNNI kernels (tiles
+    off) or the AMX INT8 tiles; the same contracts, so the same bits."""
+    unit = request.param
+    if not _dispatch.approx_vnni_runnable():
+        pytest.skip("this CPU (or build) cannot run the AVX-512 VNNI kernels; tests/isa/test_isa.py"
+                    "[avx512vnni-emulated] checks their contracts under emulation")
+    if unit == "amx" and not _dispatch.tiles_runnable("amx"):
+        pytest.skip("this CPU (or its OS, or the build) runs no AMX tiles, and nothing emulates them")
+    settings = dict(path="avx512", tiles="amx" if unit == "amx" else False)
+    with gqa.config(**settings):
+        assert _dispatch.int8_dot_unit() == unit
+    return settings
 
 
 def test_levels_are_checked():
@@ -59,11 +77,10 @@ def _sv_ref(a, q, s, beta, c0, chunk=512):
     return out
 
 
-@needs_int8_dot
 @pytest.mark.parametrize("M,K,Ncol,pc,beta", [(3, 8192, 64, False, 0.0), (4, 100, 64, True, 1.0),
                                               (5, 9001, 96, False, 0.5), (1, 7, 13, True, 0.0),
                                               (8, 20000, 130, True, 1.0), (2, 513, 40, False, 0.0)])
-def test_int8_sv_contract(M, K, Ncol, pc, beta):
+def test_int8_sv_contract(M, K, Ncol, pc, beta, dot_unit):
     """P @ V at level 4: probabilities quantized to 15 bits against their row's maximum,
     integer dots per 512-key chunk, bit for bit (per tensor and per channel, beta 0 / 0.5 / 1)."""
     rng = np.random.default_rng(K)
@@ -72,7 +89,7 @@ def test_int8_sv_contract(M, K, Ncol, pc, beta):
     q = rng.integers(-128, 128, (K, Ncol)).astype(np.int8)
     s = rng.uniform(0.01, 0.02, Ncol if pc else 1).astype(F32)
     c0 = rng.standard_normal((M, Ncol)).astype(F32)
-    with gqa.config(path="avx512", accuracy_level=4):
+    with gqa.config(accuracy_level=4, **dot_unit):
         got = gqa.sv_gemm(a, q, s, bits=8, beta=beta, out=c0.copy())
     assert np.array_equal(got, _sv_ref(a, q, s if pc else s[0], beta, c0))
     with gqa.config(path="avx512", accuracy_level=0):
@@ -87,14 +104,13 @@ def test_int8_sv_contract(M, K, Ncol, pc, beta):
     assert (np.abs(got.astype(np.float64) - exact) <= bound).all()
 
 
-@needs_int8_dot
-def test_int8_sv_rows_outside_the_contract_are_exact():
+def test_int8_sv_rows_outside_the_contract_are_exact(dot_unit):
     rng = np.random.default_rng(1)
     a = rng.uniform(0, 1, (5, 37)).astype(F32)
     a[0, 3], a[1, 4], a[2, 5], a[3] = -0.25, np.nan, np.inf, 0.0
     q = rng.integers(-128, 128, (37, 20)).astype(np.int8)
     s = np.array([0.03], F32)
-    with gqa.config(path="avx512", accuracy_level=4):
+    with gqa.config(accuracy_level=4, **dot_unit):
         got = gqa.sv_gemm(a, q, s, bits=8)
     with gqa.config(path="avx512", accuracy_level=0):
         exact = gqa.sv_gemm(a, q, s, bits=8)
@@ -108,17 +124,17 @@ def _qk_ref(a, b, s, pc, alpha):
     for m in range(a.shape[0]):
         x = (a[m] * s).astype(F32) if pc else a[m]
         amax = np.abs(x).max()
-        inv, sa = F32(32767) / amax, F32(amax / F32(32767))
-        c = np.clip(np.rint((x * inv).astype(F32)), -32767, 32767).astype(np.int64)
+        inv, sa = F32(QK_MAX) / amax, F32(amax / F32(QK_MAX))
+        c = np.clip(np.rint((x * inv).astype(F32)), -QK_MAX, QK_MAX).astype(np.int64)
         mult = F32(F32(alpha) * sa) if pc else F32(F32(F32(alpha) * sa) * s[0])
         out[m] = ((b.astype(np.int64) @ c).astype(F32) * mult).astype(F32)
     return out
 
 
-@needs_int8_dot
 @pytest.mark.parametrize("M,Ncol,K,pc", [(3, 50, 64, True), (8, 33, 64, False), (1, 7, 100, True),
-                                         (5, 130, 128, False), (9, 17, 1024, True), (2, 3, 1, False)])
-def test_int8_qk_contract(M, Ncol, K, pc):
+                                         (5, 130, 128, False), (9, 17, 512, True), (2, 3, 1, False),
+                                         (4, 48, 320, False), (16, 31, 256, True)])
+def test_int8_qk_contract(M, Ncol, K, pc, dot_unit):
     """Q K^T at level 4: query rows (times the per-channel scales) quantized to 15 bits
     against their absolute maximum, exact integer dots, bit for bit; within the bound
     |alpha| (sa / 2 sum|q s'| + 2^-22 sum|a' q s'|) of the exact kernel."""
@@ -126,14 +142,14 @@ def test_int8_qk_contract(M, Ncol, K, pc):
     a = (rng.standard_normal((M, K)) * np.where(np.arange(K) % 7 == 0, 30, 1)).astype(F32)
     b = rng.integers(-128, 128, (Ncol, K)).astype(np.int8)
     s = rng.uniform(0.01, 0.02, K if pc else 1).astype(F32)
-    with gqa.config(path="avx512", accuracy_level=4):
+    with gqa.config(accuracy_level=4, **dot_unit):
         got = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
     assert np.array_equal(got, _qk_ref(a, b, s, pc, 0.125))
     with gqa.config(path="avx512", accuracy_level=0):
         exact = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
     x = a.astype(np.float64) * (s if pc else 1.0)
     sq = np.abs(b).astype(np.float64) * (1.0 if pc else float(s[0]))
-    sa = np.abs(x).max(axis=1, keepdims=True) / 32767
+    sa = np.abs(x).max(axis=1, keepdims=True) / QK_MAX
     aq = np.abs(x) @ sq.T
     bound = 0.125 * (sa / 2 * sq.sum(axis=1) + aq * (2 ** -22 + (K + 4) * U)) + 4 * U * np.abs(got)
     assert (np.abs(got.astype(np.float64) - exact) <= bound).all()
@@ -141,15 +157,14 @@ def test_int8_qk_contract(M, Ncol, K, pc):
         assert not np.array_equal(got, exact)      # the integer kernel ran
 
 
-@needs_int8_dot
-def test_int8_qk_rows_outside_the_contract_are_exact():
-    """Rows of zeros, NaN or inf, and heads wider than 1024, take the exact kernel."""
+def test_int8_qk_rows_outside_the_contract_are_exact(dot_unit):
+    """Rows of zeros, NaN or inf, and heads wider than 512, take the exact kernel."""
     rng = np.random.default_rng(2)
     a = rng.standard_normal((5, H)).astype(F32)
     a[1], a[2, 3], a[3, 4] = 0.0, np.nan, np.inf
     b = rng.integers(-128, 128, (50, H)).astype(np.int8)
     s = rng.uniform(0.01, 0.02, H).astype(F32)
-    with gqa.config(path="avx512", accuracy_level=4):
+    with gqa.config(accuracy_level=4, **dot_unit):
         got = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
     with gqa.config(path="avx512", accuracy_level=0):
         exact = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
@@ -157,7 +172,7 @@ def test_int8_qk_rows_outside_the_contract_are_exact():
     assert np.array_equal(got[[0, 4]], _qk_ref(a[[0, 4]], b, s, True, 0.125))
     a2, b2, s2 = (rng.standard_normal((2, 1040)).astype(F32), rng.integers(-128, 128, (3, 1040)).astype(np.int8),
                   rng.uniform(0.01, 0.02, 1040).astype(F32))
-    with gqa.config(path="avx512", accuracy_level=4):
+    with gqa.config(accuracy_level=4, **dot_unit):
         got = gqa.qk_gemm(a2, b2, s2, bits=8)
     with gqa.config(path="avx512", accuracy_level=0):
         assert np.array_equal(got, gqa.qk_gemm(a2, b2, s2, bits=8))
@@ -191,10 +206,9 @@ def test_level_4_leaves_other_formats_exact(kernel_path, mode):
         assert np.array_equal(c0.attend(0, *step), c4.attend(0, *step))
 
 
-@needs_int8_dot
 @pytest.mark.parametrize("mode", ["int8-pt", "int8-pc"])
 @pytest.mark.parametrize("flash", [False, True], ids=["naive", "flash"])
-def test_level_4_attention_within_its_bound(mode, flash):
+def test_level_4_attention_within_its_bound(mode, flash, dot_unit):
     """One decode step over an INT8 cache at level 4 against float64 over the same codes.
     With E_j the QK kernel's bound on score j (its per-tensor bound on the rows times the
     scales) and the probabilities quantized against their maximum 1 (15 bits), the output of
@@ -203,7 +217,7 @@ def test_level_4_attention_within_its_bound(mode, flash):
     a key chunk, 1 on the naive path; l: the row's total), plus float32 roundings."""
     rng = np.random.default_rng(4)
     (c0, c4), (q, k, v) = _decode_case(mode, rng)
-    with gqa.config(path="avx512", flash=flash):
+    with gqa.config(flash=flash, **dot_unit):
         exact = c0.attend(0, q, k, v)
         got = c4.attend(0, q, k, v)
     assert not np.array_equal(got, exact)
@@ -217,7 +231,7 @@ def test_level_4_attention_within_its_bound(mode, flash):
     for h in range(N):
         j = h // G
         a = qh[h] * (ks.reshape(NKV, H)[j] if ks.size > 1 else 1.0)
-        sa = np.abs(a.astype(F32)).max() / 32767
+        sa = np.abs(a.astype(F32)).max() / QK_MAX
         sq = np.abs(kq[j]).sum(axis=1) * (1.0 if ks.size > 1 else ks[0])
         E = alpha * (sa * 0.5 * sq + 2 ** -22 * np.abs(kq[j] * a).sum(axis=1)
                      * (1.0 if ks.size > 1 else ks[0]))

@@ -84,8 +84,8 @@ static unsigned detect(void)
             if (b & (1u << 31)) f |= GQA_CPU_AVX512VL;
             if (c & (1u << 11)) f |= GQA_CPU_AVX512VNNI;
         }
-        /* EDX bits 22, 24: AMX-BF16, AMX-TILE; XCR0 bits 17-18: tile config and data */
-        const int amx = (d & (1u << 22)) && (d & (1u << 24)) && (xcr0 & 0x60000) == 0x60000;
+        /* EDX bits 22, 24, 25: AMX-BF16, AMX-TILE, AMX-INT8; XCR0 bits 17-18: tile config and data */
+        const int amx = (d & (1u << 22)) && (d & (1u << 24)) && (d & (1u << 25)) && (xcr0 & 0x60000) == 0x60000;
         __cpuid_count(7, 1, a, b, c, d);
         if (os_avx512 && (a & (1u << 5))) f |= GQA_CPU_AVX512BF16;
         if (amx) f |= GQA_CPU_AMX;

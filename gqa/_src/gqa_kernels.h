@@ -145,6 +145,10 @@ typedef struct gqa_tiles {
     /* C[M, N] = (acc ? C : 0) + A B; M, N multiples of 16, K of 32. */
     void (*gemm)(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda, const uint32_t *B,
                  size_t ldb, float *C, size_t ldc, int acc);
+    /* Accuracy level 4's qk_gemm_s8_dot / sv_gemm_s8_dot on these tiles (the contracts and
+       results of the VNNI unit's, kernels_s8dot.h), or NULL; called between begin and end. */
+    gqa_qk_gemm_fn qk_s8;
+    gqa_sv_gemm_fn sv_s8;
 } gqa_tiles;
 typedef float (*gqa_row_max_fn)(const float *x, size_t n);
 
@@ -198,7 +202,7 @@ extern const gqa_kernels gqa_kernels_scalar;
 #define GQA_CPU_NEON      (1u << 10)
 #define GQA_CPU_ASIMDDP   (1u << 11)
 #define GQA_CPU_AVX512BF16 (1u << 12)
-#define GQA_CPU_AMX       (1u << 13) /* AMX-TILE + AMX-BF16, tile state enabled in XCR0 */
+#define GQA_CPU_AMX       (1u << 13) /* AMX-TILE + AMX-BF16 + AMX-INT8, tile state enabled in XCR0 */
 
 unsigned gqa_cpu_features(void);
 const char *gqa_cpu_feature_name(unsigned bit_index);

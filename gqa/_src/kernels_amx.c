@@ -1,9 +1,11 @@
 /*
  * kernels_amx.c -- AMX BF16 tiles for the flash prompt tiles at accuracy level >= 3
- * (gqa_tiles in gqa_kernels.h): bfloat16 operands, float32 products and sums.
- * ISA flags: the avx512 path's plus -mamx-tile -mamx-bf16 -mavx512bf16 (a unit of the avx512
- * path; first of its table's `tiles`).  dispatch.c hands the table out only where CPUID has AMX-TILE,
- * AMX-BF16 and AVX512-BF16, XCR0 enables the tile state and the kernel grants it (permit).
+ * (gqa_tiles in gqa_kernels.h): bfloat16 operands, float32 products and sums; the table also
+ * holds level 4's INT8 dots (kernels_amxint8.c) and the tile state both use.
+ * ISA flags: the avx512 path's plus -mamx-tile -mamx-bf16 -mamx-int8 -mavx512bf16 (the amx unit
+ * of the avx512 path, with kernels_amxint8.c; first of its table's `tiles`).  dispatch.c hands
+ * the table out only where CPUID has AMX-TILE, AMX-BF16, AMX-INT8 and AVX512-BF16, XCR0 enables
+ * the tile state and the kernel grants it (permit).
  *
  * Operand layouts, the packing and exp_pack: kernels_avx512bf16.c's (rows A, pairs B); gemm
  * C[M, N] = (acc ? C : 0) + A[M, K] B[K, N], M and N multiples of 16, K of 32, in 2 x 2 blocks
@@ -65,6 +67,11 @@ void gqa_pack_pairs_avx512bf16(const float *src, size_t lds, size_t rows, size_t
 void gqa_pack_pairs_t_avx512bf16(const float *src, size_t lds, size_t rows, size_t cols,
                                  size_t rows_pad, size_t cols_pad, uint32_t *dst);
 float gqa_exp_pack_avx512bf16(float *x, size_t n, size_t n_pad, float m, uint16_t *dst);
+/* Level 4's integer dots on the INT8 tiles: kernels_amxint8.c. */
+void gqa_qk_gemm_s8_dot_amx(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                            const void *B, int type, const float *s, float *C, size_t ldc);
+void gqa_sv_gemm_s8_dot_amx(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
+                            const float *s, float *C, size_t ldc, float beta);
 
 /* One block of up to 2 x 2 C tiles (32 x 32): tiles 0-3 accumulate, 4-5 hold A, 6-7 B. */
 static inline void block_amx(size_t K, const uint16_t *A, size_t lda, const uint32_t *B, size_t ldb,
@@ -142,4 +149,6 @@ const gqa_tiles gqa_tiles_amx = {"amx",
                                  gqa_pack_pairs_avx512bf16,
                                  gqa_pack_pairs_t_avx512bf16,
                                  gqa_exp_pack_avx512bf16,
-                                 gemm_amx};
+                                 gemm_amx,
+                                 gqa_qk_gemm_s8_dot_amx,
+                                 gqa_sv_gemm_s8_dot_amx};

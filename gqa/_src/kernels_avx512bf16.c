@@ -208,4 +208,6 @@ const gqa_tiles gqa_tiles_avx512bf16 = {"avx512bf16",
                                         gqa_pack_pairs_avx512bf16,
                                         gqa_pack_pairs_t_avx512bf16,
                                         gqa_exp_pack_avx512bf16,
-                                        gemm_avx512bf16};
+                                        gemm_avx512bf16,
+                                        NULL, /* level 4's integer dots: the VNNI unit's */
+                                        NULL};

@@ -16,7 +16,7 @@
  * The emulation build of tests/isa (GQA_EMULATE_AVX512) takes the intrinsics from SIMDe.
  */
 #if defined(__x86_64__) || defined(_M_X64)
-#include "kernels_avx512.h"
+#include "kernels_s8dot.h" /* kernels_avx512.h, level 4's contracts and quantizers */
 
 /* ---- qk_gemm_s8_approx (opt-in, AVX-512 VNNI) ---------------------------------
  *
@@ -261,24 +261,10 @@ void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha,
 
 /* ---- qk_gemm_s8_dot (accuracy level 4, AVX-512 VNNI) -----------------------------------
  *
- * Contract, GQA_S8_PT / GQA_S8_PC codes q [N, K], K <= DOT_QK_K (wider heads, and other
- * types: the exact kernel).  For each row m of A, with a_k = A[m,k] (per tensor) or
- * fl(A[m,k] * s[k]) (per channel):
- *   amax = max_k |a_k| not finite, 0, or 32767 / amax not finite: the row is this path's
- *               exact qk_gemm;
- *   otherwise:  inv = fl(32767 / amax), sa = fl(amax / 32767),
- *               code_k = clamp(rint(fl(a_k * inv)), -32767, 32767)   (int16, half to even),
- *               D[m,n] = sum_k code_k * q[n,k]                          (exact in int32),
- *               C[m,n] = fl(float(D) * mult), mult = fl(fl(alpha * sa) * s[0]) per tensor,
- *               fl(alpha * sa) per channel.
- * So |sum_k a_k q[n,k] - sa D[m,n]| <= sa / 2 sum_k |q[n,k]| + 2^-22 sum_k |a_k q[n,k]|:
- * 15 bits where onnxruntime's approximate kernel above gives 8 (whose query rounding cost
- * SmolLM2 about 1 % of its top-1 agreement with level 0).
- *
- * How D is formed: 32 codes of a B row widened to int16 (vpmovsxbw), one vpdpwssd per row
- * of the block; |lane| <= K / 32 * 2 * 32767 * 128 < 2^31.  Padding codes are 0.
+ * The contract: kernels_s8dot.h.  How D is formed: 32 codes of a B row widened to int16
+ * (vpmovsxbw), one vpdpwssd per row of the block; |lane| <= K / 32 * 2 * 32639 * 128 and the
+ * sum of the 16 lanes <= 512 * 32639 * 128 < 2^31.  Padding codes are 0.
  */
-#define DOT_QK_K 1024
 #define DOT_PF 4096
 
 /* The bytes of mask m at p (32 at most), as a 256-bit vector. */
@@ -363,40 +349,6 @@ DOT_INST(1) DOT_INST(2) DOT_INST(3) DOT_INST(4)
 typedef void (*dot_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, size_t, const float *, float *,
                        size_t);
 
-/* Row m's codes into c (padded with 0 to cs) and its multiplier; 0 when the row takes the
-   exact kernel. */
-static int dot_row(const float *a, size_t K, const float *s, int pc, float alpha, int16_t *c, size_t cs,
-                   float *mult)
-{
-    __m512 mx = _mm512_setzero_ps();
-    __mmask16 bad = 0;
-    for (size_t k = 0; k < K; k += 16) {
-        const __mmask16 m = mask16(K - k < 16 ? K - k : 16);
-        __m512 v = _mm512_maskz_loadu_ps(m, a + k);
-        if (pc)
-            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, s + k));
-        bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
-    }
-    const float amax = _mm512_reduce_max_ps(mx);
-    if (bad || !(amax <= FLT_MAX) || amax == 0.0f || !(32767.0f / amax <= FLT_MAX))
-        return 0;
-    const float inv = 32767.0f / amax, sa = amax / 32767.0f;
-    const __m512 vinv = _mm512_set1_ps(inv), lim = _mm512_set1_ps(32767.0f);
-    for (size_t k = 0; k < cs; k += 16) {
-        const __mmask16 m = mask16(K > k ? (K - k < 16 ? K - k : 16) : 0);
-        __m512 v = _mm512_maskz_loadu_ps(m, a + k);
-        if (pc)
-            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, s + k));
-        v = _mm512_roundscale_ps(_mm512_mul_round_ps(v, vinv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        v = _mm512_max_ps(_mm512_min_ps(v, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
-        _mm256_store_si256((__m256i *)(c + k), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(v)));
-    }
-    *mult = pc ? alpha * sa : (alpha * sa) * s[0];
-    return 1;
-}
-
 void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                                    const void *B, int type, const float *s, float *C, size_t ldc)
 {
@@ -432,21 +384,7 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
 
 /* ---- sv_gemm_s8_dot (accuracy level 4, AVX-512 VNNI) -----------------------------------
  *
- * Contract, GQA_S8_PT / GQA_S8_PC codes q [K, N], scales s[0] or s[n].  For each row m of A:
- *   an element negative, NaN or infinite, a row maximum pmax of 0, or 32767 / pmax not
- *   finite:     the row is this path's exact sv_gemm;
- *   otherwise:  inv = fl(32767 / pmax), sp = fl(pmax / 32767),
- *               code_k = min(32767, rint(fl(A[m,k] * inv)))       (15 bits, half to even),
- *               per chunk c of SV_KS keys, in order:
- *                 D_c[n] = sum_{k in c} code_k * q[k,n]           (exact in int32),
- *               r = (beta == 0 ? 0 : fl(beta * C[m,n])), then r = fl(r + fl(float(D_c[n]) * mult[n]))
- *               chunk by chunk, mult[n] = fl(sp * s[0]) or fl(sp * s[n]); C[m,n] = r.
- * Probabilities are quantized with 15 bits against their row's maximum, so
- *   |sum_k A[m,k] deq(q)[k,n] - sp sum_k code_k deq(q)[k,n]| <= sp (1/2 + 2^-9) sum_k |deq(q)[k,n]|
- *                                                              + 2^-22 sum_k A[m,k] |deq(q)[k,n]|.
- * (The 8-bit probabilities of vpdpbusd lost the many small probabilities of a row whose
- * maximum is an attention sink: SmolLM2's top-1 agreement with level 0 fell to 97 %.)
- *
+ * The contract: kernels_s8dot.h.
  * How D is formed: two keys at a time, the 32-column halves of their 64-column block are
  * widened to int16 (vpmovsxbw) and interleaved by in-lane word unpacks, so that lane t of
  * vector v holds the two keys' codes of column 32 (v / 2) + 8 (t / 4) + 4 (v % 2) + t % 4;
@@ -454,47 +392,8 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
  * (broadcast).  |one vpdpwssd| <= 2 * 32767 * 128, 256 of them (SV_KS keys) < 2^31.
  * The sums return to column order by two vpermt2d per vector pair.
  */
-#define SV_KS 512
 #define SV_PFR 64
 #define SV_MB 4
-
-/* inv and sp of a probability row; 0 when the row takes the exact kernel. */
-static int sv_row_params(const float *a, size_t K, float *inv, float *sp)
-{
-    __m512 mx = _mm512_setzero_ps();
-    __mmask16 bad = 0;
-    const __m512 big = _mm512_set1_ps(FLT_MAX);
-    for (size_t k = 0; k < K; k += 16) {
-        const __mmask16 m = mask16(K - k < 16 ? K - k : 16);
-        __m512 v = _mm512_maskz_loadu_ps(m, a + k);
-        /* not (0 <= v <= FLT_MAX): negative, NaN or infinite (lanes past the row: 0) */
-        bad |= _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NGE_UQ) |
-               _mm512_cmp_ps_mask(v, big, _CMP_NLE_UQ);
-        mx = _mm512_max_ps(mx, v);
-    }
-    const float pmax = _mm512_reduce_max_ps(mx);
-    if (bad || pmax == 0.0f)
-        return 0;
-    *inv = 32767.0f / pmax;
-    *sp = pmax / 32767.0f;
-    return *inv <= FLT_MAX;
-}
-
-/* int16 codes of a[k0, k1) into c[0, kp), kp = k1 - k0 rounded up to 16, padded with 0. */
-static void sv_codes(const float *a, size_t k0, size_t k1, float inv, int16_t *c)
-{
-    const size_t n = k1 - k0;
-    const __m512 vinv = _mm512_set1_ps(inv);
-    for (size_t k = 0; k < n; k += 16) {
-        const __mmask16 m = mask16(n - k < 16 ? n - k : 16);
-        __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + k), vinv,
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        t = _mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                          _mm512_set1_ps(32767.0f));
-        /* lanes past the row are 0; c has SV_KS + 16 per row */
-        _mm256_storeu_si256((__m256i *)(c + k), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(t)));
-    }
-}
 
 /* Two keys' 64-column blocks (int8 rows r0, r1, w columns) -> o[v] in the order above; then
    D[i][v] += (codes_i[k], codes_i[k+1]) . o[v] for rows i < MB. */
@@ -609,19 +508,8 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                 }
                 for (int i = 0; i < mb; i++) {
                     __m512i d[4];
-                    float *crow = C + rows[i] * ldc + n0;
-                    const __m512 spv = _mm512_set1_ps(sp[i]);
                     sv_columns(D[i], d);
-                    for (size_t j = 0; 16 * j < w; j++) {
-                        const __mmask16 m = mask16(w - 16 * j < 16 ? w - 16 * j : 16);
-                        const __m512 sc = pc ? _mm512_maskz_loadu_ps(m, s + n0 + 16 * j) : _mm512_set1_ps(s[0]);
-                        const __m512 mult = _mm512_mul_ps(spv, sc);
-                        __m512 base = _mm512_maskz_loadu_ps(m, crow + 16 * j);
-                        if (k0 == 0)
-                            base = beta == 0.0f ? _mm512_setzero_ps() : _mm512_mul_ps(_mm512_set1_ps(beta), base);
-                        _mm512_mask_storeu_ps(crow + 16 * j, m,
-                                              _mm512_add_ps(base, _mm512_mul_ps(_mm512_cvtepi32_ps(d[j]), mult)));
-                    }
+                    sv_finish(d, w, n0, C + rows[i] * ldc + n0, pc, s, sp[i], beta, k0 == 0);
                 }
             }
         }

@@ -768,7 +768,7 @@ static void check_approx(void)
     }
 }
 
-/* The contract of sv_gemm_s8_dot (stated in kernels_avx512vnni.c), for rows whose elements
+/* The contract of sv_gemm_s8_dot (stated in kernels_s8dot.h), for rows whose elements
    are finite and >= 0 with a maximum > 0: C = beta * C + the chunked integer dots. */
 static void sv_dot_oracle(size_t M, size_t N, size_t K, const float *A, size_t lda, const int8_t *B,
                              const float *s, int pc, float *C, size_t ldc, float beta)
@@ -798,7 +798,7 @@ static void sv_dot_oracle(size_t M, size_t N, size_t K, const float *A, size_t l
     }
 }
 
-static void check_sv_dot(void)
+static void check_sv_dot(gqa_sv_gemm_fn dot)
 {
     static const size_t KA[] = {1, 2, 3, 4, 5, 7, 29, 64, 300, 511, 512, 513, 1025, 8193, 20000};
     static const size_t NA[] = {1, 13, 64, 65, 130};
@@ -828,7 +828,7 @@ static void check_sv_dot(void)
                 for (size_t i = 0; i < M * ldc; i++)
                     got[i] = want[i] = exact[i] = (i % ldc) < N ? normal() : GUARD_F;
                 const int type = pc ? GQA_S8_PC : GQA_S8_PT;
-                T->sv_gemm_s8_dot(M, N, K, A, lda, B, type, s, got, ldc, beta);
+                dot(M, N, K, A, lda, B, type, s, got, ldc, beta);
                 sv_dot_oracle(M, N, K, A, lda, B, s, pc, want, ldc, beta);
                 R->sv_gemm(M, N, K, A, lda, B, type, s, exact, ldc, beta);
                 int bad_c = 0, bad_b = 0;
@@ -886,7 +886,7 @@ static void check_sv_dot(void)
             A[3 * K + k] = 0.0f;
         for (size_t i = 0; i < M * N; i++)
             got[i] = want[i] = normal();
-        T->sv_gemm_s8_dot(M, N, K, A, K, B, GQA_S8_PT, &s, got, N, 1.0f);
+        dot(M, N, K, A, K, B, GQA_S8_PT, &s, got, N, 1.0f);
         T->sv_gemm(4, N, K, A, K, B, GQA_S8_PT, &s, want, N, 1.0f);
         sv_dot_oracle(1, N, K, A + 4 * K, K, B, &s, 0, want + 4 * N, N, 1.0f);
         int bad = 0;
@@ -904,7 +904,7 @@ static void check_sv_dot(void)
     }
 }
 
-/* The contract of qk_gemm_s8_dot (stated in kernels_avx512vnni.c) for rows whose (scaled)
+/* The contract of qk_gemm_s8_dot (stated in kernels_s8dot.h) for rows whose (scaled)
    maximum is finite and > 0; returns the row's sa. */
 static float qk_dot_oracle_row(size_t N, size_t K, float alpha, const float *a, const int8_t *B, int pc,
                                const float *s, float *c)
@@ -914,14 +914,14 @@ static float qk_dot_oracle_row(size_t N, size_t K, float alpha, const float *a, 
         const float x = pc ? a[k] * s[k] : a[k];
         amax = fabsf(x) > amax ? fabsf(x) : amax;
     }
-    const float inv = 32767.0f / amax, sa = amax / 32767.0f;
+    const float inv = 32639.0f / amax, sa = amax / 32639.0f;
     const float mult = pc ? alpha * sa : (alpha * sa) * s[0];
     for (size_t n = 0; n < N; n++) {
         int64_t d = 0;
         for (size_t k = 0; k < K; k++) {
             const float x = pc ? a[k] * s[k] : a[k];
             float q = rintf(x * inv);
-            q = q > 32767.0f ? 32767.0f : q < -32767.0f ? -32767.0f : q;
+            q = q > 32639.0f ? 32639.0f : q < -32639.0f ? -32639.0f : q;
             d += (int64_t)q * B[n * K + k];
         }
         c[n] = (float)d * mult;
@@ -929,10 +929,10 @@ static float qk_dot_oracle_row(size_t N, size_t K, float alpha, const float *a, 
     return sa;
 }
 
-static void check_dot_qk(void)
+static void check_dot_qk(gqa_qk_gemm_fn dot)
 { /* bit for bit against the contract; the bound against the exact scalar kernel; rows of
-     zeros / NaN / inf and heads wider than 1024 as the path's exact kernel */
-    static const size_t KA[] = {1, 5, 16, 31, 32, 33, 64, 100, 128, 1024, 1025};
+     zeros / NaN / inf and heads wider than 512 as the path's exact kernel */
+    static const size_t KA[] = {1, 5, 16, 31, 32, 33, 64, 100, 128, 512, 513};
     const double u = 1.0 / 16777216.0;
     long cases[3] = {0}, fails[3] = {0};
     for (size_t ki = 0; ki < sizeof(KA) / sizeof(KA[0]); ki++)
@@ -958,24 +958,24 @@ static void check_dot_qk(void)
                 for (size_t i = 0; i < M * ldc; i++)
                     got[i] = want[i] = exact[i] = GUARD_F;
                 const int type = pc ? GQA_S8_PC : GQA_S8_PT;
-                T->qk_gemm_s8_dot(M, N, K, alpha, A, K, B, type, s, got, ldc);
+                dot(M, N, K, alpha, A, K, B, type, s, got, ldc);
                 T->qk_gemm(M, N, K, alpha, A, K, B, type, s, want, ldc);
                 R->qk_gemm(M, N, K, alpha, A, K, B, type, s, exact, ldc);
                 int bad_c = 0, bad_b = 0, bad_e = 0;
                 for (size_t m = 0; m < M; m++) {
                     const int edge = M > 2 && (m == 1 || m == 2);
                     float sa = 0.0f;
-                    if (!edge && K <= 1024)
+                    if (!edge && K <= 512)
                         sa = qk_dot_oracle_row(N, K, alpha, A + m * K, B, pc, s, want + m * ldc);
                     for (size_t n = 0; n < ldc; n++) {
                         const size_t i = m * ldc + n;
                         if (!same_float(got[i], want[i])) {
-                            if (edge || K > 1024)
+                            if (edge || K > 512)
                                 bad_e = 1;
                             else
                                 bad_c = 1;
                         }
-                        if (n >= N || edge || K > 1024)
+                        if (n >= N || edge || K > 512)
                             continue;
                         /* |got - exact| <= |alpha| (sa/2 sum|q| s' + 2^-22 sum|a' q|) + roundings,
                            s' = s (per tensor) or 1 (per channel: a' = a s) */
@@ -1336,8 +1336,8 @@ int main(int argc, char **argv)
             printf("approx: the %s table has no qk_gemm_s8_dot / sv_gemm_s8_dot\n", T->name);
             n_checks++, n_failed++;
         } else {
-            check_dot_qk();
-            check_sv_dot();
+            check_dot_qk(T->qk_gemm_s8_dot);
+            check_sv_dot(T->sv_gemm_s8_dot);
         }
     }
     if (tiles) {
@@ -1351,6 +1351,12 @@ int main(int argc, char **argv)
             n_checks++, n_failed++;
         } else {
             check_tiles(x);
+            if (x->qk_s8 != NULL) { /* level 4's integer dots on these tiles: the same contracts */
+                x->begin();
+                check_dot_qk(x->qk_s8);
+                check_sv_dot(x->sv_s8);
+                x->end();
+            }
         }
     }
     printf("driver %s: %ld checks, %ld failed\n", T->name, n_checks, n_failed);

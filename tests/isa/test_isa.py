@@ -32,7 +32,7 @@ APT = "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user lib
 
 
 def _setup_paths():
-    """Path name -> (source, flags), and path name -> [(unit source, its own flags, define)],
+    """Path name -> (source, flags), and path name -> [(unit sources, its own flags, define)],
     read from setup.py so the flags have one home."""
     tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
     paths, units = {}, {}
@@ -43,7 +43,7 @@ def _setup_paths():
                 paths[path] = (src, flags)
         elif name == "X86_UNITS":
             for src, path, flags, define, _snippet in ast.literal_eval(node.value).values():
-                units.setdefault(path, []).append((src, flags, define))
+                units.setdefault(path, []).append(((src,) if isinstance(src, str) else src, flags, define))
     return paths, units
 
 
@@ -69,7 +69,7 @@ HAS_AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= CPU
 HAS_VNNI = HAS_AVX512 and "avx512_vnni" in CPU
 HAS_AVX2 = {"avx2", "fma", "f16c"} <= CPU
 HAS_BF16 = HAS_AVX512 and "avx512_bf16" in CPU
-HAS_AMX = HAS_BF16 and {"amx_tile", "amx_bf16"} <= CPU
+HAS_AMX = HAS_BF16 and {"amx_tile", "amx_bf16", "amx_int8"} <= CPU
 
 
 def _run(cmd, **kw):
@@ -121,10 +121,11 @@ def _units(d, path, flags):
     """Objects of the path's extra units (setup.py's X86_UNITS) built with `flags` plus their
     own, and the defines that put them in the path's table."""
     objs, defines = [], []
-    for src, uflags, define in UNITS.get(path, []):
-        obj = os.path.join(d, src.replace(".c", ".o"))
-        _compile(CC + flags + uflags + ["-c", os.path.join(SRC, src), "-o", obj])
-        objs.append(obj)
+    for srcs, uflags, define in UNITS.get(path, []):
+        for src in srcs:
+            obj = os.path.join(d, src.replace(".c", ".o"))
+            _compile(CC + flags + uflags + ["-c", os.path.join(SRC, src), "-o", obj])
+            objs.append(obj)
         defines.append("-D" + define)
     return objs, defines
 
@@ -158,12 +159,13 @@ def _avx512_emulated_driver(d):
     # the VNNI unit on SIMDe too: its own -mavx512vnni left out, the define kept; nothing
     # emulates AMX, so its unit is left out (its tests run natively on AMX hosts)
     objs, defines = [], []
-    for src, own, define in UNITS.get("avx512", []):
+    for srcs, own, define in UNITS.get("avx512", []):
         if any(f.startswith("-mamx") for f in own):
             continue
-        uobj = os.path.join(d, src.replace(".c", "_emu.o"))
-        _compile(CC + flags + ["-c", os.path.join(SRC, src), "-o", uobj])
-        objs.append(uobj)
+        for src in srcs:
+            uobj = os.path.join(d, src.replace(".c", "_emu.o"))
+            _compile(CC + flags + ["-c", os.path.join(SRC, src), "-o", uobj])
+            objs.append(uobj)
         defines.append("-D" + define)
     _compile(CC + flags + defines + ["-c", os.path.join(SRC, "kernels_avx512.c"), "-o", obj])
     if shutil.which("objdump"):
@@ -231,7 +233,7 @@ def test_isa(builds, how, mode, build):
         cmd = builds.get(build, _avx512_emulated_driver)
     elif build == "avx512-native":
         if mode == "tiles=amx" and not HAS_AMX:
-            pytest.skip("the CPU has no AMX-TILE / AMX-BF16 / AVX512-BF16 (nothing emulates AMX)")
+            pytest.skip("the CPU has no AMX-TILE / AMX-BF16 / AMX-INT8 / AVX512-BF16 (nothing emulates AMX)")
         if mode == "tiles=avx512bf16" and not HAS_BF16:
             pytest.skip("the CPU has no AVX512-BF16 (avx512bf16-emulated checks these kernels)")
         cmd = builds.get(build, lambda d: _native_driver(d, "avx512"))

@@ -1,0 +1,139 @@
+/*
+ * kernels_s8dot.h -- accuracy level 4's integer-dot contracts and what every unit that
+ * implements them shares: the quantization of query rows and probability rows to 15-bit
+ * codes and the float finish of P @ V.  Included by kernels_avx512vnni.c (vpdpwssd) and
+ * kernels_amxint8.c (AMX INT8 tiles), both compiled with the avx512 path's flags; the two
+ * give the same results bit for bit.
+ *
+ * qk_gemm_s8_dot, GQA_S8_PT / GQA_S8_PC codes q [N, K], K <= DOT_QK_K (wider heads, and
+ * other types: the exact kernel).  For each row m of A, with a_k = A[m,k] (per tensor) or
+ * fl(A[m,k] * s[k]) (per channel):
+ *   amax = max_k |a_k| not finite, 0, or QK_CODE_MAX / amax not finite: the row is the
+ *               path's exact qk_gemm;
+ *   otherwise:  inv = fl(QK_CODE_MAX / amax), sa = fl(amax / QK_CODE_MAX),
+ *               code_k = clamp(rint(fl(a_k * inv)), -QK_CODE_MAX, QK_CODE_MAX)  (half to even),
+ *               D[m,n] = sum_k code_k * q[n,k]           (exact in int32: |D| <= 512 * 32639 * 128 < 2^31),
+ *               C[m,n] = fl(float(D) * mult), mult = fl(fl(alpha * sa) * s[0]) per tensor,
+ *               fl(alpha * sa) per channel.
+ * So |sum_k a_k q[n,k] - sa D[m,n]| <= sa / 2 sum_k |q[n,k]| + 2^-22 sum_k |a_k q[n,k]|:
+ * 15 bits where onnxruntime's approximate VNNI kernel gives 8 (whose query rounding cost
+ * SmolLM2 about 1 % of its top-1 agreement with level 0).  QK_CODE_MAX = 32639 = 127 * 257:
+ * every code is 256 hi + lo with hi and lo both in [-127, 127] (hi = (code + 128) >> 8), so
+ * the AMX unit takes both halves as signed bytes in one tile.
+ *
+ * sv_gemm_s8_dot, GQA_S8_PT / GQA_S8_PC codes q [K, N], scales s[0] or s[n].  For each row m
+ * of A:
+ *   an element negative, NaN or infinite, a row maximum pmax of 0, or 32767 / pmax not
+ *   finite:     the row is the path's exact sv_gemm;
+ *   otherwise:  inv = fl(32767 / pmax), sp = fl(pmax / 32767),
+ *               code_k = min(32767, rint(fl(A[m,k] * inv)))       (15 bits, half to even),
+ *               per chunk c of SV_KS keys, in order:
+ *                 D_c[n] = sum_{k in c} code_k * q[k,n]           (exact in int32),
+ *               r = (beta == 0 ? 0 : fl(beta * C[m,n])), then r = fl(r + fl(float(D_c[n]) * mult[n]))
+ *               chunk by chunk, mult[n] = fl(sp * s[0]) or fl(sp * s[n]); C[m,n] = r.
+ * Probabilities are quantized with 15 bits against their row's maximum, so
+ *   |sum_k A[m,k] deq(q)[k,n] - sp sum_k code_k deq(q)[k,n]| <= sp (1/2 + 2^-9) sum_k |deq(q)[k,n]|
+ *                                                              + 2^-22 sum_k A[m,k] |deq(q)[k,n]|.
+ * (The 8-bit probabilities of vpdpbusd lost the many small probabilities of a row whose
+ * maximum is an attention sink: SmolLM2's top-1 agreement with level 0 fell to 97 %.)
+ */
+#ifndef GQA_KERNELS_S8DOT_H
+#define GQA_KERNELS_S8DOT_H
+
+#include "kernels_avx512.h"
+
+#define DOT_QK_K 512
+#define QK_CODE_MAX 32639.0f
+#define SV_KS 512
+
+/* Row a's codes into c (int16, padded with 0 to cs, a multiple of 16) and its multiplier;
+   0 when the row takes the exact kernel (qk_gemm_s8_dot's contract). */
+static inline int dot_row(const float *a, size_t K, const float *s, int pc, float alpha, int16_t *c,
+                          size_t cs, float *mult)
+{
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (size_t k = 0; k < K; k += 16) {
+        const __mmask16 m = mask16(K - k < 16 ? K - k : 16);
+        __m512 v = _mm512_maskz_loadu_ps(m, a + k);
+        if (pc)
+            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, s + k));
+        bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    if (bad || !(amax <= FLT_MAX) || amax == 0.0f || !(QK_CODE_MAX / amax <= FLT_MAX))
+        return 0;
+    const float inv = QK_CODE_MAX / amax, sa = amax / QK_CODE_MAX;
+    const __m512 vinv = _mm512_set1_ps(inv), lim = _mm512_set1_ps(QK_CODE_MAX);
+    for (size_t k = 0; k < cs; k += 16) {
+        const __mmask16 m = mask16(K > k ? (K - k < 16 ? K - k : 16) : 0);
+        __m512 v = _mm512_maskz_loadu_ps(m, a + k);
+        if (pc)
+            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, s + k));
+        v = _mm512_roundscale_ps(_mm512_mul_round_ps(v, vinv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v = _mm512_max_ps(_mm512_min_ps(v, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
+        _mm256_store_si256((__m256i *)(c + k), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(v)));
+    }
+    *mult = pc ? alpha * sa : (alpha * sa) * s[0];
+    return 1;
+}
+
+/* inv and sp of a probability row; 0 when the row takes the exact kernel (sv_gemm_s8_dot's
+   contract). */
+static inline int sv_row_params(const float *a, size_t K, float *inv, float *sp)
+{
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    const __m512 big = _mm512_set1_ps(FLT_MAX);
+    for (size_t k = 0; k < K; k += 16) {
+        const __mmask16 m = mask16(K - k < 16 ? K - k : 16);
+        __m512 v = _mm512_maskz_loadu_ps(m, a + k);
+        /* not (0 <= v <= FLT_MAX): negative, NaN or infinite (lanes past the row: 0) */
+        bad |= _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NGE_UQ) |
+               _mm512_cmp_ps_mask(v, big, _CMP_NLE_UQ);
+        mx = _mm512_max_ps(mx, v);
+    }
+    const float pmax = _mm512_reduce_max_ps(mx);
+    if (bad || pmax == 0.0f)
+        return 0;
+    *inv = 32767.0f / pmax;
+    *sp = pmax / 32767.0f;
+    return *inv <= FLT_MAX;
+}
+
+/* int16 codes of a[k0, k1) into c[0, kp), kp = k1 - k0 rounded up to 16, padded with 0. */
+static inline void sv_codes(const float *a, size_t k0, size_t k1, float inv, int16_t *c)
+{
+    const size_t n = k1 - k0;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (size_t k = 0; k < n; k += 16) {
+        const __mmask16 m = mask16(n - k < 16 ? n - k : 16);
+        __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + k), vinv,
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                          _mm512_set1_ps(32767.0f));
+        /* lanes past the row are 0 */
+        _mm256_storeu_si256((__m256i *)(c + k), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(t)));
+    }
+}
+
+/* One chunk's sums d[j] (columns n0 + 16 j .., j < 4, w <= 64 columns) into row crow of C:
+   crow[n] = (first ? (beta == 0 ? 0 : fl(beta * crow[n])) : crow[n]) + fl(float(d) * mult[n]). */
+static inline void sv_finish(const __m512i d[4], size_t w, size_t n0, float *crow, int pc, const float *s,
+                             float sp, float beta, int first)
+{
+    const __m512 spv = _mm512_set1_ps(sp);
+    for (size_t j = 0; 16 * j < w; j++) {
+        const __mmask16 m = mask16(w - 16 * j < 16 ? w - 16 * j : 16);
+        const __m512 sc = pc ? _mm512_maskz_loadu_ps(m, s + n0 + 16 * j) : _mm512_set1_ps(s[0]);
+        const __m512 mult = _mm512_mul_ps(spv, sc);
+        __m512 base = _mm512_maskz_loadu_ps(m, crow + 16 * j);
+        if (first)
+            base = beta == 0.0f ? _mm512_setzero_ps() : _mm512_mul_ps(_mm512_set1_ps(beta), base);
+        _mm512_mask_storeu_ps(crow + 16 * j, m, _mm512_add_ps(base, _mm512_mul_ps(_mm512_cvtepi32_ps(d[j]), mult)));
+    }
+}
+
+#endif
