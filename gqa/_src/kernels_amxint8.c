@@ -94,6 +94,48 @@ INLINE void qk_finish(const int32_t (*cb)[16], int mb, const size_t *rows, const
         }                                                                                          \
     } while (0)
 
+/* Tiles 0 and 1 = the key blocks [n, n + 16) and [n + 16, n + 32) (the second where n + 16 < N)
+   against the query's B tiles (in tiles 4 .. 3 + ks where ks <= 4, else loaded per step). */
+INLINE void qk_pair(const int8_t *Bb, size_t N, size_t K, size_t Kp, size_t ks, int8_t (*qb)[16][64],
+                    int8_t *tail, size_t n)
+{
+    const int two = n + 16 < N;
+    const int8_t *a0 = Bb + n * K, *a1 = Bb + (n + 16) * K;
+    size_t s0 = K, s1 = K;
+    /* the last block, where its 16 rows of Kp codes would read past B (fewer than 16 rows
+       left, or K not a multiple of 64), reads a zero-padded copy; the columns past K meet
+       B's zero groups */
+    const size_t bl = two ? n + 16 : n;
+    if (bl + 16 > N || (bl + 16 == N && Kp != K)) {
+        memset(tail, 0, 16 * Kp);
+        for (size_t r = bl; r < N; r++)
+            memcpy(tail + (r - bl) * Kp, Bb + r * K, K);
+        if (two) {
+            a1 = tail;
+            s1 = Kp;
+        } else {
+            a0 = tail;
+            s0 = Kp;
+        }
+    }
+    /* decode streams K: the rows two pairs ahead (contiguous; prefetches never fault) */
+    for (size_t l = 0; l < 32 * K; l += 64)
+        _mm_prefetch((const char *)(Bb + (n + 64) * K) + l, _MM_HINT_T0);
+    _tile_zero(0);
+    _tile_zero(1);
+    if (ks <= 4) {
+        QK_STEP(0, 4);
+        if (ks > 1) QK_STEP(1, 5);
+        if (ks > 2) QK_STEP(2, 6);
+        if (ks > 3) QK_STEP(3, 7);
+    } else {
+        for (size_t j = 0; j < ks; j++) {
+            _tile_loadd(4, qb[j], 64);
+            QK_STEP(j, 4);
+        }
+    }
+}
+
 void gqa_qk_gemm_s8_dot_amx(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                             const void *B, int type, const float *s, float *C, size_t ldc)
 {
@@ -131,48 +173,18 @@ void gqa_qk_gemm_s8_dot_amx(size_t M, size_t N, size_t K, float alpha, const flo
             if (ks > 2) _tile_loadd(6, qb[2], 64);
             if (ks > 3) _tile_loadd(7, qb[3], 64);
         }
+        /* the tiles of the pair of key blocks at n + 32 compute while the pair at n is finished */
+        qk_pair(Bb, N, K, Kp, ks, qb, tail, 0);
         for (size_t n = 0; n < N; n += 32) {
             const int two = n + 16 < N;
-            const int8_t *a0 = Bb + n * K, *a1 = Bb + (n + 16) * K;
-            size_t s0 = K, s1 = K;
-            /* the last block, where its 16 rows of Kp codes would read past B (fewer than 16
-               rows left, or K not a multiple of 64), reads a zero-padded copy; the columns past
-               K meet B's zero groups */
-            const size_t bl = two ? n + 16 : n;
-            if (bl + 16 > N || (bl + 16 == N && Kp != K)) {
-                memset(tail, 0, 16 * Kp);
-                for (size_t r = bl; r < N; r++)
-                    memcpy(tail + (r - bl) * Kp, Bb + r * K, K);
-                if (two) {
-                    a1 = tail;
-                    s1 = Kp;
-                } else {
-                    a0 = tail;
-                    s0 = Kp;
-                }
-            }
-            /* decode streams K: the rows two blocks ahead (contiguous; prefetches never fault) */
-            for (size_t l = 0; l < 32 * K; l += 64)
-                _mm_prefetch((const char *)(Bb + (n + 64) * K) + l, _MM_HINT_T0);
-            _tile_zero(0);
-            _tile_zero(1);
-            if (ks <= 4) {
-                QK_STEP(0, 4);
-                if (ks > 1) QK_STEP(1, 5);
-                if (ks > 2) QK_STEP(2, 6);
-                if (ks > 3) QK_STEP(3, 7);
-            } else {
-                for (size_t j = 0; j < ks; j++) {
-                    _tile_loadd(4, qb[j], 64);
-                    QK_STEP(j, 4);
-                }
-            }
             _tile_stored(0, cb[0], 64);
-            qk_finish(cb[0], mb, rows, mult, n, N - n < 16 ? N - n : 16, C, ldc);
-            if (two) {
+            if (two)
                 _tile_stored(1, cb[1], 64);
+            if (n + 32 < N)
+                qk_pair(Bb, N, K, Kp, ks, qb, tail, n + 32);
+            qk_finish(cb[0], mb, rows, mult, n, N - n < 16 ? N - n : 16, C, ldc);
+            if (two)
                 qk_finish(cb[1], mb, rows, mult, n + 16, N - n - 16 < 16 ? N - n - 16 : 16, C, ldc);
-            }
         }
     }
 }
@@ -281,10 +293,14 @@ void gqa_sv_gemm_s8_dot_amx(size_t M, size_t N, size_t K, const float *A, size_t
                 _tile_zero(1);
                 _tile_zero(2);
                 _tile_zero(3);
+                /* step st + 1 is regrouped before step st's tiles load theirs: the stores are
+                   not the next instructions' inputs */
+                sv_pack_values(Bb + k0 * N + n0, N, kn, w, vb[0], n0 == 0);
                 for (size_t st = 0; st < steps; st++) {
                     int8_t (*v)[16][64] = vb[st & 1];
                     const size_t k = 64 * st;
-                    sv_pack_values(Bb + (k0 + k) * N + n0, N, kn - k, w, v, n0 == 0);
+                    if (st + 1 < steps)
+                        sv_pack_values(Bb + (k0 + k + 64) * N + n0, N, kn - k - 64, w, vb[(st + 1) & 1], n0 == 0);
                     _tile_loadd(4, ab[st], 64);
                     _tile_loadd(5, v[0], 64);
                     _tile_dpbusd(0, 4, 5);
