@@ -5,6 +5,8 @@ VNNI, and AMX INT8 tiles where the CPU has them; 15-bit query rows and probabili
 NumPy statements of their contracts (kernels_s8dot.h), bit for bit, and
 the attention output against float64 within the bound those contracts give.  The emulated
 path (tests/isa, avx512vnni-emulated) checks the same contracts on CPUs without VNNI."""
+import io
+
 import numpy as np
 import pytest
 
@@ -333,3 +335,22 @@ def test_environment_default():
     env["GQA_ACCURACY_LEVEL"] = "6"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "GQA_ACCURACY_LEVEL must be 0, 1, 2, 3 or 4" in r.stderr
+
+
+def test_the_int8_unit_is_reported():
+    """get_config()['int8_dot_unit'] names where level 4's INT8 dots run: none on the scalar
+    path; on avx512 the AMX tiles where they run (and are on), else VNNI where it runs."""
+    with gqa.config(path="scalar"):
+        assert gqa.get_config()["int8_dot_unit"] is None
+        assert not gqa.get_config()["int8_dot_effective"]
+    if not _dispatch.path_runnable("avx512"):
+        return
+    vnni = "avx512vnni" if _dispatch.approx_vnni_runnable() else None
+    with gqa.config(path="avx512", tiles=False):
+        assert gqa.get_config()["int8_dot_unit"] == vnni
+    with gqa.config(path="avx512"):
+        want = "amx" if _dispatch.tiles_runnable("amx") else vnni
+        assert gqa.get_config()["int8_dot_unit"] == want
+        buf = io.StringIO()
+        gqa.show_config(file=buf)
+        assert ("level 4's int8 kernels " + (f"run on {want}" if want else "absent")) in buf.getvalue()
