@@ -23,10 +23,6 @@
 #include <string.h>
 #include "kernels_s8dot.h"
 
-/* The exact kernels of this path (kernels_avx512.c), for what the integer kernels leave, and
-   its VNNI kernels (the same contracts), for fewer than AMX_MIN_ROWS rows. */
-extern const gqa_kernels gqa_kernels_avx512;
-
 /* Sapphire Rapids, T = 8192 decode: 2 rows (G = 2) ran 10-15 % slower on the tiles than on
    VNNI, 3 the same, 4 and 8 faster (8: 1.5x); the tiles' fixed costs (the 16 x 16 transpose
    of every C tile, the regrouping of V) are per key, whatever the rows. */
@@ -157,13 +153,7 @@ void gqa_qk_gemm_s8_dot_amx(size_t M, size_t N, size_t K, float alpha, const flo
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[QK_MB];
         float mult[QK_MB];
-        int mb = 0;
-        for (; m0 < M && mb < QK_MB; m0++) {
-            if (dot_row(A + m0 * lda, K, s, pc, alpha, c + mb * Kp, Kp, &mult[mb]))
-                rows[mb++] = m0;
-            else
-                gqa_kernels_avx512.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc);
-        }
+        const int mb = qk_take_rows(M, &m0, QK_MB, N, K, alpha, A, lda, B, type, s, C, ldc, c, Kp, rows, mult);
         if (mb == 0)
             continue;
         qk_pack_query(c, Kp, mb, ks, qb);
@@ -273,13 +263,7 @@ void gqa_sv_gemm_s8_dot_amx(size_t M, size_t N, size_t K, const float *A, size_t
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[SV_MB];
         float inv[SV_MB], sp[SV_MB];
-        int mb = 0;
-        for (; m0 < M && mb < SV_MB; m0++) {
-            if (sv_row_params(A + m0 * lda, K, &inv[mb], &sp[mb]))
-                rows[mb++] = m0;
-            else
-                gqa_kernels_avx512.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc, beta);
-        }
+        const int mb = sv_take_rows(M, &m0, SV_MB, N, K, A, lda, B, type, s, C, ldc, beta, rows, inv, sp);
         if (mb == 0)
             continue;
         for (size_t k0 = 0; k0 < K; k0 += SV_KS) {

@@ -245,9 +245,6 @@ static void approx_qk_pt(size_t M, size_t N, size_t K, float alpha, const float 
     }
 }
 
-/* The exact kernels of this path (kernels_avx512.c), for what the integer kernels leave. */
-extern const gqa_kernels gqa_kernels_avx512;
-
 void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A,
                                       size_t lda, const void *B, int type, const float *s, float *C,
                                       size_t ldc)
@@ -365,13 +362,7 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
         /* blocks of at most 4 rows (8 as 4 + 4: faster than 8 x 2, as in the exact kernel) */
         size_t rows[4];
         float mult[4];
-        int mb = 0;
-        for (; m0 < M && mb < 4; m0++) {
-            if (dot_row(A + m0 * lda, K, s, pc, alpha, c + mb * cs, cs, &mult[mb]))
-                rows[mb++] = m0;
-            else
-                gqa_kernels_avx512.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc);
-        }
+        const int mb = qk_take_rows(M, &m0, 4, N, K, alpha, A, lda, B, type, s, C, ldc, c, cs, rows, mult);
         if (mb == 0)
             continue;
         if (rows[mb - 1] - rows[0] == (size_t)(mb - 1)) /* consecutive rows: one block */
@@ -483,13 +474,7 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[SV_MB];
         float inv[SV_MB], sp[SV_MB];
-        int mb = 0;
-        for (; m0 < M && mb < SV_MB; m0++) {
-            if (sv_row_params(A + m0 * lda, K, &inv[mb], &sp[mb]))
-                rows[mb++] = m0;
-            else
-                gqa_kernels_avx512.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc, beta);
-        }
+        const int mb = sv_take_rows(M, &m0, SV_MB, N, K, A, lda, B, type, s, C, ldc, beta, rows, inv, sp);
         if (mb == 0)
             continue;
         for (size_t k0 = 0; k0 < K; k0 += SV_KS) {

@@ -42,6 +42,9 @@
 
 #include "kernels_avx512.h"
 
+/* The exact kernels of the avx512 path (kernels_avx512.c): what the contracts leave to them. */
+extern const gqa_kernels gqa_kernels_avx512;
+
 #define DOT_QK_K 512
 #define QK_CODE_MAX 32639.0f
 #define SV_KS 512
@@ -80,6 +83,25 @@ static inline int dot_row(const float *a, size_t K, const float *s, int pc, floa
     return 1;
 }
 
+/* From row *m0 of A on, up to max rows the contract covers: their indices into rows, codes into
+   c + i * cs and multipliers into mult; each row it does not cover is computed by the exact
+   qk_gemm on the spot.  *m0 moves past the last row looked at; returns the count. */
+static inline int qk_take_rows(size_t M, size_t *m0, int max, size_t N, size_t K, float alpha, const float *A,
+                               size_t lda, const void *B, int type, const float *s, float *C, size_t ldc,
+                               int16_t *c, size_t cs, size_t *rows, float *mult)
+{
+    const int pc = type == GQA_S8_PC;
+    int mb = 0;
+    for (; *m0 < M && mb < max; ++*m0) {
+        const size_t m = *m0;
+        if (dot_row(A + m * lda, K, s, pc, alpha, c + mb * cs, cs, &mult[mb]))
+            rows[mb++] = m;
+        else
+            gqa_kernels_avx512.qk_gemm(1, N, K, alpha, A + m * lda, lda, B, type, s, C + m * ldc, ldc);
+    }
+    return mb;
+}
+
 /* inv and sp of a probability row; 0 when the row takes the exact kernel (sv_gemm_s8_dot's
    contract). */
 static inline int sv_row_params(const float *a, size_t K, float *inv, float *sp)
@@ -101,6 +123,23 @@ static inline int sv_row_params(const float *a, size_t K, float *inv, float *sp)
     *inv = 32767.0f / pmax;
     *sp = pmax / 32767.0f;
     return *inv <= FLT_MAX;
+}
+
+/* sv_gemm_s8_dot's twin of qk_take_rows: up to max covered rows from *m0 on, with their inv
+   and sp; each other row is computed by the exact sv_gemm on the spot. */
+static inline int sv_take_rows(size_t M, size_t *m0, int max, size_t N, size_t K, const float *A, size_t lda,
+                               const void *B, int type, const float *s, float *C, size_t ldc, float beta,
+                               size_t *rows, float *inv, float *sp)
+{
+    int mb = 0;
+    for (; *m0 < M && mb < max; ++*m0) {
+        const size_t m = *m0;
+        if (sv_row_params(A + m * lda, K, &inv[mb], &sp[mb]))
+            rows[mb++] = m;
+        else
+            gqa_kernels_avx512.sv_gemm(1, N, K, A + m * lda, lda, B, type, s, C + m * ldc, ldc, beta);
+    }
+    return mb;
 }
 
 /* int16 codes of a[k0, k1) into c[0, kp), kp = k1 - k0 rounded up to 16, padded with 0. */
