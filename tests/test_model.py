@@ -107,6 +107,23 @@ def test_int8_perplexity_close_to_float(model):
     assert r["int4-pt"]["ppl"] > 1.05 * r["float"]["ppl"]
 
 
+def test_perplexity_floor_row(model):
+    """The floor row: the float cache at level 0 on the next path down is float32 too, so it
+    agrees with level 0 on nearly every position and its perplexity is within 0.1 %; the row
+    names its path and level 0."""
+    from gqa.apps.eval import floor_path, perplexities
+    path = floor_path()
+    if path is None:
+        pytest.skip("the active path is the lowest runnable: no floor path")
+    ev = np.array(model.encode(_texts.evaluation_text()))[:129]
+    cal = model.calibration(model.encode(_texts.calibration_text())[:128])
+    r = perplexities(model, ev, cal, modes=("float",), decode_tail=4, floor=path)
+    row = r[f"float:{path}"]
+    assert row["path"] == path and row["accuracy_level"] == 0
+    assert row["top1_vs_level0"] >= 0.99
+    assert abs(row["rel_vs_level0"]) <= 1e-3
+
+
 def test_full_cache_is_a_value_error(model):
     cache = model.new_cache(8)
     with pytest.raises(ValueError, match=r"KVCache is full: 0 \+ 9 positions exceed max_length \(8\)"):

@@ -12,7 +12,11 @@ cache mode: perplexity, its change against the float cache, and top-1 agreement 
 positions whose most likely next token equals the float cache's).  ``--accuracy-levels`` adds
 each mode at those levels (gqa.config's accuracy_level) beside its level 0 run: perplexity change
 and top-1 agreement against the same cache at level 0, over all scored positions and over the
-decoded ones; ``--decode-tail`` sets how many positions are decoded.
+decoded ones; ``--decode-tail`` sets how many positions are decoded.  Beside them, each mode at
+level 0 on the next kernel path down (``avx2`` under ``avx512``): float32 as well, another
+summation order, so its agreement with level 0 is the floor that no inexact level can be held
+to (a quantized cache turns a last-bit change of one layer's output into other codes in the
+next layers).
 
 Speed: decode at total lengths ``--decode-T``: the caches hold T - steps - 1 positions of the
 evaluation text (one float prefill, copied and quantized into every side's cache), then one
@@ -27,6 +31,7 @@ Sides alternate within each of ``--rounds`` rounds (the order rotating), each af
 the faster onnxruntime configuration.  NumPy's BLAS keeps its own thread count unless
 ``--blas-threads`` is given (threadpoolctl).
 """
+import contextlib
 import json
 import sys
 import time
@@ -49,19 +54,32 @@ def leveled(mode, level):
     return mode if not level else f"{mode}@{level}"
 
 
+def floor_path():
+    """The path whose level 0 is the floor of the levels' agreement: the runnable path below the
+    active one (``avx2`` under ``avx512``), or None on the lowest."""
+    import gqa
+    paths = gqa.available_paths()
+    i = paths.index(gqa.active_path())
+    return paths[i - 1] if i > 0 else None
+
+
 def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE_TAIL, progress=None,
-                 margin=1.0, rotations=None, levels=(0,)):
+                 margin=1.0, rotations=None, levels=(0,), floor=None):
     """{name: dict(ppl, nll_mean, top1_agreement, rel_change, mode, accuracy_level)} over ``tokens``
     (1-D); the name is the mode at level 0 and ``mode@L`` at accuracy level L.  "float" at level 0 is
     always run (the reference of ``top1_agreement`` and ``rel_change``); every mode at a level L > 0
     also runs at level 0 and gains ``top1_vs_level0`` (all scored positions),
-    ``top1_vs_level0_decoded`` (the ``decode_tail`` decoded ones) and ``rel_vs_level0``."""
+    ``top1_vs_level0_decoded`` (the ``decode_tail`` decoded ones) and ``rel_vs_level0``.  ``floor``,
+    a path name: each mode of ``modes`` also at level 0 on that path, named ``mode:path``, with the
+    same three figures and ``path``."""
+    import gqa
     levels = sorted(set(levels) | {0})
     runs = {}
+    sides = [(level, None) for level in levels] + ([(0, floor)] if floor else [])
     wanted = ("float",) + tuple(m for m in modes if m != "float")
-    for level in levels:
+    for level, path in sides:
         for mode in wanted:
-            if level and mode not in modes:
+            if (level or path) and mode not in modes:
                 continue
             kw = cache_options(mode)
             if needs_scales(mode):
@@ -70,27 +88,32 @@ def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE
                 if rotations is None:
                     raise ValueError(f"{mode}: +rot needs calibrated rotations")
                 kw["rotations"] = rotations
-            cache = model.new_cache(len(tokens), accuracy_level=level, **kw)
-            nll, top = model.score(tokens, cache, decode_tail=decode_tail)
-            runs[mode, level] = dict(nll=nll, top=top)
+            with gqa.config(path=path) if path else contextlib.nullcontext():
+                cache = model.new_cache(len(tokens), accuracy_level=level, **kw)
+                nll, top = model.score(tokens, cache, decode_tail=decode_tail)
+            key = (mode, path) if path else (mode, level)
+            runs[key] = dict(nll=nll, top=top)
             if progress:
-                progress(leveled(mode, level))
+                progress(f"{mode}:{path}" if path else leveled(mode, level))
     ref = runs["float", 0]
     ppl_of = {k: float(np.exp(r["nll"].mean())) for k, r in runs.items()}
     out = {}
     for (mode, level), r in runs.items():
         if mode not in modes and mode != "float":
             continue
-        row = dict(mode=mode, accuracy_level=level, ppl=ppl_of[mode, level], nll_mean=float(r["nll"].mean()),
-                   top1_agreement=float((r["top"] == ref["top"]).mean()),
+        path = level if isinstance(level, str) else None
+        row = dict(mode=mode, accuracy_level=0 if path else level, ppl=ppl_of[mode, level],
+                   nll_mean=float(r["nll"].mean()), top1_agreement=float((r["top"] == ref["top"]).mean()),
                    rel_change=ppl_of[mode, level] / ppl_of["float", 0] - 1.0)
+        if path:
+            row["path"] = path
         if level:
             base = runs[mode, 0]["top"]
             tail = min(decode_tail, len(base))
             row.update(top1_vs_level0=float((r["top"] == base).mean()),
                        top1_vs_level0_decoded=float((r["top"][-tail:] == base[-tail:]).mean()) if tail else None,
                        rel_vs_level0=ppl_of[mode, level] / ppl_of[mode, 0] - 1.0)
-        out[leveled(mode, level)] = row
+        out[f"{mode}:{path}" if path else leveled(mode, level)] = row
     return out
 
 
@@ -190,8 +213,8 @@ def report_text(res):
                    f"{100 * r['top1_agreement']:.1f}%"]
             if with_levels:
                 lv = r.get("accuracy_level", 0)
-                row[1:1] = [str(lv)]
-                row += ["-", "-", "-"] if not lv else [
+                row[1:1] = [f"0 on {r['path']}" if r.get("path") else str(lv)]
+                row += ["-", "-", "-"] if not (lv or r.get("path")) else [
                     f"{100 * r['rel_vs_level0']:+.2f}%", f"{100 * r['top1_vs_level0']:.1f}%",
                     f"{100 * r['top1_vs_level0_decoded']:.1f}%"]
             rows.append(row)
@@ -201,6 +224,10 @@ def report_text(res):
             head += ["vs level 0", "top-1 = level 0", "decoded: top-1 = level 0"]
         parts.append(f"\nperplexity, context {C} ({C - 1 - tail} prefilled + {tail} decoded "
                      "positions scored):\n" + format_table(head, rows))
+        floors = sorted({r["path"] for r in modes.values() if r.get("path")})
+        if floors:
+            parts.append(f"(level 0 on {', '.join(floors)}: float32 too, another summation order -- the floor "
+                         "of any level's agreement with level 0)")
     for T, sides in res.get("speed", {}).items():
         best_ort = min((s for s in sides if s.startswith("ort")), default=None,
                        key=lambda s: sides[s]["attention_ms"])
@@ -348,9 +375,12 @@ def run(args, out=None):
         if "ppl" in what:
             res["perplexity"] = {}
             for C in args.contexts:
-                bar = Progress((len(modes) + 1) * len(set(args.accuracy_levels) | {0}), enabled)
+                floor = floor_path() if any(args.accuracy_levels) else None
+                bar = Progress((len(modes) + 1) * len(set(args.accuracy_levels) | {0}) + len(modes) * bool(floor),
+                               enabled)
                 res["perplexity"][C] = perplexities(model, ev[:C], calibration, modes, margin=args.margin,
                                                     decode_tail=args.decode_tail, levels=args.accuracy_levels,
+                                                    floor=floor,
                                                     progress=lambda m: bar.update(1, f"ppl C={C} {m}"),
                                                     rotations=rotations)
                 bar.close()
