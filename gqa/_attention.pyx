@@ -247,9 +247,9 @@ cdef void stage_tile(const Params *p, const gqa_kernels *t, int b, int j, int k0
     if hi <= lo:
         return
     hrow = float_row(p, b, lo)
-    t.dequantize_t(hp_row(p, p.fk, p.fcap, b, j, hrow), Kt + (lo - k0), nb, hi - lo, p.H,
+    t.dequantize_t(p.fk + hp_at(p, p.fcap, b, j, hrow), Kt + (lo - k0), nb, hi - lo, p.H,
                    p.hp_type, NULL)
-    t.dequantize(hp_row(p, p.fv, p.fcap, b, j, hrow), Vt + <size_t>(lo - k0) * p.H, p.H,
+    t.dequantize(p.fv + hp_at(p, p.fcap, b, j, hrow), Vt + <size_t>(lo - k0) * p.H, p.H,
                  hi - lo, p.H, p.hp_type, NULL)
 
 

@@ -35,9 +35,14 @@ cdef inline void hp_counts(const Params *p, int Tb, int *ns, int *nr) noexcept n
     nr[0] = p.nrecent if p.nrecent < Tb - ns[0] else Tb - ns[0]
 
 
+cdef inline size_t hp_at(const Params *p, int cap, int b, int j, int r) noexcept nogil:
+    """The byte offset of row r of window rows (cap rows per (b, j)) of batch b, KV head j."""
+    return ((<size_t>b * p.Nkv + j) * cap + r) * p.hp_rb
+
+
 cdef inline uint8_t *hp_row(const Params *p, uint8_t *w, int cap, int b, int j, int r) noexcept nogil:
-    """Row r of window rows w (cap rows per (b, j)) of batch b, KV head j."""
-    return w + ((<size_t>b * p.Nkv + j) * cap + r) * p.hp_rb
+    """Row r of writable window rows w (hp_at); readers of const rows add hp_at themselves."""
+    return w + hp_at(p, cap, b, j, r)
 
 
 cdef inline int float_row(const Params *p, int b, int pos) noexcept nogil:
@@ -76,7 +81,7 @@ cdef void qk_keys(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int 
     cdef int r = r0, e, hrow
     while r < r0 + n:
         if segment(p, b, Tq, r, r0 + n, &e, &hrow):
-            t.qk_gemm(p.G, e - r, p.H, p.alpha, a, p.H, hp_row(p, p.fk, p.fcap, b, j, hrow),
+            t.qk_gemm(p.G, e - r, p.H, p.alpha, a, p.H, p.fk + hp_at(p, p.fcap, b, j, hrow),
                       p.hp_type, NULL, sc + (r - r0), ldc)
         else:
             qk(p.G, e - r, p.H, p.alpha, a, p.H, k_row(p, b, j, r), p.ktype, k_scales(p, j),
@@ -91,7 +96,7 @@ cdef void sv_keys(const Params *p, const gqa_kernels *t, int b, int j, int Tq, i
     cdef float beta = 0.0
     while r < r0 + n:
         if segment(p, b, Tq, r, r0 + n, &e, &hrow):
-            t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, hp_row(p, p.fv, p.fcap, b, j, hrow),
+            t.sv_gemm(p.G, p.H, e - r, P + (r - r0), ldp, p.fv + hp_at(p, p.fcap, b, j, hrow),
                       p.hp_type, NULL, o, ldo, beta)
         else:
             p.sv(p.G, p.H, e - r, P + (r - r0), ldp, v_row(p, b, j, r), p.vtype,
@@ -112,13 +117,13 @@ cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, 
             if Kt == NULL:
                 pass
             elif k_rows:
-                t.dequantize(hp_row(p, p.fk, p.fcap, b, j, hrow), Kt + <size_t>(r - k0) * p.H, p.H,
+                t.dequantize(p.fk + hp_at(p, p.fcap, b, j, hrow), Kt + <size_t>(r - k0) * p.H, p.H,
                              e - r, p.H, p.hp_type, NULL)
             else:
-                t.dequantize_t(hp_row(p, p.fk, p.fcap, b, j, hrow), Kt + (r - k0), nb, e - r, p.H,
+                t.dequantize_t(p.fk + hp_at(p, p.fcap, b, j, hrow), Kt + (r - k0), nb, e - r, p.H,
                                p.hp_type, NULL)
             if Vt != NULL:
-                t.dequantize(hp_row(p, p.fv, p.fcap, b, j, hrow), Vt + <size_t>(r - k0) * p.H, p.H,
+                t.dequantize(p.fv + hp_at(p, p.fcap, b, j, hrow), Vt + <size_t>(r - k0) * p.H, p.H,
                              e - r, p.H, p.hp_type, NULL)
         else:
             if Kt == NULL:
@@ -186,8 +191,8 @@ cdef void hp_settle(const Params *p, uint8_t *w, const uint8_t *stage, int b, in
     cdef uint8_t *dst = hp_row(p, w, p.hcap, b, j, 0)
     hp_counts(p, Tb, &ns, &nr)
     memset(dst, 0, p.hcap * rb)
-    memcpy(dst, hp_row(p, <uint8_t *>stage, p.fcap, b, j, 0), ns * rb)
-    memcpy(dst + ns * rb, hp_row(p, <uint8_t *>stage, p.fcap, b, j, float_row(p, b, Tb - nr)),
+    memcpy(dst, stage + hp_at(p, p.fcap, b, j, 0), ns * rb)
+    memcpy(dst + ns * rb, stage + hp_at(p, p.fcap, b, j, float_row(p, b, Tb - nr)),
            nr * rb)
 
 

@@ -526,6 +526,7 @@ cdef class Signature:
         _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(self._accuracy(), H), &q_block, &kv_block,
               &splits, &ranges)
         phk, phv, rot_k, rot_v, hpk, hpv = ext
+        hp_rows = 0
         if self.win:
             hp_rows = self._window_rows(seqlens_k, <int>T, first_prompt, phk, hpk)
 

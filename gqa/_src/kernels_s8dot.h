@@ -42,7 +42,9 @@
 
 #include "kernels_avx512.h"
 
-/* The exact kernels of the avx512 path (kernels_avx512.c): what the contracts leave to them. */
+/* The avx512 path's table (kernels_avx512.c): its exact kernels take what the contracts leave
+   to them, and its VNNI entries (NULL without the VNNI unit) the AMX unit's calls of fewer than
+   AMX_MIN_ROWS rows. */
 extern const gqa_kernels gqa_kernels_avx512;
 
 #define DOT_QK_K 512
