@@ -381,7 +381,8 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
  * vector v holds the two keys' codes of column 32 (v / 2) + 8 (t / 4) + 4 (v % 2) + t % 4;
  * one vpdpwssd per vector and row adds the two products with the row's two codes
  * (broadcast).  |one vpdpwssd| <= 2 * 32767 * 128, 256 of them (SV_KS keys) < 2^31.
- * The sums return to column order by two vpermt2d per vector pair.
+ * The sums return to column order by two vpermt2d per vector pair.  Blocks go one pass over
+ * the chunk's keys each, two at a time for one or two rows (each V row then read once).
  */
 #define SV_PFR 64
 #define SV_MB 4
@@ -447,6 +448,32 @@ INLINE void sv_block(const int MB, const int16_t *const *codes, size_t kn, const
         sv_pair(MB, 0, B + k * ldb, NULL, m0, m1, codes, k, D);
 }
 
+/* sv_block of two full 64-column blocks at once, B and B + 64 (D and D2), each V row read in
+   one pass; MB <= 2 (the accumulators of more rows outnumber the registers). */
+INLINE void sv_block2(const int MB, const int16_t *const *codes, size_t kn, const int8_t *B, size_t ldb,
+                      __m512i D[SV_MB][4], __m512i D2[SV_MB][4])
+{
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int v = 0; v < 4; v++)
+            D[i][v] = D2[i][v] = _mm512_setzero_si512();
+    size_t k = 0;
+    for (; k + 2 <= kn; k += 2) {
+        const int8_t *r0 = B + k * ldb, *r1 = r0 + ldb;
+        _mm_prefetch((const char *)(r0 + SV_PFR * ldb), _MM_HINT_T0);
+        _mm_prefetch((const char *)(r0 + SV_PFR * ldb) + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T0);
+        _mm_prefetch((const char *)(r1 + SV_PFR * ldb) + 64, _MM_HINT_T0);
+        sv_pair(MB, 1, r0, r1, 0, 0, codes, k, D);
+        sv_pair(MB, 1, r0 + 64, r1 + 64, 0, 0, codes, k, D2);
+    }
+    if (k < kn) {
+        sv_pair(MB, 1, B + k * ldb, NULL, 0, 0, codes, k, D);
+        sv_pair(MB, 1, B + k * ldb + 64, NULL, 0, 0, codes, k, D2);
+    }
+}
+
 /* One row's sums D[4] back in column order: out[0..3] = columns 16 j .. 16 j + 15. */
 INLINE void sv_columns(const __m512i D[4], __m512i out[4])
 {
@@ -481,7 +508,24 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
             const size_t kn = K - k0 < SV_KS ? K - k0 : SV_KS;
             for (int i = 0; i < mb; i++)
                 sv_codes(A + rows[i] * lda, k0, k0 + kn, inv[i], codes[i]);
-            for (size_t n0 = 0; n0 < N; n0 += 64) {
+            size_t n0 = 0;
+            if (mb <= 2) /* one or two rows: 128 columns per pass (Sapphire Rapids, seed shape, one thread:
+                             the decode step 1.4-1.6x faster than 64-column passes) */
+                for (; n0 + 128 <= N; n0 += 128) {
+                    __m512i D[SV_MB][4], D2[SV_MB][4];
+                    if (mb == 1)
+                        sv_block2(1, cr, kn, Bb + k0 * N + n0, N, D, D2);
+                    else
+                        sv_block2(2, cr, kn, Bb + k0 * N + n0, N, D, D2);
+                    for (int i = 0; i < mb; i++) {
+                        __m512i d[4];
+                        sv_columns(D[i], d);
+                        sv_finish(d, 64, n0, C + rows[i] * ldc + n0, pc, s, sp[i], beta, k0 == 0);
+                        sv_columns(D2[i], d);
+                        sv_finish(d, 64, n0 + 64, C + rows[i] * ldc + n0 + 64, pc, s, sp[i], beta, k0 == 0);
+                    }
+                }
+            for (; n0 < N; n0 += 64) {
                 const size_t w = N - n0 < 64 ? N - n0 : 64;
                 __m512i D[SV_MB][4];
                 const int8_t *Bn = Bb + k0 * N + n0;
