@@ -194,22 +194,23 @@ void gqa_qk_gemm_s8_dot_amx(size_t M, size_t N, size_t K, float alpha, const flo
 
 #define SV_MB 8
 
-/* A tiles of one chunk: ab[st][i] = hi bytes of codes 64 st .. of row i < mb, ab[st][mb + i]
-   the lo bytes, rows [2 mb, 16) zero; codes past kn are 0 (codes i padded to a multiple of 16). */
-static void sv_pack_probs(const int16_t (*codes)[SV_KS + 64], int mb, size_t kn, uint8_t (*ab)[16][64])
+/* Row i's A tile bytes of one chunk, keys [k0, k0 + kn) of probability row a: ab[st][i] = the
+   hi parts (code >> 8) of codes 64 st .., ab[st][mb + i] the lo parts (code & 255), 0 past kn.
+   The codes are sv_codes' (kernels_s8dot.h), made here without their int16 copy. */
+static void sv_halves(const float *a, size_t k0, size_t kn, float inv, int mb, int i, uint8_t (*ab)[16][64])
 {
-    const size_t steps = (kn + 63) / 64;
-    for (size_t st = 0; st < steps; st++) {
-        memset(ab[st][2 * mb], 0, (size_t)(16 - 2 * mb) * 64);
-        for (int i = 0; i < mb; i++)
-            for (int q = 0; q < 4; q++) {
-                const size_t k = 64 * st + 16 * q;
-                const __m256i v = k < kn ? _mm256_loadu_si256((const __m256i *)(codes[i] + k))
-                                         : _mm256_setzero_si256();
-                _mm_storeu_si128((__m128i *)(ab[st][i] + 16 * q), _mm256_cvtepi16_epi8(_mm256_srli_epi16(v, 8)));
-                _mm_storeu_si128((__m128i *)(ab[st][mb + i] + 16 * q),
-                                 _mm256_cvtepi16_epi8(_mm256_and_si256(v, _mm256_set1_epi16(255))));
-            }
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const size_t kp = (kn + 63) & ~(size_t)63;
+    for (size_t k = 0; k < kp; k += 16) {
+        const __mmask16 m = mask16(kn > k ? (kn - k < 16 ? kn - k : 16) : 0);
+        __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + k), vinv,
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                          _mm512_set1_ps(32767.0f));
+        const __m512i c = _mm512_cvtps_epi32(t); /* in [0, 32767]; lanes past the row 0 */
+        _mm_store_si128((__m128i *)(ab[k / 64][i] + k % 64), _mm512_cvtepi32_epi8(_mm512_srli_epi32(c, 8)));
+        _mm_store_si128((__m128i *)(ab[k / 64][mb + i] + k % 64),
+                        _mm512_cvtepi32_epi8(_mm512_and_si512(c, _mm512_set1_epi32(255))));
     }
 }
 
@@ -257,7 +258,6 @@ INLINE void sv_columns_amx(const int32_t (*cb)[16][16], int mb, int i, __m512i d
 void gqa_sv_gemm_s8_dot_amx(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
                             const float *s, float *C, size_t ldc, float beta)
 {
-    int16_t codes[SV_MB][SV_KS + 64] __attribute__((aligned(64)));
     uint8_t ab[SV_KS / 64][16][64] __attribute__((aligned(64)));
     int8_t vb[2][4][16][64] __attribute__((aligned(64)));
     int32_t cb[4][16][16] __attribute__((aligned(64)));
@@ -277,11 +277,12 @@ void gqa_sv_gemm_s8_dot_amx(size_t M, size_t N, size_t K, const float *A, size_t
         const int mb = sv_take_rows(M, &m0, SV_MB, N, K, A, lda, B, type, s, C, ldc, beta, rows, inv, sp);
         if (mb == 0)
             continue;
+        for (size_t st = 0; st < SV_KS / 64; st++) /* the A tiles' rows past the block's halves */
+            memset(ab[st][2 * mb], 0, (size_t)(16 - 2 * mb) * 64);
         for (size_t k0 = 0; k0 < K; k0 += SV_KS) {
             const size_t kn = K - k0 < SV_KS ? K - k0 : SV_KS, steps = (kn + 63) / 64;
             for (int i = 0; i < mb; i++)
-                sv_codes(A + rows[i] * lda, k0, k0 + kn, inv[i], codes[i]);
-            sv_pack_probs((const int16_t (*)[SV_KS + 64])codes, mb, kn, ab);
+                sv_halves(A + rows[i] * lda, k0, kn, inv[i], mb, i, ab);
             for (size_t n0 = 0; n0 < N; n0 += 64) {
                 const size_t w = N - n0 < 64 ? N - n0 : 64;
                 _tile_zero(0);
