@@ -200,17 +200,28 @@ void gqa_qk_gemm_s8_dot_amx(size_t M, size_t N, size_t K, float alpha, const flo
 static void sv_halves(const float *a, size_t k0, size_t kn, float inv, int mb, int i, uint8_t (*ab)[16][64])
 {
     const __m512 vinv = _mm512_set1_ps(inv);
-    const size_t kp = (kn + 63) & ~(size_t)63;
-    for (size_t k = 0; k < kp; k += 16) {
-        const __mmask16 m = mask16(kn > k ? (kn - k < 16 ? kn - k : 16) : 0);
-        __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + k), vinv,
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        t = _mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                          _mm512_set1_ps(32767.0f));
-        const __m512i c = _mm512_cvtps_epi32(t); /* in [0, 32767]; lanes past the row 0 */
-        _mm_store_si128((__m128i *)(ab[k / 64][i] + k % 64), _mm512_cvtepi32_epi8(_mm512_srli_epi32(c, 8)));
-        _mm_store_si128((__m128i *)(ab[k / 64][mb + i] + k % 64),
-                        _mm512_cvtepi32_epi8(_mm512_and_si512(c, _mm512_set1_epi32(255))));
+    /* after the two in-lane packs, 128-bit lane L, dword d holds codes 16 d + 4 L .. + 3 */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i low = _mm512_set1_epi32(255);
+    for (size_t k = 0; k < kn; k += 64) {
+        __m512i c[4];
+        for (int q = 0; q < 4; q++) {
+            const size_t kq = k + 16 * (size_t)q;
+            const __mmask16 m = mask16(kn > kq ? (kn - kq < 16 ? kn - kq : 16) : 0);
+            __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + kq), vinv,
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            t = _mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                              _mm512_set1_ps(32767.0f));
+            c[q] = _mm512_cvtps_epi32(t); /* in [0, 32767]; lanes past the row 0 */
+        }
+        const __m512i hi = _mm512_packus_epi16(
+            _mm512_packus_epi32(_mm512_srli_epi32(c[0], 8), _mm512_srli_epi32(c[1], 8)),
+            _mm512_packus_epi32(_mm512_srli_epi32(c[2], 8), _mm512_srli_epi32(c[3], 8)));
+        const __m512i lo = _mm512_packus_epi16(
+            _mm512_packus_epi32(_mm512_and_si512(c[0], low), _mm512_and_si512(c[1], low)),
+            _mm512_packus_epi32(_mm512_and_si512(c[2], low), _mm512_and_si512(c[3], low)));
+        _mm512_store_si512((void *)ab[k / 64][i], _mm512_permutexvar_epi32(order, hi));
+        _mm512_store_si512((void *)ab[k / 64][mb + i], _mm512_permutexvar_epi32(order, lo));
     }
 }
 
