@@ -122,7 +122,7 @@ INLINE void qk_pair(const int8_t *Bb, size_t N, size_t K, size_t Kp, size_t ks, 
         }
     }
     /* decode streams K: the rows two pairs ahead (contiguous; prefetches never fault), a ks-th
-       of them before each step (Sapphire Rapids, H = 256: QK 1.2-1.6x the rate of one burst
+       of them before each step (Sapphire Rapids, H = 256: QK about 1.25x the rate of one burst
        per pair, whose misses outnumber the fill buffers and stall the tiles' loads) */
     const char *pf = (const char *)(Bb + (n + 64) * K);
     const size_t pl = 32 * K / ks;

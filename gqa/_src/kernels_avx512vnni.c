@@ -510,7 +510,7 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                 sv_codes(A + rows[i] * lda, k0, k0 + kn, inv[i], codes[i]);
             size_t n0 = 0;
             if (mb <= 2) /* one or two rows: 128 columns per pass (Sapphire Rapids, seed shape, one thread:
-                             the decode step 1.4-1.6x faster than 64-column passes) */
+                             the decode step about 1.4x faster than 64-column passes) */
                 for (; n0 + 128 <= N; n0 += 128) {
                     __m512i D[SV_MB][4], D2[SV_MB][4];
                     if (mb == 1)

@@ -91,28 +91,27 @@ def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE
             with gqa.config(path=path) if path else contextlib.nullcontext():
                 cache = model.new_cache(len(tokens), accuracy_level=level, **kw)
                 nll, top = model.score(tokens, cache, decode_tail=decode_tail)
-            key = (mode, path) if path else (mode, level)
-            runs[key] = dict(nll=nll, top=top)
+            runs[mode, level, path] = dict(nll=nll, top=top)
             if progress:
                 progress(f"{mode}:{path}" if path else leveled(mode, level))
-    ref = runs["float", 0]
+    ref = runs["float", 0, None]
     ppl_of = {k: float(np.exp(r["nll"].mean())) for k, r in runs.items()}
     out = {}
-    for (mode, level), r in runs.items():
+    for (mode, level, path), r in runs.items():
         if mode not in modes and mode != "float":
             continue
-        path = level if isinstance(level, str) else None
-        row = dict(mode=mode, accuracy_level=0 if path else level, ppl=ppl_of[mode, level],
-                   nll_mean=float(r["nll"].mean()), top1_agreement=float((r["top"] == ref["top"]).mean()),
-                   rel_change=ppl_of[mode, level] / ppl_of["float", 0] - 1.0)
+        ppl = ppl_of[mode, level, path]
+        row = dict(mode=mode, accuracy_level=level, ppl=ppl, nll_mean=float(r["nll"].mean()),
+                   top1_agreement=float((r["top"] == ref["top"]).mean()),
+                   rel_change=ppl / ppl_of["float", 0, None] - 1.0)
         if path:
             row["path"] = path
-        if level:
-            base = runs[mode, 0]["top"]
+        if level or path:
+            base = runs[mode, 0, None]["top"]
             tail = min(decode_tail, len(base))
             row.update(top1_vs_level0=float((r["top"] == base).mean()),
                        top1_vs_level0_decoded=float((r["top"][-tail:] == base[-tail:]).mean()) if tail else None,
-                       rel_vs_level0=ppl_of[mode, level] / ppl_of[mode, 0] - 1.0)
+                       rel_vs_level0=ppl / ppl_of[mode, 0, None] - 1.0)
         out[f"{mode}:{path}" if path else leveled(mode, level)] = row
     return out
 
