@@ -196,7 +196,7 @@ void gqa_qk_gemm_s8_dot_amx(size_t M, size_t N, size_t K, float alpha, const flo
 
 /* Row i's A tile bytes of one chunk, keys [k0, k0 + kn) of probability row a: ab[st][i] = the
    hi parts (code >> 8) of codes 64 st .., ab[st][mb + i] the lo parts (code & 255), 0 past kn.
-   The codes are sv_codes' (kernels_s8dot.h), made here without their int16 copy. */
+   The codes are sv_code16's (kernels_s8dot.h), without sv_codes' int16 copy. */
 static void sv_halves(const float *a, size_t k0, size_t kn, float inv, int mb, int i, uint8_t (*ab)[16][64])
 {
     const __m512 vinv = _mm512_set1_ps(inv);
@@ -208,11 +208,7 @@ static void sv_halves(const float *a, size_t k0, size_t kn, float inv, int mb, i
         for (int q = 0; q < 4; q++) {
             const size_t kq = k + 16 * (size_t)q;
             const __mmask16 m = mask16(kn > kq ? (kn - kq < 16 ? kn - kq : 16) : 0);
-            __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + kq), vinv,
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            t = _mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                              _mm512_set1_ps(32767.0f));
-            c[q] = _mm512_cvtps_epi32(t); /* in [0, 32767]; lanes past the row 0 */
+            c[q] = sv_code16(_mm512_maskz_loadu_ps(m, a + k0 + kq), vinv); /* lanes past the row: 0 */
         }
         const __m512i hi = _mm512_packus_epi16(
             _mm512_packus_epi32(_mm512_srli_epi32(c[0], 8), _mm512_srli_epi32(c[1], 8)),

@@ -486,6 +486,17 @@ INLINE void sv_columns(const __m512i D[4], __m512i out[4])
     out[3] = _mm512_permutex2var_epi32(D[2], hi, D[3]);
 }
 
+/* One chunk's sums D of rows i < mb (block at column n0, w columns) into their rows of C. */
+INLINE void sv_rows_finish(const __m512i D[SV_MB][4], int mb, const size_t *rows, size_t w, size_t n0, float *C,
+                           size_t ldc, int pc, const float *s, const float *sp, float beta, int first)
+{
+    for (int i = 0; i < mb; i++) {
+        __m512i d[4];
+        sv_columns(D[i], d);
+        sv_finish(d, w, n0, C + rows[i] * ldc + n0, pc, s, sp[i], beta, first);
+    }
+}
+
 void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A, size_t lda,
                                    const void *B, int type, const float *s, float *C, size_t ldc,
                                    float beta)
@@ -517,13 +528,8 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                         sv_block2(1, cr, kn, Bb + k0 * N + n0, N, D, D2);
                     else
                         sv_block2(2, cr, kn, Bb + k0 * N + n0, N, D, D2);
-                    for (int i = 0; i < mb; i++) {
-                        __m512i d[4];
-                        sv_columns(D[i], d);
-                        sv_finish(d, 64, n0, C + rows[i] * ldc + n0, pc, s, sp[i], beta, k0 == 0);
-                        sv_columns(D2[i], d);
-                        sv_finish(d, 64, n0 + 64, C + rows[i] * ldc + n0 + 64, pc, s, sp[i], beta, k0 == 0);
-                    }
+                    sv_rows_finish(D, mb, rows, 64, n0, C, ldc, pc, s, sp, beta, k0 == 0);
+                    sv_rows_finish(D2, mb, rows, 64, n0 + 64, C, ldc, pc, s, sp, beta, k0 == 0);
                 }
             for (; n0 < N; n0 += 64) {
                 const size_t w = N - n0 < 64 ? N - n0 : 64;
@@ -535,11 +541,7 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                 case 3: sv_block(3, cr, kn, Bn, N, w, D); break;
                 default: sv_block(4, cr, kn, Bn, N, w, D); break;
                 }
-                for (int i = 0; i < mb; i++) {
-                    __m512i d[4];
-                    sv_columns(D[i], d);
-                    sv_finish(d, w, n0, C + rows[i] * ldc + n0, pc, s, sp[i], beta, k0 == 0);
-                }
+                sv_rows_finish(D, mb, rows, w, n0, C, ldc, pc, s, sp, beta, k0 == 0);
             }
         }
     }

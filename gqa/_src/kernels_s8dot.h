@@ -144,6 +144,15 @@ static inline int sv_take_rows(size_t M, size_t *m0, int max, size_t N, size_t K
     return mb;
 }
 
+/* The codes of 16 probabilities x of a row with multiplier inv, as int32: min(32767,
+   rint(fl(x inv))) (half to even), in [0, 32767] for the rows the contract covers; x = 0 gives 0. */
+static inline __m512i sv_code16(__m512 x, __m512 vinv)
+{
+    const __m512 t = _mm512_mul_round_ps(x, vinv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                            _mm512_set1_ps(32767.0f)));
+}
+
 /* int16 codes of a[k0, k1) into c[0, kp), kp = k1 - k0 rounded up to 16, padded with 0. */
 static inline void sv_codes(const float *a, size_t k0, size_t k1, float inv, int16_t *c)
 {
@@ -151,12 +160,9 @@ static inline void sv_codes(const float *a, size_t k0, size_t k1, float inv, int
     const __m512 vinv = _mm512_set1_ps(inv);
     for (size_t k = 0; k < n; k += 16) {
         const __mmask16 m = mask16(n - k < 16 ? n - k : 16);
-        __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(m, a + k0 + k), vinv,
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        t = _mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                          _mm512_set1_ps(32767.0f));
         /* lanes past the row are 0 */
-        _mm256_storeu_si256((__m256i *)(c + k), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(t)));
+        _mm256_storeu_si256((__m256i *)(c + k),
+                            _mm512_cvtsepi32_epi16(sv_code16(_mm512_maskz_loadu_ps(m, a + k0 + k), vinv)));
     }
 }
 

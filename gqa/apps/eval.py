@@ -373,8 +373,8 @@ def run(args, out=None):
             else None)
         if "ppl" in what:
             res["perplexity"] = {}
+            floor = floor_path() if any(args.accuracy_levels) else None
             for C in args.contexts:
-                floor = floor_path() if any(args.accuracy_levels) else None
                 bar = Progress((len(modes) + 1) * len(set(args.accuracy_levels) | {0}) + len(modes) * bool(floor),
                                enabled)
                 res["perplexity"][C] = perplexities(model, ev[:C], calibration, modes, margin=args.margin,
