@@ -432,6 +432,89 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     return at
 
 
+cdef bint nan_values(const Params *p, const float *Vr, int R, const int *rlo, const int *rhi,
+                     int k0, int nb) noexcept nogil:
+    """Whether a key of tile [k0, k0 + nb) that some of the R positions mask has a NaN / inf
+    value in V's tile rows Vr [nb, p.H]: 0 * inf is NaN, so such a tile's P @ V must skip each
+    row's masked keys (float32, per row) instead of multiplying them by zero probabilities."""
+    cdef int q, a0, z0, hi_a = 0, lo_z = nb
+    if p.v_finite:
+        return False
+    for q in range(R):
+        tile_keys(rlo[q], rhi[q], k0, nb, &a0, &z0)
+        # the keys some row masks: [0, hi_a) and [lo_z, nb)
+        hi_a = nb if z0 <= a0 else (a0 if a0 > hi_a else hi_a)
+        lo_z = z0 if z0 < lo_z else lo_z
+    return not (all_finite(Vr, <size_t>hi_a * p.H) and
+                all_finite(Vr + <size_t>lo_z * p.H, <size_t>(nb - lo_z) * p.H))
+
+
+cdef void online_row(const Params *p, const gqa_tiles *x, float *row, uint16_t *prow, float *orow,
+                     float *m, float *l, int a0, int z0, int nb, int nbx, int b, int h, int s,
+                     int k0) noexcept nogil:
+    """One query row's step of the online softmax over key tile [k0, k0 + nb), its keys
+    [a0, z0) (relative to k0; z0 <= a0: none): row [nb] holds its scores, and becomes
+    exp(score - m'), -inf past its keys (0 on tiles, x != NULL, whose float row past z0 is
+    never read), with m' its new maximum; on tiles prow [nbx] gets those probabilities in
+    bfloat16 (zeros past z0); orow [H] and the sum l are rescaled to m', and l gains the row's
+    sum.  A row without keys or whose maximum is still -inf gets zero probabilities."""
+    cdef int i
+    cdef float mx, mnew = 0.0, corr, total
+    if z0 > a0:
+        score_features(p, row + a0, z0 - a0, b, h, s, k0 + a0)
+        mx = nan_or_max(p, row + a0, z0 - a0)
+        mnew = mx if (mx > m[0] or mx != mx) else m[0]
+    if z0 <= a0 or mnew == -INFINITY:   # -inf: every score so far is masked by the bias
+        memset(row, 0, nb * sizeof(float))
+        if x != NULL:
+            memset(prow, 0, nbx * sizeof(uint16_t))
+        return
+    for i in range(a0):
+        row[i] = -INFINITY
+    if x != NULL:
+        total = x.exp_pack(row, z0, nbx, mnew, prow)
+    else:
+        for i in range(z0, nb):
+            row[i] = -INFINITY
+        total = p.exp_sum(row, nb, mnew)
+    corr = expf(m[0] - mnew)
+    if corr != 1.0:
+        for i in range(p.H):
+            orow[i] = orow[i] * corr
+    l[0] = l[0] * corr + total
+    m[0] = mnew
+
+
+cdef void tile_strips(const Params *p, const gqa_tiles *x, const Tiled *sc, int M, int R, int G,
+                      const int *rlo, const int *rhi, int k0, int nb, int b, int j,
+                      int s0) noexcept nogil:
+    """Key tile [k0, k0 + nb) on matrix tiles, K and V packed (sc.Kp, sc.Vp), strip by strip:
+    each TILE_STRIP rows' scores, online softmax and P @ V, so a strip's scores (sc.Sx) and
+    probabilities (sc.Pb) are reused from its first rows, in L1, by every strip; rows of a
+    strip past M get zero probabilities.  The GEMMs of a strip stop at the keys its rows read
+    (strip_keys)."""
+    cdef int H = p.H, nbx = (nb + 31) & ~31, r0 = 0, n, z, r, a0, z0
+    cdef float *row
+    cdef uint16_t *prow
+    while r0 < sc.Mx:
+        n = TILE_STRIP if sc.Mx - r0 >= TILE_STRIP else sc.Mx - r0
+        z = strip_keys(r0, n, M, G, rlo, rhi, k0, nb, nbx)
+        if z > 0:   # scores past z are never read
+            x.gemm(n, z, sc.Hk, sc.Qb + <size_t>r0 * sc.Hk, sc.Hk, sc.Kp, nbx, sc.Sx, nbx, 0)
+            for r in range(r0, r0 + n):
+                row = sc.Sx + <size_t>(r - r0) * nbx
+                prow = sc.Pb + <size_t>(r - r0) * sc.Bx
+                if r >= M:
+                    memset(prow, 0, nbx * sizeof(uint16_t))
+                    continue
+                tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
+                online_row(p, x, row, prow, sc.O + <size_t>r * H, &sc.mrow[r], &sc.lrow[r],
+                           a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0)
+            # the probabilities past z are zeros: P @ V stops there
+            x.gemm(n, H, z, sc.Pb, sc.Bx, sc.Vp, H, sc.O + <size_t>r0 * H, H, 1)
+        r0 = r0 + n
+
+
 cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int qb,
                        float *scratch) noexcept nogil:
     """Flash attention for query rows [qb*Br, qb*Br + Br) of the G heads of KV head j:
@@ -444,13 +527,14 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     p.tiles (accuracy level >= 3, no float windows): both GEMMs on matrix tiles in bfloat16
     (scores in rows of ls = nb padded to 32), softmax in float32: K's tile made as rows [nb, H]
     (a float32 cache's own rows, no copy) and packed into K^T's pairs, V's into pairs of keys;
-    static INT8 / INT4 codes enter the tiles as they are (K's scales in the query rows, V's on the output); each 32-row strip's
-    GEMMs stop at the keys its rows read (strip_keys); a tile whose masked keys have NaN / inf
-    values takes the float32 P @ V as below."""
+    static INT8 / INT4 codes enter the tiles as they are (K's scales in the query rows, V's on
+    the output); each 32-row strip takes its scores, softmax and P @ V in turn (tile_strips);
+    a tile whose masked keys have NaN / inf values (nan_values) takes its scores on the tiles
+    strip by strip, and the float32 P @ V per row as below."""
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
     cdef int G = p.G, H = p.H, Bc = p.Bc
-    cdef int s0 = qb * p.Br, s1, R, M, r, s, g, h, i, k0, nb, a0, z0, kv_lo, kv_hi
+    cdef int s0 = qb * p.Br, s1, R, M, r, s, g, i, k0, nb, a0, z0, kv_lo, kv_hi
     cdef float *Qt = sc.Qt
     cdef float *Sx = sc.Sx
     cdef float *O = sc.O
@@ -469,7 +553,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef int ls, nbx = 0, z
     cdef const float *src
     cdef float *row
-    cdef float mx, mnew, corr, total, inv
+    cdef float inv
     cdef bint smooth = p.smooth or p.sink != NULL
     cdef bint partial, codes_pv, kcodes, vcodes, kdirect, vdirect
     cdef const float *Kr = Kt     # the rows the tiles pack: Kt / Vt, or a float32 cache's own
@@ -533,8 +617,6 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     if x != NULL:
         x.begin()
         x.pack_rows(Qt, H, M, H, sc.Mx, sc.Hk, sc.Qb)
-        # probabilities: rows [0, M) written per tile (exp_pack, or zeros); rows [M, Mx) zero
-        memset(sc.Pb + <size_t>M * sc.Bx, 0, <size_t>(sc.Mx - M) * sc.Bx * sizeof(uint16_t))
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
@@ -557,6 +639,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             nbx = (nb + 31) & ~31
             ls = nbx
             x.pack_pairs_t(Kr, H, nb, H, nbx, sc.Hk, sc.Kp)
+            if not nan_values(p, Vr, R, rlo, rhi, k0, nb):
+                x.pack_pairs(Vr, H, nb, H, nbx, H, sc.Vp)
+                tile_strips(p, x, &sc, M, R, G, rlo, rhi, k0, nb, b, j, s0)
+                k0 = k0 + nb
+                continue
+            # else: the float32 P @ V below, from every row's float probabilities
         else:
             t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
         if kind == 3:       # mixed: each row's float runs take the staged rows' scores
@@ -579,42 +667,14 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 if z > 0:   # scores past z are never read (set to -inf below)
                     x.gemm(i, z, sc.Hk, sc.Qb + <size_t>r * sc.Hk, sc.Hk, sc.Kp, nbx,
                            Sx + <size_t>r * ls, ls, 0)
-            s = s0 + r // G
-            h = j * G + r % G
-            row = Sx + <size_t>r * ls
-            tile_keys(rlo[s - s0], rhi[s - s0], k0, nb, &a0, &z0)
+            tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
             if a0 > 0 or z0 < nb:
                 partial = True
                 # the keys some row masks: [0, hi_a) and [lo_z, nb)
                 hi_a = nb if z0 <= a0 else (a0 if a0 > hi_a else hi_a)
                 lo_z = z0 if z0 < lo_z else lo_z
-            if z0 <= a0:
-                memset(row, 0, nb * sizeof(float))
-                if x != NULL:
-                    memset(sc.Pb + <size_t>r * sc.Bx, 0, nbx * sizeof(uint16_t))
-                continue
-            score_features(p, row + a0, z0 - a0, b, h, s, k0 + a0)
-            mx = nan_or_max(p, row + a0, z0 - a0)
-            mnew = mx if (mx > mrow[r] or mx != mx) else mrow[r]
-            if mnew == -INFINITY:        # every score so far is -inf (masked by the bias)
-                memset(row, 0, nb * sizeof(float))
-                if x != NULL:
-                    memset(sc.Pb + <size_t>r * sc.Bx, 0, nbx * sizeof(uint16_t))
-                continue
-            for i in range(a0):
-                row[i] = -INFINITY
-            if x != NULL:   # keys [z0, nbx): probabilities 0 (the float row past z0 is never read)
-                total = x.exp_pack(row, z0, nbx, mnew, sc.Pb + <size_t>r * sc.Bx)
-            else:
-                for i in range(z0, nb):
-                    row[i] = -INFINITY
-                total = p.exp_sum(row, nb, mnew)
-            corr = expf(mrow[r] - mnew)
-            if corr != 1.0:
-                for i in range(H):
-                    O[<size_t>r * H + i] = O[<size_t>r * H + i] * corr
-            lrow[r] = lrow[r] * corr + total
-            mrow[r] = mnew
+            online_row(p, x, Sx + <size_t>r * ls, sc.Pb + <size_t>r * sc.Bx, O + <size_t>r * H,
+                       &mrow[r], &lrow[r], a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0)
         if kind == 3:
             mixed_pv(p, t, k0, nb, M, rlo, rhi, rns, rrl, Sx, Sf, Vt, Vf, O)
         elif partial and not p.v_finite and not (all_finite(Vr, <size_t>hi_a * H) and
@@ -628,16 +688,6 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                               GQA_F32, NULL, O + <size_t>r * H, H, 1.0)
         elif codes_pv:
             p.sv(M, H, nb, Sx, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
-        elif x != NULL:
-            x.pack_pairs(Vr, H, nb, H, nbx, H, sc.Vp)
-            r = 0
-            while r < sc.Mx:
-                # the probabilities past a strip's keys are zeros: its P @ V stops there
-                i = TILE_STRIP if sc.Mx - r >= TILE_STRIP else sc.Mx - r
-                z = strip_keys(r, i, M, G, rlo, rhi, k0, nb, nbx)
-                if z > 0:
-                    x.gemm(i, H, z, sc.Pb + <size_t>r * sc.Bx, sc.Bx, sc.Vp, H, O + <size_t>r * H, H, 1)
-                r = r + i
         else:
             t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)
         k0 = k0 + nb
