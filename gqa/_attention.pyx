@@ -555,12 +555,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef float *row
     cdef float inv
     cdef bint smooth = p.smooth or p.sink != NULL
-    cdef bint partial, codes_pv, kcodes, vcodes, kdirect, vdirect
+    cdef bint nanv, codes_pv, kcodes, vcodes, kdirect, vdirect
     cdef const float *Kr = Kt     # the rows the tiles pack: Kt / Vt, or a float32 cache's own
     cdef const float *Vr = Vt
     cdef const float *ks
     cdef const float *vs
-    cdef int kind, f1, q0, q1, f2, nr, hi_a, lo_z
+    cdef int kind, f1, q0, q1, f2, nr
     cdef int cut[3]
     s1 = s0 + p.Br if s0 + p.Br < p.S else p.S
     R = s1 - s0
@@ -639,7 +639,9 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             nbx = (nb + 31) & ~31
             ls = nbx
             x.pack_pairs_t(Kr, H, nb, H, nbx, sc.Hk, sc.Kp)
-            if not nan_values(p, Vr, R, rlo, rhi, k0, nb):
+        nanv = kind != 3 and nan_values(p, Vr, R, rlo, rhi, k0, nb)   # kind 3: mixed_pv
+        if x != NULL:
+            if not nanv:
                 x.pack_pairs(Vr, H, nb, H, nbx, H, sc.Vp)
                 tile_strips(p, x, &sc, M, R, G, rlo, rhi, k0, nb, b, j, s0)
                 k0 = k0 + nb
@@ -655,9 +657,6 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 float_runs(rns[i], rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
                 move_runs(Sx + <size_t>r * nb, Sf + <size_t>r * nb, a0, f1)
                 move_runs(Sx + <size_t>r * nb, Sf + <size_t>r * nb, f2, z0)
-        partial = False
-        hi_a = 0
-        lo_z = nb
         for r in range(M):
             if x != NULL and r % TILE_STRIP == 0:
                 # the scores of rows [r, r + TILE_STRIP) (16 or 32 of Mx), softmaxed while
@@ -668,17 +667,11 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                     x.gemm(i, z, sc.Hk, sc.Qb + <size_t>r * sc.Hk, sc.Hk, sc.Kp, nbx,
                            Sx + <size_t>r * ls, ls, 0)
             tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
-            if a0 > 0 or z0 < nb:
-                partial = True
-                # the keys some row masks: [0, hi_a) and [lo_z, nb)
-                hi_a = nb if z0 <= a0 else (a0 if a0 > hi_a else hi_a)
-                lo_z = z0 if z0 < lo_z else lo_z
             online_row(p, x, Sx + <size_t>r * ls, sc.Pb + <size_t>r * sc.Bx, O + <size_t>r * H,
                        &mrow[r], &lrow[r], a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0)
         if kind == 3:
             mixed_pv(p, t, k0, nb, M, rlo, rhi, rns, rrl, Sx, Sf, Vt, Vf, O)
-        elif partial and not p.v_finite and not (all_finite(Vr, <size_t>hi_a * H) and
-                                                 all_finite(Vr + <size_t>lo_z * H, <size_t>(nb - lo_z) * H)):
+        elif nanv:
             # a key masked for some rows of the tile has a NaN / inf value: 0 * inf is NaN,
             # so each row takes P @ V over its own keys only (as the naive path does)
             for r in range(M):
