@@ -1162,9 +1162,10 @@ static float row_max_avx512(const float *x, size_t n)
         const __mmask16 k = mask16(n - i);
         m1 = _mm512_mask_max_ps(m1, k, _mm512_maskz_loadu_ps(k, x + i), m1);
     }
-    float buf[16];
-    _mm512_storeu_ps(buf, _mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
-    return gqa_max_of(buf, 16, -INFINITY);
+    /* no lane holds NaN (vmaxps returns its second operand, the lane's maximum so far, for a
+       NaN load), so the in-register reduction is the scalar one's value (up to the sign of
+       a zero maximum, which no caller tells apart) */
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
 }
 
 /* The tiles, best first: AMX (kernels_amx.c), then AVX-512 BF16 dots (kernels_avx512bf16.c) */
