@@ -10,6 +10,7 @@ cdef extern from "gqa_kernels.h" nogil:
     const gqa_kernels *gqa_path_table(int path)
     int gqa_path_runnable(int path)
     int gqa_approx_vnni_runnable()
+    int gqa_s8_dot_runnable(int path)
     const gqa_tiles *gqa_path_tiles(int path)
     const gqa_tiles *gqa_path_tiles_at(int path, int i)
     int gqa_tiles_runnable(int path, const gqa_tiles *x)
@@ -36,6 +37,7 @@ cdef const gqa_tiles *_tiles = NULL      # the active path's tiles where this CP
 cdef object _tiles_choice = True         # gqa.config(tiles=...): True (the best), False or a name
 cdef bint _approx = False
 cdef bint _vnni = gqa_approx_vnni_runnable() == 1     # the CPU (and build) run the VNNI unit
+cdef bint _dot = gqa_s8_dot_runnable(0) == 1          # the active table's level-4 integer dots run here
 
 cdef int omp_max_threads() noexcept nogil:
     return gqa_openmp_max_threads()
@@ -52,11 +54,11 @@ cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil:
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.qk_s8
-    if not _vnni or (type != GQA_S8_PT and type != GQA_S8_PC):
+    if type != GQA_S8_PT and type != GQA_S8_PC:
         return t.qk_gemm
-    if level >= 4 and t.qk_gemm_s8_dot != NULL:
+    if level >= 4 and _dot:
         return t.qk_gemm_s8_dot
-    if _approx and type == GQA_S8_PT and t.qk_gemm_s8_approx != NULL:
+    if _vnni and _approx and type == GQA_S8_PT and t.qk_gemm_s8_approx != NULL:
         return t.qk_gemm_s8_approx
     return t.qk_gemm
 
@@ -73,8 +75,7 @@ cdef int tile_rows(int level, int H) noexcept nogil:
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.sv_s8
-    if (t.sv_gemm_s8_dot != NULL and _vnni and level >= 4
-            and (type == GQA_S8_PT or type == GQA_S8_PC)):
+    if _dot and level >= 4 and (type == GQA_S8_PT or type == GQA_S8_PC):
         return t.sv_gemm_s8_dot
     return t.sv_gemm
 
@@ -135,9 +136,10 @@ def tile_names():
 
 def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
-    global _active, _tiles
+    global _active, _tiles, _dot
     _active = gqa_path_table(PATH_NAMES.index(name))
     _tiles = _pick_tiles(PATH_NAMES.index(name), _tiles_choice)
+    _dot = gqa_s8_dot_runnable(PATH_NAMES.index(name)) == 1
 
 
 def _set_tiles(choice):
@@ -164,16 +166,17 @@ def approx_vnni_runnable():
 
 def int8_dot_effective():
     """True when accuracy level 4 runs the integer-dot INT8 kernels on the active path."""
-    return dot_tiles(GQA_S8_PT, 4) != NULL or (
-        _vnni and _active.sv_gemm_s8_dot != NULL and _active.qk_gemm_s8_dot != NULL)
+    return dot_tiles(GQA_S8_PT, 4) != NULL or _dot
 
 
 def int8_dot_unit():
     """Where accuracy level 4's INT8 dots of decode steps run with the active settings: the
-    tiles' name ("amx"), "avx512vnni", or None (the exact kernels)."""
+    tiles' name ("amx"), "avx512vnni", "avx2", or None (the exact kernels)."""
     if dot_tiles(GQA_S8_PT, 4) != NULL:
         return _tiles.name.decode()
-    return "avx512vnni" if _vnni and _active.qk_gemm_s8_dot != NULL else None
+    if not _dot:
+        return None
+    return "avx512vnni" if active_path() == "avx512" else active_path()
 
 
 def tiles_effective():

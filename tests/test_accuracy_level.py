@@ -1,8 +1,8 @@
 """accuracy_level (onnxruntime's convention: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8):
 how a level is chosen (the attribute, else gqa.config / GQA_ACCURACY_LEVEL), that only level 4
-on INT8 codes leaves the exact float32 contract, and level 4's integer-dot kernels (AVX-512
-VNNI, and AMX INT8 tiles where the CPU has them; 15-bit query rows and probabilities) against
-NumPy statements of their contracts (kernels_s8dot.h), bit for bit, and
+on INT8 codes leaves the exact float32 contract, and level 4's integer-dot kernels (AVX2,
+AVX-512 VNNI, and AMX INT8 tiles where the CPU has them; 15-bit query rows and probabilities)
+against NumPy statements of their contracts (kernels_s8dot_contract.h), bit for bit, and
 the attention output against float64 within the bound those contracts give.  The emulated
 path (tests/isa, avx512vnni-emulated) checks the same contracts on CPUs without VNNI."""
 import io
@@ -19,26 +19,37 @@ QK_MAX = 32639      # the query codes' limit, 127 * 257 (kernels_s8dot.h)
 N, NKV, H = 6, 2, 64
 G = N // NKV
 
-needs_int8_dot = pytest.mark.skipif(
-    not _dispatch.approx_vnni_runnable(),
-    reason="this CPU (or build) cannot run the AVX-512 VNNI kernels; tests/isa/test_isa.py"
-           "[avx512vnni-emulated] checks their contracts under emulation")
+# level 4's INT8 dot units: the settings under which each runs (the same contracts, the same bits)
+DOT_UNITS = {"avx2": dict(path="avx2"), "avx512vnni": dict(path="avx512", tiles=False),
+             "amx": dict(path="avx512", tiles="amx")}
 
 
-@pytest.fixture(params=["avx512vnni", "amx"])
-def dot_unit(request):
-    """The settings under which level 4's INT8 dots run on one unit: the VNNI kernels (tiles
-    off) or the AMX INT8 tiles; the same contracts, so the same bits."""
-    unit = request.param
-    if not _dispatch.approx_vnni_runnable():
+def _unit_settings(unit):
+    """DOT_UNITS[unit], or a skip naming what this CPU (or build) lacks."""
+    if unit == "avx2":
+        if not _dispatch.path_runnable("avx2"):
+            pytest.skip("this CPU (or build) cannot run the avx2 path")
+    elif not _dispatch.approx_vnni_runnable():
         pytest.skip("this CPU (or build) cannot run the AVX-512 VNNI kernels; tests/isa/test_isa.py"
                     "[avx512vnni-emulated] checks their contracts under emulation")
     if unit == "amx" and not _dispatch.tiles_runnable("amx"):
         pytest.skip("this CPU (or its OS, or the build) runs no AMX tiles, and nothing emulates them")
-    settings = dict(path="avx512", tiles="amx" if unit == "amx" else False)
+    settings = DOT_UNITS[unit]
     with gqa.config(**settings):
         assert _dispatch.int8_dot_unit() == unit
     return settings
+
+
+@pytest.fixture(params=list(DOT_UNITS))
+def dot_unit(request):
+    """The settings under which level 4's INT8 dots run on one unit."""
+    return _unit_settings(request.param)
+
+
+@pytest.fixture(params=["avx2", "avx512vnni"])
+def vector_dot_unit(request):
+    """A unit of vector registers (the AMX tiles' prompts: tests/test_tiles.py)."""
+    return _unit_settings(request.param)
 
 
 def test_levels_are_checked():
@@ -94,7 +105,7 @@ def test_int8_sv_contract(M, K, Ncol, pc, beta, dot_unit):
     with gqa.config(accuracy_level=4, **dot_unit):
         got = gqa.sv_gemm(a, q, s, bits=8, beta=beta, out=c0.copy())
     assert np.array_equal(got, _sv_ref(a, q, s if pc else s[0], beta, c0))
-    with gqa.config(path="avx512", accuracy_level=0):
+    with gqa.config(path=dot_unit["path"], accuracy_level=0):
         exact = gqa.sv_gemm(a, q, s, bits=8, beta=beta, out=c0.copy())
     assert not np.array_equal(got, exact)      # the integer kernel ran
     # the stated bound: sp (1/2 + 2^-9) sum|deq q| + 2^-22 sum a|deq q| (+ float32 roundings)
@@ -114,7 +125,7 @@ def test_int8_sv_rows_outside_the_contract_are_exact(dot_unit):
     s = np.array([0.03], F32)
     with gqa.config(accuracy_level=4, **dot_unit):
         got = gqa.sv_gemm(a, q, s, bits=8)
-    with gqa.config(path="avx512", accuracy_level=0):
+    with gqa.config(path=dot_unit["path"], accuracy_level=0):
         exact = gqa.sv_gemm(a, q, s, bits=8)
     assert np.array_equal(got[:4], exact[:4], equal_nan=True)
     assert np.array_equal(got[4], _sv_ref(a[4:], q, s[0], 0.0, None)[0])
@@ -147,7 +158,7 @@ def test_int8_qk_contract(M, Ncol, K, pc, dot_unit):
     with gqa.config(accuracy_level=4, **dot_unit):
         got = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
     assert np.array_equal(got, _qk_ref(a, b, s, pc, 0.125))
-    with gqa.config(path="avx512", accuracy_level=0):
+    with gqa.config(path=dot_unit["path"], accuracy_level=0):
         exact = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
     x = a.astype(np.float64) * (s if pc else 1.0)
     sq = np.abs(b).astype(np.float64) * (1.0 if pc else float(s[0]))
@@ -168,7 +179,7 @@ def test_int8_qk_rows_outside_the_contract_are_exact(dot_unit):
     s = rng.uniform(0.01, 0.02, H).astype(F32)
     with gqa.config(accuracy_level=4, **dot_unit):
         got = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
-    with gqa.config(path="avx512", accuracy_level=0):
+    with gqa.config(path=dot_unit["path"], accuracy_level=0):
         exact = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
     assert np.array_equal(got[1:4], exact[1:4], equal_nan=True)
     assert np.array_equal(got[[0, 4]], _qk_ref(a[[0, 4]], b, s, True, 0.125))
@@ -176,7 +187,7 @@ def test_int8_qk_rows_outside_the_contract_are_exact(dot_unit):
                   rng.uniform(0.01, 0.02, 1040).astype(F32))
     with gqa.config(accuracy_level=4, **dot_unit):
         got = gqa.qk_gemm(a2, b2, s2, bits=8)
-    with gqa.config(path="avx512", accuracy_level=0):
+    with gqa.config(path=dot_unit["path"], accuracy_level=0):
         assert np.array_equal(got, gqa.qk_gemm(a2, b2, s2, bits=8))
 
 
@@ -248,10 +259,9 @@ def test_level_4_attention_within_its_bound(mode, flash, dot_unit):
         assert np.abs(exact[0, 0, h * H:(h + 1) * H] - ref).max() <= 1e-5 * (np.abs(V[j]).max() + 1)
 
 
-@needs_int8_dot
 @pytest.mark.parametrize("mode", ["int8-pt", "int8-pc"])
 @pytest.mark.parametrize("blocks", [(3, 7), (8, 16), (16, 64)])
-def test_level_4_prompt_within_its_bound(mode, blocks):
+def test_level_4_prompt_within_its_bound(mode, blocks, vector_dot_unit):
     """A causal prompt over an INT8 cache at level 4 on the float32 flash tiles (the AMX tiles
     kept off: tests/test_tiles.py checks level 4 on them): P @ V of each tile by
     the integer-dot kernel on the V codes (the scores stay float32), against float64 over the
@@ -270,7 +280,7 @@ def test_level_4_prompt_within_its_bound(mode, blocks):
     for level in (0, 4):
         c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
                         mode=mode, accuracy_level=level, **kw)
-        with gqa.config(path="avx512", flash=True, flash_blocks=blocks, tiles=False):
+        with gqa.config(flash=True, flash_blocks=blocks, **dict(vector_dot_unit, tiles=False)):
             outs[level] = c.attend(0, q, k, v)
     assert not np.array_equal(outs[0], outs[4])
     ks = c.k_scales[0].astype(np.float64)
@@ -298,8 +308,7 @@ def _codes(cache):
     return cache.key[0][0, :, :T].astype(np.int64), cache.value[0][0, :, :T].astype(np.int64)
 
 
-@needs_int8_dot
-def test_the_attribute_wins_over_the_configured_level():
+def test_the_attribute_wins_over_the_configured_level(vector_dot_unit):
     rng = np.random.default_rng(5)
     mk = lambda level: gqa.GroupQueryAttention(num_heads=N, kv_num_heads=NKV, k_quant_type="PER_TENSOR",  # noqa: E731
                                                v_quant_type="PER_TENSOR", kv_cache_bit_width=8,
@@ -312,7 +321,7 @@ def test_the_attribute_wins_over_the_configured_level():
     s = np.array([0.02], F32)
     call = lambda op: op(q, k, v, pk.copy(), pv.copy(), np.array([T - 1], np.int32), np.array(T, np.int32),  # noqa: E731
                          k_scale=s, v_scale=s)[0]
-    with gqa.config(path="avx512"):
+    with gqa.config(**vector_dot_unit):
         exact, four = call(mk(0)), call(mk(4))
         with gqa.config(accuracy_level=4):
             assert np.array_equal(call(mk(0)), four)        # 0: the configured level
@@ -339,10 +348,15 @@ def test_environment_default():
 
 def test_the_int8_unit_is_reported():
     """get_config()['int8_dot_unit'] names where level 4's INT8 dots run: none on the scalar
-    path; on avx512 the AMX tiles where they run (and are on), else VNNI where it runs."""
+    path; avx2 on the avx2 path; on avx512 the AMX tiles where they run (and are on), else VNNI
+    where it runs."""
     with gqa.config(path="scalar"):
         assert gqa.get_config()["int8_dot_unit"] is None
         assert not gqa.get_config()["int8_dot_effective"]
+    if _dispatch.path_runnable("avx2"):
+        with gqa.config(path="avx2"):
+            assert gqa.get_config()["int8_dot_unit"] == "avx2"
+            assert gqa.get_config()["int8_dot_effective"]
     if not _dispatch.path_runnable("avx512"):
         return
     vnni = "avx512vnni" if _dispatch.approx_vnni_runnable() else None

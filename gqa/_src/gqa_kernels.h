@@ -32,7 +32,7 @@
  *   sv_gemm    C[m,n] = beta * C[m,n] + sum_k A[m,k] * deq(B)[k,n]
  *              beta == 0 overwrites C (NaN in C is ignored).
  *   A (float32) is never quantized, except by the opt-in integer-dot kernels
- *   (AVX-512 VNNI only): qk_gemm_s8_approx quantizes A rows to u8 with zero point
+ *   (AVX-512 VNNI, AMX INT8, AVX2): qk_gemm_s8_approx quantizes A rows to u8 with zero point
  *   128, qk_gemm_s8_dot to int16 against the row's absolute maximum, sv_gemm_s8_dot
  *   (non-negative rows) to 15 bits against the row's maximum.
  *   Where a scale is applied is the path's choice (the scalar path decodes
@@ -146,7 +146,7 @@ typedef struct gqa_tiles {
     void (*gemm)(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda, const uint32_t *B,
                  size_t ldb, float *C, size_t ldc, int acc);
     /* Accuracy level 4's qk_gemm_s8_dot / sv_gemm_s8_dot on these tiles (the contracts and
-       results of the VNNI unit's, kernels_s8dot.h), or NULL; called between begin and end. */
+       results of the VNNI unit's, kernels_s8dot_contract.h), or NULL; called between begin and end. */
     gqa_qk_gemm_fn qk_s8;
     gqa_sv_gemm_fn sv_s8;
 } gqa_tiles;
@@ -163,11 +163,12 @@ typedef struct gqa_kernels {
     gqa_dequantize_fn dequantize_t;
     gqa_qk_gemm_fn qk_gemm;
     gqa_sv_gemm_fn sv_gemm;
-    /* Integer-dot INT8 kernels (AVX-512 VNNI), approximate; NULL where the path has none.
-       qk_gemm_s8_approx: GQA_S8_PT, onnxruntime's approximate VNNI QK (8-bit query, opt-in);
-       qk_gemm_s8_dot / sv_gemm_s8_dot: accuracy level 4 on GQA_S8_PT / GQA_S8_PC, query rows
-       and probabilities quantized to 15 bits (vpdpwssd).  Other types (and, per row, what
-       the contracts leave) run the path's exact kernel. */
+    /* Integer-dot INT8 kernels, approximate; NULL where the path has none.
+       qk_gemm_s8_approx: GQA_S8_PT, onnxruntime's approximate VNNI QK (8-bit query, opt-in;
+       avx512 with VNNI);  qk_gemm_s8_dot / sv_gemm_s8_dot: accuracy level 4 on GQA_S8_PT /
+       GQA_S8_PC, query rows and probabilities quantized to 15 bits (kernels_s8dot_contract.h;
+       avx512: vpdpwssd, where the CPU has VNNI; avx2: vpmaddwd; gqa_s8_dot_runnable says).
+       Other types (and, per row, what the contracts leave) run the path's exact kernel. */
     gqa_qk_gemm_fn qk_gemm_s8_approx;
     gqa_qk_gemm_fn qk_gemm_s8_dot;
     gqa_sv_gemm_fn sv_gemm_s8_dot;
@@ -213,6 +214,9 @@ const gqa_kernels *gqa_path_table(int path);
 int gqa_path_runnable(int path);
 /* 1 when the approximate VNNI QK kernel can run here. */
 int gqa_approx_vnni_runnable(void);
+/* 1 when path `path`'s table has accuracy level 4's integer-dot kernels (qk_gemm_s8_dot,
+   sv_gemm_s8_dot) and this CPU runs them. */
+int gqa_s8_dot_runnable(int path);
 /* The i-th tiles of a path's table (best first), NULL past the last or where it has none. */
 const gqa_tiles *gqa_path_tiles_at(int path, int i);
 /* 1 when path `path` runs here and this CPU, its OS and (AMX) the kernel's grant of the tile

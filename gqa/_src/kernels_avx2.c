@@ -31,6 +31,7 @@
  *  - exp_sum: range reduction + degree-6 polynomial (exp8), exact zeros below
  *    GQA_EXP_MIN, NaN kept.
  *  - row_max: 8-lane maxima, NaN skipped (exact).
+ *  - qk_gemm_s8_dot, sv_gemm_s8_dot (accuracy level 4): kernels_avx2_s8dot.c.
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -910,5 +911,13 @@ static float row_max_avx2(const float *x, size_t n)
     return gqa_max_of(x + i, n - i, gqa_max_of(buf, 8, -INFINITY));
 }
 
+#ifdef GQA_HAVE_AVX2_S8DOT /* accuracy level 4's integer dots: kernels_avx2_s8dot.c */
+void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
+                             int type, const float *s, float *C, size_t ldc);
+void gqa_sv_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
+                             const float *s, float *C, size_t ldc, float beta);
+GQA_KERNEL_TABLE(avx2, NULL, gqa_qk_gemm_s8_dot_avx2, gqa_sv_gemm_s8_dot_avx2, NULL)
+#else
 GQA_KERNEL_TABLE(avx2, NULL, NULL, NULL, NULL)
+#endif
 #endif

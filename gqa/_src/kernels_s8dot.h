@@ -1,55 +1,20 @@
 /*
- * kernels_s8dot.h -- accuracy level 4's integer-dot contracts and what every unit that
- * implements them shares: the quantization of query rows and probability rows to 15-bit
- * codes and the float finish of P @ V.  Included by kernels_avx512vnni.c (vpdpwssd) and
- * kernels_amxint8.c (AMX INT8 tiles), both compiled with the avx512 path's flags; the two
- * give the same results bit for bit.
- *
- * qk_gemm_s8_dot, GQA_S8_PT / GQA_S8_PC codes q [N, K], K <= DOT_QK_K (wider heads, and
- * other types: the exact kernel).  For each row m of A, with a_k = A[m,k] (per tensor) or
- * fl(A[m,k] * s[k]) (per channel):
- *   amax = max_k |a_k| not finite, 0, or QK_CODE_MAX / amax not finite: the row is the
- *               path's exact qk_gemm;
- *   otherwise:  inv = fl(QK_CODE_MAX / amax), sa = fl(amax / QK_CODE_MAX),
- *               code_k = clamp(rint(fl(a_k * inv)), -QK_CODE_MAX, QK_CODE_MAX)  (half to even),
- *               D[m,n] = sum_k code_k * q[n,k]           (exact in int32: |D| <= 512 * 32639 * 128 < 2^31),
- *               C[m,n] = fl(float(D) * mult), mult = fl(fl(alpha * sa) * s[0]) per tensor,
- *               fl(alpha * sa) per channel.
- * So |sum_k a_k q[n,k] - sa D[m,n]| <= sa / 2 sum_k |q[n,k]| + 2^-22 sum_k |a_k q[n,k]|:
- * 15 bits where onnxruntime's approximate VNNI kernel gives 8 (whose query rounding cost
- * SmolLM2 about 1 % of its top-1 agreement with level 0).  QK_CODE_MAX = 32639 = 127 * 257:
- * every code is 256 hi + lo with hi and lo both in [-127, 127] (hi = (code + 128) >> 8), so
- * the AMX unit takes both halves as signed bytes in one tile.
- *
- * sv_gemm_s8_dot, GQA_S8_PT / GQA_S8_PC codes q [K, N], scales s[0] or s[n].  For each row m
- * of A:
- *   an element negative, NaN or infinite, a row maximum pmax of 0, or 32767 / pmax not
- *   finite:     the row is the path's exact sv_gemm;
- *   otherwise:  inv = fl(32767 / pmax), sp = fl(pmax / 32767),
- *               code_k = min(32767, rint(fl(A[m,k] * inv)))       (15 bits, half to even),
- *               per chunk c of SV_KS keys, in order:
- *                 D_c[n] = sum_{k in c} code_k * q[k,n]           (exact in int32),
- *               r = (beta == 0 ? 0 : fl(beta * C[m,n])), then r = fl(r + fl(float(D_c[n]) * mult[n]))
- *               chunk by chunk, mult[n] = fl(sp * s[0]) or fl(sp * s[n]); C[m,n] = r.
- * Probabilities are quantized with 15 bits against their row's maximum, so
- *   |sum_k A[m,k] deq(q)[k,n] - sp sum_k code_k deq(q)[k,n]| <= sp (1/2 + 2^-9) sum_k |deq(q)[k,n]|
- *                                                              + 2^-22 sum_k A[m,k] |deq(q)[k,n]|.
- * (The 8-bit probabilities of vpdpbusd lost the many small probabilities of a row whose
- * maximum is an attention sink: SmolLM2's top-1 agreement with level 0 fell to 97 %.)
+ * kernels_s8dot.h -- what the AVX-512 units implementing accuracy level 4's integer-dot
+ * contracts (kernels_s8dot_contract.h) share: the quantization of query rows and probability
+ * rows to 15-bit codes and the float finish of P @ V.  Included by kernels_avx512vnni.c
+ * (vpdpwssd) and kernels_amxint8.c (AMX INT8 tiles), both compiled with the avx512 path's
+ * flags; the two give the same results bit for bit.
  */
 #ifndef GQA_KERNELS_S8DOT_H
 #define GQA_KERNELS_S8DOT_H
 
 #include "kernels_avx512.h"
+#include "kernels_s8dot_contract.h"
 
 /* The avx512 path's table (kernels_avx512.c): its exact kernels take what the contracts leave
    to them, and its VNNI entries (NULL without the VNNI unit) the AMX unit's calls of fewer than
    AMX_MIN_ROWS rows. */
 extern const gqa_kernels gqa_kernels_avx512;
-
-#define DOT_QK_K 512
-#define QK_CODE_MAX 32639.0f
-#define SV_KS 512
 
 /* Row a's codes into c (int16, padded with 0 to cs, a multiple of 16) and its multiplier;
    0 when the row takes the exact kernel (qk_gemm_s8_dot's contract). */
@@ -122,8 +87,8 @@ static inline int sv_row_params(const float *a, size_t K, float *inv, float *sp)
     const float pmax = _mm512_reduce_max_ps(mx);
     if (bad || pmax == 0.0f)
         return 0;
-    *inv = 32767.0f / pmax;
-    *sp = pmax / 32767.0f;
+    *inv = SV_CODE_MAX / pmax;
+    *sp = pmax / SV_CODE_MAX;
     return *inv <= FLT_MAX;
 }
 
@@ -150,7 +115,7 @@ static inline __m512i sv_code16(__m512 x, __m512 vinv)
 {
     const __m512 t = _mm512_mul_round_ps(x, vinv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                                            _mm512_set1_ps(32767.0f)));
+                                            _mm512_set1_ps(SV_CODE_MAX)));
 }
 
 /* int16 codes of a[k0, k1) into c[0, kp), kp = k1 - k0 rounded up to 16, padded with 0. */

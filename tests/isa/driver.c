@@ -768,7 +768,7 @@ static void check_approx(void)
     }
 }
 
-/* The contract of sv_gemm_s8_dot (stated in kernels_s8dot.h), for rows whose elements
+/* The contract of sv_gemm_s8_dot (stated in kernels_s8dot_contract.h), for rows whose elements
    are finite and >= 0 with a maximum > 0: C = beta * C + the chunked integer dots. */
 static void sv_dot_oracle(size_t M, size_t N, size_t K, const float *A, size_t lda, const int8_t *B,
                              const float *s, int pc, float *C, size_t ldc, float beta)
@@ -904,7 +904,7 @@ static void check_sv_dot(gqa_sv_gemm_fn dot)
     }
 }
 
-/* The contract of qk_gemm_s8_dot (stated in kernels_s8dot.h) for rows whose (scaled)
+/* The contract of qk_gemm_s8_dot (stated in kernels_s8dot_contract.h) for rows whose (scaled)
    maximum is finite and > 0; returns the row's sa. */
 static float qk_dot_oracle_row(size_t N, size_t K, float alpha, const float *a, const int8_t *B, int pc,
                                const float *s, float *c)
@@ -1301,17 +1301,19 @@ static void check_tiles(const gqa_tiles *x)
 
 int main(int argc, char **argv)
 {
-    int exact = argc < 2, approx = argc < 2;
+    int exact = argc < 2, approx = argc < 2, dot = 0;
     const char *tiles = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "exact"))
             exact = 1;
         else if (!strcmp(argv[i], "approx"))
             approx = 1;
+        else if (!strcmp(argv[i], "dot"))
+            dot = 1;
         else if (!strncmp(argv[i], "tiles=", 6))
             tiles = argv[i] + 6;
         else {
-            fprintf(stderr, "usage: %s [exact] [approx] [tiles=NAME]\n", argv[0]);
+            fprintf(stderr, "usage: %s [exact] [approx] [dot] [tiles=NAME]\n", argv[0]);
             return 2;
         }
     }
@@ -1332,8 +1334,11 @@ int main(int argc, char **argv)
         } else {
             check_approx();
         }
+        dot = 1;
+    }
+    if (dot) { /* accuracy level 4's integer dots (approx: the VNNI unit's; dot: a path's own) */
         if (T->qk_gemm_s8_dot == NULL || T->sv_gemm_s8_dot == NULL) {
-            printf("approx: the %s table has no qk_gemm_s8_dot / sv_gemm_s8_dot\n", T->name);
+            printf("dot: the %s table has no qk_gemm_s8_dot / sv_gemm_s8_dot\n", T->name);
             n_checks++, n_failed++;
         } else {
             check_dot_qk(T->qk_gemm_s8_dot);

@@ -6,7 +6,8 @@ Each test builds tests/isa/driver.c with kernels_scalar.c and one path's TU
 into a temporary directory and runs it (see driver.c for the checks).  Test ids
 name the path and how it ran: neon-qemu (neon-native on aarch64),
 avx512-emulated, avx512vnni-emulated, avx512bf16-emulated (the AVX-512 BF16 tiles),
-avx512-native, avx512vnni-native, avx512bf16-native, amx-native, avx2-native; the native ones
+avx512-native, avx512vnni-native, avx512bf16-native, amx-native, avx2-native, avx2-dot-native
+(accuracy level 4's integer dots of the avx2 path); the native ones
 exist only where this CPU runs the path (amx-native is listed everywhere and skips, with the
 reason, on CPUs without AMX: nothing emulates AMX; avx512bf16-native skips without AVX512-BF16).  A test skips otherwise only when the tools it needs are missing (Debian:
 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; libsimde-dev).
@@ -215,6 +216,7 @@ def _cases():
             cases.append(("avx512bf16-native", "tiles=avx512bf16", "avx512-native"))
         if HAS_AVX2:
             cases.append(("avx2-native", "exact", "avx2-native"))
+            cases.append(("avx2-dot-native", "dot", "avx2-native"))
     return cases
 
 

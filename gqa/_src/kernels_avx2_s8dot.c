@@ -1,0 +1,410 @@
+/*
+ * kernels_avx2_s8dot.c -- accuracy level 4's integer-dot kernels of path `avx2`: QK and P @ V on
+ * INT8 per-tensor and per-channel codes with 15-bit query rows and probabilities, the contracts
+ * of kernels_s8dot_contract.h, bit for bit the results of the AVX-512 VNNI and AMX INT8 units.
+ * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); setup.py compiles it with the path and then
+ * defines GQA_HAVE_AVX2_S8DOT for kernels_avx2.c, whose table holds gqa_qk_gemm_s8_dot_avx2 and
+ * gqa_sv_gemm_s8_dot_avx2.  Every AVX2 CPU runs them.
+ *
+ * The integer dots are vpmaddwd (int16 pairs x int16 pairs, summed to int32) plus vpaddd:
+ * exact, since no pair reaches -32768 * -32768 (query codes within +-32639, probability codes in
+ * [0, 32767], cache codes in [-128, 127]), and the sums stay within the contract's int32 limits;
+ * integer sums do not depend on their order, so these kernels give the contract's bits.
+ *
+ * Layout: QK: A float32 [M, K] (lda), B int8 codes [N, K] (rows of K bytes), C float32 [M, N]
+ * (ldc), overwritten.  SV: A float32 [M, K] (lda), B int8 codes [K, N] (rows of N bytes), C
+ * float32 [M, N] (ldc), C = beta * C + A @ deq(B).  Neither reads B past its last byte.
+ */
+#if defined(__x86_64__) || defined(_M_X64)
+#include <float.h>
+#include <immintrin.h>
+#include "kernels_common.h"
+#include "kernels_s8dot_contract.h"
+
+/* The avx2 path's table (kernels_avx2.c): its exact kernels take what the contracts leave. */
+extern const gqa_kernels gqa_kernels_avx2;
+
+/* The first min(n, 8) lanes all ones: a maskload mask. */
+INLINE __m256i lanes8(size_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+INLINE int32_t hsum8_epi32(__m256i v)
+{
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1)));
+}
+
+/* Lane i = the sum of v_i's 8 lanes (exact). */
+INLINE __m128i hsum4_epi32(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
+{
+    const __m256i w01 = _mm256_add_epi32(_mm256_unpacklo_epi32(v0, v1), _mm256_unpackhi_epi32(v0, v1));
+    const __m256i w23 = _mm256_add_epi32(_mm256_unpacklo_epi32(v2, v3), _mm256_unpackhi_epi32(v2, v3));
+    const __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(w01, w23), _mm256_unpackhi_epi64(w01, w23));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+INLINE float hmax8(__m256 v)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+/* 16 int32 lanes (two vectors) -> 16 int16 in order (saturating; the values fit). */
+INLINE __m256i pack16(__m256i lo, __m256i hi)
+{
+    return _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+}
+
+/* ---- qk_gemm_s8_dot ------------------------------------------------------------------------ */
+
+/* Row a's codes into c (int16, padded with 0 to cs, a multiple of 16) and its multiplier; 0
+   when the row takes the exact kernel (the contract's first case). */
+static int qk_row(const float *a, size_t K, const float *s, int pc, float alpha, int16_t *c, size_t cs,
+                  float *mult)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (size_t k = 0; k < K; k += 8) {
+        const __m256i m = lanes8(K - k);
+        __m256 v = _mm256_maskload_ps(a + k, m);
+        if (pc)
+            v = _mm256_mul_ps(v, _mm256_maskload_ps(s + k, m));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v));
+    }
+    const float amax = hmax8(mx);
+    if (_mm256_movemask_ps(bad) || !(amax <= FLT_MAX) || amax == 0.0f || !(QK_CODE_MAX / amax <= FLT_MAX))
+        return 0;
+    const float inv = QK_CODE_MAX / amax, sa = amax / QK_CODE_MAX;
+    const __m256 vinv = _mm256_set1_ps(inv), lim = _mm256_set1_ps(QK_CODE_MAX), nlim = _mm256_set1_ps(-QK_CODE_MAX);
+    for (size_t k = 0; k < cs; k += 16) {
+        __m256i q[2];
+        for (int h = 0; h < 2; h++) {
+            const size_t kk = k + 8 * (size_t)h;
+            const __m256i m = lanes8(K > kk ? K - kk : 0); /* lanes past the row: 0 */
+            __m256 v = _mm256_maskload_ps(a + kk, m);
+            if (pc)
+                v = _mm256_mul_ps(v, _mm256_maskload_ps(s + kk, m));
+            v = _mm256_round_ps(_mm256_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q[h] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(v, lim), nlim));
+        }
+        _mm256_store_si256((__m256i *)(c + k), pack16(q[0], q[1]));
+    }
+    *mult = pc ? alpha * sa : (alpha * sa) * s[0];
+    return 1;
+}
+
+#define QK_PF 4096
+
+/* C[mb, n] for rows mb < MB of c (stride cs) and the N rows of B (K bytes each), NB rows of B at
+   a time (a last partial block repeats B's last row and stores only its own).  K % 16 columns
+   at the end come from a zero-padded copy, so B is never read past a row. */
+INLINE void qk_block(const int MB, const int NB, const int16_t *c, size_t cs, const int8_t *B, size_t N, size_t K,
+                     const float *mult, float *C, size_t ldc)
+{
+    const size_t K16 = K & ~(size_t)15;
+    for (size_t n = 0; n < N; n += (size_t)NB) {
+        const size_t nv = N - n < (size_t)NB ? N - n : (size_t)NB;
+        const int8_t *b[8];
+        __m256i acc[12];
+        UNROLL
+        for (int nb = 0; nb < NB; nb++)
+            b[nb] = B + (n + ((size_t)nb < nv ? (size_t)nb : nv - 1)) * K;
+        UNROLL
+        for (int i = 0; i < MB * NB; i++)
+            acc[i] = _mm256_setzero_si256();
+        size_t k = 0;
+        for (; k < K16; k += 16) {
+            /* B streams from memory in decode: the block's rows QK_PF bytes ahead, one prefetch
+               per line spread over the steps (a block's rows are contiguous) */
+            UNROLL
+            for (int j = 0; j < (16 * NB + 63) / 64; j++)
+                _mm_prefetch((const char *)b[0] + QK_PF + k * NB + 64 * j, _MM_HINT_T0);
+            UNROLL
+            for (int nb = 0; nb < NB; nb++) {
+                const __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b[nb] + k)));
+                UNROLL
+                for (int mb = 0; mb < MB; mb++)
+                    acc[mb * NB + nb] = _mm256_add_epi32(
+                        acc[mb * NB + nb], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + k)), bv));
+            }
+        }
+        if (k < K) {
+            UNROLL
+            for (int nb = 0; nb < NB; nb++) {
+                int8_t t[16] = {0};
+                memcpy(t, b[nb] + k, K - k);
+                const __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)t));
+                UNROLL
+                for (int mb = 0; mb < MB; mb++)
+                    acc[mb * NB + nb] = _mm256_add_epi32(
+                        acc[mb * NB + nb], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + k)), bv));
+            }
+        }
+        if (NB % 4 == 0 && nv == (size_t)NB) { /* each 4 accumulators: 4 outputs of one row */
+            UNROLL
+            for (int g = 0; g < MB * NB; g += 4)
+                _mm_storeu_ps(C + (g / NB) * ldc + n + g % NB,
+                              _mm_mul_ps(_mm_cvtepi32_ps(hsum4_epi32(acc[g], acc[g + 1], acc[g + 2], acc[g + 3])),
+                                         _mm_set1_ps(mult[g / NB])));
+        } else {
+            UNROLL
+            for (int mb = 0; mb < MB; mb++)
+                for (size_t nb = 0; nb < nv; nb++)
+                    C[mb * ldc + n + nb] = (float)hsum8_epi32(acc[mb * NB + nb]) * mult[mb];
+        }
+    }
+}
+
+#define QK_INST(MB, NB)                                                                                \
+    static void qk_##MB##x##NB(const int16_t *c, size_t cs, const int8_t *B, size_t N, size_t K,          \
+                               const float *mult, float *C, size_t ldc)                                 \
+    {                                                                                                  \
+        qk_block(MB, NB, c, cs, B, N, K, mult, C, ldc);                                                \
+    }
+/* rows of A x rows of B per block: 1x8 2x4 3x4 4x3, at most 12 accumulators */
+QK_INST(1, 8) QK_INST(2, 4) QK_INST(3, 4) QK_INST(4, 3)
+typedef void (*qk_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, const float *, float *, size_t);
+static const qk_fn qk_blocks[5] = {NULL, qk_1x8, qk_2x4, qk_3x4, qk_4x3};
+
+void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
+                             int type, const float *s, float *C, size_t ldc)
+{
+    int16_t c[4 * DOT_QK_K] __attribute__((aligned(32)));
+    const int pc = type == GQA_S8_PC;
+    if ((type != GQA_S8_PT && !pc) || K == 0 || K > DOT_QK_K) {
+        gqa_kernels_avx2.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        return;
+    }
+    const size_t cs = (K + 15) & ~(size_t)15;
+    for (size_t m0 = 0; m0 < M;) {
+        /* blocks of at most 4 consecutive rows the contract covers; each other row exact */
+        size_t rows[4];
+        float mult[4];
+        int mb = 0;
+        for (; m0 < M && mb < 4; ++m0) {
+            if (qk_row(A + m0 * lda, K, s, pc, alpha, c + mb * cs, cs, &mult[mb]))
+                rows[mb++] = m0;
+            else
+                gqa_kernels_avx2.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc);
+        }
+        if (mb == 0)
+            continue;
+        if (rows[mb - 1] - rows[0] == (size_t)(mb - 1))
+            qk_blocks[mb](c, cs, (const int8_t *)B, N, K, mult, C + rows[0] * ldc, ldc);
+        else
+            for (int i = 0; i < mb; i++)
+                qk_blocks[1](c + i * cs, cs, (const int8_t *)B, N, K, mult + i, C + rows[i] * ldc, ldc);
+    }
+}
+
+/* ---- sv_gemm_s8_dot ------------------------------------------------------------------------ */
+
+/* inv and sp of a probability row; 0 when the row takes the exact kernel (the contract's first
+   case). */
+static int sv_row(const float *a, size_t K, float *inv, float *sp)
+{
+    const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(FLT_MAX);
+    __m256 mx = zero, bad = zero;
+    for (size_t k = 0; k < K; k += 8) {
+        const __m256 v = _mm256_maskload_ps(a + k, lanes8(K - k)); /* lanes past the row: 0 */
+        /* not (0 <= v <= FLT_MAX): negative, NaN or infinite */
+        bad = _mm256_or_ps(bad, _mm256_or_ps(_mm256_cmp_ps(v, zero, _CMP_NGE_UQ), _mm256_cmp_ps(v, big, _CMP_NLE_UQ)));
+        mx = _mm256_max_ps(mx, v);
+    }
+    const float pmax = hmax8(mx);
+    if (_mm256_movemask_ps(bad) || pmax == 0.0f)
+        return 0;
+    *inv = SV_CODE_MAX / pmax;
+    *sp = pmax / SV_CODE_MAX;
+    return *inv <= FLT_MAX;
+}
+
+/* int16 codes min(32767, rint(fl(a[k] inv))) of a[0, n) into c[0, n rounded up to 16), 0 past n. */
+static void sv_codes(const float *a, size_t n, float inv, int16_t *c)
+{
+    const __m256 vinv = _mm256_set1_ps(inv), lim = _mm256_set1_ps(SV_CODE_MAX);
+    for (size_t k = 0; k < n; k += 16) {
+        __m256i q[2];
+        for (int h = 0; h < 2; h++) {
+            const size_t kk = k + 8 * (size_t)h;
+            const __m256 v = _mm256_maskload_ps(a + kk, lanes8(n > kk ? n - kk : 0));
+            q[h] = _mm256_cvtps_epi32(
+                _mm256_min_ps(_mm256_round_ps(_mm256_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lim));
+        }
+        _mm256_store_si256((__m256i *)(c + k), pack16(q[0], q[1]));
+    }
+}
+
+#define SV_MB 4
+
+/* Keys [k, k + kn) (kn even, codes padded) against 16 NV columns of B at b (rows of ldb bytes),
+   for rows i < MB of codes (stride SV_KS + 16); the int32 sums added to D[i][16 NV] (column
+   order).  Two keys at a time: their 16-column rows widened to int16 and interleaved by in-lane
+   word unpacks, so that lane t of `lo` holds the two keys' codes of column (t < 4 ? t : t + 4)
+   and of `hi` column (t < 4 ? t + 4 : t + 8); one vpmaddwd per vector and row with the row's two
+   codes broadcast.  |one vpmaddwd| <= 2 * 32767 * 128, SV_KS / 2 of them < 2^31. */
+INLINE void sv_block(const int MB, const int NV, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb,
+                     int32_t *D, size_t ldd)
+{
+    __m256i lo[SV_MB][4], hi[SV_MB][4];
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int j = 0; j < NV; j++)
+            lo[i][j] = hi[i][j] = _mm256_setzero_si256();
+    for (size_t k = 0; k < kn; k += 2) {
+        const int8_t *r0 = b + k * ldb, *r1 = r0 + ldb;
+        __m256i p[SV_MB];
+        UNROLL
+        for (int i = 0; i < MB; i++) {
+            int32_t pair;
+            memcpy(&pair, codes + i * (SV_KS + 16) + k, 4);
+            p[i] = _mm256_set1_epi32(pair);
+        }
+        UNROLL
+        for (int j = 0; j < NV; j++) {
+            const __m256i x0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(r0 + 16 * j)));
+            const __m256i x1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(r1 + 16 * j)));
+            const __m256i ul = _mm256_unpacklo_epi16(x0, x1), uh = _mm256_unpackhi_epi16(x0, x1);
+            UNROLL
+            for (int i = 0; i < MB; i++) {
+                lo[i][j] = _mm256_add_epi32(lo[i][j], _mm256_madd_epi16(p[i], ul));
+                hi[i][j] = _mm256_add_epi32(hi[i][j], _mm256_madd_epi16(p[i], uh));
+            }
+        }
+    }
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int j = 0; j < NV; j++) {
+            int32_t *d = D + i * ldd + 16 * j;
+            const __m256i c0 = _mm256_permute2x128_si256(lo[i][j], hi[i][j], 0x20); /* columns 0..7 */
+            const __m256i c1 = _mm256_permute2x128_si256(lo[i][j], hi[i][j], 0x31); /* 8..15 */
+            _mm256_storeu_si256((__m256i *)d, _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)d), c0));
+            _mm256_storeu_si256((__m256i *)(d + 8), _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(d + 8)), c1));
+        }
+}
+
+/* Columns of one block width, for MB rows. */
+#define SV_INST(MB, NV)                                                                                \
+    static void sv_##MB##x##NV(const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, int32_t *D, \
+                               size_t ldd)                                                             \
+    {                                                                                                  \
+        sv_block(MB, NV, codes, kn, b, ldb, D, ldd);                                                   \
+    }
+SV_INST(1, 4) SV_INST(2, 2) SV_INST(3, 1) SV_INST(4, 1) SV_INST(1, 1) SV_INST(2, 1)
+typedef void (*sv_fn)(const int16_t *, size_t, const int8_t *, size_t, int32_t *, size_t);
+/* per row count: {the wide block (16 NV columns), its NV, the 16-column block} */
+static const sv_fn sv_wide[SV_MB + 1] = {NULL, sv_1x4, sv_2x2, sv_3x1, sv_4x1};
+static const int sv_nv[SV_MB + 1] = {0, 4, 2, 1, 1};
+static const sv_fn sv_one[SV_MB + 1] = {NULL, sv_1x1, sv_2x1, sv_3x1, sv_4x1};
+
+/* Keys per pass over the columns: 16 KiB of B, so that each column block finds the keys' rows in
+   L1 (an even count, at least 32). */
+static size_t sv_pass_keys(size_t N)
+{
+    size_t kp = 16384 / (N ? N : 1);
+    kp = kp < 32 ? 32 : kp > SV_KS ? SV_KS : kp;
+    return kp & ~(size_t)1;
+}
+
+/* Columns per call of sv_chunk: its int32 sums D live on the stack. */
+#define SV_NC 512
+
+/* The int32 sums of rows i < mb (codes, kn keys) with the w <= SV_NC columns of B's rows at b
+   (stride ldb), into D[i][0, w) (zeroed here).  Pairs of keys and whole 16-column blocks first;
+   then an odd last key and the last w % 16 columns, through zero-padded copies of their bytes. */
+static void sv_chunk(int mb, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, size_t w, int32_t *D,
+                     size_t ldd)
+{
+    const size_t w16 = w & ~(size_t)15, kp = sv_pass_keys(w), nvw = 16 * (size_t)sv_nv[mb];
+    for (int i = 0; i < mb; i++)
+        memset(D + i * ldd, 0, w * sizeof(int32_t));
+    for (size_t k = 0; k < kn; k += kp) {
+        const size_t kk = kn - k < kp ? kn - k : kp, ke = kk & ~(size_t)1;
+        const int8_t *bk = b + k * ldb;
+        const int16_t *ck = codes + k;
+        size_t n = 0;
+        if (ke) {
+            for (; n + nvw <= w16; n += nvw)
+                sv_wide[mb](ck, ke, bk + n, ldb, D + n, ldd);
+            for (; n < w16; n += 16)
+                sv_one[mb](ck, ke, bk + n, ldb, D + n, ldd);
+        }
+        for (size_t n0 = 0; n0 < w; n0 += 16) {
+            const size_t wn = w - n0 < 16 ? w - n0 : 16;
+            for (size_t k2 = n0 < w16 ? ke : 0; k2 < kk; k2 += 2) {
+                /* rows k2 and k2 + 1 (zeros past the chunk: its code there is sv_codes' 0 pad) */
+                int8_t t[2][16] = {{0}};
+                int32_t d[SV_MB][16] = {{0}};
+                memcpy(t[0], bk + k2 * ldb + n0, wn);
+                if (k2 + 1 < kk)
+                    memcpy(t[1], bk + (k2 + 1) * ldb + n0, wn);
+                sv_one[mb](ck + k2, 2, &t[0][0], 16, &d[0][0], 16);
+                for (int i = 0; i < mb; i++)
+                    for (size_t x = 0; x < wn; x++)
+                        D[i * ldd + n0 + x] += d[i][x];
+            }
+        }
+    }
+}
+
+/* One chunk's sums d[0, w) into crow: crow[n] = (first ? (beta == 0 ? 0 : fl(beta crow[n])) :
+   crow[n]) + fl(float(d[n]) fl(sp s[n or 0])). */
+static void sv_finish(const int32_t *d, size_t w, float *crow, const float *s, int pc, float sp, float beta,
+                      int first)
+{
+    const __m256 vsp = _mm256_set1_ps(sp);
+    for (size_t n = 0; n < w; n += 8) {
+        const __m256i m = lanes8(w - n);
+        const __m256 sc = pc ? _mm256_maskload_ps(s + n, m) : _mm256_set1_ps(s[0]);
+        __m256 base = _mm256_maskload_ps(crow + n, m);
+        if (first)
+            base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), base);
+        const __m256 prod = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_maskload_epi32(d + n, m)), _mm256_mul_ps(vsp, sc));
+        _mm256_maskstore_ps(crow + n, m, _mm256_add_ps(base, prod));
+    }
+}
+
+void gqa_sv_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
+                             const float *s, float *C, size_t ldc, float beta)
+{
+    int16_t codes[SV_MB][SV_KS + 16] __attribute__((aligned(32)));
+    int32_t D[SV_MB * SV_NC];
+    const int8_t *Bb = (const int8_t *)B;
+    const int pc = type == GQA_S8_PC;
+    if ((type != GQA_S8_PT && !pc) || K == 0) {
+        gqa_kernels_avx2.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
+        return;
+    }
+    for (size_t m0 = 0; m0 < M;) {
+        size_t rows[SV_MB];
+        float inv[SV_MB], sp[SV_MB];
+        int mb = 0;
+        for (; m0 < M && mb < SV_MB; ++m0) {
+            if (sv_row(A + m0 * lda, K, &inv[mb], &sp[mb]))
+                rows[mb++] = m0;
+            else
+                gqa_kernels_avx2.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc, beta);
+        }
+        if (mb == 0)
+            continue;
+        for (size_t k0 = 0; k0 < K; k0 += SV_KS) {
+            const size_t kn = K - k0 < SV_KS ? K - k0 : SV_KS;
+            for (int i = 0; i < mb; i++)
+                sv_codes(A + rows[i] * lda + k0, kn, inv[i], codes[i]);
+            for (size_t n0 = 0; n0 < N; n0 += SV_NC) {
+                const size_t w = N - n0 < SV_NC ? N - n0 : SV_NC;
+                sv_chunk(mb, &codes[0][0], kn, Bb + k0 * N + n0, N, w, D, SV_NC);
+                for (int i = 0; i < mb; i++)
+                    sv_finish(D + i * SV_NC, w, C + rows[i] * ldc + n0, pc ? s + n0 : s, pc, sp[i], beta, k0 == 0);
+            }
+        }
+    }
+}
+#endif
