@@ -107,6 +107,14 @@ INLINE void qk_block(const int MB, const int NB, const int16_t *c, size_t cs, co
                      const float *mult, float *C, size_t ldc)
 {
     const size_t K16 = K & ~(size_t)15;
+    __m128 mu[3]; /* lane i of mu[g]: the multiplier of accumulator 4 g + i's row */
+    UNROLL
+    for (int g = 0; g < 3; g++) {
+        float m4[4];
+        for (int i = 0; i < 4; i++)
+            m4[i] = 4 * g + i < MB * NB ? mult[(4 * g + i) / NB] : 0.0f;
+        mu[g] = _mm_loadu_ps(m4);
+    }
     for (size_t n = 0; n < N; n += (size_t)NB) {
         const size_t nv = N - n < (size_t)NB ? N - n : (size_t)NB;
         const int8_t *b[8];
@@ -145,18 +153,30 @@ INLINE void qk_block(const int MB, const int NB, const int16_t *c, size_t cs, co
                         acc[mb * NB + nb], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + k)), bv));
             }
         }
-        if (NB % 4 == 0 && nv == (size_t)NB) { /* each 4 accumulators: 4 outputs of one row */
-            UNROLL
-            for (int g = 0; g < MB * NB; g += 4)
-                _mm_storeu_ps(C + (g / NB) * ldc + n + g % NB,
-                              _mm_mul_ps(_mm_cvtepi32_ps(hsum4_epi32(acc[g], acc[g + 1], acc[g + 2], acc[g + 3])),
-                                         _mm_set1_ps(mult[g / NB])));
-        } else {
+        /* sums of 4 accumulators at a time, times their rows' multipliers (mu) */
+        float out[12];
+        UNROLL
+        for (int g = 0; g < MB * NB; g += 4) {
+            const __m256i z = _mm256_setzero_si256();
+            const __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(hsum4_epi32(acc[g], g + 1 < MB * NB ? acc[g + 1] : z,
+                                                                    g + 2 < MB * NB ? acc[g + 2] : z,
+                                                                    g + 3 < MB * NB ? acc[g + 3] : z)),
+                                        mu[g / 4]);
+            if (NB % 4 == 0 && nv == (size_t)NB) { /* 4 outputs of one row */
+                _mm_storeu_ps(C + (g / NB) * ldc + n + g % NB, v);
+            } else if (NB == 2 && nv == 2) { /* 2 outputs of each of two rows */
+                _mm_storel_pi((__m64 *)(C + (g / 2) * ldc + n), v);
+                if (g + 2 < MB * NB)
+                    _mm_storeh_pi((__m64 *)(C + (g / 2 + 1) * ldc + n), v);
+            } else {
+                _mm_storeu_ps(out + g, v);
+            }
+        }
+        if (!((NB % 4 == 0 || NB == 2) && nv == (size_t)NB))
             UNROLL
             for (int mb = 0; mb < MB; mb++)
                 for (size_t nb = 0; nb < nv; nb++)
-                    C[mb * ldc + n + nb] = (float)hsum8_epi32(acc[mb * NB + nb]) * mult[mb];
-        }
+                    C[mb * ldc + n + nb] = out[mb * NB + nb];
     }
 }
 
@@ -166,10 +186,10 @@ INLINE void qk_block(const int MB, const int NB, const int16_t *c, size_t cs, co
     {                                                                                                  \
         qk_block(MB, NB, c, cs, B, N, K, mult, C, ldc);                                                \
     }
-/* rows of A x rows of B per block: 1x8 2x4 3x4 4x3, at most 12 accumulators */
-QK_INST(1, 8) QK_INST(2, 4) QK_INST(3, 4) QK_INST(4, 3)
+/* rows of A x rows of B per block: 1x8 2x4 3x4 4x2, at most 12 accumulators */
+QK_INST(1, 8) QK_INST(2, 4) QK_INST(3, 4) QK_INST(4, 2)
 typedef void (*qk_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, const float *, float *, size_t);
-static const qk_fn qk_blocks[5] = {NULL, qk_1x8, qk_2x4, qk_3x4, qk_4x3};
+static const qk_fn qk_blocks[5] = {NULL, qk_1x8, qk_2x4, qk_3x4, qk_4x2};
 
 void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                              int type, const float *s, float *C, size_t ldc)
@@ -241,15 +261,17 @@ static void sv_codes(const float *a, size_t n, float inv, int16_t *c)
 }
 
 #define SV_MB 4
+#define SV_PFR 64
 
 /* Keys [k, k + kn) (kn even, codes padded) against 16 NV columns of B at b (rows of ldb bytes),
    for rows i < MB of codes (stride SV_KS + 16); the int32 sums added to D[i][16 NV] (column
    order).  Two keys at a time: their 16-column rows widened to int16 and interleaved by in-lane
    word unpacks, so that lane t of `lo` holds the two keys' codes of column (t < 4 ? t : t + 4)
    and of `hi` column (t < 4 ? t + 4 : t + 8); one vpmaddwd per vector and row with the row's two
-   codes broadcast.  |one vpmaddwd| <= 2 * 32767 * 128, SV_KS / 2 of them < 2^31. */
+   codes broadcast.  |one vpmaddwd| <= 2 * 32767 * 128, SV_KS / 2 of them < 2^31.  first: the
+   sums are stored into D rather than added. */
 INLINE void sv_block(const int MB, const int NV, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb,
-                     int32_t *D, size_t ldd)
+                     int32_t *D, size_t ldd, int first)
 {
     __m256i lo[SV_MB][4], hi[SV_MB][4];
     UNROLL
@@ -259,6 +281,10 @@ INLINE void sv_block(const int MB, const int NV, const int16_t *codes, size_t kn
             lo[i][j] = hi[i][j] = _mm256_setzero_si256();
     for (size_t k = 0; k < kn; k += 2) {
         const int8_t *r0 = b + k * ldb, *r1 = r0 + ldb;
+        /* decode streams V from memory: these columns of the rows SV_PFR keys ahead (prefetches
+           never fault) */
+        _mm_prefetch((const char *)(r0 + SV_PFR * ldb), _MM_HINT_T0);
+        _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T0);
         __m256i p[SV_MB];
         UNROLL
         for (int i = 0; i < MB; i++) {
@@ -285,20 +311,21 @@ INLINE void sv_block(const int MB, const int NV, const int16_t *codes, size_t kn
             int32_t *d = D + i * ldd + 16 * j;
             const __m256i c0 = _mm256_permute2x128_si256(lo[i][j], hi[i][j], 0x20); /* columns 0..7 */
             const __m256i c1 = _mm256_permute2x128_si256(lo[i][j], hi[i][j], 0x31); /* 8..15 */
-            _mm256_storeu_si256((__m256i *)d, _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)d), c0));
-            _mm256_storeu_si256((__m256i *)(d + 8), _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(d + 8)), c1));
+            _mm256_storeu_si256((__m256i *)d, first ? c0 : _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)d), c0));
+            _mm256_storeu_si256((__m256i *)(d + 8),
+                                first ? c1 : _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(d + 8)), c1));
         }
 }
 
 /* Columns of one block width, for MB rows. */
 #define SV_INST(MB, NV)                                                                                \
     static void sv_##MB##x##NV(const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, int32_t *D, \
-                               size_t ldd)                                                             \
+                               size_t ldd, int first)                                                  \
     {                                                                                                  \
-        sv_block(MB, NV, codes, kn, b, ldb, D, ldd);                                                   \
+        sv_block(MB, NV, codes, kn, b, ldb, D, ldd, first);                                            \
     }
 SV_INST(1, 4) SV_INST(2, 2) SV_INST(3, 1) SV_INST(4, 1) SV_INST(1, 1) SV_INST(2, 1)
-typedef void (*sv_fn)(const int16_t *, size_t, const int8_t *, size_t, int32_t *, size_t);
+typedef void (*sv_fn)(const int16_t *, size_t, const int8_t *, size_t, int32_t *, size_t, int);
 /* per row count: {the wide block (16 NV columns), its NV, the 16-column block} */
 static const sv_fn sv_wide[SV_MB + 1] = {NULL, sv_1x4, sv_2x2, sv_3x1, sv_4x1};
 static const int sv_nv[SV_MB + 1] = {0, 4, 2, 1, 1};
@@ -317,35 +344,37 @@ static size_t sv_pass_keys(size_t N)
 #define SV_NC 512
 
 /* The int32 sums of rows i < mb (codes, kn keys) with the w <= SV_NC columns of B's rows at b
-   (stride ldb), into D[i][0, w) (zeroed here).  Pairs of keys and whole 16-column blocks first;
+   (stride ldb), into D[i][0, w) (overwritten).  Pairs of keys and whole 16-column blocks first;
    then an odd last key and the last w % 16 columns, through zero-padded copies of their bytes. */
 static void sv_chunk(int mb, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, size_t w, int32_t *D,
                      size_t ldd)
 {
     const size_t w16 = w & ~(size_t)15, kp = sv_pass_keys(w), nvw = 16 * (size_t)sv_nv[mb];
-    for (int i = 0; i < mb; i++)
-        memset(D + i * ldd, 0, w * sizeof(int32_t));
+    if (kn < 2 || w16 < w) /* sums the first pass does not store */
+        for (int i = 0; i < mb; i++)
+            memset(D + i * ldd, 0, w * sizeof(int32_t));
     for (size_t k = 0; k < kn; k += kp) {
         const size_t kk = kn - k < kp ? kn - k : kp, ke = kk & ~(size_t)1;
         const int8_t *bk = b + k * ldb;
         const int16_t *ck = codes + k;
+        const int first = k == 0 && kn >= 2;
         size_t n = 0;
         if (ke) {
             for (; n + nvw <= w16; n += nvw)
-                sv_wide[mb](ck, ke, bk + n, ldb, D + n, ldd);
+                sv_wide[mb](ck, ke, bk + n, ldb, D + n, ldd, first);
             for (; n < w16; n += 16)
-                sv_one[mb](ck, ke, bk + n, ldb, D + n, ldd);
+                sv_one[mb](ck, ke, bk + n, ldb, D + n, ldd, first);
         }
         for (size_t n0 = 0; n0 < w; n0 += 16) {
             const size_t wn = w - n0 < 16 ? w - n0 : 16;
             for (size_t k2 = n0 < w16 ? ke : 0; k2 < kk; k2 += 2) {
                 /* rows k2 and k2 + 1 (zeros past the chunk: its code there is sv_codes' 0 pad) */
                 int8_t t[2][16] = {{0}};
-                int32_t d[SV_MB][16] = {{0}};
+                int32_t d[SV_MB][16];
                 memcpy(t[0], bk + k2 * ldb + n0, wn);
                 if (k2 + 1 < kk)
                     memcpy(t[1], bk + (k2 + 1) * ldb + n0, wn);
-                sv_one[mb](ck + k2, 2, &t[0][0], 16, &d[0][0], 16);
+                sv_one[mb](ck + k2, 2, &t[0][0], 16, &d[0][0], 16, 1);
                 for (int i = 0; i < mb; i++)
                     for (size_t x = 0; x < wn; x++)
                         D[i * ldd + n0 + x] += d[i][x];
