@@ -35,7 +35,7 @@ _settings = {"path": "auto", "flash": True, "approx_vnni": False, "num_threads":
 # 4 int8, each the lowest precision a computation may use.  gqa: levels 0-2 float32; levels 3
 # and 4 run prompts' flash tiles on bfloat16 tiles where the CPU has them (AMX, else AVX-512
 # BF16 dot products; the `tiles` setting allows or picks them); level 4 also runs the
-# integer-dot INT8 kernels (AVX-512 VNNI) elsewhere.
+# integer-dot INT8 kernels (AMX INT8, AVX-512 VNNI or AVX2) elsewhere.
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 
 
@@ -129,7 +129,7 @@ class config:
     accuracy_level : 0-4, the level of operators whose own accuracy_level is 0 and of
                   gqa.qk_gemm / sv_gemm (GQA_ACCURACY_LEVEL; 0-2: float32 products; 3: prompts
                   on bfloat16 tiles where the CPU has them, else float32; 4: as 3, and integer
-                  dot products on INT8 codes where the CPU has AVX-512 VNNI)
+                  dot products on INT8 codes: AMX INT8, AVX-512 VNNI or AVX2 (decode only))
     tiles       : bool or a name (GQA_TILES, default True: the best this CPU runs, "amx" then
                   "avx512bf16"); False keeps levels 3 and 4 off the tiles; a name picks those
                   tiles (an error where the CPU lacks them)

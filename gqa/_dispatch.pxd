@@ -60,9 +60,11 @@ cdef extern from "gqa_kernels.h" nogil:
 cdef const gqa_kernels *active_table() noexcept nogil
 # The QK / SV kernels for `type` at accuracy `level` under the active settings, where the
 # table has them and the CPU runs them: level >= 4 on per-tensor and per-channel INT8, the
-# level-4 integer-dot kernels (with `tiles`, the active tiles' where they have them, called
-# between dot_tiles' begin and end); else, for QK of per-tensor INT8 with the approximate VNNI
-# switch on, onnxruntime's approximate kernel; else the exact kernels.
+# level-4 integer-dot kernels (with `tiles` -- decode steps, the naive path, the standalone
+# kernels -- the active tiles' where they have them, called between dot_tiles' begin and end;
+# without -- the flash prompt's float32 tiles -- SV's only on avx512, where it beats float32
+# products on a V tile dequantized once); else, for QK of per-tensor INT8 with the approximate
+# VNNI switch on, onnxruntime's approximate kernel; else the exact kernels.
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil
 # The active tiles whose integer kernels qk_kernel / sv_kernel give for `type` at `level` with

@@ -38,6 +38,10 @@ cdef object _tiles_choice = True         # gqa.config(tiles=...): True (the best
 cdef bint _approx = False
 cdef bint _vnni = gqa_approx_vnni_runnable() == 1     # the CPU (and build) run the VNNI unit
 cdef bint _dot = gqa_s8_dot_runnable(0) == 1          # the active table's level-4 integer dots run here
+# ... and their P @ V serves the flash prompt's tiles too: on avx512 (vpdpwssd, 32 products an
+# instruction) it beats float32 products on a V tile dequantized once (Zen 4: the prompt 1.11-1.16x);
+# on avx2 (vpmaddwd + vpaddd, 16 products in two) it does not (S = 2048, seed shape: 0.91x)
+cdef bint _dot_prompt_pv = False
 
 cdef int omp_max_threads() noexcept nogil:
     return gqa_openmp_max_threads()
@@ -75,7 +79,7 @@ cdef int tile_rows(int level, int H) noexcept nogil:
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.sv_s8
-    if _dot and level >= 4 and (type == GQA_S8_PT or type == GQA_S8_PC):
+    if _dot and level >= 4 and (type == GQA_S8_PT or type == GQA_S8_PC) and (tiles or _dot_prompt_pv):
         return t.sv_gemm_s8_dot
     return t.sv_gemm
 
@@ -136,10 +140,11 @@ def tile_names():
 
 def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
-    global _active, _tiles, _dot
+    global _active, _tiles, _dot, _dot_prompt_pv
     _active = gqa_path_table(PATH_NAMES.index(name))
     _tiles = _pick_tiles(PATH_NAMES.index(name), _tiles_choice)
     _dot = gqa_s8_dot_runnable(PATH_NAMES.index(name)) == 1
+    _dot_prompt_pv = _dot and name == "avx512"
 
 
 def _set_tiles(choice):

@@ -259,16 +259,38 @@ def test_level_4_attention_within_its_bound(mode, flash, dot_unit):
         assert np.abs(exact[0, 0, h * H:(h + 1) * H] - ref).max() <= 1e-5 * (np.abs(V[j]).max() + 1)
 
 
+def test_avx2_prompts_keep_float32_tiles():
+    """On avx2 a prompt's flash tiles keep float32 P @ V at level 4 (vpmaddwd on the codes is
+    slower than float32 products on a V tile dequantized once): the same bits as level 0."""
+    _unit_settings("avx2")
+    rng = np.random.default_rng(7)
+    S, n = 40, NKV * H
+    kw = dict(k_scales=np.full(n, 0.02, F32), v_scales=rng.uniform(0.01, 0.03, n).astype(F32))
+    q = rng.uniform(-2, 2, (1, S, N * H)).astype(F32)
+    k, v = (rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32) for _ in range(2))
+    outs = []
+    for level in (0, 4):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S + 1,
+                        mode="int8-pc", accuracy_level=level, **kw)
+        with gqa.config(path="avx2", flash=True, flash_blocks=(8, 16)):
+            outs.append(c.attend(0, q, k, v))
+            outs.append(c.attend(0, q[:, :1], k[:, :1], v[:, :1]))   # a decode step: the dots
+    assert np.array_equal(outs[0], outs[2])
+    assert not np.array_equal(outs[1], outs[3])
+
+
 @pytest.mark.parametrize("mode", ["int8-pt", "int8-pc"])
 @pytest.mark.parametrize("blocks", [(3, 7), (8, 16), (16, 64)])
-def test_level_4_prompt_within_its_bound(mode, blocks, vector_dot_unit):
+def test_level_4_prompt_within_its_bound(mode, blocks):
     """A causal prompt over an INT8 cache at level 4 on the float32 flash tiles (the AMX tiles
     kept off: tests/test_tiles.py checks level 4 on them): P @ V of each tile by
     the integer-dot kernel on the V codes (the scores stay float32), against float64 over the
     same codes.  A tile row's probabilities are exp(s - m) <= 1 against the running maximum m
     and are quantized against their own maximum (<= 1), later rescaled by factors <= 1, so a
     head's output moves by at most (1/2 + 2^-9) / 32767 * sum_j |v_j| / l over its keys,
-    plus float32 roundings; level 0 gives the same codes."""
+    plus float32 roundings; level 0 gives the same codes.  (On avx2 the tiles keep float32:
+    test_avx2_prompts_keep_float32_tiles.)"""
+    _unit_settings("avx512vnni")
     rng = np.random.default_rng(6)
     S = 61
     f = gqa.parse_mode(gqa.cache_options(mode)["mode"])[0]
@@ -280,7 +302,7 @@ def test_level_4_prompt_within_its_bound(mode, blocks, vector_dot_unit):
     for level in (0, 4):
         c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
                         mode=mode, accuracy_level=level, **kw)
-        with gqa.config(flash=True, flash_blocks=blocks, **dict(vector_dot_unit, tiles=False)):
+        with gqa.config(flash=True, flash_blocks=blocks, **DOT_UNITS["avx512vnni"]):
             outs[level] = c.attend(0, q, k, v)
     assert not np.array_equal(outs[0], outs[4])
     ks = c.k_scales[0].astype(np.float64)

@@ -161,8 +161,8 @@ def add_arguments(p):
                    help=f"cache modes (default {DEFAULTS['modes']})")
     p.add_argument("--accuracy-level", dest="accuracy_level", type=int, default=0,
                    choices=[0, 1, 2, 3, 4],
-                   help="gqa's accuracy_level for the run (4: integer dot products on INT8 codes where "
-                        "the CPU has AVX-512 VNNI; default 0, float32)")
+                   help="gqa's accuracy_level for the run (4: integer dot products on INT8 codes on "
+                        "AMX INT8, AVX-512 VNNI or AVX2; default 0, float32)")
     p.add_argument("--repeats", type=int, default=0,
                    help="alternation rounds per row = samples per side (default 15 decode / 5 prefill; "
                         "--quick: 5 / 3); a decode sample times a batch of ~10 ms of calls")
