@@ -9,6 +9,8 @@ import io
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import gqa
 from gqa import _dispatch
@@ -189,6 +191,38 @@ def test_int8_qk_rows_outside_the_contract_are_exact(dot_unit):
         got = gqa.qk_gemm(a2, b2, s2, bits=8)
     with gqa.config(path=dot_unit["path"], accuracy_level=0):
         assert np.array_equal(got, gqa.qk_gemm(a2, b2, s2, bits=8))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_int8_dots_any_shape(dot_unit, data):
+    """Both contracts bit for bit at drawn shapes: widths past every block and tail edge, key
+    counts across the 512-key chunks, per tensor and per channel (a view of the probability
+    rows: the API's copy)."""
+    M, N, pc = data.draw(st.integers(1, 9), label="M"), data.draw(st.integers(1, 140), label="N"), \
+        data.draw(st.booleans(), label="pc")
+    K = data.draw(st.integers(1, 1100), label="K")
+    H = data.draw(st.integers(1, 96), label="H")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1), label="seed"))
+    # (one scale is a per-tensor scale: per channel needs two columns or more)
+    # P @ V: rows of probabilities (many small), a view with a row stride past K
+    a = (rng.uniform(0, 1, (M, K + 3)).astype(F32) ** 3)[:, :K]
+    q = rng.integers(-128, 128, (K, N)).astype(np.int8)
+    s = rng.uniform(0.01, 0.02, N if pc else 1).astype(F32)
+    pc_sv, pc = pc and N > 1, pc and H > 1
+    c0 = rng.standard_normal((M, N)).astype(F32)
+    beta = data.draw(st.sampled_from([0.0, 0.5, 1.0]), label="beta")
+    with gqa.config(accuracy_level=4, **dot_unit):
+        got = gqa.sv_gemm(a, q, s, bits=8, beta=beta, out=c0.copy())
+    assert np.array_equal(got, _sv_ref(a, q, s if pc_sv else s[0], beta, c0))
+    # Q K^T: H-wide query rows against N keys
+    x = (rng.standard_normal((M, H)) * rng.uniform(0.1, 10)).astype(F32)
+    b = rng.integers(-128, 128, (N, H)).astype(np.int8)
+    ks = rng.uniform(0.01, 0.02, H if pc else 1).astype(F32)
+    with gqa.config(accuracy_level=4, **dot_unit):
+        got = gqa.qk_gemm(x, b, ks, bits=8, alpha=0.3)
+    assert np.array_equal(got, _qk_ref(x, b, ks, pc, 0.3))
 
 
 def _decode_case(mode, rng, T=300):
