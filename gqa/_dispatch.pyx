@@ -38,9 +38,10 @@ cdef object _tiles_choice = True         # gqa.config(tiles=...): True (the best
 cdef bint _approx = False
 cdef bint _vnni = gqa_approx_vnni_runnable() == 1     # the CPU (and build) run the VNNI unit
 cdef bint _dot = gqa_s8_dot_runnable(0) == 1          # the active table's level-4 integer dots run here
-# ... and their P @ V serves the flash prompt's tiles too: on avx512 (vpdpwssd, 32 products an
-# instruction) it beats float32 products on a V tile dequantized once (Zen 4: the prompt 1.11-1.16x);
-# on avx2 (vpmaddwd + vpaddd, 16 products in two) it does not (S = 2048, seed shape: 0.91x)
+# ... and their P @ V serves the flash prompt's INT8 tiles too: on avx512 (vpdpwssd, 32 products
+# an instruction) it beats float32 products on a V tile dequantized once (Zen 4: the prompt
+# 1.11-1.16x; INT4 not measured there: float32); on avx2 (vpmaddwd + vpaddd, 16 products in two)
+# it does not (S = 2048, seed shape: 0.91x)
 cdef bint _dot_prompt_pv = False
 
 cdef int omp_max_threads() noexcept nogil:
@@ -55,10 +56,15 @@ cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil:
     return NULL
 
 
+cdef inline bint _static_codes(int type) noexcept nogil:
+    """INT8 / INT4 per tensor or per channel: the codes of level 4's integer-dot contracts."""
+    return type == GQA_S8_PT or type == GQA_S8_PC or type == GQA_S4_PT or type == GQA_S4_PC
+
+
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.qk_s8
-    if type != GQA_S8_PT and type != GQA_S8_PC:
+    if not _static_codes(type):
         return t.qk_gemm
     if level >= 4 and _dot:
         return t.qk_gemm_s8_dot
@@ -79,7 +85,8 @@ cdef int tile_rows(int level, int H) noexcept nogil:
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.sv_s8
-    if _dot and level >= 4 and (type == GQA_S8_PT or type == GQA_S8_PC) and (tiles or _dot_prompt_pv):
+    if _dot and level >= 4 and _static_codes(type) and (
+            tiles or (_dot_prompt_pv and (type == GQA_S8_PT or type == GQA_S8_PC))):
         return t.sv_gemm_s8_dot
     return t.sv_gemm
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import gqa
 from gqa import _dispatch
+from _reference import pack_int4, unpack_int4
 
 F32 = np.float32
 U = 2.0 ** -24
@@ -92,23 +93,34 @@ def _sv_ref(a, q, s, beta, c0, chunk=512):
     return out
 
 
+def _static_codes(rng, bits, shape):
+    """Random static codes of `bits` (logical int8 values) and the array the kernels take."""
+    if bits == 8:
+        q = rng.integers(-128, 128, shape).astype(np.int8)
+        return q, q
+    q = rng.integers(-8, 8, shape).astype(np.int8)
+    return q, pack_int4(q)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("M,K,Ncol,pc,beta", [(3, 8192, 64, False, 0.0), (4, 100, 64, True, 1.0),
                                               (5, 9001, 96, False, 0.5), (1, 7, 13, True, 0.0),
                                               (8, 20000, 130, True, 1.0), (2, 513, 40, False, 0.0)])
-def test_int8_sv_contract(M, K, Ncol, pc, beta, dot_unit):
+def test_int8_sv_contract(M, K, Ncol, pc, beta, bits, dot_unit):
     """P @ V at level 4: probabilities quantized to 15 bits against their row's maximum,
-    integer dots per 512-key chunk, bit for bit (per tensor and per channel, beta 0 / 0.5 / 1)."""
+    integer dots per 512-key chunk, bit for bit (INT8 and INT4 codes, per tensor and per
+    channel, beta 0 / 0.5 / 1)."""
     rng = np.random.default_rng(K)
     a = (rng.uniform(0, 1, (M, K)) * rng.uniform(0, 1, (M, K))).astype(F32)
     a[0, ::7] = 0.0
-    q = rng.integers(-128, 128, (K, Ncol)).astype(np.int8)
+    q, qk = _static_codes(rng, bits, (K, Ncol))
     s = rng.uniform(0.01, 0.02, Ncol if pc else 1).astype(F32)
     c0 = rng.standard_normal((M, Ncol)).astype(F32)
     with gqa.config(accuracy_level=4, **dot_unit):
-        got = gqa.sv_gemm(a, q, s, bits=8, beta=beta, out=c0.copy())
+        got = gqa.sv_gemm(a, qk, s, bits=bits, beta=beta, out=c0.copy(), n=Ncol)
     assert np.array_equal(got, _sv_ref(a, q, s if pc else s[0], beta, c0))
     with gqa.config(path=dot_unit["path"], accuracy_level=0):
-        exact = gqa.sv_gemm(a, q, s, bits=8, beta=beta, out=c0.copy())
+        exact = gqa.sv_gemm(a, qk, s, bits=bits, beta=beta, out=c0.copy(), n=Ncol)
     assert not np.array_equal(got, exact)      # the integer kernel ran
     # the stated bound: sp (1/2 + 2^-9) sum|deq q| + 2^-22 sum a|deq q| (+ float32 roundings)
     dq = np.abs(q.astype(np.float64)) * s.astype(np.float64)
@@ -146,22 +158,23 @@ def _qk_ref(a, b, s, pc, alpha):
     return out
 
 
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("M,Ncol,K,pc", [(3, 50, 64, True), (8, 33, 64, False), (1, 7, 100, True),
                                          (5, 130, 128, False), (9, 17, 512, True), (2, 3, 1, False),
-                                         (4, 48, 320, False), (16, 31, 256, True)])
-def test_int8_qk_contract(M, Ncol, K, pc, dot_unit):
+                                         (4, 48, 320, False), (16, 31, 256, True), (3, 9, 33, True)])
+def test_int8_qk_contract(M, Ncol, K, pc, bits, dot_unit):
     """Q K^T at level 4: query rows (times the per-channel scales) quantized to 15 bits
-    against their absolute maximum, exact integer dots, bit for bit; within the bound
-    |alpha| (sa / 2 sum|q s'| + 2^-22 sum|a' q s'|) of the exact kernel."""
+    against their absolute maximum, exact integer dots, bit for bit (INT8 and INT4 codes);
+    within the bound |alpha| (sa / 2 sum|q s'| + 2^-22 sum|a' q s'|) of the exact kernel."""
     rng = np.random.default_rng(K + M)
     a = (rng.standard_normal((M, K)) * np.where(np.arange(K) % 7 == 0, 30, 1)).astype(F32)
-    b = rng.integers(-128, 128, (Ncol, K)).astype(np.int8)
+    b, bk = _static_codes(rng, bits, (Ncol, K))
     s = rng.uniform(0.01, 0.02, K if pc else 1).astype(F32)
     with gqa.config(accuracy_level=4, **dot_unit):
-        got = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
+        got = gqa.qk_gemm(a, bk, s, bits=bits, alpha=0.125)
     assert np.array_equal(got, _qk_ref(a, b, s, pc, 0.125))
     with gqa.config(path=dot_unit["path"], accuracy_level=0):
-        exact = gqa.qk_gemm(a, b, s, bits=8, alpha=0.125)
+        exact = gqa.qk_gemm(a, bk, s, bits=bits, alpha=0.125)
     x = a.astype(np.float64) * (s if pc else 1.0)
     sq = np.abs(b).astype(np.float64) * (1.0 if pc else float(s[0]))
     sa = np.abs(x).max(axis=1, keepdims=True) / QK_MAX
@@ -202,26 +215,27 @@ def test_int8_dots_any_shape(dot_unit, data):
     rows: the API's copy)."""
     M, N, pc = data.draw(st.integers(1, 9), label="M"), data.draw(st.integers(1, 140), label="N"), \
         data.draw(st.booleans(), label="pc")
+    bits = data.draw(st.sampled_from([8, 4]), label="bits")
     K = data.draw(st.integers(1, 1100), label="K")
     H = data.draw(st.integers(1, 96), label="H")
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1), label="seed"))
     # (one scale is a per-tensor scale: per channel needs two columns or more)
     # P @ V: rows of probabilities (many small), a view with a row stride past K
     a = (rng.uniform(0, 1, (M, K + 3)).astype(F32) ** 3)[:, :K]
-    q = rng.integers(-128, 128, (K, N)).astype(np.int8)
+    q, qk = _static_codes(rng, bits, (K, N))
     s = rng.uniform(0.01, 0.02, N if pc else 1).astype(F32)
     pc_sv, pc = pc and N > 1, pc and H > 1
     c0 = rng.standard_normal((M, N)).astype(F32)
     beta = data.draw(st.sampled_from([0.0, 0.5, 1.0]), label="beta")
     with gqa.config(accuracy_level=4, **dot_unit):
-        got = gqa.sv_gemm(a, q, s, bits=8, beta=beta, out=c0.copy())
+        got = gqa.sv_gemm(a, qk, s, bits=bits, beta=beta, out=c0.copy(), n=N)
     assert np.array_equal(got, _sv_ref(a, q, s if pc_sv else s[0], beta, c0))
     # Q K^T: H-wide query rows against N keys
     x = (rng.standard_normal((M, H)) * rng.uniform(0.1, 10)).astype(F32)
-    b = rng.integers(-128, 128, (N, H)).astype(np.int8)
+    b, bk = _static_codes(rng, bits, (N, H))
     ks = rng.uniform(0.01, 0.02, H if pc else 1).astype(F32)
     with gqa.config(accuracy_level=4, **dot_unit):
-        got = gqa.qk_gemm(x, b, ks, bits=8, alpha=0.3)
+        got = gqa.qk_gemm(x, bk, ks, bits=bits, alpha=0.3)
     assert np.array_equal(got, _qk_ref(x, b, ks, pc, 0.3))
 
 
@@ -244,7 +258,7 @@ def _decode_case(mode, rng, T=300):
     return caches, step
 
 
-@pytest.mark.parametrize("mode", ["float", "int4-pc", "int4-g16", "int8-g32+s2r4"])
+@pytest.mark.parametrize("mode", ["float", "int4-g16", "int8-g32+s2r4"])
 def test_level_4_leaves_other_formats_exact(kernel_path, mode):
     """Formats without an integer-dot kernel compute in float32 at every level."""
     rng = np.random.default_rng(3)
@@ -253,7 +267,7 @@ def test_level_4_leaves_other_formats_exact(kernel_path, mode):
         assert np.array_equal(c0.attend(0, *step), c4.attend(0, *step))
 
 
-@pytest.mark.parametrize("mode", ["int8-pt", "int8-pc"])
+@pytest.mark.parametrize("mode", ["int8-pt", "int8-pc", "int4-pt", "int4-pc"])
 @pytest.mark.parametrize("flash", [False, True], ids=["naive", "flash"])
 def test_level_4_attention_within_its_bound(mode, flash, dot_unit):
     """One decode step over an INT8 cache at level 4 against float64 over the same codes.
@@ -359,9 +373,12 @@ def test_level_4_prompt_within_its_bound(mode, blocks):
 
 
 def _codes(cache):
-    """The K / V codes of layer 0 that the step attended, [Nkv, T, H] int64 (INT8 rows)."""
+    """The K / V codes of layer 0 that the step attended, [Nkv, T, H] int64 (INT8 or INT4 rows)."""
     T = cache.length
-    return cache.key[0][0, :, :T].astype(np.int64), cache.value[0][0, :, :T].astype(np.int64)
+    k, v = cache.key[0][0, :, :T], cache.value[0][0, :, :T]
+    if k.dtype == np.uint8:
+        return unpack_int4(k, H).astype(np.int64), unpack_int4(v, H).astype(np.int64)
+    return k.astype(np.int64), v.astype(np.int64)
 
 
 def test_the_attribute_wins_over_the_configured_level(vector_dot_unit):

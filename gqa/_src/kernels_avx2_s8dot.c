@@ -1,7 +1,8 @@
 /*
  * kernels_avx2_s8dot.c -- accuracy level 4's integer-dot kernels of path `avx2`: QK and P @ V on
- * INT8 per-tensor and per-channel codes with 15-bit query rows and probabilities, the contracts
- * of kernels_s8dot_contract.h, bit for bit the results of the AVX-512 VNNI and AMX INT8 units.
+ * INT8 and INT4 per-tensor and per-channel codes with 15-bit query rows and probabilities, the
+ * contracts of kernels_s8dot_contract.h, bit for bit the results of the AVX-512 VNNI unit (and,
+ * on INT8, the AMX INT8 unit).
  * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); setup.py compiles it with the path and then
  * defines GQA_HAVE_AVX2_S8DOT for kernels_avx2.c, whose table holds gqa_qk_gemm_s8_dot_avx2 and
  * gqa_sv_gemm_s8_dot_avx2.  Every AVX2 CPU runs them.
@@ -11,9 +12,13 @@
  * [0, 32767], cache codes in [-128, 127]), and the sums stay within the contract's int32 limits;
  * integer sums do not depend on their order, so these kernels give the contract's bits.
  *
- * Layout: QK: A float32 [M, K] (lda), B int8 codes [N, K] (rows of K bytes), C float32 [M, N]
- * (ldc), overwritten.  SV: A float32 [M, K] (lda), B int8 codes [K, N] (rows of N bytes), C
- * float32 [M, N] (ldc), C = beta * C + A @ deq(B).  Neither reads B past its last byte.
+ * INT4 codes are taken as their nibbles u = q + 8 in [0, 15], widened to int16 in element order,
+ * and the dots corrected exactly: sum_k c_k q_k = sum_k c_k u_k - 8 sum_k c_k.
+ *
+ * Layout: QK: A float32 [M, K] (lda), B codes [N, K] (rows of gqa_row_bytes(type, K) bytes), C
+ * float32 [M, N] (ldc), overwritten.  SV: A float32 [M, K] (lda), B codes [K, N] (rows of
+ * gqa_row_bytes(type, N) bytes), C float32 [M, N] (ldc), C = beta * C + A @ deq(B).  Neither
+ * reads B past its last byte.
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <float.h>
@@ -59,6 +64,26 @@ INLINE __m256i pack16(__m256i lo, __m256i hi)
     return _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
 }
 
+/* 16 codes from p as int16: INT8 (S4 = 0) 16 bytes sign-extended; INT4 (S4 = 1) 8 bytes of
+   nibbles, element 2i the low nibble of byte i, as the unsigned nibbles u in element order. */
+INLINE __m256i widen16(const int S4, const int8_t *p)
+{
+    if (!S4)
+        return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    const __m128i x = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(0x0F);
+    const __m128i u = _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+    return _mm256_cvtepu8_epi16(u);
+}
+
+/* The sum of n int16 codes c[0, n) (n a multiple of 16), exact. */
+static int32_t code_sum(const int16_t *c, size_t n)
+{
+    __m256i t = _mm256_setzero_si256();
+    for (size_t k = 0; k < n; k += 16)
+        t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + k)), _mm256_set1_epi16(1)));
+    return hsum8_epi32(t);
+}
+
 /* ---- qk_gemm_s8_dot ------------------------------------------------------------------------ */
 
 /* Row a's codes into c (int16, padded with 0 to cs, a multiple of 16) and its multiplier; 0
@@ -100,20 +125,26 @@ static int qk_row(const float *a, size_t K, const float *s, int pc, float alpha,
 
 #define QK_PF 4096
 
-/* C[mb, n] for rows mb < MB of c (stride cs) and the N rows of B (K bytes each), NB rows of B at
-   a time (a last partial block repeats B's last row and stores only its own).  K % 16 columns
-   at the end come from a zero-padded copy, so B is never read past a row. */
-INLINE void qk_block(const int MB, const int NB, const int16_t *c, size_t cs, const int8_t *B, size_t N, size_t K,
-                     const float *mult, float *C, size_t ldc)
+/* C[mb, n] for rows mb < MB of c (stride cs) and the N rows of B (rb bytes each), NB rows of B at
+   a time (a last partial block repeats B's last row and stores only its own); INT4 (S4) sums
+   less corr[mb] = 8 sum_k c[mb, k].  The K % 16 columns at the end come from a zero-padded copy
+   of their bytes, so B is never read past a row. */
+INLINE void qk_block(const int MB, const int NB, const int S4, const int16_t *c, size_t cs, const int8_t *B,
+                     size_t rb, size_t N, size_t K, const float *mult, const int32_t *corr, float *C, size_t ldc)
 {
-    const size_t K16 = K & ~(size_t)15;
-    __m128 mu[3]; /* lane i of mu[g]: the multiplier of accumulator 4 g + i's row */
+    const size_t K16 = K & ~(size_t)15, step = S4 ? 8 : 16; /* bytes of 16 codes */
+    __m128 mu[3];   /* lane i of mu[g]: the multiplier of accumulator 4 g + i's row */
+    __m128i cq[3];  /* ... and its correction */
     UNROLL
     for (int g = 0; g < 3; g++) {
         float m4[4];
-        for (int i = 0; i < 4; i++)
+        int32_t c4[4];
+        for (int i = 0; i < 4; i++) {
             m4[i] = 4 * g + i < MB * NB ? mult[(4 * g + i) / NB] : 0.0f;
+            c4[i] = S4 && 4 * g + i < MB * NB ? corr[(4 * g + i) / NB] : 0;
+        }
         mu[g] = _mm_loadu_ps(m4);
+        cq[g] = _mm_loadu_si128((const __m128i *)c4);
     }
     for (size_t n = 0; n < N; n += (size_t)NB) {
         const size_t nv = N - n < (size_t)NB ? N - n : (size_t)NB;
@@ -121,7 +152,7 @@ INLINE void qk_block(const int MB, const int NB, const int16_t *c, size_t cs, co
         __m256i acc[12];
         UNROLL
         for (int nb = 0; nb < NB; nb++)
-            b[nb] = B + (n + ((size_t)nb < nv ? (size_t)nb : nv - 1)) * K;
+            b[nb] = B + (n + ((size_t)nb < nv ? (size_t)nb : nv - 1)) * rb;
         UNROLL
         for (int i = 0; i < MB * NB; i++)
             acc[i] = _mm256_setzero_si256();
@@ -130,11 +161,11 @@ INLINE void qk_block(const int MB, const int NB, const int16_t *c, size_t cs, co
             /* B streams from memory in decode: the block's rows QK_PF bytes ahead, one prefetch
                per line spread over the steps (a block's rows are contiguous) */
             UNROLL
-            for (int j = 0; j < (16 * NB + 63) / 64; j++)
-                _mm_prefetch((const char *)b[0] + QK_PF + k * NB + 64 * j, _MM_HINT_T0);
+            for (int j = 0; j < ((int)step * NB + 63) / 64; j++)
+                _mm_prefetch((const char *)b[0] + QK_PF + k / 16 * step * NB + 64 * j, _MM_HINT_T0);
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
-                const __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b[nb] + k)));
+                const __m256i bv = widen16(S4, b[nb] + k / 16 * step);
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
                     acc[mb * NB + nb] = _mm256_add_epi32(
@@ -145,8 +176,8 @@ INLINE void qk_block(const int MB, const int NB, const int16_t *c, size_t cs, co
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
                 int8_t t[16] = {0};
-                memcpy(t, b[nb] + k, K - k);
-                const __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)t));
+                memcpy(t, b[nb] + k / 16 * step, rb - k / 16 * step);
+                const __m256i bv = widen16(S4, t);
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
                     acc[mb * NB + nb] = _mm256_add_epi32(
@@ -158,10 +189,11 @@ INLINE void qk_block(const int MB, const int NB, const int16_t *c, size_t cs, co
         UNROLL
         for (int g = 0; g < MB * NB; g += 4) {
             const __m256i z = _mm256_setzero_si256();
-            const __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(hsum4_epi32(acc[g], g + 1 < MB * NB ? acc[g + 1] : z,
-                                                                    g + 2 < MB * NB ? acc[g + 2] : z,
-                                                                    g + 3 < MB * NB ? acc[g + 3] : z)),
-                                        mu[g / 4]);
+            __m128i d = hsum4_epi32(acc[g], g + 1 < MB * NB ? acc[g + 1] : z, g + 2 < MB * NB ? acc[g + 2] : z,
+                                    g + 3 < MB * NB ? acc[g + 3] : z);
+            if (S4)
+                d = _mm_sub_epi32(d, cq[g / 4]);
+            const __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(d), mu[g / 4]);
             if (NB % 4 == 0 && nv == (size_t)NB) { /* 4 outputs of one row */
                 _mm_storeu_ps(C + (g / NB) * ldc + n + g % NB, v);
             } else if (NB == 2 && nv == 2) { /* 2 outputs of each of two rows */
@@ -180,45 +212,58 @@ INLINE void qk_block(const int MB, const int NB, const int16_t *c, size_t cs, co
     }
 }
 
-#define QK_INST(MB, NB)                                                                                \
-    static void qk_##MB##x##NB(const int16_t *c, size_t cs, const int8_t *B, size_t N, size_t K,          \
-                               const float *mult, float *C, size_t ldc)                                 \
+#define QK_INST(MB, NB, S4)                                                                            \
+    static void qk_##MB##x##NB##_##S4(const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N,      \
+                                      size_t K, const float *mult, const int32_t *corr, float *C, size_t ldc) \
     {                                                                                                  \
-        qk_block(MB, NB, c, cs, B, N, K, mult, C, ldc);                                                \
+        qk_block(MB, NB, S4, c, cs, B, rb, N, K, mult, corr, C, ldc);                                  \
     }
 /* rows of A x rows of B per block: 1x8 2x4 3x4 4x2, at most 12 accumulators */
-QK_INST(1, 8) QK_INST(2, 4) QK_INST(3, 4) QK_INST(4, 2)
-typedef void (*qk_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, const float *, float *, size_t);
-static const qk_fn qk_blocks[5] = {NULL, qk_1x8, qk_2x4, qk_3x4, qk_4x2};
+#define QK_KIND(S4)                                                                                    \
+    QK_INST(1, 8, S4) QK_INST(2, 4, S4) QK_INST(3, 4, S4) QK_INST(4, 2, S4)                            \
+    static const qk_fn qk_blocks_##S4[5] = {NULL, qk_1x8_##S4, qk_2x4_##S4, qk_3x4_##S4, qk_4x2_##S4};
+typedef void (*qk_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, size_t, const float *,
+                      const int32_t *, float *, size_t);
+QK_KIND(0) QK_KIND(1)
+
+/* The codes of the static INT8 and INT4 types. */
+static int dot_type(int type)
+{
+    return type == GQA_S8_PT || type == GQA_S8_PC || type == GQA_S4_PT || type == GQA_S4_PC;
+}
 
 void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                              int type, const float *s, float *C, size_t ldc)
 {
     int16_t c[4 * DOT_QK_K] __attribute__((aligned(32)));
-    const int pc = type == GQA_S8_PC;
-    if ((type != GQA_S8_PT && !pc) || K == 0 || K > DOT_QK_K) {
+    const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
+    if (!dot_type(type) || K == 0 || K > DOT_QK_K) {
         gqa_kernels_avx2.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
-    const size_t cs = (K + 15) & ~(size_t)15;
+    const qk_fn *blocks = s4 ? qk_blocks_1 : qk_blocks_0;
+    const size_t cs = (K + 15) & ~(size_t)15, rb = gqa_row_bytes(type, K);
     for (size_t m0 = 0; m0 < M;) {
         /* blocks of at most 4 consecutive rows the contract covers; each other row exact */
         size_t rows[4];
         float mult[4];
+        int32_t corr[4];
         int mb = 0;
         for (; m0 < M && mb < 4; ++m0) {
-            if (qk_row(A + m0 * lda, K, s, pc, alpha, c + mb * cs, cs, &mult[mb]))
+            if (qk_row(A + m0 * lda, K, s, pc, alpha, c + mb * cs, cs, &mult[mb])) {
+                corr[mb] = s4 ? 8 * code_sum(c + mb * cs, cs) : 0;
                 rows[mb++] = m0;
-            else
+            } else {
                 gqa_kernels_avx2.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc);
+            }
         }
         if (mb == 0)
             continue;
         if (rows[mb - 1] - rows[0] == (size_t)(mb - 1))
-            qk_blocks[mb](c, cs, (const int8_t *)B, N, K, mult, C + rows[0] * ldc, ldc);
+            blocks[mb](c, cs, (const int8_t *)B, rb, N, K, mult, corr, C + rows[0] * ldc, ldc);
         else
             for (int i = 0; i < mb; i++)
-                qk_blocks[1](c + i * cs, cs, (const int8_t *)B, N, K, mult + i, C + rows[i] * ldc, ldc);
+                blocks[1](c + i * cs, cs, (const int8_t *)B, rb, N, K, mult + i, corr + i, C + rows[i] * ldc, ldc);
     }
 }
 
@@ -263,15 +308,16 @@ static void sv_codes(const float *a, size_t n, float inv, int16_t *c)
 #define SV_MB 4
 #define SV_PFR 64
 
-/* Keys [k, k + kn) (kn even, codes padded) against 16 NV columns of B at b (rows of ldb bytes),
-   for rows i < MB of codes (stride SV_KS + 16); the int32 sums added to D[i][16 NV] (column
-   order).  Two keys at a time: their 16-column rows widened to int16 and interleaved by in-lane
+/* Keys [k, k + kn) (kn even, codes padded) against 16 NV columns of B at b (rows of ldb bytes;
+   INT4: the columns' nibbles u), for rows i < MB of codes (stride SV_KS + 16); the int32 sums
+   added to D[i][16 NV] (column order).  Two keys at a time: their 16-column rows widened to int16
+   and interleaved by in-lane
    word unpacks, so that lane t of `lo` holds the two keys' codes of column (t < 4 ? t : t + 4)
    and of `hi` column (t < 4 ? t + 4 : t + 8); one vpmaddwd per vector and row with the row's two
    codes broadcast.  |one vpmaddwd| <= 2 * 32767 * 128, SV_KS / 2 of them < 2^31.  first: the
    sums are stored into D rather than added. */
-INLINE void sv_block(const int MB, const int NV, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb,
-                     int32_t *D, size_t ldd, int first)
+INLINE void sv_block(const int MB, const int NV, const int S4, const int16_t *codes, size_t kn, const int8_t *b,
+                     size_t ldb, int32_t *D, size_t ldd, int first)
 {
     __m256i lo[SV_MB][4], hi[SV_MB][4];
     UNROLL
@@ -294,8 +340,7 @@ INLINE void sv_block(const int MB, const int NV, const int16_t *codes, size_t kn
         }
         UNROLL
         for (int j = 0; j < NV; j++) {
-            const __m256i x0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(r0 + 16 * j)));
-            const __m256i x1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(r1 + 16 * j)));
+            const __m256i x0 = widen16(S4, r0 + (S4 ? 8 : 16) * j), x1 = widen16(S4, r1 + (S4 ? 8 : 16) * j);
             const __m256i ul = _mm256_unpacklo_epi16(x0, x1), uh = _mm256_unpackhi_epi16(x0, x1);
             UNROLL
             for (int i = 0; i < MB; i++) {
@@ -318,24 +363,29 @@ INLINE void sv_block(const int MB, const int NV, const int16_t *codes, size_t kn
 }
 
 /* Columns of one block width, for MB rows. */
-#define SV_INST(MB, NV)                                                                                \
-    static void sv_##MB##x##NV(const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, int32_t *D, \
-                               size_t ldd, int first)                                                  \
+#define SV_INST(MB, NV, S4)                                                                            \
+    static void sv_##MB##x##NV##_##S4(const int16_t *codes, size_t kn, const int8_t *b, size_t ldb,       \
+                                      int32_t *D, size_t ldd, int first)                               \
     {                                                                                                  \
-        sv_block(MB, NV, codes, kn, b, ldb, D, ldd, first);                                            \
+        sv_block(MB, NV, S4, codes, kn, b, ldb, D, ldd, first);                                        \
     }
-SV_INST(1, 4) SV_INST(2, 2) SV_INST(3, 1) SV_INST(4, 1) SV_INST(1, 1) SV_INST(2, 1)
+#define SV_KIND(S4)                                                                                    \
+    SV_INST(1, 4, S4) SV_INST(2, 2, S4) SV_INST(3, 1, S4) SV_INST(4, 1, S4) SV_INST(1, 1, S4)          \
+    SV_INST(2, 1, S4)
+SV_KIND(0) SV_KIND(1)
 typedef void (*sv_fn)(const int16_t *, size_t, const int8_t *, size_t, int32_t *, size_t, int);
-/* per row count: {the wide block (16 NV columns), its NV, the 16-column block} */
-static const sv_fn sv_wide[SV_MB + 1] = {NULL, sv_1x4, sv_2x2, sv_3x1, sv_4x1};
+/* per INT4 flag and row count: the wide block (16 NV columns), its NV, the 16-column block */
+static const sv_fn sv_wide[2][SV_MB + 1] = {{NULL, sv_1x4_0, sv_2x2_0, sv_3x1_0, sv_4x1_0},
+                                            {NULL, sv_1x4_1, sv_2x2_1, sv_3x1_1, sv_4x1_1}};
 static const int sv_nv[SV_MB + 1] = {0, 4, 2, 1, 1};
-static const sv_fn sv_one[SV_MB + 1] = {NULL, sv_1x1, sv_2x1, sv_3x1, sv_4x1};
+static const sv_fn sv_one[2][SV_MB + 1] = {{NULL, sv_1x1_0, sv_2x1_0, sv_3x1_0, sv_4x1_0},
+                                           {NULL, sv_1x1_1, sv_2x1_1, sv_3x1_1, sv_4x1_1}};
 
-/* Keys per pass over the columns: 16 KiB of B, so that each column block finds the keys' rows in
-   L1 (an even count, at least 32). */
-static size_t sv_pass_keys(size_t N)
+/* Keys per pass over the columns: 16 KiB of B (rows of `bytes`), so that each column block finds
+   the keys' rows in L1 (an even count, at least 32). */
+static size_t sv_pass_keys(size_t bytes)
 {
-    size_t kp = 16384 / (N ? N : 1);
+    size_t kp = 16384 / (bytes ? bytes : 1);
     kp = kp < 32 ? 32 : kp > SV_KS ? SV_KS : kp;
     return kp & ~(size_t)1;
 }
@@ -344,12 +394,16 @@ static size_t sv_pass_keys(size_t N)
 #define SV_NC 512
 
 /* The int32 sums of rows i < mb (codes, kn keys) with the w <= SV_NC columns of B's rows at b
-   (stride ldb), into D[i][0, w) (overwritten).  Pairs of keys and whole 16-column blocks first;
-   then an odd last key and the last w % 16 columns, through zero-padded copies of their bytes. */
-static void sv_chunk(int mb, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, size_t w, int32_t *D,
-                     size_t ldd)
+   (stride ldb; INT4: the nibbles u), into D[i][0, w) (overwritten).  Pairs of keys and whole
+   16-column blocks first; then an odd last key and the last w % 16 columns, through zero-padded
+   copies of their bytes. */
+static void sv_chunk(int mb, int s4, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, size_t w,
+                     int32_t *D, size_t ldd)
 {
-    const size_t w16 = w & ~(size_t)15, kp = sv_pass_keys(w), nvw = 16 * (size_t)sv_nv[mb];
+    const size_t w16 = w & ~(size_t)15, nvw = 16 * (size_t)sv_nv[mb];
+    const size_t kp = sv_pass_keys(s4 ? (w + 1) / 2 : w);
+    const sv_fn wide = sv_wide[s4][mb], one = sv_one[s4][mb];
+#define COL(n) ((s4) ? (n) / 2 : (n)) /* the byte of column n (a multiple of 16) */
     if (kn < 2 || w16 < w) /* sums the first pass does not store */
         for (int i = 0; i < mb; i++)
             memset(D + i * ldd, 0, w * sizeof(int32_t));
@@ -361,41 +415,44 @@ static void sv_chunk(int mb, const int16_t *codes, size_t kn, const int8_t *b, s
         size_t n = 0;
         if (ke) {
             for (; n + nvw <= w16; n += nvw)
-                sv_wide[mb](ck, ke, bk + n, ldb, D + n, ldd, first);
+                wide(ck, ke, bk + COL(n), ldb, D + n, ldd, first);
             for (; n < w16; n += 16)
-                sv_one[mb](ck, ke, bk + n, ldb, D + n, ldd, first);
+                one(ck, ke, bk + COL(n), ldb, D + n, ldd, first);
         }
         for (size_t n0 = 0; n0 < w; n0 += 16) {
-            const size_t wn = w - n0 < 16 ? w - n0 : 16;
+            const size_t wn = w - n0 < 16 ? w - n0 : 16, nbytes = s4 ? (wn + 1) / 2 : wn;
             for (size_t k2 = n0 < w16 ? ke : 0; k2 < kk; k2 += 2) {
                 /* rows k2 and k2 + 1 (zeros past the chunk: its code there is sv_codes' 0 pad) */
                 int8_t t[2][16] = {{0}};
                 int32_t d[SV_MB][16];
-                memcpy(t[0], bk + k2 * ldb + n0, wn);
+                memcpy(t[0], bk + k2 * ldb + COL(n0), nbytes);
                 if (k2 + 1 < kk)
-                    memcpy(t[1], bk + (k2 + 1) * ldb + n0, wn);
-                sv_one[mb](ck + k2, 2, &t[0][0], 16, &d[0][0], 16, 1);
+                    memcpy(t[1], bk + (k2 + 1) * ldb + COL(n0), nbytes);
+                one(ck + k2, 2, &t[0][0], 16, &d[0][0], 16, 1);
                 for (int i = 0; i < mb; i++)
                     for (size_t x = 0; x < wn; x++)
                         D[i * ldd + n0 + x] += d[i][x];
             }
         }
     }
+#undef COL
 }
 
 /* One chunk's sums d[0, w) into crow: crow[n] = (first ? (beta == 0 ? 0 : fl(beta crow[n])) :
-   crow[n]) + fl(float(d[n]) fl(sp s[n or 0])). */
-static void sv_finish(const int32_t *d, size_t w, float *crow, const float *s, int pc, float sp, float beta,
-                      int first)
+   crow[n]) + fl(float(d[n] - corr) fl(sp s[n or 0])). */
+static void sv_finish(const int32_t *d, int32_t corr, size_t w, float *crow, const float *s, int pc, float sp,
+                      float beta, int first)
 {
     const __m256 vsp = _mm256_set1_ps(sp);
+    const __m256i vc = _mm256_set1_epi32(corr);
     for (size_t n = 0; n < w; n += 8) {
         const __m256i m = lanes8(w - n);
         const __m256 sc = pc ? _mm256_maskload_ps(s + n, m) : _mm256_set1_ps(s[0]);
         __m256 base = _mm256_maskload_ps(crow + n, m);
         if (first)
             base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), base);
-        const __m256 prod = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_maskload_epi32(d + n, m)), _mm256_mul_ps(vsp, sc));
+        const __m256i dn = _mm256_sub_epi32(_mm256_maskload_epi32(d + n, m), vc);
+        const __m256 prod = _mm256_mul_ps(_mm256_cvtepi32_ps(dn), _mm256_mul_ps(vsp, sc));
         _mm256_maskstore_ps(crow + n, m, _mm256_add_ps(base, prod));
     }
 }
@@ -406,11 +463,12 @@ void gqa_sv_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_
     int16_t codes[SV_MB][SV_KS + 16] __attribute__((aligned(32)));
     int32_t D[SV_MB * SV_NC];
     const int8_t *Bb = (const int8_t *)B;
-    const int pc = type == GQA_S8_PC;
-    if ((type != GQA_S8_PT && !pc) || K == 0) {
+    const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
+    if (!dot_type(type) || K == 0) {
         gqa_kernels_avx2.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;
     }
+    const size_t rb = gqa_row_bytes(type, N);
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[SV_MB];
         float inv[SV_MB], sp[SV_MB];
@@ -425,13 +483,17 @@ void gqa_sv_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_
             continue;
         for (size_t k0 = 0; k0 < K; k0 += SV_KS) {
             const size_t kn = K - k0 < SV_KS ? K - k0 : SV_KS;
-            for (int i = 0; i < mb; i++)
+            int32_t corr[SV_MB];
+            for (int i = 0; i < mb; i++) {
                 sv_codes(A + rows[i] * lda + k0, kn, inv[i], codes[i]);
-            for (size_t n0 = 0; n0 < N; n0 += SV_NC) {
+                corr[i] = s4 ? 8 * code_sum(codes[i], (kn + 15) & ~(size_t)15) : 0;
+            }
+            for (size_t n0 = 0; n0 < N; n0 += SV_NC) { /* SV_NC is a multiple of 16: n0's byte is n0 / 2 */
                 const size_t w = N - n0 < SV_NC ? N - n0 : SV_NC;
-                sv_chunk(mb, &codes[0][0], kn, Bb + k0 * N + n0, N, w, D, SV_NC);
+                sv_chunk(mb, s4, &codes[0][0], kn, Bb + k0 * rb + (s4 ? n0 / 2 : n0), rb, w, D, SV_NC);
                 for (int i = 0; i < mb; i++)
-                    sv_finish(D + i * SV_NC, w, C + rows[i] * ldc + n0, pc ? s + n0 : s, pc, sp[i], beta, k0 == 0);
+                    sv_finish(D + i * SV_NC, corr[i], w, C + rows[i] * ldc + n0, pc ? s + n0 : s, pc, sp[i], beta,
+                              k0 == 0);
             }
         }
     }

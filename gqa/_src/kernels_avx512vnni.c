@@ -270,17 +270,38 @@ INLINE __m256i load32_epi8(__mmask32 m, const void *p)
     return _mm512_castsi512_si256(_mm512_maskz_loadu_epi8((__mmask64)m, p));
 }
 
+/* 32 codes as int16 from the bytes at p under byte mask m (32 bytes at most): INT8 (S4 = 0) the
+   bytes sign-extended; INT4 (S4 = 1) 16 bytes of nibbles (element 2i the low nibble of byte i), as
+   the unsigned nibbles u = q + 8 in element order (kernels_s8dot_contract.h: the dots are then
+   corrected by 8 sum_k c_k). */
+INLINE __m512i widen32(const int S4, __mmask32 m, const int8_t *p)
+{
+    if (!S4)
+        return _mm512_cvtepi8_epi16(m == (__mmask32)~0u ? _mm256_loadu_si256((const __m256i *)p) : load32_epi8(m, p));
+    const __m128i x = m == (__mmask32)~0u ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8((__mmask16)m, p);
+    const __m128i f = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(x, f), hi = _mm_and_si128(_mm_srli_epi16(x, 4), f);
+    /* nibbles are below 128: sign extension is zero extension */
+    return _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi)));
+}
+
 /* C[mb, n] for rows mb < MB of c (stride cs) and the N rows of B (stride rb), NB = 16 / MB
-   rows of B at a time (a last partial block repeats B's last row and stores only its own). */
-INLINE void dot_block(const int MB, const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N,
-                      size_t K, const float *mult, float *C, size_t ldc)
+   rows of B at a time (a last partial block repeats B's last row and stores only its own); INT4
+   (S4) sums less corr[mb]. */
+INLINE void dot_block(const int MB, const int S4, const int16_t *c, size_t cs, const int8_t *B, size_t rb,
+                      size_t N, size_t K, const float *mult, const int32_t *corr, float *C, size_t ldc)
 {
     const int NB = 16 / MB;
+    const size_t step = S4 ? 16 : 32; /* bytes of 32 codes */
     float mu[16];
+    int32_t cq[16];
     UNROLL
-    for (int i = 0; i < 16; i++)
+    for (int i = 0; i < 16; i++) {
         mu[i] = i < MB * NB ? mult[i / NB] : 0.0f;
+        cq[i] = S4 && i < MB * NB ? corr[i / NB] : 0;
+    }
     const __m512 vmu = _mm512_loadu_ps(mu);
+    const __m512i vcq = _mm512_loadu_si512((const void *)cq);
     for (size_t n = 0; n < N; n += (size_t)NB) {
         const size_t nv = N - n < (size_t)NB ? N - n : (size_t)NB;
         __m512i acc[16];
@@ -296,35 +317,35 @@ INLINE void dot_block(const int MB, const int16_t *c, size_t cs, const int8_t *B
             /* B streams from memory in decode: the block's rows DOT_PF bytes ahead (rows of a
                block are contiguous), one prefetch per line spread over the steps */
             UNROLL
-            for (int j = 0; j < (32 * NB + 63) / 64; j++)
-                _mm_prefetch((const char *)b[0] + DOT_PF + k * NB + 64 * j, _MM_HINT_T0);
+            for (int j = 0; j < ((int)step * NB + 63) / 64; j++)
+                _mm_prefetch((const char *)b[0] + DOT_PF + k / 32 * step * NB + 64 * j, _MM_HINT_T0);
             __m512i a[4];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
                 a[mb] = _mm512_load_si512((const void *)(c + mb * cs + k));
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
-                const __m512i bv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b[nb] + k)));
+                const __m512i bv = widen32(S4, (__mmask32)~0u, b[nb] + k / 32 * step);
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
                     acc[mb * NB + nb] = _mm512_dpwssd_epi32(acc[mb * NB + nb], a[mb], bv);
             }
         }
         if (k < K) { /* B read only up to the row's end */
-            const __mmask32 m = (__mmask32)mask64(K - k);
+            const __mmask32 m = (__mmask32)mask64(rb - k / 32 * step);
             __m512i a[4];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
                 a[mb] = _mm512_load_si512((const void *)(c + mb * cs + k));
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
-                const __m512i bv = _mm512_cvtepi8_epi16(load32_epi8(m, b[nb] + k));
+                const __m512i bv = widen32(S4, m, b[nb] + k / 32 * step);
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
                     acc[mb * NB + nb] = _mm512_dpwssd_epi32(acc[mb * NB + nb], a[mb], bv);
             }
         }
-        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(hsum16x16_epi32(acc)), vmu);
+        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hsum16x16_epi32(acc), vcq)), vmu);
         if (MB == 1) {
             _mm512_mask_storeu_ps(C + n, mask16(nv), v);
         } else {
@@ -336,40 +357,61 @@ INLINE void dot_block(const int MB, const int16_t *c, size_t cs, const int8_t *B
     }
 }
 
-#define DOT_INST(MB)                                                                               \
-    static void dot_##MB(const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N, size_t K, \
-                         const float *mult, float *C, size_t ldc)                                  \
-    {                                                                                              \
-        dot_block(MB, c, cs, B, rb, N, K, mult, C, ldc);                                           \
+#define DOT_INST(MB, S4)                                                                               \
+    static void dot_##MB##_##S4(const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N, size_t K, \
+                                const float *mult, const int32_t *corr, float *C, size_t ldc)              \
+    {                                                                                                  \
+        dot_block(MB, S4, c, cs, B, rb, N, K, mult, corr, C, ldc);                                     \
     }
-DOT_INST(1) DOT_INST(2) DOT_INST(3) DOT_INST(4)
-typedef void (*dot_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, size_t, const float *, float *,
-                       size_t);
+DOT_INST(1, 0) DOT_INST(2, 0) DOT_INST(3, 0) DOT_INST(4, 0) DOT_INST(1, 1) DOT_INST(2, 1) DOT_INST(3, 1)
+DOT_INST(4, 1)
+typedef void (*dot_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, size_t, const float *,
+                       const int32_t *, float *, size_t);
+
+/* The sum of n int16 codes c[0, n) (n a multiple of 32), exact. */
+static int32_t code_sum(const int16_t *c, size_t n)
+{
+    __m512i t = _mm512_setzero_si512();
+    for (size_t k = 0; k < n; k += 32)
+        t = _mm512_dpwssd_epi32(t, _mm512_load_si512((const void *)(c + k)), _mm512_set1_epi16(1));
+    return _mm512_reduce_add_epi32(t);
+}
+
+/* The static INT8 and INT4 types (the contracts' codes). */
+static int dot_type(int type)
+{
+    return type == GQA_S8_PT || type == GQA_S8_PC || type == GQA_S4_PT || type == GQA_S4_PC;
+}
 
 void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                                    const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    static const dot_fn blocks[5] = {NULL, dot_1, dot_2, dot_3, dot_4};
+    static const dot_fn blocks[2][5] = {{NULL, dot_1_0, dot_2_0, dot_3_0, dot_4_0},
+                                        {NULL, dot_1_1, dot_2_1, dot_3_1, dot_4_1}};
     int16_t c[4 * DOT_QK_K] __attribute__((aligned(64)));
     const int8_t *Bb = (const int8_t *)B;
-    const int pc = type == GQA_S8_PC;
-    if ((type != GQA_S8_PT && !pc) || K == 0 || K > DOT_QK_K) {
+    const int s4 = GQA_IS_S4(type);
+    if (!dot_type(type) || K == 0 || K > DOT_QK_K) {
         gqa_kernels_avx512.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
-    const size_t cs = (K + 31) & ~(size_t)31;
+    const size_t cs = (K + 31) & ~(size_t)31, rb = gqa_row_bytes(type, K);
     for (size_t m0 = 0; m0 < M;) {
         /* blocks of at most 4 rows (8 as 4 + 4: faster than 8 x 2, as in the exact kernel) */
         size_t rows[4];
         float mult[4];
+        int32_t corr[4] = {0, 0, 0, 0};
         const int mb = qk_take_rows(M, &m0, 4, N, K, alpha, A, lda, B, type, s, C, ldc, c, cs, rows, mult);
         if (mb == 0)
             continue;
+        if (s4)
+            for (int i = 0; i < mb; i++)
+                corr[i] = 8 * code_sum(c + i * cs, cs);
         if (rows[mb - 1] - rows[0] == (size_t)(mb - 1)) /* consecutive rows: one block */
-            blocks[mb](c, cs, Bb, K, N, K, mult, C + rows[0] * ldc, ldc);
+            blocks[s4][mb](c, cs, Bb, rb, N, K, mult, corr, C + rows[0] * ldc, ldc);
         else /* a row left: one row at a time */
             for (int i = 0; i < mb; i++)
-                blocks[1](c + i * cs, cs, Bb, K, N, K, mult + i, C + rows[i] * ldc, ldc);
+                blocks[s4][1](c + i * cs, cs, Bb, rb, N, K, mult + i, corr + i, C + rows[i] * ldc, ldc);
     }
 }
 
@@ -387,26 +429,20 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
 #define SV_PFR 64
 #define SV_MB 4
 
-/* Two keys' 64-column blocks (int8 rows r0, r1, w columns) -> o[v] in the order above; then
+/* Two keys' 64-column blocks (rows r0, r1 of codes; INT4: their nibbles u; w columns, byte masks
+   m0 / m1 of the two 32-column halves) -> o[v] in the order above; then
    D[i][v] += (codes_i[k], codes_i[k+1]) . o[v] for rows i < MB. */
-INLINE void sv_pair(const int MB, const int full, const int8_t *r0, const int8_t *r1, __mmask32 m0,
+INLINE void sv_pair(const int MB, const int S4, const int full, const int8_t *r0, const int8_t *r1, __mmask32 m0,
                     __mmask32 m1, const int16_t *const *codes, size_t k, __m512i D[SV_MB][4])
 {
+    const size_t half = S4 ? 16 : 32; /* bytes of 32 columns */
+    const __mmask32 f0 = full ? (__mmask32)~0u : m0, f1 = full ? (__mmask32)~0u : m1;
     __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
-    if (full) { /* 64 columns: plain loads */
-        a0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)r0));
-        a1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(r0 + 32)));
-        if (r1) {
-            b0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)r1));
-            b1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(r1 + 32)));
-        }
-    } else {
-        a0 = _mm512_cvtepi8_epi16(load32_epi8(m0, r0));
-        a1 = _mm512_cvtepi8_epi16(load32_epi8(m1, r0 + 32));
-        if (r1) {
-            b0 = _mm512_cvtepi8_epi16(load32_epi8(m0, r1));
-            b1 = _mm512_cvtepi8_epi16(load32_epi8(m1, r1 + 32));
-        }
+    a0 = widen32(S4, f0, r0);
+    a1 = widen32(S4, f1, r0 + half);
+    if (r1) {
+        b0 = widen32(S4, f0, r1);
+        b1 = widen32(S4, f1, r1 + half);
     }
     const __m512i o[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
                           _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
@@ -422,12 +458,13 @@ INLINE void sv_pair(const int MB, const int full, const int8_t *r0, const int8_t
 }
 
 /* D[i][v] = the int32 dots of rows i < MB (codes, kn keys, padded with 0 to a multiple of
-   2) with the 64-column block of B at column n0 (w <= 64 columns, rows of ldb bytes), in
-   sv_pair's lane order. */
-INLINE void sv_block(const int MB, const int16_t *const *codes, size_t kn, const int8_t *B, size_t ldb,
-                     size_t w, __m512i D[SV_MB][4])
+   2) with the 64-column block of B at b (w <= 64 columns, rows of ldb bytes), in sv_pair's lane
+   order. */
+INLINE void sv_block(const int MB, const int S4, const int16_t *const *codes, size_t kn, const int8_t *B,
+                     size_t ldb, size_t w, __m512i D[SV_MB][4])
 {
-    const __mmask32 m0 = (__mmask32)mask64(w < 32 ? w : 32), m1 = (__mmask32)mask64(w > 32 ? w - 32 : 0);
+    const size_t w0 = w < 32 ? w : 32, w1 = w > 32 ? w - 32 : 0;
+    const __mmask32 m0 = (__mmask32)mask64(S4 ? (w0 + 1) / 2 : w0), m1 = (__mmask32)mask64(S4 ? (w1 + 1) / 2 : w1);
     UNROLL
     for (int i = 0; i < MB; i++)
         UNROLL
@@ -438,21 +475,22 @@ INLINE void sv_block(const int MB, const int16_t *const *codes, size_t kn, const
         for (; k + 2 <= kn; k += 2) {
             /* the rows SV_PFR ahead (decode streams the cache; prefetches never fault) */
             _mm_prefetch((const char *)(B + (k + SV_PFR) * ldb), _MM_HINT_T0);
-            _mm_prefetch((const char *)(B + (k + SV_PFR + 1) * ldb) + 63, _MM_HINT_T0);
-            sv_pair(MB, 1, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, D);
+            _mm_prefetch((const char *)(B + (k + SV_PFR + 1) * ldb) + (S4 ? 31 : 63), _MM_HINT_T0);
+            sv_pair(MB, S4, 1, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, D);
         }
     else
         for (; k + 2 <= kn; k += 2)
-            sv_pair(MB, 0, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, D);
+            sv_pair(MB, S4, 0, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, D);
     if (k < kn) /* the last key; its partner's code is 0 */
-        sv_pair(MB, 0, B + k * ldb, NULL, m0, m1, codes, k, D);
+        sv_pair(MB, S4, 0, B + k * ldb, NULL, m0, m1, codes, k, D);
 }
 
-/* sv_block of two full 64-column blocks at once, B and B + 64 (D and D2), each V row read in
-   one pass; MB <= 2 (the accumulators of more rows outnumber the registers). */
-INLINE void sv_block2(const int MB, const int16_t *const *codes, size_t kn, const int8_t *B, size_t ldb,
-                      __m512i D[SV_MB][4], __m512i D2[SV_MB][4])
+/* sv_block of two full 64-column blocks at once, B and the next 64 columns (D and D2), each V row
+   read in one pass; MB <= 2 (the accumulators of more rows outnumber the registers). */
+INLINE void sv_block2(const int MB, const int S4, const int16_t *const *codes, size_t kn, const int8_t *B,
+                      size_t ldb, __m512i D[SV_MB][4], __m512i D2[SV_MB][4])
 {
+    const size_t blk = S4 ? 32 : 64; /* bytes of 64 columns */
     UNROLL
     for (int i = 0; i < MB; i++)
         UNROLL
@@ -462,15 +500,15 @@ INLINE void sv_block2(const int MB, const int16_t *const *codes, size_t kn, cons
     for (; k + 2 <= kn; k += 2) {
         const int8_t *r0 = B + k * ldb, *r1 = r0 + ldb;
         _mm_prefetch((const char *)(r0 + SV_PFR * ldb), _MM_HINT_T0);
-        _mm_prefetch((const char *)(r0 + SV_PFR * ldb) + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)(r0 + SV_PFR * ldb) + 2 * blk - 1, _MM_HINT_T0);
         _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T0);
-        _mm_prefetch((const char *)(r1 + SV_PFR * ldb) + 64, _MM_HINT_T0);
-        sv_pair(MB, 1, r0, r1, 0, 0, codes, k, D);
-        sv_pair(MB, 1, r0 + 64, r1 + 64, 0, 0, codes, k, D2);
+        _mm_prefetch((const char *)(r1 + SV_PFR * ldb) + 2 * blk - 1, _MM_HINT_T0);
+        sv_pair(MB, S4, 1, r0, r1, 0, 0, codes, k, D);
+        sv_pair(MB, S4, 1, r0 + blk, r1 + blk, 0, 0, codes, k, D2);
     }
     if (k < kn) {
-        sv_pair(MB, 1, B + k * ldb, NULL, 0, 0, codes, k, D);
-        sv_pair(MB, 1, B + k * ldb + 64, NULL, 0, 0, codes, k, D2);
+        sv_pair(MB, S4, 1, B + k * ldb, NULL, 0, 0, codes, k, D);
+        sv_pair(MB, S4, 1, B + k * ldb + blk, NULL, 0, 0, codes, k, D2);
     }
 }
 
@@ -486,13 +524,17 @@ INLINE void sv_columns(const __m512i D[4], __m512i out[4])
     out[3] = _mm512_permutex2var_epi32(D[2], hi, D[3]);
 }
 
-/* One chunk's sums D of rows i < mb (block at column n0, w columns) into their rows of C. */
-INLINE void sv_rows_finish(const __m512i D[SV_MB][4], int mb, const size_t *rows, size_t w, size_t n0, float *C,
-                           size_t ldc, int pc, const float *s, const float *sp, float beta, int first)
+/* One chunk's sums D of rows i < mb (block at column n0, w columns), less corr[i] (INT4), into
+   their rows of C. */
+INLINE void sv_rows_finish(const __m512i D[SV_MB][4], int mb, const size_t *rows, const int32_t *corr, size_t w,
+                           size_t n0, float *C, size_t ldc, int pc, const float *s, const float *sp, float beta,
+                           int first)
 {
     for (int i = 0; i < mb; i++) {
         __m512i d[4];
         sv_columns(D[i], d);
+        for (int j = 0; j < 4; j++)
+            d[j] = _mm512_sub_epi32(d[j], _mm512_set1_epi32(corr[i]));
         sv_finish(d, w, n0, C + rows[i] * ldc + n0, pc, s, sp[i], beta, first);
     }
 }
@@ -501,14 +543,16 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                                    const void *B, int type, const float *s, float *C, size_t ldc,
                                    float beta)
 {
-    int16_t codes[SV_MB][SV_KS + 16] __attribute__((aligned(64)));
+    int16_t codes[SV_MB][SV_KS + 32] __attribute__((aligned(64)));
     const int16_t *const cr[SV_MB] = {codes[0], codes[1], codes[2], codes[3]};
     const int8_t *Bb = (const int8_t *)B;
-    const int pc = type == GQA_S8_PC;
-    if ((type != GQA_S8_PT && !pc) || K == 0) {
+    const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
+    if (!dot_type(type) || K == 0) {
         gqa_kernels_avx512.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;
     }
+    const size_t rb = gqa_row_bytes(type, N);
+#define COL(n) (s4 ? (n) / 2 : (n)) /* the byte of column n (a multiple of 64) */
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[SV_MB];
         float inv[SV_MB], sp[SV_MB];
@@ -517,33 +561,50 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
             continue;
         for (size_t k0 = 0; k0 < K; k0 += SV_KS) {
             const size_t kn = K - k0 < SV_KS ? K - k0 : SV_KS;
-            for (int i = 0; i < mb; i++)
+            int32_t corr[SV_MB];
+            for (int i = 0; i < mb; i++) {
                 sv_codes(A + rows[i] * lda, k0, k0 + kn, inv[i], codes[i]);
+                corr[i] = 0;
+                if (s4) { /* code_sum takes a multiple of 32 codes; sv_codes pads to 16 */
+                    const size_t k16 = (kn + 15) & ~(size_t)15;
+                    if (k16 & 16)
+                        memset(codes[i] + k16, 0, 16 * sizeof(int16_t));
+                    corr[i] = 8 * code_sum(codes[i], (k16 + 31) & ~(size_t)31);
+                }
+            }
+            const int8_t *Bk = Bb + k0 * rb;
             size_t n0 = 0;
             if (mb <= 2) /* one or two rows: 128 columns per pass (Sapphire Rapids, seed shape, one thread:
                              the decode step about 1.4x faster than 64-column passes) */
                 for (; n0 + 128 <= N; n0 += 128) {
                     __m512i D[SV_MB][4], D2[SV_MB][4];
                     if (mb == 1)
-                        sv_block2(1, cr, kn, Bb + k0 * N + n0, N, D, D2);
+                        s4 ? sv_block2(1, 1, cr, kn, Bk + COL(n0), rb, D, D2)
+                           : sv_block2(1, 0, cr, kn, Bk + COL(n0), rb, D, D2);
                     else
-                        sv_block2(2, cr, kn, Bb + k0 * N + n0, N, D, D2);
-                    sv_rows_finish(D, mb, rows, 64, n0, C, ldc, pc, s, sp, beta, k0 == 0);
-                    sv_rows_finish(D2, mb, rows, 64, n0 + 64, C, ldc, pc, s, sp, beta, k0 == 0);
+                        s4 ? sv_block2(2, 1, cr, kn, Bk + COL(n0), rb, D, D2)
+                           : sv_block2(2, 0, cr, kn, Bk + COL(n0), rb, D, D2);
+                    sv_rows_finish(D, mb, rows, corr, 64, n0, C, ldc, pc, s, sp, beta, k0 == 0);
+                    sv_rows_finish(D2, mb, rows, corr, 64, n0 + 64, C, ldc, pc, s, sp, beta, k0 == 0);
                 }
             for (; n0 < N; n0 += 64) {
                 const size_t w = N - n0 < 64 ? N - n0 : 64;
                 __m512i D[SV_MB][4];
-                const int8_t *Bn = Bb + k0 * N + n0;
-                switch (mb) { /* the row count a constant: D stays in registers */
-                case 1: sv_block(1, cr, kn, Bn, N, w, D); break;
-                case 2: sv_block(2, cr, kn, Bn, N, w, D); break;
-                case 3: sv_block(3, cr, kn, Bn, N, w, D); break;
-                default: sv_block(4, cr, kn, Bn, N, w, D); break;
+                const int8_t *Bn = Bk + COL(n0);
+                switch (mb * 2 + s4) { /* the row count and the INT4 flag constants: D stays in registers */
+                case 2: sv_block(1, 0, cr, kn, Bn, rb, w, D); break;
+                case 3: sv_block(1, 1, cr, kn, Bn, rb, w, D); break;
+                case 4: sv_block(2, 0, cr, kn, Bn, rb, w, D); break;
+                case 5: sv_block(2, 1, cr, kn, Bn, rb, w, D); break;
+                case 6: sv_block(3, 0, cr, kn, Bn, rb, w, D); break;
+                case 7: sv_block(3, 1, cr, kn, Bn, rb, w, D); break;
+                case 8: sv_block(4, 0, cr, kn, Bn, rb, w, D); break;
+                default: sv_block(4, 1, cr, kn, Bn, rb, w, D); break;
                 }
-                sv_rows_finish(D, mb, rows, w, n0, C, ldc, pc, s, sp, beta, k0 == 0);
+                sv_rows_finish(D, mb, rows, corr, w, n0, C, ldc, pc, s, sp, beta, k0 == 0);
             }
         }
     }
+#undef COL
 }
 #endif

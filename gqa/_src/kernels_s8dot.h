@@ -57,7 +57,7 @@ static inline int qk_take_rows(size_t M, size_t *m0, int max, size_t N, size_t K
                                size_t lda, const void *B, int type, const float *s, float *C, size_t ldc,
                                int16_t *c, size_t cs, size_t *rows, float *mult)
 {
-    const int pc = type == GQA_S8_PC;
+    const int pc = GQA_IS_PC(type);
     int mb = 0;
     for (; *m0 < M && mb < max; ++*m0) {
         const size_t m = *m0;

@@ -768,6 +768,20 @@ static void check_approx(void)
     }
 }
 
+/* INT4 codes [rows, cols] in [-8, 7] packed as the cache stores them (gqa_kernels.h): nibble
+   q + 8, element 2i in the low nibble of byte i, pad nibble 8. */
+static uint8_t *pack_s4(const int8_t *q, size_t rows, size_t cols)
+{
+    const size_t rb = (cols + 1) / 2;
+    uint8_t *p = xmalloc(rows * rb + 1);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < rb; i++) {
+            const int lo = q[r * cols + 2 * i] + 8, hi = 2 * i + 1 < cols ? q[r * cols + 2 * i + 1] + 8 : 8;
+            p[r * rb + i] = (uint8_t)(lo | hi << 4);
+        }
+    return p;
+}
+
 /* The contract of sv_gemm_s8_dot (stated in kernels_s8dot_contract.h), for rows whose elements
    are finite and >= 0 with a maximum > 0: C = beta * C + the chunked integer dots. */
 static void sv_dot_oracle(size_t M, size_t N, size_t K, const float *A, size_t lda, const int8_t *B,
@@ -798,7 +812,8 @@ static void sv_dot_oracle(size_t M, size_t N, size_t K, const float *A, size_t l
     }
 }
 
-static void check_sv_dot(gqa_sv_gemm_fn dot)
+/* with_s4: also INT4 codes (the units whose contract covers them: VNNI, AVX2) */
+static void check_sv_dot(gqa_sv_gemm_fn dot, int with_s4)
 {
     static const size_t KA[] = {1, 2, 3, 4, 5, 7, 29, 64, 300, 511, 512, 513, 1025, 8193, 20000};
     static const size_t NA[] = {1, 13, 64, 65, 130};
@@ -806,6 +821,7 @@ static void check_sv_dot(gqa_sv_gemm_fn dot)
     const size_t NK = sizeof(KA) / sizeof(KA[0]), NN = sizeof(NA) / sizeof(NA[0]);
     const double u = 1.0 / 16777216.0;
     long cases[3] = {0}, fails[3] = {0}, shown[3] = {0}; /* contract, bound, edges */
+    for (int s4 = 0; s4 <= with_s4; s4++)
     for (size_t ki = 0; ki < NK; ki++)
         for (size_t ni = 0; ni < NN; ni++)
             for (int pc = 0; pc < 2; pc++) {
@@ -821,16 +837,19 @@ static void check_sv_dot(gqa_sv_gemm_fn dot)
                 if (K > 2)
                     A[1 % M * lda + 1] = 0.0f;
                 for (size_t i = 0; i < K * N; i++)
-                    B[i] = (int8_t)rnd();
-                B[0] = -128, B[K * N - 1] = 127;
+                    B[i] = s4 ? (int8_t)((int)(rnd() % 16) - 8) : (int8_t)rnd();
+                B[0] = s4 ? -8 : -128, B[K * N - 1] = s4 ? 7 : 127;
                 for (size_t n = 0; n < N; n++)
                     s[n] = 0.01f + 0.02f * unif();
                 for (size_t i = 0; i < M * ldc; i++)
                     got[i] = want[i] = exact[i] = (i % ldc) < N ? normal() : GUARD_F;
-                const int type = pc ? GQA_S8_PC : GQA_S8_PT;
-                dot(M, N, K, A, lda, B, type, s, got, ldc, beta);
+                const int type = s4 ? (pc ? GQA_S4_PC : GQA_S4_PT) : (pc ? GQA_S8_PC : GQA_S8_PT);
+                const void *Bk = s4 ? (const void *)pack_s4(B, K, N) : (const void *)B;
+                dot(M, N, K, A, lda, Bk, type, s, got, ldc, beta);
                 sv_dot_oracle(M, N, K, A, lda, B, s, pc, want, ldc, beta);
-                R->sv_gemm(M, N, K, A, lda, B, type, s, exact, ldc, beta);
+                R->sv_gemm(M, N, K, A, lda, Bk, type, s, exact, ldc, beta);
+                if (s4)
+                    free((void *)Bk);
                 int bad_c = 0, bad_b = 0;
                 for (size_t m = 0; m < M; m++) {
                     const float *a = A + m * lda;
@@ -847,8 +866,8 @@ static void check_sv_dot(gqa_sv_gemm_fn dot)
                             continue;
                         }
                         if (!same_float(got[i], want[i]) && (bad_c = 1) && shown[0]++ < 5)
-                            printf("  dot.sv.contract mismatch: K=%zu N=%zu pc=%d beta=%g C[%zu,%zu]: got %.9g "
-                                   "want %.9g\n", K, N, pc, (double)beta, m, n, (double)got[i], (double)want[i]);
+                            printf("  dot.sv.contract mismatch: K=%zu N=%zu int4=%d pc=%d beta=%g C[%zu,%zu]: got %.9g "
+                                   "want %.9g\n", K, N, s4, pc, (double)beta, m, n, (double)got[i], (double)want[i]);
                         /* bound (kernels_avx512vnni.c): with dq = |q| s,
                            |approx - exact| <= sp (1/2 + 2^-9) sum dq + 2^-22 sum a dq
                                                + (chunks + 3) u (|got| + |beta C0| + sum a dq) + exact's (K + 2) u sum a dq */
@@ -929,12 +948,13 @@ static float qk_dot_oracle_row(size_t N, size_t K, float alpha, const float *a, 
     return sa;
 }
 
-static void check_dot_qk(gqa_qk_gemm_fn dot)
+static void check_dot_qk(gqa_qk_gemm_fn dot, int with_s4)
 { /* bit for bit against the contract; the bound against the exact scalar kernel; rows of
      zeros / NaN / inf and heads wider than 512 as the path's exact kernel */
     static const size_t KA[] = {1, 5, 16, 31, 32, 33, 64, 100, 128, 512, 513};
     const double u = 1.0 / 16777216.0;
     long cases[3] = {0}, fails[3] = {0};
+    for (int s4 = 0; s4 <= with_s4; s4++)
     for (size_t ki = 0; ki < sizeof(KA) / sizeof(KA[0]); ki++)
         for (size_t mi = 0; mi < NM; mi++)
             for (int pc = 0; pc < 2; pc++) {
@@ -948,8 +968,8 @@ static void check_dot_qk(gqa_qk_gemm_fn dot)
                 for (size_t i = 0; i < M * K; i++)
                     A[i] = normal() * (i % 7 == 0 ? 30.0f : 1.0f); /* outlier channels */
                 for (size_t i = 0; i < N * K; i++)
-                    B[i] = (int8_t)rnd();
-                B[0] = -128;
+                    B[i] = s4 ? (int8_t)((int)(rnd() % 16) - 8) : (int8_t)rnd();
+                B[0] = s4 ? -8 : -128;
                 if (M > 2) { /* rows the contract leaves: zeros, a NaN, an inf */
                     for (size_t k = 0; k < K; k++)
                         A[1 * K + k] = 0.0f;
@@ -957,10 +977,13 @@ static void check_dot_qk(gqa_qk_gemm_fn dot)
                 }
                 for (size_t i = 0; i < M * ldc; i++)
                     got[i] = want[i] = exact[i] = GUARD_F;
-                const int type = pc ? GQA_S8_PC : GQA_S8_PT;
-                dot(M, N, K, alpha, A, K, B, type, s, got, ldc);
-                T->qk_gemm(M, N, K, alpha, A, K, B, type, s, want, ldc);
-                R->qk_gemm(M, N, K, alpha, A, K, B, type, s, exact, ldc);
+                const int type = s4 ? (pc ? GQA_S4_PC : GQA_S4_PT) : (pc ? GQA_S8_PC : GQA_S8_PT);
+                const void *Bk = s4 ? (const void *)pack_s4(B, N, K) : (const void *)B;
+                dot(M, N, K, alpha, A, K, Bk, type, s, got, ldc);
+                T->qk_gemm(M, N, K, alpha, A, K, Bk, type, s, want, ldc);
+                R->qk_gemm(M, N, K, alpha, A, K, Bk, type, s, exact, ldc);
+                if (s4)
+                    free((void *)Bk);
                 int bad_c = 0, bad_b = 0, bad_e = 0;
                 for (size_t m = 0; m < M; m++) {
                     const int edge = M > 2 && (m == 1 || m == 2);
@@ -992,8 +1015,8 @@ static void check_dot_qk(gqa_qk_gemm_fn dot)
                     }
                 }
                 if (bad_c || bad_b || bad_e)
-                    printf("  dot.qk mismatch: K=%zu M=%zu pc=%d: contract %d bound %d edges %d\n", K, M, pc,
-                           bad_c, bad_b, bad_e);
+                    printf("  dot.qk mismatch: K=%zu M=%zu int4=%d pc=%d: contract %d bound %d edges %d\n", K, M,
+                           s4, pc, bad_c, bad_b, bad_e);
                 cases[0]++, fails[0] += bad_c;
                 cases[1]++, fails[1] += bad_b;
                 cases[2]++, fails[2] += bad_e;
@@ -1341,8 +1364,8 @@ int main(int argc, char **argv)
             printf("dot: the %s table has no qk_gemm_s8_dot / sv_gemm_s8_dot\n", T->name);
             n_checks++, n_failed++;
         } else {
-            check_dot_qk(T->qk_gemm_s8_dot);
-            check_sv_dot(T->sv_gemm_s8_dot);
+            check_dot_qk(T->qk_gemm_s8_dot, 1);
+            check_sv_dot(T->sv_gemm_s8_dot, 1);
         }
     }
     if (tiles) {
@@ -1358,8 +1381,8 @@ int main(int argc, char **argv)
             check_tiles(x);
             if (x->qk_s8 != NULL) { /* level 4's integer dots on these tiles: the same contracts */
                 x->begin();
-                check_dot_qk(x->qk_s8);
-                check_sv_dot(x->sv_s8);
+                check_dot_qk(x->qk_s8, 0); /* INT8 only: INT4 calls take the VNNI unit */
+                check_sv_dot(x->sv_s8, 0);
                 x->end();
             }
         }
