@@ -125,6 +125,31 @@ static int qk_row(const float *a, size_t K, const float *s, int pc, float alpha,
 
 #define QK_PF 4096
 
+/* One step of a B row at p (16 bytes) for rows mb < MB of the codes c (stride cs):
+   acc[mb * NB] += the products of its codes.  INT4: the low nibbles are the even elements of 32,
+   the high nibbles the odd ones, against c's even-then-odd order. */
+INLINE void qk_step(const int MB, const int NB, const int S4, const int8_t *p, const int16_t *c, size_t cs,
+                    __m256i *acc)
+{
+    if (!S4) {
+        const __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+        UNROLL
+        for (int mb = 0; mb < MB; mb++)
+            acc[mb * NB] = _mm256_add_epi32(acc[mb * NB],
+                                            _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs)), bv));
+        return;
+    }
+    const __m128i x = _mm_loadu_si128((const __m128i *)p), f = _mm_set1_epi8(0x0F);
+    const __m256i ev = _mm256_cvtepu8_epi16(_mm_and_si128(x, f));
+    const __m256i od = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(x, 4), f));
+    UNROLL
+    for (int mb = 0; mb < MB; mb++) {
+        const __m256i e = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs)), ev);
+        const __m256i o = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + 16)), od);
+        acc[mb * NB] = _mm256_add_epi32(acc[mb * NB], _mm256_add_epi32(e, o));
+    }
+}
+
 /* C[mb, n] for rows mb < MB of c (stride cs) and the N rows of B (rb bytes each), NB rows of B at
    a time (a last partial block repeats B's last row and stores only its own); INT4 (S4) sums
    less corr[mb] = 8 sum_k c[mb, k].  The K % 16 columns at the end come from a zero-padded copy
@@ -132,7 +157,9 @@ static int qk_row(const float *a, size_t K, const float *s, int pc, float alpha,
 INLINE void qk_block(const int MB, const int NB, const int S4, const int16_t *c, size_t cs, const int8_t *B,
                      size_t rb, size_t N, size_t K, const float *mult, const int32_t *corr, float *C, size_t ldc)
 {
-    const size_t K16 = K & ~(size_t)15, step = S4 ? 8 : 16; /* bytes of 16 codes */
+    /* a step: 16 codes (INT8: 16 bytes), or 32 (INT4: 16 bytes, even elements then odd, the
+       order qk_row leaves A's codes in) */
+    const size_t KS = S4 ? 32 : 16, Kf = K / KS * KS;
     __m128 mu[3];   /* lane i of mu[g]: the multiplier of accumulator 4 g + i's row */
     __m128i cq[3];  /* ... and its correction */
     UNROLL
@@ -157,31 +184,22 @@ INLINE void qk_block(const int MB, const int NB, const int S4, const int16_t *c,
         for (int i = 0; i < MB * NB; i++)
             acc[i] = _mm256_setzero_si256();
         size_t k = 0;
-        for (; k < K16; k += 16) {
+        for (; k < Kf; k += KS) {
             /* B streams from memory in decode: the block's rows QK_PF bytes ahead, one prefetch
                per line spread over the steps (a block's rows are contiguous) */
             UNROLL
-            for (int j = 0; j < ((int)step * NB + 63) / 64; j++)
-                _mm_prefetch((const char *)b[0] + QK_PF + k / 16 * step * NB + 64 * j, _MM_HINT_T0);
+            for (int j = 0; j < (16 * NB + 63) / 64; j++)
+                _mm_prefetch((const char *)b[0] + QK_PF + k / KS * 16 * NB + 64 * j, _MM_HINT_T0);
             UNROLL
-            for (int nb = 0; nb < NB; nb++) {
-                const __m256i bv = widen16(S4, b[nb] + k / 16 * step);
-                UNROLL
-                for (int mb = 0; mb < MB; mb++)
-                    acc[mb * NB + nb] = _mm256_add_epi32(
-                        acc[mb * NB + nb], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + k)), bv));
-            }
+            for (int nb = 0; nb < NB; nb++)
+                qk_step(MB, NB, S4, b[nb] + k / KS * 16, c + k, cs, acc + nb);
         }
         if (k < K) {
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
                 int8_t t[16] = {0};
-                memcpy(t, b[nb] + k / 16 * step, rb - k / 16 * step);
-                const __m256i bv = widen16(S4, t);
-                UNROLL
-                for (int mb = 0; mb < MB; mb++)
-                    acc[mb * NB + nb] = _mm256_add_epi32(
-                        acc[mb * NB + nb], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + k)), bv));
+                memcpy(t, b[nb] + k / KS * 16, rb - k / KS * 16);
+                qk_step(MB, NB, S4, t, c + k, cs, acc + nb);
             }
         }
         /* sums of 4 accumulators at a time, times their rows' multipliers (mu) */
@@ -209,6 +227,20 @@ INLINE void qk_block(const int MB, const int NB, const int S4, const int16_t *c,
             for (int mb = 0; mb < MB; mb++)
                 for (size_t nb = 0; nb < nv; nb++)
                     C[mb * ldc + n + nb] = out[mb * NB + nb];
+    }
+}
+
+/* Codes c[0, n) (n a multiple of 32) reordered within each 32: the 16 even elements, then the 16
+   odd ones (qk_step's INT4 order). */
+static void even_odd(int16_t *c, size_t n)
+{
+    for (size_t k = 0; k < n; k += 32) {
+        int16_t t[32];
+        for (int i = 0; i < 16; i++) {
+            t[i] = c[k + 2 * i];
+            t[16 + i] = c[k + 2 * i + 1];
+        }
+        memcpy(c + k, t, sizeof(t));
     }
 }
 
@@ -242,7 +274,7 @@ void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const fl
         return;
     }
     const qk_fn *blocks = s4 ? qk_blocks_1 : qk_blocks_0;
-    const size_t cs = (K + 15) & ~(size_t)15, rb = gqa_row_bytes(type, K);
+    const size_t cs = s4 ? (K + 31) & ~(size_t)31 : (K + 15) & ~(size_t)15, rb = gqa_row_bytes(type, K);
     for (size_t m0 = 0; m0 < M;) {
         /* blocks of at most 4 consecutive rows the contract covers; each other row exact */
         size_t rows[4];
@@ -251,7 +283,11 @@ void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const fl
         int mb = 0;
         for (; m0 < M && mb < 4; ++m0) {
             if (qk_row(A + m0 * lda, K, s, pc, alpha, c + mb * cs, cs, &mult[mb])) {
-                corr[mb] = s4 ? 8 * code_sum(c + mb * cs, cs) : 0;
+                corr[mb] = 0;
+                if (s4) {
+                    corr[mb] = 8 * code_sum(c + mb * cs, cs);
+                    even_odd(c + mb * cs, cs);
+                }
                 rows[mb++] = m0;
             } else {
                 gqa_kernels_avx2.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc);
@@ -273,35 +309,45 @@ void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const fl
    case). */
 static int sv_row(const float *a, size_t K, float *inv, float *sp)
 {
-    const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(FLT_MAX);
+    const __m256 zero = _mm256_setzero_ps();
     __m256 mx = zero, bad = zero;
-    for (size_t k = 0; k < K; k += 8) {
+    size_t k = 0;
+    /* not (v >= 0): negative or NaN; an infinite element becomes the maximum */
+    for (; k + 8 <= K; k += 8) {
+        const __m256 v = _mm256_loadu_ps(a + k);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, zero, _CMP_NGE_UQ));
+        mx = _mm256_max_ps(mx, v);
+    }
+    if (k < K) {
         const __m256 v = _mm256_maskload_ps(a + k, lanes8(K - k)); /* lanes past the row: 0 */
-        /* not (0 <= v <= FLT_MAX): negative, NaN or infinite */
-        bad = _mm256_or_ps(bad, _mm256_or_ps(_mm256_cmp_ps(v, zero, _CMP_NGE_UQ), _mm256_cmp_ps(v, big, _CMP_NLE_UQ)));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, zero, _CMP_NGE_UQ));
         mx = _mm256_max_ps(mx, v);
     }
     const float pmax = hmax8(mx);
-    if (_mm256_movemask_ps(bad) || pmax == 0.0f)
+    if (_mm256_movemask_ps(bad) || pmax == 0.0f || !(pmax <= FLT_MAX))
         return 0;
     *inv = SV_CODE_MAX / pmax;
     *sp = pmax / SV_CODE_MAX;
     return *inv <= FLT_MAX;
 }
 
-/* int16 codes min(32767, rint(fl(a[k] inv))) of a[0, n) into c[0, n rounded up to 16), 0 past n. */
+/* int16 codes min(32767, rint(fl(a[k] inv))) of a[0, n) into c[0, n rounded up to 16), 0 past n:
+   vcvtps2dq rounds half to even (the MXCSR default), and vpackssdw's saturation is the min
+   (the products are >= 0). */
 static void sv_codes(const float *a, size_t n, float inv, int16_t *c)
 {
-    const __m256 vinv = _mm256_set1_ps(inv), lim = _mm256_set1_ps(SV_CODE_MAX);
-    for (size_t k = 0; k < n; k += 16) {
-        __m256i q[2];
-        for (int h = 0; h < 2; h++) {
-            const size_t kk = k + 8 * (size_t)h;
-            const __m256 v = _mm256_maskload_ps(a + kk, lanes8(n > kk ? n - kk : 0));
-            q[h] = _mm256_cvtps_epi32(
-                _mm256_min_ps(_mm256_round_ps(_mm256_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lim));
-        }
-        _mm256_store_si256((__m256i *)(c + k), pack16(q[0], q[1]));
+    const __m256 vinv = _mm256_set1_ps(inv);
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(a + k), vinv));
+        const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(a + k + 8), vinv));
+        _mm256_store_si256((__m256i *)(c + k), pack16(q0, q1));
+    }
+    if (k < n) {
+        const __m256 v0 = _mm256_maskload_ps(a + k, lanes8(n - k));
+        const __m256 v1 = _mm256_maskload_ps(a + k + 8, lanes8(n - k > 8 ? n - k - 8 : 0));
+        _mm256_store_si256((__m256i *)(c + k), pack16(_mm256_cvtps_epi32(_mm256_mul_ps(v0, vinv)),
+                                                      _mm256_cvtps_epi32(_mm256_mul_ps(v1, vinv))));
     }
 }
 
