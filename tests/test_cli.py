@@ -116,6 +116,24 @@ def test_bench_per_group_and_mixed_modes(tmp_path):
     assert _cases.cache_bytes(dict(spec, mode="int8-pt/int4-pt")) == 16 * 2 * (16 + 8)
 
 
+def test_bench_vs_level(tmp_path):
+    """--vs-level L: gqa's operator with its own accuracy_level L timed in the same alternation,
+    a column gqa@L with its ratio to the run's level; the peer targets leave it out."""
+    path = tmp_path / "b.json"
+    out = _run(["bench"] + TINY + ["--decode-T", "16", "--prefill-S", "", "--modes", "int8-pt",
+                                   "--peers", "none", "--accuracy-level", "4", "--vs-level", "1",
+                                   "--json", str(path)], tmp_path)
+    assert "gqa@1      gqa's kept operator with its own accuracy_level=1" in out
+    doc = json.loads(path.read_text())
+    assert doc["columns"] == ["gqa@1"]
+    (r,) = doc["results"]
+    at1 = r["peers"]["gqa@1"]
+    assert at1["median_us"] > 0 and at1["ratio"] == pytest.approx(at1["median_us"] / r["gqa"]["median_us"])
+    assert "decode faster than every peer" not in out
+    with pytest.raises(SystemExit):
+        _bench.main(["--vs-level", "0"])
+
+
 def test_bench_rejects_bad_options():
     with pytest.raises(SystemExit):
         _bench.main(["--modes", "int3"])

@@ -34,7 +34,7 @@ import os
 import platform
 import sys
 import numpy as np
-from .cases import REAL_SHAPES, SEED_SHAPE, ours, ours_function, cache_bytes, flops
+from .cases import REAL_SHAPES, SEED_SHAPE, ours, ours_at, ours_function, cache_bytes, flops
 from .peers import DEFAULT_PEERS, GGML_SCRIPT, PEER_COLUMNS, PEER_NAMES, Local, ort_side, discover_peers
 from .plan import DEFAULTS, QUICK, peak_rates, peer_list, plan_rows
 from .report import loadavg, plot, results_table, targets
@@ -57,6 +57,12 @@ def _run(args, out, argv):
     sides, status = discover_peers(peer_names, args)
     columns = [c for p in peer_names for c in PEER_COLUMNS[p]]
     own = [Local("gqa", ours), Local("gqa-fn", ours_function)]
+    levels = []     # --vs-level: gqa's operator at another accuracy level, a column like a peer's
+    if args.vs_level is not None:
+        levels = [f"gqa@{args.vs_level}"]
+        own.append(Local(levels[0], ours_at(args.vs_level)))
+        status[levels[0]] = (f"gqa's kept operator with its own accuracy_level={args.vs_level}, "
+                             "in the same alternation (ratio gqa@L / gqa: > 1, the run's level is faster)")
     from .layers import LayerSide
     in_loop = [LayerSide("gqa", ours), LayerSide("gqa-fn", ours_function)]
     if "ort" in peer_names and status.get("ort", "").startswith("ok"):
@@ -70,13 +76,14 @@ def _run(args, out, argv):
               f"numpy {np.__version__}"]
     header.append(f"  accuracy level {cfg['accuracy_level']}"
                   + ("" if cfg["accuracy_level"] < 4 else
-                     " (integer dot products on INT8 codes)" if cfg["int8_dot_effective"] else
+                     f" (integer dot products on INT8 / INT4 codes: {cfg['int8_dot_unit']})"
+                     if cfg["int8_dot_effective"] else
                      " (no integer-dot kernels on this path: float32)"))
     load0 = loadavg()
     if load0 is not None:
         header.append(f"  load average at start: {load0:.2f} on {os.cpu_count()} CPUs"
                       + ("  (busy: expect noisy numbers)" if load0 > 0.5 else ""))
-    for c in columns:
+    for c in columns + levels:
         header.append(f"  {c:10s} {status.get(c, 'not asked')}")
     if not columns:
         header.append("  (no peers asked: --peers ort,ort-naive,torch,ggml)")
@@ -99,7 +106,7 @@ def _run(args, out, argv):
             o = rec["gqa"].get("median_us")
             if o and rec["gqa_fn"].get("median_us"):
                 rec["gqa_fn"]["ratio"] = rec["gqa_fn"]["median_us"] / o
-            for c in columns:
+            for c in columns + levels:
                 r = res.get(c) or {"error": status.get(c, "missing")}
                 if c not in res and status.get(c, "").startswith("missing"):
                     r = {"missing": True}
@@ -124,7 +131,7 @@ def _run(args, out, argv):
             if hasattr(s, "close"):
                 s.close()
 
-    table = results_table(results, columns)
+    table = results_table(results, columns + levels)
     load1 = loadavg()
     if load1 is not None:
         table += f"\nload average at the end: {load1:.2f} (1-minute; this run's own work included)"
@@ -140,7 +147,7 @@ def _run(args, out, argv):
                         "gap_ms": args.gap_ms, "load_average_start": load0, "load_average_end": load1,
                         "peak_gflops": {str(k): v for k, v in peaks.items()}},
            "ratio": "peer median / gqa median (> 1: gqa is faster)",
-           "peers": status, "columns": columns, "results": results, "table": table, "targets": summary}
+           "peers": status, "columns": columns + levels, "results": results, "table": table, "targets": summary}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
@@ -161,8 +168,12 @@ def add_arguments(p):
                    help=f"cache modes (default {DEFAULTS['modes']})")
     p.add_argument("--accuracy-level", dest="accuracy_level", type=int, default=0,
                    choices=[0, 1, 2, 3, 4],
-                   help="gqa's accuracy_level for the run (4: integer dot products on INT8 codes on "
-                        "AMX INT8, AVX-512 VNNI or AVX2; default 0, float32)")
+                   help="gqa's accuracy_level for the run (4: integer dot products on INT8 / INT4 codes "
+                        "on AMX INT8, AVX-512 VNNI or AVX2; default 0, float32)")
+    p.add_argument("--vs-level", dest="vs_level", type=int, default=None, choices=[1, 2, 3, 4],
+                   help="also time gqa's kept operator with its own accuracy_level attribute L in the "
+                        "same alternation (column gqa@L, ratio gqa@L / gqa): --accuracy-level 4 "
+                        "--vs-level 1 gives level 4's speed-up over float32 products (1: as level 0)")
     p.add_argument("--repeats", type=int, default=0,
                    help="alternation rounds per row = samples per side (default 15 decode / 5 prefill; "
                         "--quick: 5 / 3); a decode sample times a batch of ~10 ms of calls")

@@ -68,9 +68,12 @@ def build_inputs(spec):
     return inp, dict(num_heads=N, kv_num_heads=Nkv, **gqa.operator_attributes(spec["mode"]))
 
 
-def ours(spec, function=False):
-    """gqa's call of a case: a kept operator, or (function) gqa.group_query_attention."""
+def ours(spec, function=False, level=None):
+    """gqa's call of a case: a kept operator, or (function) gqa.group_query_attention; `level`:
+    the operator's own accuracy_level attribute (None: the run's configured level)."""
     inp, attrs = build_inputs(spec)
+    if level is not None:
+        attrs = dict(attrs, accuracy_level=level)
     kc, vc = inp["past_key"], inp["past_value"]
     q, k, v, sl, T = (inp[n] for n in ("query", "key", "value", "seqlens_k", "total_sequence_length"))
     ks, vs, nt = inp.get("k_scale"), inp.get("v_scale"), spec["threads"]
@@ -85,6 +88,11 @@ def ours(spec, function=False):
 
 def ours_function(spec):
     return ours(spec, function=True)
+
+
+def ours_at(level):
+    """gqa's kept operator with its own accuracy_level attribute `level` (bench --vs-level)."""
+    return lambda spec: ours(spec, level=level)
 
 
 def cache_bytes(spec):
