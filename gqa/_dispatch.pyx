@@ -18,6 +18,9 @@ cdef extern from "gqa_kernels.h" nogil:
     int GQA_PATH_COUNT
     const char *GQA_COMPILED_PATHS
 
+cdef extern from "kernels_s8dot_contract.h" nogil:
+    bint gqa_dot_codes(int type)   # the types level 4's integer-dot contracts take
+
 cdef extern from *:
     """
     #ifdef _OPENMP
@@ -56,15 +59,10 @@ cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil:
     return NULL
 
 
-cdef inline bint _static_codes(int type) noexcept nogil:
-    """INT8 / INT4 per tensor or per channel: the codes of level 4's integer-dot contracts."""
-    return type == GQA_S8_PT or type == GQA_S8_PC or type == GQA_S4_PT or type == GQA_S4_PC
-
-
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.qk_s8
-    if not _static_codes(type):
+    if not gqa_dot_codes(type):
         return t.qk_gemm
     if level >= 4 and _dot:
         return t.qk_gemm_s8_dot
@@ -85,7 +83,7 @@ cdef int tile_rows(int level, int H) noexcept nogil:
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.sv_s8
-    if _dot and level >= 4 and _static_codes(type) and (
+    if _dot and level >= 4 and gqa_dot_codes(type) and (
             tiles or (_dot_prompt_pv and (type == GQA_S8_PT or type == GQA_S8_PC))):
         return t.sv_gemm_s8_dot
     return t.sv_gemm

@@ -258,18 +258,13 @@ typedef void (*qk_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, s
                       const int32_t *, float *, size_t);
 QK_KIND(0) QK_KIND(1)
 
-/* The codes of the static INT8 and INT4 types. */
-static int dot_type(int type)
-{
-    return type == GQA_S8_PT || type == GQA_S8_PC || type == GQA_S4_PT || type == GQA_S4_PC;
-}
 
 void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                              int type, const float *s, float *C, size_t ldc)
 {
     int16_t c[4 * DOT_QK_K] __attribute__((aligned(32)));
     const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
-    if (!dot_type(type) || K == 0 || K > DOT_QK_K) {
+    if (!gqa_dot_codes(type) || K == 0 || K > DOT_QK_K) {
         gqa_kernels_avx2.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
@@ -510,7 +505,7 @@ void gqa_sv_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_
     int32_t D[SV_MB * SV_NC];
     const int8_t *Bb = (const int8_t *)B;
     const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
-    if (!dot_type(type) || K == 0) {
+    if (!gqa_dot_codes(type) || K == 0) {
         gqa_kernels_avx2.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;
     }

@@ -377,11 +377,6 @@ static int32_t code_sum(const int16_t *c, size_t n)
     return _mm512_reduce_add_epi32(t);
 }
 
-/* The static INT8 and INT4 types (the contracts' codes). */
-static int dot_type(int type)
-{
-    return type == GQA_S8_PT || type == GQA_S8_PC || type == GQA_S4_PT || type == GQA_S4_PC;
-}
 
 void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                                    const void *B, int type, const float *s, float *C, size_t ldc)
@@ -391,7 +386,7 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
     int16_t c[4 * DOT_QK_K] __attribute__((aligned(64)));
     const int8_t *Bb = (const int8_t *)B;
     const int s4 = GQA_IS_S4(type);
-    if (!dot_type(type) || K == 0 || K > DOT_QK_K) {
+    if (!gqa_dot_codes(type) || K == 0 || K > DOT_QK_K) {
         gqa_kernels_avx512.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
@@ -547,7 +542,7 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
     const int16_t *const cr[SV_MB] = {codes[0], codes[1], codes[2], codes[3]};
     const int8_t *Bb = (const int8_t *)B;
     const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
-    if (!dot_type(type) || K == 0) {
+    if (!gqa_dot_codes(type) || K == 0) {
         gqa_kernels_avx512.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;
     }

@@ -4,14 +4,15 @@
  * kernels_avx512vnni.c), the AMX INT8 unit (kernels_amxint8.c), both through kernels_s8dot.h,
  * and the AVX2 unit (vpmaddwd, kernels_avx2_s8dot.c).  ISA-free: the statement and its limits.
  *
- * qk_gemm_s8_dot, GQA_S8_PT / GQA_S8_PC codes q [N, K], K <= DOT_QK_K (wider heads, and
- * other types: the exact kernel).  For each row m of A, with a_k = A[m,k] (per tensor) or
+ * qk_gemm_s8_dot, codes q [N, K] of GQA_S8_PT / GQA_S8_PC, or of GQA_S4_PT / GQA_S4_PC
+ * (q = nibble - 8), K <= DOT_QK_K (wider heads, and other types: the exact kernel).  For each row m of A, with a_k = A[m,k] (per tensor) or
  * fl(A[m,k] * s[k]) (per channel):
  *   amax = max_k |a_k| not finite, 0, or QK_CODE_MAX / amax not finite: the row is the
  *               path's exact qk_gemm;
  *   otherwise:  inv = fl(QK_CODE_MAX / amax), sa = fl(amax / QK_CODE_MAX),
  *               code_k = clamp(rint(fl(a_k * inv)), -QK_CODE_MAX, QK_CODE_MAX)  (half to even),
- *               D[m,n] = sum_k code_k * q[n,k]           (exact in int32: |D| <= 512 * 32639 * 128 < 2^31),
+ *               D[m,n] = sum_k code_k * q[n,k]           (exact in int32: |D| <= 512 * 32639 * 128 < 2^31;
+ *                                                         a unit may form INT4's as sum code_k (q + 8) - 8 sum code_k),
  *               C[m,n] = fl(float(D) * mult), mult = fl(fl(alpha * sa) * s[0]) per tensor,
  *               fl(alpha * sa) per channel.
  * So |sum_k a_k q[n,k] - sa D[m,n]| <= sa / 2 sum_k |q[n,k]| + 2^-22 sum_k |a_k q[n,k]|:
@@ -20,7 +21,7 @@
  * every code is 256 hi + lo with hi and lo both in [-127, 127] (hi = (code + 128) >> 8), so
  * the AMX unit takes both halves as signed bytes in one tile.
  *
- * sv_gemm_s8_dot, GQA_S8_PT / GQA_S8_PC codes q [K, N], scales s[0] or s[n].  For each row m
+ * sv_gemm_s8_dot, codes q [K, N] of the same types, scales s[0] or s[n].  For each row m
  * of A:
  *   an element negative, NaN or infinite, a row maximum pmax of 0, or 32767 / pmax not
  *   finite:     the row is the path's exact sv_gemm;
@@ -38,6 +39,15 @@
  */
 #ifndef GQA_KERNELS_S8DOT_CONTRACT_H
 #define GQA_KERNELS_S8DOT_CONTRACT_H
+
+#include "gqa_kernels.h"
+
+/* 1 for the types whose codes the contracts take: INT8 and INT4, per tensor or per channel
+   (the other types go to the exact kernels; the dispatch asks the same). */
+static inline int gqa_dot_codes(int type)
+{
+    return type == GQA_S8_PT || type == GQA_S8_PC || type == GQA_S4_PT || type == GQA_S4_PC;
+}
 
 #define DOT_QK_K 512         /* the widest query row the QK contract covers */
 #define QK_CODE_MAX 32639.0f /* query codes within +-(127 * 257) */
