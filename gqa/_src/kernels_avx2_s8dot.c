@@ -486,15 +486,30 @@ static void sv_finish(const int32_t *d, int32_t corr, size_t w, float *crow, con
 {
     const __m256 vsp = _mm256_set1_ps(sp);
     const __m256i vc = _mm256_set1_epi32(corr);
+    /* the last w % 8 columns through a copy: vmaskmovps stores are microcoded on AMD (Zen 3:
+       most of a short decode step's finish) */
     for (size_t n = 0; n < w; n += 8) {
-        const __m256i m = lanes8(w - n);
-        const __m256 sc = pc ? _mm256_maskload_ps(s + n, m) : _mm256_set1_ps(s[0]);
-        __m256 base = _mm256_maskload_ps(crow + n, m);
+        const size_t nv = w - n < 8 ? w - n : 8;
+        float cb[8] = {0}, sb[8] = {0};
+        int32_t db[8] = {0};
+        float *cr = crow + n;
+        const float *sc = s + n;
+        const int32_t *dn = d + n;
+        if (nv < 8) {
+            memcpy(cb, cr, nv * sizeof(float));
+            memcpy(db, dn, nv * sizeof(int32_t));
+            if (pc)
+                memcpy(sb, sc, nv * sizeof(float));
+            cr = cb, sc = sb, dn = db;
+        }
+        __m256 base = _mm256_loadu_ps(cr);
         if (first)
             base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), base);
-        const __m256i dn = _mm256_sub_epi32(_mm256_maskload_epi32(d + n, m), vc);
-        const __m256 prod = _mm256_mul_ps(_mm256_cvtepi32_ps(dn), _mm256_mul_ps(vsp, sc));
-        _mm256_maskstore_ps(crow + n, m, _mm256_add_ps(base, prod));
+        const __m256 scale = _mm256_mul_ps(vsp, pc ? _mm256_loadu_ps(sc) : _mm256_set1_ps(s[0]));
+        const __m256i dv = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)dn), vc);
+        _mm256_storeu_ps(cr, _mm256_add_ps(base, _mm256_mul_ps(_mm256_cvtepi32_ps(dv), scale)));
+        if (nv < 8)
+            memcpy(crow + n, cb, nv * sizeof(float));
     }
 }
 
