@@ -609,7 +609,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             mrow[r] = sink_logit(p, j * G + g) if smooth else -INFINITY
             lrow[r] = 1.0 if smooth else 0.0
     memset(O, 0, <size_t>sc.Mx * H * sizeof(float))
-    # accuracy level 4 on INT8 V codes (finite, no float windows): P @ V by the integer-dot
+    # accuracy level 4 on INT8 / INT4 V codes (finite, no float windows): P @ V by the integer-dot
     # kernel on the codes themselves, and no V tile
     codes_pv = p.sv != t.sv_gemm and p.fk == NULL and p.v_finite and x == NULL
     kdirect = x != NULL and p.fk == NULL and p.ktype == GQA_F32

@@ -129,7 +129,8 @@ class config:
     accuracy_level : 0-4, the level of operators whose own accuracy_level is 0 and of
                   gqa.qk_gemm / sv_gemm (GQA_ACCURACY_LEVEL; 0-2: float32 products; 3: prompts
                   on bfloat16 tiles where the CPU has them, else float32; 4: as 3, and integer
-                  dot products on INT8 codes: AMX INT8, AVX-512 VNNI or AVX2 (decode only))
+                  dot products on INT8 / INT4 codes: AMX INT8, AVX-512 VNNI or AVX2; on AVX2 not
+                  the flash prompt's tiles)
     tiles       : bool or a name (GQA_TILES, default True: the best this CPU runs, "amx" then
                   "avx512bf16"); False keeps levels 3 and 4 off the tiles; a name picks those
                   tiles (an error where the CPU lacks them)

@@ -124,7 +124,7 @@ ATTRIBUTES = (
     Attribute("k_cache_bit_width", _int, 0, None, "K's code bits (0: kv_cache_bit_width)"),
     Attribute("v_cache_bit_width", _int, 0, None, "V's code bits (0: kv_cache_bit_width)"),
     Attribute("accuracy_level", _int, 0, _in(*ACCURACY_LEVELS),
-              "products: 0 gqa.config's, 1-3 float32, 4 integer dots on INT8 codes (AMX, VNNI, AVX2)"),
+              "products: 0 gqa.config's, 1-3 float32, 4 integer dots on INT8/INT4 codes (AMX, VNNI, AVX2)"),
 )
 ATTRIBUTE_NAMES = tuple(a.name for a in ATTRIBUTES)
 # the call's inputs and keywords: gqa/_signature.pyx's op_call, their one statement

@@ -12,8 +12,10 @@
  * [0, 32767], cache codes in [-128, 127]), and the sums stay within the contract's int32 limits;
  * integer sums do not depend on their order, so these kernels give the contract's bits.
  *
- * INT4 codes are taken as their nibbles u = q + 8 in [0, 15], widened to int16 in element order,
- * and the dots corrected exactly: sum_k c_k q_k = sum_k c_k u_k - 8 sum_k c_k.
+ * INT4 codes are taken as their nibbles u = q + 8 in [0, 15], widened to int16, and the dots
+ * corrected exactly: sum_k c_k q_k = sum_k c_k u_k - 8 sum_k c_k.  QK takes 16 bytes a step, the
+ * low nibbles as 16 even elements and the high ones as 16 odd ones, against the query codes in
+ * that order (even_odd); P @ V widens 16 columns in column order (widen16).
  *
  * Layout: QK: A float32 [M, K] (lda), B codes [N, K] (rows of gqa_row_bytes(type, K) bytes), C
  * float32 [M, N] (ldc), overwritten.  SV: A float32 [M, K] (lda), B codes [K, N] (rows of

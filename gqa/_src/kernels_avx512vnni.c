@@ -1,17 +1,18 @@
 /*
  * kernels_avx512vnni.c -- the integer-dot kernels of path `avx512`, the one unit that issues
  * vpdpbusd / vpdpwssd: onnxruntime's approximate INT8 QK (GQA_QKGEMM_S8_APPROX_VNNI, per-tensor
- * codes, 8-bit query, opt-in) and accuracy level 4's QK and P @ V on INT8 per-tensor and
- * per-channel codes (query rows and probabilities with 15 bits).  ISA flags: the avx512
+ * codes, 8-bit query, opt-in) and accuracy level 4's QK and P @ V on INT8 and INT4 per-tensor
+ * and per-channel codes (query rows and probabilities with 15 bits; kernels_s8dot_contract.h).  ISA flags: the avx512
  * path's (-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c) plus -mavx512vnni;
  * setup.py compiles it where the compiler can and then defines GQA_HAVE_AVX512VNNI for
  * kernels_avx512.c, whose table holds gqa_qk_gemm_s8_approx_avx512vnni,
  * gqa_qk_gemm_s8_dot_avx512vnni and gqa_sv_gemm_s8_dot_avx512vnni.  dispatch.c calls them
- * only where the CPU has AVX-512 VNNI (gqa_approx_vnni_runnable).
+ * only where the CPU has AVX-512 VNNI (gqa_approx_vnni_runnable, gqa_s8_dot_runnable).
  *
- * Layout: QK: A float32 [M, K] (lda), B int8 codes [N, K] (rows of K bytes), C float32
- * [M, N] (ldc), overwritten.  SV: A float32 [M, K] (lda), B int8 codes [K, N] (rows of N
- * bytes), C float32 [M, N] (ldc), C = beta * C + A @ deq(B).  The contracts are stated below.
+ * Layout: QK: A float32 [M, K] (lda), B codes [N, K] (rows of gqa_row_bytes(type, K) bytes), C
+ * float32 [M, N] (ldc), overwritten.  SV: A float32 [M, K] (lda), B codes [K, N] (rows of
+ * gqa_row_bytes(type, N) bytes), C float32 [M, N] (ldc), C = beta * C + A @ deq(B).  INT4 codes
+ * are widened as their nibbles u = q + 8 and the dots less 8 sum_k c_k (exact).
  *
  * The emulation build of tests/isa (GQA_EMULATE_AVX512) takes the intrinsics from SIMDe.
  */
