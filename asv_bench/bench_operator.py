@@ -69,9 +69,10 @@ class Decode:
 
 
 class DecodeAccuracy:
-    """A decode step over an INT8 cache at accuracy_level 0 (float32 products) and 4 (integer
-    dot products: the AVX-512 VNNI kernels; float32 where the CPU has none), the automatic path."""
-    params = ([0, 4], ["s8_pt", "s8_pc"], [2048, 8192])
+    """A decode step over an INT8 / INT4 cache at accuracy_level 0 (float32 products) and 4
+    (integer dot products: AMX INT8 tiles, AVX-512 VNNI or AVX2, whichever the automatic path's
+    unit is; float32 where it has none)."""
+    params = ([0, 4], ["s8_pt", "s8_pc", "s4_pt"], [2048, 8192])
     param_names = ["level", "mode", "T"]
     timer = timeit.default_timer
 
@@ -92,8 +93,8 @@ class DecodeAccuracy:
 class PrefillAccuracy:
     """A first prompt S = T (causal) over an INT8 cache at accuracy_level 0, 3 and 4 (levels 3-4
     where the CPU has bfloat16 tiles, AMX or AVX-512 BF16: each flash tile's QK and P @ V on
-    them; level 4 elsewhere: each tile's P @ V by the integer-dot kernel on the V codes; level 3
-    elsewhere: level 0)."""
+    them; level 4 elsewhere: on VNNI each tile's P @ V by the integer-dot kernel on the V codes,
+    on AVX2 float32; level 3 elsewhere: level 0)."""
     params = ([0, 3, 4], ["s8_pt", "s8_pc"], [2048])
     param_names = ["level", "mode", "S"]
     timer = timeit.default_timer
