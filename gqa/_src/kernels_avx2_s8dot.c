@@ -405,6 +405,91 @@ INLINE void sv_block(const int MB, const int NV, const int S4, const int16_t *co
         }
 }
 
+/* The 8 int32 sums of lanes (t < 4 ? t : t + 4) and (t < 4 ? t + 4 : t + 8) (sv_block's lo / hi
+   order) as 16 sums in order: out[0] columns 0..7, out[1] 8..15. */
+INLINE void sv_order(__m256i lo, __m256i hi, __m256i out[2])
+{
+    out[0] = _mm256_permute2x128_si256(lo, hi, 0x20);
+    out[1] = _mm256_permute2x128_si256(lo, hi, 0x31);
+}
+
+/* sv_block for INT4, NG groups of 32 columns at b (16 bytes of a row each): the low nibbles are
+   the 16 even columns, the high ones the 16 odd columns, each widened once (no interleave) and
+   paired across the two keys as in sv_block; the even and odd sums are put back in column
+   order at the end. */
+INLINE void sv_block_eo(const int MB, const int NG, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb,
+                        int32_t *D, size_t ldd, int first)
+{
+    __m256i acc[2][2][4]; /* [row][group][even lo, even hi, odd lo, odd hi] */
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int g = 0; g < NG; g++)
+            UNROLL
+            for (int v = 0; v < 4; v++)
+                acc[i][g][v] = _mm256_setzero_si256();
+    const __m128i f = _mm_set1_epi8(0x0F);
+    for (size_t k = 0; k < kn; k += 2) {
+        const int8_t *r0 = b + k * ldb, *r1 = r0 + ldb;
+        _mm_prefetch((const char *)(r0 + SV_PFR * ldb), _MM_HINT_T0);
+        _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T0);
+        __m256i p[2];
+        UNROLL
+        for (int i = 0; i < MB; i++) {
+            int32_t pair;
+            memcpy(&pair, codes + i * (SV_KS + 16) + k, 4);
+            p[i] = _mm256_set1_epi32(pair);
+        }
+        UNROLL
+        for (int g = 0; g < NG; g++) {
+            const __m128i x0 = _mm_loadu_si128((const __m128i *)(r0 + 16 * g));
+            const __m128i x1 = _mm_loadu_si128((const __m128i *)(r1 + 16 * g));
+            const __m256i e0 = _mm256_cvtepu8_epi16(_mm_and_si128(x0, f));
+            const __m256i o0 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(x0, 4), f));
+            const __m256i e1 = _mm256_cvtepu8_epi16(_mm_and_si128(x1, f));
+            const __m256i o1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(x1, 4), f));
+            const __m256i u[4] = {_mm256_unpacklo_epi16(e0, e1), _mm256_unpackhi_epi16(e0, e1),
+                                  _mm256_unpacklo_epi16(o0, o1), _mm256_unpackhi_epi16(o0, o1)};
+            UNROLL
+            for (int i = 0; i < MB; i++)
+                UNROLL
+                for (int v = 0; v < 4; v++)
+                    acc[i][g][v] = _mm256_add_epi32(acc[i][g][v], _mm256_madd_epi16(p[i], u[v]));
+        }
+    }
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int g = 0; g < NG; g++) {
+            __m256i ev[2], od[2]; /* even columns 0, 2, .., 30 and odd 1, .., 31, as two halves */
+            sv_order(acc[i][g][0], acc[i][g][1], ev);
+            sv_order(acc[i][g][2], acc[i][g][3], od);
+            int32_t *d = D + i * ldd + 32 * g;
+            UNROLL
+            for (int h = 0; h < 2; h++) { /* columns 16 h .. 16 h + 15 */
+                __m256i c[2];
+                sv_order(_mm256_unpacklo_epi32(ev[h], od[h]), _mm256_unpackhi_epi32(ev[h], od[h]), c);
+                UNROLL
+                for (int j = 0; j < 2; j++) {
+                    __m256i *q = (__m256i *)(d + 16 * h + 8 * j);
+                    _mm256_storeu_si256(q, first ? c[j] : _mm256_add_epi32(_mm256_loadu_si256(q), c[j]));
+                }
+            }
+        }
+}
+
+static void sv_eo_1x2(const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, int32_t *D, size_t ldd,
+                      int first)
+{
+    sv_block_eo(1, 2, codes, kn, b, ldb, D, ldd, first);
+}
+
+static void sv_eo_2x1(const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, int32_t *D, size_t ldd,
+                      int first)
+{
+    sv_block_eo(2, 1, codes, kn, b, ldb, D, ldd, first);
+}
+
 /* Columns of one block width, for MB rows. */
 #define SV_INST(MB, NV, S4)                                                                            \
     static void sv_##MB##x##NV##_##S4(const int16_t *codes, size_t kn, const int8_t *b, size_t ldb,       \
@@ -412,14 +497,15 @@ INLINE void sv_block(const int MB, const int NV, const int S4, const int16_t *co
     {                                                                                                  \
         sv_block(MB, NV, S4, codes, kn, b, ldb, D, ldd, first);                                        \
     }
-#define SV_KIND(S4)                                                                                    \
-    SV_INST(1, 4, S4) SV_INST(2, 2, S4) SV_INST(3, 1, S4) SV_INST(4, 1, S4) SV_INST(1, 1, S4)          \
-    SV_INST(2, 1, S4)
-SV_KIND(0) SV_KIND(1)
+/* the wide blocks of INT8 (INT4's: sv_block_eo), then the narrow ones of both */
+SV_INST(1, 4, 0) SV_INST(2, 2, 0)
+SV_INST(3, 1, 0) SV_INST(4, 1, 0) SV_INST(1, 1, 0) SV_INST(2, 1, 0)
+SV_INST(3, 1, 1) SV_INST(4, 1, 1) SV_INST(1, 1, 1) SV_INST(2, 1, 1)
 typedef void (*sv_fn)(const int16_t *, size_t, const int8_t *, size_t, int32_t *, size_t, int);
-/* per INT4 flag and row count: the wide block (16 NV columns), its NV, the 16-column block */
+/* per INT4 flag and row count: the wide block (16 NV columns; INT4 with one or two rows: even and
+   odd columns apart), its NV, the 16-column block */
 static const sv_fn sv_wide[2][SV_MB + 1] = {{NULL, sv_1x4_0, sv_2x2_0, sv_3x1_0, sv_4x1_0},
-                                            {NULL, sv_1x4_1, sv_2x2_1, sv_3x1_1, sv_4x1_1}};
+                                            {NULL, sv_eo_1x2, sv_eo_2x1, sv_3x1_1, sv_4x1_1}};
 static const int sv_nv[SV_MB + 1] = {0, 4, 2, 1, 1};
 static const sv_fn sv_one[2][SV_MB + 1] = {{NULL, sv_1x1_0, sv_2x1_0, sv_3x1_0, sv_4x1_0},
                                            {NULL, sv_1x1_1, sv_2x1_1, sv_3x1_1, sv_4x1_1}};
