@@ -351,6 +351,40 @@ static void sv_codes(const float *a, size_t n, float inv, int16_t *c)
 #define SV_MB 4
 #define SV_PFR 64
 
+/* The step of keys k, k + 1 (rows r0, r1 of ldb bytes): their rows SV_PFR keys ahead prefetched
+   (decode streams V from memory; prefetches never fault), and p[i] = the pair (codes_i[k],
+   codes_i[k + 1]) of rows i < MB of codes (stride SV_KS + 16) in every int32 lane. */
+INLINE void sv_step(const int MB, const int16_t *codes, size_t k, const int8_t *r0, const int8_t *r1, size_t ldb,
+                    __m256i *p)
+{
+    _mm_prefetch((const char *)(r0 + SV_PFR * ldb), _MM_HINT_T0);
+    _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T0);
+    UNROLL
+    for (int i = 0; i < MB; i++) {
+        int32_t pair;
+        memcpy(&pair, codes + i * (SV_KS + 16) + k, 4);
+        p[i] = _mm256_set1_epi32(pair);
+    }
+}
+
+/* The 8 int32 sums of lanes (t < 4 ? t : t + 4) and (t < 4 ? t + 4 : t + 8) (sv_block's lo / hi
+   order) as 16 sums in order: out[0] columns 0..7, out[1] 8..15. */
+INLINE void sv_order(__m256i lo, __m256i hi, __m256i out[2])
+{
+    out[0] = _mm256_permute2x128_si256(lo, hi, 0x20);
+    out[1] = _mm256_permute2x128_si256(lo, hi, 0x31);
+}
+
+/* 16 sums c into d: stored (first) or added. */
+INLINE void sv_store16(int32_t *d, const __m256i c[2], int first)
+{
+    UNROLL
+    for (int j = 0; j < 2; j++) {
+        __m256i *q = (__m256i *)(d + 8 * j);
+        _mm256_storeu_si256(q, first ? c[j] : _mm256_add_epi32(_mm256_loadu_si256(q), c[j]));
+    }
+}
+
 /* Keys [k, k + kn) (kn even, codes padded) against 16 NV columns of B at b (rows of ldb bytes;
    INT4: the columns' nibbles u), for rows i < MB of codes (stride SV_KS + 16); the int32 sums
    added to D[i][16 NV] (column order).  Two keys at a time: their 16-column rows widened to int16
@@ -370,17 +404,8 @@ INLINE void sv_block(const int MB, const int NV, const int S4, const int16_t *co
             lo[i][j] = hi[i][j] = _mm256_setzero_si256();
     for (size_t k = 0; k < kn; k += 2) {
         const int8_t *r0 = b + k * ldb, *r1 = r0 + ldb;
-        /* decode streams V from memory: these columns of the rows SV_PFR keys ahead (prefetches
-           never fault) */
-        _mm_prefetch((const char *)(r0 + SV_PFR * ldb), _MM_HINT_T0);
-        _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T0);
         __m256i p[SV_MB];
-        UNROLL
-        for (int i = 0; i < MB; i++) {
-            int32_t pair;
-            memcpy(&pair, codes + i * (SV_KS + 16) + k, 4);
-            p[i] = _mm256_set1_epi32(pair);
-        }
+        sv_step(MB, codes, k, r0, r1, ldb, p);
         UNROLL
         for (int j = 0; j < NV; j++) {
             const __m256i x0 = widen16(S4, r0 + (S4 ? 8 : 16) * j), x1 = widen16(S4, r1 + (S4 ? 8 : 16) * j);
@@ -396,21 +421,10 @@ INLINE void sv_block(const int MB, const int NV, const int S4, const int16_t *co
     for (int i = 0; i < MB; i++)
         UNROLL
         for (int j = 0; j < NV; j++) {
-            int32_t *d = D + i * ldd + 16 * j;
-            const __m256i c0 = _mm256_permute2x128_si256(lo[i][j], hi[i][j], 0x20); /* columns 0..7 */
-            const __m256i c1 = _mm256_permute2x128_si256(lo[i][j], hi[i][j], 0x31); /* 8..15 */
-            _mm256_storeu_si256((__m256i *)d, first ? c0 : _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)d), c0));
-            _mm256_storeu_si256((__m256i *)(d + 8),
-                                first ? c1 : _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(d + 8)), c1));
+            __m256i c[2];
+            sv_order(lo[i][j], hi[i][j], c);
+            sv_store16(D + i * ldd + 16 * j, c, first);
         }
-}
-
-/* The 8 int32 sums of lanes (t < 4 ? t : t + 4) and (t < 4 ? t + 4 : t + 8) (sv_block's lo / hi
-   order) as 16 sums in order: out[0] columns 0..7, out[1] 8..15. */
-INLINE void sv_order(__m256i lo, __m256i hi, __m256i out[2])
-{
-    out[0] = _mm256_permute2x128_si256(lo, hi, 0x20);
-    out[1] = _mm256_permute2x128_si256(lo, hi, 0x31);
 }
 
 /* sv_block for INT4, NG groups of 32 columns at b (16 bytes of a row each): the low nibbles are
@@ -431,15 +445,8 @@ INLINE void sv_block_eo(const int MB, const int NG, const int16_t *codes, size_t
     const __m128i f = _mm_set1_epi8(0x0F);
     for (size_t k = 0; k < kn; k += 2) {
         const int8_t *r0 = b + k * ldb, *r1 = r0 + ldb;
-        _mm_prefetch((const char *)(r0 + SV_PFR * ldb), _MM_HINT_T0);
-        _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T0);
         __m256i p[2];
-        UNROLL
-        for (int i = 0; i < MB; i++) {
-            int32_t pair;
-            memcpy(&pair, codes + i * (SV_KS + 16) + k, 4);
-            p[i] = _mm256_set1_epi32(pair);
-        }
+        sv_step(MB, codes, k, r0, r1, ldb, p);
         UNROLL
         for (int g = 0; g < NG; g++) {
             const __m128i x0 = _mm_loadu_si128((const __m128i *)(r0 + 16 * g));
@@ -469,11 +476,7 @@ INLINE void sv_block_eo(const int MB, const int NG, const int16_t *codes, size_t
             for (int h = 0; h < 2; h++) { /* columns 16 h .. 16 h + 15 */
                 __m256i c[2];
                 sv_order(_mm256_unpacklo_epi32(ev[h], od[h]), _mm256_unpackhi_epi32(ev[h], od[h]), c);
-                UNROLL
-                for (int j = 0; j < 2; j++) {
-                    __m256i *q = (__m256i *)(d + 16 * h + 8 * j);
-                    _mm256_storeu_si256(q, first ? c[j] : _mm256_add_epi32(_mm256_loadu_si256(q), c[j]));
-                }
+                sv_store16(d + 16 * h, c, first);
             }
         }
 }
