@@ -59,7 +59,7 @@ cdef extern from "gqa_kernels.h" nogil:
 # The active table (set by gqa.config / GQA_KERNEL).
 cdef const gqa_kernels *active_table() noexcept nogil
 # The QK / SV kernels for `type` at accuracy `level` under the active settings, where the
-# table has them and the CPU runs them: level >= 4 on per-tensor and per-channel INT8, the
+# table has them and the CPU runs them: level >= 4 on per-tensor and per-channel INT8 / INT4, the
 # level-4 integer-dot kernels (with `tiles` -- decode steps, the naive path, the standalone
 # kernels -- the active tiles' where they have them, called between dot_tiles' begin and end;
 # without -- the flash prompt's float32 tiles -- SV's only on avx512, where it beats float32

@@ -163,10 +163,11 @@ typedef struct gqa_kernels {
     gqa_dequantize_fn dequantize_t;
     gqa_qk_gemm_fn qk_gemm;
     gqa_sv_gemm_fn sv_gemm;
-    /* Integer-dot INT8 kernels, approximate; NULL where the path has none.
+    /* Integer-dot kernels, approximate; NULL where the path has none.
        qk_gemm_s8_approx: GQA_S8_PT, onnxruntime's approximate VNNI QK (8-bit query, opt-in;
-       avx512 with VNNI);  qk_gemm_s8_dot / sv_gemm_s8_dot: accuracy level 4 on GQA_S8_PT /
-       GQA_S8_PC, query rows and probabilities quantized to 15 bits (kernels_s8dot_contract.h;
+       avx512 with VNNI);  qk_gemm_s8_dot / sv_gemm_s8_dot: accuracy level 4 on INT8 and INT4
+       codes per tensor / per channel (gqa_dot_codes), query rows and probabilities quantized to
+       15 bits (kernels_s8dot_contract.h;
        avx512: vpdpwssd, where the CPU has VNNI; avx2: vpmaddwd; gqa_s8_dot_runnable says).
        Other types (and, per row, what the contracts leave) run the path's exact kernel. */
     gqa_qk_gemm_fn qk_gemm_s8_approx;

@@ -154,8 +154,8 @@ INLINE void qk_step(const int MB, const int NB, const int S4, const int8_t *p, c
 
 /* C[mb, n] for rows mb < MB of c (stride cs) and the N rows of B (rb bytes each), NB rows of B at
    a time (a last partial block repeats B's last row and stores only its own); INT4 (S4) sums
-   less corr[mb] = 8 sum_k c[mb, k].  The K % 16 columns at the end come from a zero-padded copy
-   of their bytes, so B is never read past a row. */
+   less corr[mb] = 8 sum_k c[mb, k].  The columns past the last whole step (K % 16, INT4 K % 32)
+   come from a zero-padded copy of their bytes, so B is never read past a row. */
 INLINE void qk_block(const int MB, const int NB, const int S4, const int16_t *c, size_t cs, const int8_t *B,
                      size_t rb, size_t N, size_t K, const float *mult, const int32_t *corr, float *C, size_t ldc)
 {
@@ -529,13 +529,13 @@ static size_t sv_pass_keys(size_t bytes)
    (stride ldb; INT4: the nibbles u), into D[i][0, w) (overwritten).  Pairs of keys and whole
    16-column blocks first; then an odd last key and the last w % 16 columns, through zero-padded
    copies of their bytes. */
-static void sv_chunk(int mb, int s4, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, size_t w,
+static void sv_chunk(int mb, int type, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, size_t w,
                      int32_t *D, size_t ldd)
 {
+    const int s4 = GQA_IS_S4(type);
     const size_t w16 = w & ~(size_t)15, nvw = 16 * (size_t)sv_nv[mb];
-    const size_t kp = sv_pass_keys(s4 ? (w + 1) / 2 : w);
+    const size_t kp = sv_pass_keys(gqa_row_bytes(type, w));
     const sv_fn wide = sv_wide[s4][mb], one = sv_one[s4][mb];
-#define COL(n) ((s4) ? (n) / 2 : (n)) /* the byte of column n (a multiple of 16) */
     if (kn < 2 || w16 < w) /* sums the first pass does not store */
         for (int i = 0; i < mb; i++)
             memset(D + i * ldd, 0, w * sizeof(int32_t));
@@ -547,19 +547,19 @@ static void sv_chunk(int mb, int s4, const int16_t *codes, size_t kn, const int8
         size_t n = 0;
         if (ke) {
             for (; n + nvw <= w16; n += nvw)
-                wide(ck, ke, bk + COL(n), ldb, D + n, ldd, first);
+                wide(ck, ke, bk + gqa_row_bytes(type, n), ldb, D + n, ldd, first);
             for (; n < w16; n += 16)
-                one(ck, ke, bk + COL(n), ldb, D + n, ldd, first);
+                one(ck, ke, bk + gqa_row_bytes(type, n), ldb, D + n, ldd, first);
         }
         for (size_t n0 = 0; n0 < w; n0 += 16) {
-            const size_t wn = w - n0 < 16 ? w - n0 : 16, nbytes = s4 ? (wn + 1) / 2 : wn;
+            const size_t wn = w - n0 < 16 ? w - n0 : 16, nbytes = gqa_row_bytes(type, wn);
             for (size_t k2 = n0 < w16 ? ke : 0; k2 < kk; k2 += 2) {
                 /* rows k2 and k2 + 1 (zeros past the chunk: its code there is sv_codes' 0 pad) */
                 int8_t t[2][16] = {{0}};
                 int32_t d[SV_MB][16];
-                memcpy(t[0], bk + k2 * ldb + COL(n0), nbytes);
+                memcpy(t[0], bk + k2 * ldb + gqa_row_bytes(type, n0), nbytes);
                 if (k2 + 1 < kk)
-                    memcpy(t[1], bk + (k2 + 1) * ldb + COL(n0), nbytes);
+                    memcpy(t[1], bk + (k2 + 1) * ldb + gqa_row_bytes(type, n0), nbytes);
                 one(ck + k2, 2, &t[0][0], 16, &d[0][0], 16, 1);
                 for (int i = 0; i < mb; i++)
                     for (size_t x = 0; x < wn; x++)
@@ -567,7 +567,6 @@ static void sv_chunk(int mb, int s4, const int16_t *codes, size_t kn, const int8
             }
         }
     }
-#undef COL
 }
 
 /* One chunk's sums d[0, w) into crow: crow[n] = (first ? (beta == 0 ? 0 : fl(beta crow[n])) :
@@ -635,9 +634,9 @@ void gqa_sv_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_
                 sv_codes(A + rows[i] * lda + k0, kn, inv[i], codes[i]);
                 corr[i] = s4 ? 8 * code_sum(codes[i], (kn + 15) & ~(size_t)15) : 0;
             }
-            for (size_t n0 = 0; n0 < N; n0 += SV_NC) { /* SV_NC is a multiple of 16: n0's byte is n0 / 2 */
+            for (size_t n0 = 0; n0 < N; n0 += SV_NC) { /* SV_NC is even: column n0 starts a byte */
                 const size_t w = N - n0 < SV_NC ? N - n0 : SV_NC;
-                sv_chunk(mb, s4, &codes[0][0], kn, Bb + k0 * rb + (s4 ? n0 / 2 : n0), rb, w, D, SV_NC);
+                sv_chunk(mb, type, &codes[0][0], kn, Bb + k0 * rb + gqa_row_bytes(type, n0), rb, w, D, SV_NC);
                 for (int i = 0; i < mb; i++)
                     sv_finish(D + i * SV_NC, corr[i], w, C + rows[i] * ldc + n0, pc ? s + n0 : s, pc, sp[i], beta,
                               k0 == 0);

@@ -529,8 +529,9 @@ INLINE void sv_rows_finish(const __m512i D[SV_MB][4], int mb, const size_t *rows
     for (int i = 0; i < mb; i++) {
         __m512i d[4];
         sv_columns(D[i], d);
-        for (int j = 0; j < 4; j++)
-            d[j] = _mm512_sub_epi32(d[j], _mm512_set1_epi32(corr[i]));
+        if (corr[i]) /* INT4 only */
+            for (int j = 0; j < 4; j++)
+                d[j] = _mm512_sub_epi32(d[j], _mm512_set1_epi32(corr[i]));
         sv_finish(d, w, n0, C + rows[i] * ldc + n0, pc, s, sp[i], beta, first);
     }
 }
@@ -548,7 +549,6 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
         return;
     }
     const size_t rb = gqa_row_bytes(type, N);
-#define COL(n) (s4 ? (n) / 2 : (n)) /* the byte of column n (a multiple of 64) */
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[SV_MB];
         float inv[SV_MB], sp[SV_MB];
@@ -574,19 +574,18 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                              the decode step about 1.4x faster than 64-column passes) */
                 for (; n0 + 128 <= N; n0 += 128) {
                     __m512i D[SV_MB][4], D2[SV_MB][4];
+                    const int8_t *Bn = Bk + gqa_row_bytes(type, n0);
                     if (mb == 1)
-                        s4 ? sv_block2(1, 1, cr, kn, Bk + COL(n0), rb, D, D2)
-                           : sv_block2(1, 0, cr, kn, Bk + COL(n0), rb, D, D2);
+                        s4 ? sv_block2(1, 1, cr, kn, Bn, rb, D, D2) : sv_block2(1, 0, cr, kn, Bn, rb, D, D2);
                     else
-                        s4 ? sv_block2(2, 1, cr, kn, Bk + COL(n0), rb, D, D2)
-                           : sv_block2(2, 0, cr, kn, Bk + COL(n0), rb, D, D2);
+                        s4 ? sv_block2(2, 1, cr, kn, Bn, rb, D, D2) : sv_block2(2, 0, cr, kn, Bn, rb, D, D2);
                     sv_rows_finish(D, mb, rows, corr, 64, n0, C, ldc, pc, s, sp, beta, k0 == 0);
                     sv_rows_finish(D2, mb, rows, corr, 64, n0 + 64, C, ldc, pc, s, sp, beta, k0 == 0);
                 }
             for (; n0 < N; n0 += 64) {
                 const size_t w = N - n0 < 64 ? N - n0 : 64;
                 __m512i D[SV_MB][4];
-                const int8_t *Bn = Bk + COL(n0);
+                const int8_t *Bn = Bk + gqa_row_bytes(type, n0);
                 switch (mb * 2 + s4) { /* the row count and the INT4 flag constants: D stays in registers */
                 case 2: sv_block(1, 0, cr, kn, Bn, rb, w, D); break;
                 case 3: sv_block(1, 1, cr, kn, Bn, rb, w, D); break;
@@ -601,6 +600,5 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
             }
         }
     }
-#undef COL
 }
 #endif

@@ -57,12 +57,13 @@ def _run(args, out, argv):
     sides, status = discover_peers(peer_names, args)
     columns = [c for p in peer_names for c in PEER_COLUMNS[p]]
     own = [Local("gqa", ours), Local("gqa-fn", ours_function)]
-    levels = []     # --vs-level: gqa's operator at another accuracy level, a column like a peer's
+    shown = list(columns)     # the table's columns: the peers', then --vs-level's gqa@L
     if args.vs_level is not None:
-        levels = [f"gqa@{args.vs_level}"]
-        own.append(Local(levels[0], ours_at(args.vs_level)))
-        status[levels[0]] = (f"gqa's kept operator with its own accuracy_level={args.vs_level}, "
-                             "in the same alternation (ratio gqa@L / gqa: > 1, the run's level is faster)")
+        name = f"gqa@{args.vs_level}"
+        own.append(Local(name, ours_at(args.vs_level)))
+        status[name] = (f"gqa's kept operator with its own accuracy_level={args.vs_level}, "
+                        "in the same alternation (ratio gqa@L / gqa: > 1, the run's level is faster)")
+        shown.append(name)
     from .layers import LayerSide
     in_loop = [LayerSide("gqa", ours), LayerSide("gqa-fn", ours_function)]
     if "ort" in peer_names and status.get("ort", "").startswith("ok"):
@@ -83,7 +84,7 @@ def _run(args, out, argv):
     if load0 is not None:
         header.append(f"  load average at start: {load0:.2f} on {os.cpu_count()} CPUs"
                       + ("  (busy: expect noisy numbers)" if load0 > 0.5 else ""))
-    for c in columns + levels:
+    for c in shown:
         header.append(f"  {c:10s} {status.get(c, 'not asked')}")
     if not columns:
         header.append("  (no peers asked: --peers ort,ort-naive,torch,ggml)")
@@ -106,7 +107,7 @@ def _run(args, out, argv):
             o = rec["gqa"].get("median_us")
             if o and rec["gqa_fn"].get("median_us"):
                 rec["gqa_fn"]["ratio"] = rec["gqa_fn"]["median_us"] / o
-            for c in columns + levels:
+            for c in shown:
                 r = res.get(c) or {"error": status.get(c, "missing")}
                 if c not in res and status.get(c, "").startswith("missing"):
                     r = {"missing": True}
@@ -131,7 +132,7 @@ def _run(args, out, argv):
             if hasattr(s, "close"):
                 s.close()
 
-    table = results_table(results, columns + levels)
+    table = results_table(results, shown)
     load1 = loadavg()
     if load1 is not None:
         table += f"\nload average at the end: {load1:.2f} (1-minute; this run's own work included)"
@@ -147,7 +148,7 @@ def _run(args, out, argv):
                         "gap_ms": args.gap_ms, "load_average_start": load0, "load_average_end": load1,
                         "peak_gflops": {str(k): v for k, v in peaks.items()}},
            "ratio": "peer median / gqa median (> 1: gqa is faster)",
-           "peers": status, "columns": columns + levels, "results": results, "table": table, "targets": summary}
+           "peers": status, "columns": shown, "results": results, "table": table, "targets": summary}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
