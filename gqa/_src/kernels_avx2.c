@@ -550,30 +550,38 @@ INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, cons
     const __m128 va = _mm_set1_ps(alpha);
     for (size_t n0 = 0; n0 < N; n0 += NB) {
         const size_t nb = N - n0 < (size_t)NB ? N - n0 : (size_t)NB;
+        const uint8_t *row[8];
         __m256 acc[8];
         UNROLL
         for (int i = 0; i < 8; i++)
             acc[i] = _mm256_setzero_ps();
         UNROLL
         for (int r = 0; r < NB; r++) { /* rows past N repeat row n0: computed, never stored */
-            const uint8_t *row = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
-            _mm_prefetch((const char *)row + 4096, _MM_HINT_T0);
-            __m256 s, z, t[1];
-            for (size_t c0 = 0, gi = 0; c0 < K; c0 += g, gi++) {
-                group_meta_avx2(row + cb, gi, type, &s, &z);
+            row[r] = B + (n0 + ((size_t)r < nb ? (size_t)r : 0)) * rb;
+            _mm_prefetch((const char *)row[r] + 4096, _MM_HINT_T0);
+        }
+        /* the NB keys side by side within each group: NB * MB independent chains of fma
+           (each accumulator still sums its own row's products in column order) */
+        for (size_t c0 = 0, gi = 0; c0 < K; c0 += g, gi++) {
+            __m256 s[8], z[8], t[8][1];
+            UNROLL
+            for (int r = 0; r < NB; r++) {
+                group_meta_avx2(row[r] + cb, gi, type, &s[r], &z[r]);
                 if (ORD && b == 2)
-                    group_tables_avx2(s, z, t);
-                for (size_t c = c0; c < c0 + g; c += blk) {
-                __m256 x[4];
-                group_decode_ord(row, c, s, z, t, b, ORD, x);
-                UNROLL
-                for (int v = 0; v < nv; v++)
-                    UNROLL
-                    for (int m = 0; m < MB; m++)
-                        acc[m * NB + r] = _mm256_fmadd_ps(_mm256_loadu_ps(Ap + m * K + c + 8 * v), x[v],
-                                                          acc[m * NB + r]);
-                }
+                    group_tables_avx2(s[r], z[r], t[r]);
             }
+            for (size_t c = c0; c < c0 + g; c += blk)
+                UNROLL
+                for (int r = 0; r < NB; r++) {
+                    __m256 x[4];
+                    group_decode_ord(row[r], c, s[r], z[r], t[r], b, ORD, x);
+                    UNROLL
+                    for (int v = 0; v < nv; v++)
+                        UNROLL
+                        for (int m = 0; m < MB; m++)
+                            acc[m * NB + r] = _mm256_fmadd_ps(_mm256_loadu_ps(Ap + m * K + c + 8 * v), x[v],
+                                                              acc[m * NB + r]);
+                }
         }
         float h[8];
         _mm_storeu_ps(h, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), va));
@@ -585,7 +593,7 @@ INLINE void group_qk_ord_avx2(const int MB, const int NB, const unsigned b, cons
 }
 
 INLINE void group_sv_ord_avx2(const int MB, const unsigned b, const int ORD, size_t N, size_t K, const float *A,
-                              size_t lda, const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
+                              size_t lda, const uint8_t *B, int type, float *T, size_t ldt, int first, size_t c0)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
     const int blk = (int)gqa_group_block8(b, ORD), nv = blk / 8, nbk = 32 / blk;
@@ -597,7 +605,7 @@ INLINE void group_sv_ord_avx2(const int MB, const unsigned b, const int ORD, siz
     for (int m = 0; m < MB; m++)
         UNROLL
         for (int v = 0; v < 4; v++)
-            acc[m][v] = _mm256_setzero_ps();
+            acc[m][v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(T + m * ldt + c0 + 8 * v);
     for (size_t k = 0; k < K; k++) {
         const uint8_t *row = B + k * rb;
         _mm_prefetch((const char *)row + c0 * b / 8 + 4096, _MM_HINT_T0);
@@ -623,14 +631,11 @@ INLINE void group_sv_ord_avx2(const int MB, const unsigned b, const int ORD, siz
                     acc[m][j * nv + v] = _mm256_fmadd_ps(x[v], p[m], acc[m][j * nv + v]);
         }
     }
-    const int per = ORD ? (int)(8 / b) : 1;
-    for (int m = 0; m < MB; m++) {
-        float t[32];
+    UNROLL
+    for (int m = 0; m < MB; m++)
         UNROLL
         for (int v = 0; v < 4; v++)
-            _mm256_storeu_ps(t + 8 * v, acc[m][v]);
-        gqa_group_from_lookup_order(t, C + m * ldc + c0, nbk, blk, per, 8, beta);
-    }
+            _mm256_storeu_ps(T + m * ldt + c0 + 8 * v, acc[m][v]);
 }
 
 #define group_sv_ord_avx2_1(...) group_sv_ord_avx2(1, __VA_ARGS__)

@@ -339,11 +339,22 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
         memcpy(o, a, K * sizeof(float));
 }
 
+/* Keys per pass of the fused SV: 16 KiB of rows (rb bytes each), so that the pass's column
+   blocks find its rows in L1 rather than reading the whole of B once per block. */
+static inline size_t gqa_group_pass_keys(size_t rb)
+{
+    const size_t kp = 16384 / (rb ? rb : 1);
+    return kp < 16 ? 16 : kp;
+}
+
 /* The fused per-group QK / SV drivers of a path with 8-byte blocks (AVX2, NEON), given its
    kernels qk_blk(MB, NB, b, ORD, N, K, alpha, A', B, type, C, ldc, ms) over MB x NB = 8
    (rows of prepared A x rows of B; shapes 1 x 8, 2 x 4, 4 x 2, ms rows stored), and
-   sv_blk_1 / sv_blk_2(b, ORD, N, K, A, lda, B, type, C, ldc, beta, c0) over 32 columns and
-   1 / 2 rows of A (GQA_GROUP_VARIANT_CALL: one call per (bits, ordered) variant, from b and ord).
+   sv_blk_1 / sv_blk_2(b, ORD, N, K, A, lda, B, type, T, ldt, first, c0) over 32 columns and
+   1 / 2 rows of A: the K keys' products added to the float32 sums T[m * ldt + c0 ..] (32 a row,
+   the blocks' lookup order; first: from 0), each column's sum taken over the keys in order, so
+   passes of keys give the sums of one pass (GQA_GROUP_VARIANT_CALL: one call per (bits,
+   ordered) variant, from b and ord).
    Rows of A past M in a block of four: copies of the last (never stored).  Expanded in a
    path's unit, whose INLINE forces inlining (the kernels specialize on b and ORD).
    group_fast_<path>: the shapes they take (groups of a multiple of 8 columns, rows of a
@@ -391,15 +402,27 @@ static inline void gqa_group_prep8(const float *a, float *o, size_t K, int type)
     {                                                                                                \
         const unsigned b = gqa_group_bits(type);                                                     \
         const int ord = gqa_group_ordered8(type);                                                    \
-        for (size_t m0 = 0; m0 < M; m0 += 2)                                                         \
-            for (size_t c0 = 0; c0 < N; c0 += 32) {                                                  \
-                if (M - m0 >= 2)                                                                     \
-                    GQA_GROUP_VARIANT_CALL(sv_blk##_2, N, K, A + m0 * lda, lda, (const uint8_t *)B, type, \
-                                        C + m0 * ldc, ldc, beta, c0);                                \
-                else                                                                                 \
-                    GQA_GROUP_VARIANT_CALL(sv_blk##_1, N, K, A + m0 * lda, lda, (const uint8_t *)B, type, \
-                                        C + m0 * ldc, ldc, beta, c0);                                \
+        const size_t rb = gqa_row_bytes(type, N), kp = gqa_group_pass_keys(rb);                      \
+        const int blk = (int)gqa_group_block8(b, ord), per = ord ? (int)(8 / b) : 1;                 \
+        float t[2 * 1024];                                                                           \
+        for (size_t m0 = 0; m0 < M; m0 += 2) {                                                       \
+            const size_t mb = M - m0 < 2 ? 1 : 2;                                                    \
+            for (size_t k0 = 0; k0 == 0 || k0 < K; k0 += kp) {                                       \
+                const size_t kn = K - k0 < kp ? K - k0 : kp;                                         \
+                const float *a = A + m0 * lda + k0;                                                  \
+                const uint8_t *bk = (const uint8_t *)B + k0 * rb;                                    \
+                for (size_t c0 = 0; c0 < N; c0 += 32) {                                              \
+                    if (mb == 2)                                                                     \
+                        GQA_GROUP_VARIANT_CALL(sv_blk##_2, N, kn, a, lda, bk, type, t, 1024, k0 == 0, c0); \
+                    else                                                                             \
+                        GQA_GROUP_VARIANT_CALL(sv_blk##_1, N, kn, a, lda, bk, type, t, 1024, k0 == 0, c0); \
+                }                                                                                    \
             }                                                                                        \
+            for (size_t m = 0; m < mb; m++)                                                          \
+                for (size_t c0 = 0; c0 < N; c0 += 32)                                                \
+                    gqa_group_from_lookup_order(t + m * 1024 + c0, C + (m0 + m) * ldc + c0, 32 / blk, blk, \
+                                                per, 8, beta);                                       \
+        }                                                                                            \
     }
 
 /* The five group operations of one path, given its decoder and float32 GEMMs. */

@@ -407,9 +407,9 @@ INLINE void group_qk_blk_neon(const int MB, const int NB, const unsigned b, cons
     }
 }
 
-/* SV over columns [c0, c0 + 32) for MB (1 or 2) rows of A. */
+/* SV over columns [c0, c0 + 32) for MB (1 or 2) rows of A: the K keys added to the sums T (GQA_GROUP_FUSED). */
 INLINE void group_sv_blk_neon(const int MB, const unsigned b, const int ORD, size_t N, size_t K, const float *A,
-                              size_t lda, const uint8_t *B, int type, float *C, size_t ldc, float beta, size_t c0)
+                              size_t lda, const uint8_t *B, int type, float *T, size_t ldt, int first, size_t c0)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), cb = N * b / 8;
     const int blk = (int)gqa_group_block8(b, ORD), nv = blk / 4, nbk = 32 / blk;
@@ -421,7 +421,7 @@ INLINE void group_sv_blk_neon(const int MB, const unsigned b, const int ORD, siz
     for (int m = 0; m < MB; m++)
         UNROLL
         for (int v = 0; v < 8; v++)
-            acc[m][v] = vdupq_n_f32(0.0f);
+            acc[m][v] = first ? vdupq_n_f32(0.0f) : vld1q_f32(T + m * ldt + c0 + 4 * v);
     for (size_t k = 0; k < K; k++) {
         const uint8_t *row = B + k * rb;
         __builtin_prefetch(row + c0 * b / 8 + 4096);
@@ -442,14 +442,11 @@ INLINE void group_sv_blk_neon(const int MB, const unsigned b, const int ORD, siz
                     acc[m][j * nv + v] = vfmaq_f32(acc[m][j * nv + v], x[v], p[m]);
         }
     }
-    const int per = ORD ? (int)(8 / b) : 1;
-    for (int m = 0; m < MB; m++) {
-        float t[32];
+    UNROLL
+    for (int m = 0; m < MB; m++)
         UNROLL
         for (int v = 0; v < 8; v++)
-            vst1q_f32(t + 4 * v, acc[m][v]);
-        gqa_group_from_lookup_order(t, C + m * ldc + c0, nbk, blk, per, 8, beta);
-    }
+            vst1q_f32(T + m * ldt + c0 + 4 * v, acc[m][v]);
 }
 
 #define group_sv_blk_neon_1(...) group_sv_blk_neon(1, __VA_ARGS__)
