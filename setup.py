@@ -26,7 +26,7 @@ from setuptools.command.build_ext import build_ext
 SRC = os.path.join("gqa", "_src")
 HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "kernels_group.h",
                                           "kernels_avx512.h", "kernels_s8dot.h", "kernels_s8dot_contract.h",
-                                          "work_ranges.h", "team_spread.h")]
+                                          "kernels_avx2_dot.h", "work_ranges.h", "team_spread.h")]
 PXI = [os.path.join("gqa", f) for f in ("_prepare.pxi", "_cache_rows.pxi")]   # in _attention.pyx
 
 # path name -> (source, gcc/clang flags, a snippet using one intrinsic of the tier)
@@ -42,7 +42,8 @@ X86_PATHS = {
 # units of a path beyond its own file (one source or several), each with the path's flags plus
 # its own, compiled where the compiler can; the path's file then sees the define and puts the
 # unit's entry in its table
-X86_UNITS = {"avx2_s8dot": ("kernels_avx2_s8dot.c", "avx2", [], "GQA_HAVE_AVX2_S8DOT",
+X86_UNITS = {"avx2_s8dot": (("kernels_avx2_s8dot.c", "kernels_avx2_gdot.c"), "avx2", [],
+                            "GQA_HAVE_AVX2_S8DOT",
                             "#include <immintrin.h>\nint main(void){__m256i a=_mm256_set1_epi16(1);"
                             "a=_mm256_madd_epi16(a,a);return 0;}"),
             "avx512vnni": ("kernels_avx512vnni.c", "avx512", ["-mavx512vnni"], "GQA_HAVE_AVX512VNNI",

@@ -20,6 +20,7 @@ cdef extern from "gqa_kernels.h" nogil:
 
 cdef extern from "kernels_s8dot_contract.h" nogil:
     bint gqa_dot_codes(int type)   # the types level 4's integer-dot contracts take
+    bint gqa_is_group "GQA_IS_GROUP"(int type)
 
 cdef extern from *:
     """
@@ -46,6 +47,10 @@ cdef bint _dot = gqa_s8_dot_runnable(0) == 1          # the active table's level
 # 1.11-1.16x; INT4 not measured there: float32); on avx2 (vpmaddwd + vpaddd, 16 products in two)
 # it does not (S = 2048, seed shape: 0.91x)
 cdef bint _dot_prompt_pv = False
+# level 4 on per-group codes (decode steps and the naive path; prompts' flash tiles keep float32):
+# the avx2 unit's kernels (kernels_avx2_gdot.c), on the avx2 path and on avx512, whose CPUs run
+# them; NULL elsewhere (float32)
+cdef const gqa_kernels *_gdot = NULL
 
 cdef int omp_max_threads() noexcept nogil:
     return gqa_openmp_max_threads()
@@ -62,6 +67,8 @@ cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil:
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.qk_s8
+    if gqa_is_group(type):
+        return _gdot.qk_gemm_s8_dot if level >= 4 and tiles and _gdot != NULL else t.qk_gemm
     if not gqa_dot_codes(type):
         return t.qk_gemm
     if level >= 4 and _dot:
@@ -83,6 +90,8 @@ cdef int tile_rows(int level, int H) noexcept nogil:
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.sv_s8
+    if gqa_is_group(type):
+        return _gdot.sv_gemm_s8_dot if level >= 4 and tiles and _gdot != NULL else t.sv_gemm
     if _dot and level >= 4 and gqa_dot_codes(type) and (
             tiles or (_dot_prompt_pv and (type == GQA_S8_PT or type == GQA_S8_PC))):
         return t.sv_gemm_s8_dot
@@ -145,11 +154,14 @@ def tile_names():
 
 def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
-    global _active, _tiles, _dot, _dot_prompt_pv
+    global _active, _tiles, _dot, _dot_prompt_pv, _gdot
     _active = gqa_path_table(PATH_NAMES.index(name))
     _tiles = _pick_tiles(PATH_NAMES.index(name), _tiles_choice)
     _dot = gqa_s8_dot_runnable(PATH_NAMES.index(name)) == 1
     _dot_prompt_pv = _dot and name == "avx512"
+    avx2 = PATH_NAMES.index("avx2")
+    _gdot = (gqa_path_table(avx2) if name in ("avx2", "avx512") and gqa_s8_dot_runnable(avx2) == 1
+             else NULL)
 
 
 def _set_tiles(choice):
@@ -187,6 +199,12 @@ def int8_dot_unit():
     if not _dot:
         return None
     return "avx512vnni" if active_path() == "avx512" else active_path()
+
+
+def group_dot_unit():
+    """Where accuracy level 4's dots on per-group codes run with the active settings ("avx2",
+    on the avx2 and avx512 paths), or None (the exact kernels)."""
+    return "avx2" if _gdot != NULL else None
 
 
 def tiles_effective():

@@ -36,6 +36,34 @@
  *                                                              + 2^-22 sum_k A[m,k] |deq(q)[k,n]|.
  * (The 8-bit probabilities of vpdpbusd lost the many small probabilities of a row whose
  * maximum is an attention sink: SmolLM2's top-1 agreement with level 0 fell to 97 %.)
+ *
+ * Per-group codes (GQA_G8 / GQA_G4 / GQA_G2, kernels_group.h: u in [0, 2^b - 1], value u s_j + z_j
+ * with the group's float32 metadata, binary16 widened exactly), groups of g columns where
+ * gqa_group_dot_takes(type, cols) holds (g a multiple of 32 and at most GDOT_GMAX):
+ *
+ * qk_gemm_s8_dot, K <= DOT_QK_K: each row's codes code_k, sa and its exact-kernel cases as above
+ * (a_k = A[m,k]); per group j of row n of B:
+ *               D_j = sum_{k in j} code_k u[n,k],  A_j = sum_{k in j} code_k  (exact in int32:
+ *                     g * 32639 * 255 < 2^31),
+ *               S = 0, then for j = 0, 1, ..: S = fl(S + fl(fl(s_j * float(D_j)) + fl(z_j * float(A_j)))),
+ *               C[m,n] = fl(S * mult), mult = fl(alpha * sa).
+ * So |sum_k a_k x_k - sa (sum_j s_j D_j + z_j A_j)| <= sa / 2 sum_k |x_k| + 2^-22 sum_k |a_k x_k|
+ * with x_k = u s_j + z_j, plus the float32 roundings of the J + 2 operations per group.
+ *
+ * sv_gemm_s8_dot, B [K, N] with groups along N: each row's exact-kernel cases as above; per
+ * chunk c of SV_KG keys (in order) and group j of columns:
+ *               w_k = fl(A[m,k] * s_kj), wmax = max_{k in c} w_k; inv = fl(32767 / wmax) and
+ *               sp = fl(wmax / 32767) when wmax > 0 and inv is finite, else the chunk's codes
+ *               and sp are 0;
+ *               pcode_k = min(32767, rint(fl(w_k * inv))),
+ *               D[n] = sum_{k in c} pcode_k u[k,n]        (exact in int32: 256 * 32767 * 255 < 2^31),
+ *               Z_i = the sum in key order of fl(A[m,k] z_kj) over the chunk's keys k = c0 + i (mod 8)
+ *                   (float32, from 0), Z = fl(fl(fl(Z_0 + Z_4) + fl(Z_2 + Z_6)) + fl(fl(Z_1 + Z_5) + fl(Z_3 + Z_7)));
+ *               r = fl(fl(r + fl(float(D[n]) * sp)) + Z)   for n in group j,
+ *               with r = (beta == 0 ? 0 : fl(beta * C[m,n])) before the first chunk; C[m,n] = r.
+ * So the codes' part of a chunk moves by at most sp (1/2 + 2^-9) sum_k |u[k,n]| +
+ * 2^-22 sum_k w_k |u[k,n]|: each chunk's probabilities times scales take 15 bits against their own
+ * maximum.
  */
 #ifndef GQA_KERNELS_S8DOT_CONTRACT_H
 #define GQA_KERNELS_S8DOT_CONTRACT_H
@@ -53,5 +81,20 @@ static inline int gqa_dot_codes(int type)
 #define QK_CODE_MAX 32639.0f /* query codes within +-(127 * 257) */
 #define SV_CODE_MAX 32767.0f /* probability codes in [0, 32767] */
 #define SV_KS 512            /* keys per integer chunk of P @ V */
+#define SV_KG 256            /* ... on per-group codes */
+
+#define GDOT_GMAX 256        /* the widest group they take (INT8's int32 limit of D_j) */
+
+/* 1 where the per-group contracts take rows of `cols` elements of `type` (the others go to the
+   exact kernels): groups of a multiple of 32 columns (one 16-byte step of INT4 codes, two of
+   INT8, 8 bytes of INT2: a step never spans two groups) and of at most GDOT_GMAX; QK rows of at
+   most DOT_QK_K (the caller checks K). */
+static inline int gqa_group_dot_takes(int type, size_t cols)
+{
+    if (!GQA_IS_GROUP(type))
+        return 0;
+    const size_t g = gqa_group_cols(type);
+    return g % 32 == 0 && g <= GDOT_GMAX && cols % g == 0;
+}
 
 #endif

@@ -77,7 +77,8 @@ def _run(args, out, argv):
               f"numpy {np.__version__}"]
     header.append(f"  accuracy level {cfg['accuracy_level']}"
                   + ("" if cfg["accuracy_level"] < 4 else
-                     f" (integer dot products on INT8 / INT4 codes: {cfg['int8_dot_unit']})"
+                     f" (integer dot products on INT8 / INT4 codes: {cfg['int8_dot_unit']}; per-group"
+                     f" codes: {cfg['group_dot_unit'] or 'float32'})"
                      if cfg["int8_dot_effective"] else
                      " (no integer-dot kernels on this path: float32)"))
     load0 = loadavg()

@@ -1,0 +1,266 @@
+/*
+ * kernels_avx2_dot.h -- the AVX2 level-4 units' shared pieces (kernels_avx2_s8dot.c: INT8 / INT4
+ * per tensor and per channel; kernels_avx2_gdot.c: per-group INT8 / INT4 / INT2): the query
+ * rows' and probability rows' 15-bit codes of kernels_s8dot_contract.h, the widening of stored
+ * codes to int16, and the P @ V block over pairs of keys (vpmaddwd + vpaddd, exact).
+ * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); included only by those units.
+ */
+#ifndef GQA_KERNELS_AVX2_DOT_H
+#define GQA_KERNELS_AVX2_DOT_H
+
+#include <float.h>
+#include <immintrin.h>
+#include "kernels_common.h"
+#include "kernels_s8dot_contract.h"
+
+/* The per-group kernels (kernels_avx2_gdot.c), which the unit's entries hand group types. */
+void gqa_qk_gemm_g_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
+                            int type, const float *s, float *C, size_t ldc);
+void gqa_sv_gemm_g_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
+                            const float *s, float *C, size_t ldc, float beta);
+
+/* The first min(n, 8) lanes all ones: a maskload mask. */
+INLINE __m256i lanes8(size_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+INLINE int32_t hsum8_epi32(__m256i v)
+{
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1)));
+}
+
+/* Lane i = the sum of v_i's 8 lanes (exact). */
+INLINE __m128i hsum4_epi32(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
+{
+    const __m256i w01 = _mm256_add_epi32(_mm256_unpacklo_epi32(v0, v1), _mm256_unpackhi_epi32(v0, v1));
+    const __m256i w23 = _mm256_add_epi32(_mm256_unpacklo_epi32(v2, v3), _mm256_unpackhi_epi32(v2, v3));
+    const __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(w01, w23), _mm256_unpackhi_epi64(w01, w23));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+INLINE float hmax8(__m256 v)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+/* 16 int32 lanes (two vectors) -> 16 int16 in order (saturating; the values fit). */
+INLINE __m256i pack16(__m256i lo, __m256i hi)
+{
+    return _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+}
+
+/* The kinds of codes the blocks widen (KIND): INT8 per tensor / channel (signed bytes), INT4's
+   nibbles (unsigned, element 2i the low nibble of byte i), per-group INT8 (unsigned bytes) and
+   INT2 (element 4i + j in bits 2j, 2j + 1 of byte i). */
+enum { DOT_S8 = 0, DOT_U4 = 1, DOT_U8 = 2, DOT_U2 = 3 };
+
+/* Bytes of 16 codes of a kind. */
+#define DOT_BYTES16(KIND) ((KIND) == DOT_U4 ? 8 : (KIND) == DOT_U2 ? 4 : 16)
+
+/* 16 codes from p as int16 in element order. */
+INLINE __m256i widen16(const int KIND, const int8_t *p)
+{
+    if (KIND == DOT_S8)
+        return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    if (KIND == DOT_U8)
+        return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    if (KIND == DOT_U4) {
+        const __m128i x = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(0x0F);
+        const __m128i u = _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+        return _mm256_cvtepu8_epi16(u);
+    }
+    /* INT2: each byte to four lanes, shifted left by 6 - 2j (a multiply), then down by 6 */
+    int32_t w;
+    memcpy(&w, p, 4);
+    const __m128i x = _mm_shuffle_epi8(_mm_cvtsi32_si128(w), _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    const __m256i v = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(x), _mm256_setr_epi16(64, 16, 4, 1, 64, 16, 4, 1, 64, 16,
+                                                                                     4, 1, 64, 16, 4, 1));
+    return _mm256_and_si256(_mm256_srli_epi16(v, 6), _mm256_set1_epi16(3));
+}
+
+/* The sum of n int16 codes c[0, n) (n a multiple of 16), exact. */
+static inline int32_t code_sum(const int16_t *c, size_t n)
+{
+    __m256i t = _mm256_setzero_si256();
+    for (size_t k = 0; k < n; k += 16)
+        t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + k)), _mm256_set1_epi16(1)));
+    return hsum8_epi32(t);
+}
+
+/* Row a's codes into c (int16, padded with 0 to cs, a multiple of 16) and its multiplier; 0
+   when the row takes the exact kernel (the contract's first case). */
+static inline int qk_row(const float *a, size_t K, const float *s, int pc, float alpha, int16_t *c, size_t cs,
+                  float *mult)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (size_t k = 0; k < K; k += 8) {
+        const __m256i m = lanes8(K - k);
+        __m256 v = _mm256_maskload_ps(a + k, m);
+        if (pc)
+            v = _mm256_mul_ps(v, _mm256_maskload_ps(s + k, m));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v));
+    }
+    const float amax = hmax8(mx);
+    if (_mm256_movemask_ps(bad) || !(amax <= FLT_MAX) || amax == 0.0f || !(QK_CODE_MAX / amax <= FLT_MAX))
+        return 0;
+    const float inv = QK_CODE_MAX / amax, sa = amax / QK_CODE_MAX;
+    const __m256 vinv = _mm256_set1_ps(inv), lim = _mm256_set1_ps(QK_CODE_MAX), nlim = _mm256_set1_ps(-QK_CODE_MAX);
+    for (size_t k = 0; k < cs; k += 16) {
+        __m256i q[2];
+        for (int h = 0; h < 2; h++) {
+            const size_t kk = k + 8 * (size_t)h;
+            const __m256i m = lanes8(K > kk ? K - kk : 0); /* lanes past the row: 0 */
+            __m256 v = _mm256_maskload_ps(a + kk, m);
+            if (pc)
+                v = _mm256_mul_ps(v, _mm256_maskload_ps(s + kk, m));
+            v = _mm256_round_ps(_mm256_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q[h] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(v, lim), nlim));
+        }
+        _mm256_store_si256((__m256i *)(c + k), pack16(q[0], q[1]));
+    }
+    *mult = pc ? alpha * sa : (alpha * sa) * s[0];
+    return 1;
+}
+
+/* inv and sp of a probability row; 0 when the row takes the exact kernel (the contract's first
+   case). */
+static inline int sv_row(const float *a, size_t K, float *inv, float *sp)
+{
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 mx = zero, bad = zero;
+    size_t k = 0;
+    /* not (v >= 0): negative or NaN; an infinite element becomes the maximum */
+    for (; k + 8 <= K; k += 8) {
+        const __m256 v = _mm256_loadu_ps(a + k);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, zero, _CMP_NGE_UQ));
+        mx = _mm256_max_ps(mx, v);
+    }
+    if (k < K) {
+        const __m256 v = _mm256_maskload_ps(a + k, lanes8(K - k)); /* lanes past the row: 0 */
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, zero, _CMP_NGE_UQ));
+        mx = _mm256_max_ps(mx, v);
+    }
+    const float pmax = hmax8(mx);
+    if (_mm256_movemask_ps(bad) || pmax == 0.0f || !(pmax <= FLT_MAX))
+        return 0;
+    *inv = SV_CODE_MAX / pmax;
+    *sp = pmax / SV_CODE_MAX;
+    return *inv <= FLT_MAX;
+}
+
+/* int16 codes min(32767, rint(fl(a[k] inv))) of a[0, n) into c[0, n rounded up to 16), 0 past n:
+   vcvtps2dq rounds half to even (the MXCSR default), and vpackssdw's saturation is the min
+   (the products are >= 0). */
+static inline void sv_codes(const float *a, size_t n, float inv, int16_t *c)
+{
+    const __m256 vinv = _mm256_set1_ps(inv);
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(a + k), vinv));
+        const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(a + k + 8), vinv));
+        _mm256_store_si256((__m256i *)(c + k), pack16(q0, q1));
+    }
+    if (k < n) {
+        const __m256 v0 = _mm256_maskload_ps(a + k, lanes8(n - k));
+        const __m256 v1 = _mm256_maskload_ps(a + k + 8, lanes8(n - k > 8 ? n - k - 8 : 0));
+        _mm256_store_si256((__m256i *)(c + k), pack16(_mm256_cvtps_epi32(_mm256_mul_ps(v0, vinv)),
+                                                      _mm256_cvtps_epi32(_mm256_mul_ps(v1, vinv))));
+    }
+}
+
+#define SV_MB 4
+#define SV_PFR 64
+
+/* The step of keys k, k + 1 (rows r0, r1 of ldb bytes): their rows SV_PFR keys ahead prefetched
+   (decode streams V from memory; prefetches never fault), and p[i] = the pair (codes_i[k],
+   codes_i[k + 1]) of rows i < MB of codes (stride SV_KS + 16) in every int32 lane. */
+INLINE void sv_step(const int MB, const int16_t *codes, size_t k, const int8_t *r0, const int8_t *r1, size_t ldb,
+                    __m256i *p)
+{
+    _mm_prefetch((const char *)(r0 + SV_PFR * ldb), _MM_HINT_T0);
+    _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T0);
+    UNROLL
+    for (int i = 0; i < MB; i++) {
+        int32_t pair;
+        memcpy(&pair, codes + i * (SV_KS + 16) + k, 4);
+        p[i] = _mm256_set1_epi32(pair);
+    }
+}
+
+/* The 8 int32 sums of lanes (t < 4 ? t : t + 4) and (t < 4 ? t + 4 : t + 8) (sv_block's lo / hi
+   order) as 16 sums in order: out[0] columns 0..7, out[1] 8..15. */
+INLINE void sv_order(__m256i lo, __m256i hi, __m256i out[2])
+{
+    out[0] = _mm256_permute2x128_si256(lo, hi, 0x20);
+    out[1] = _mm256_permute2x128_si256(lo, hi, 0x31);
+}
+
+/* 16 sums c into d: stored (first) or added. */
+INLINE void sv_store16(int32_t *d, const __m256i c[2], int first)
+{
+    UNROLL
+    for (int j = 0; j < 2; j++) {
+        __m256i *q = (__m256i *)(d + 8 * j);
+        _mm256_storeu_si256(q, first ? c[j] : _mm256_add_epi32(_mm256_loadu_si256(q), c[j]));
+    }
+}
+
+/* Keys [k, k + kn) (kn even, codes padded) against 16 NV columns of B at b (rows of ldb bytes;
+   INT4: the columns' nibbles u), for rows i < MB of codes (stride SV_KS + 16); the int32 sums
+   added to D[i][16 NV] (column order).  Two keys at a time: their 16-column rows widened to int16
+   and interleaved by in-lane
+   word unpacks, so that lane t of `lo` holds the two keys' codes of column (t < 4 ? t : t + 4)
+   and of `hi` column (t < 4 ? t + 4 : t + 8); one vpmaddwd per vector and row with the row's two
+   codes broadcast.  |one vpmaddwd| <= 2 * 32767 * 128, SV_KS / 2 of them < 2^31.  first: the
+   sums are stored into D rather than added. */
+INLINE void sv_block(const int MB, const int NV, const int KIND, const int16_t *codes, size_t kn, const int8_t *b,
+                     size_t ldb, int32_t *D, size_t ldd, int first)
+{
+    __m256i lo[SV_MB][4], hi[SV_MB][4];
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int j = 0; j < NV; j++)
+            lo[i][j] = hi[i][j] = _mm256_setzero_si256();
+    for (size_t k = 0; k < kn; k += 2) {
+        const int8_t *r0 = b + k * ldb, *r1 = r0 + ldb;
+        __m256i p[SV_MB];
+        sv_step(MB, codes, k, r0, r1, ldb, p);
+        UNROLL
+        for (int j = 0; j < NV; j++) {
+            const __m256i x0 = widen16(KIND, r0 + DOT_BYTES16(KIND) * j), x1 = widen16(KIND, r1 + DOT_BYTES16(KIND) * j);
+            const __m256i ul = _mm256_unpacklo_epi16(x0, x1), uh = _mm256_unpackhi_epi16(x0, x1);
+            UNROLL
+            for (int i = 0; i < MB; i++) {
+                lo[i][j] = _mm256_add_epi32(lo[i][j], _mm256_madd_epi16(p[i], ul));
+                hi[i][j] = _mm256_add_epi32(hi[i][j], _mm256_madd_epi16(p[i], uh));
+            }
+        }
+    }
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int j = 0; j < NV; j++) {
+            __m256i c[2];
+            sv_order(lo[i][j], hi[i][j], c);
+            sv_store16(D + i * ldd + 16 * j, c, first);
+        }
+}
+
+/* Keys per pass over the columns: 16 KiB of B (rows of `bytes`), so that each column block finds
+   the keys' rows in L1 (an even count, at least 32). */
+static inline size_t sv_pass_keys(size_t bytes)
+{
+    size_t kp = 16384 / (bytes ? bytes : 1);
+    kp = kp < 32 ? 32 : kp > SV_KS ? SV_KS : kp;
+    return kp & ~(size_t)1;
+}
+
+#endif

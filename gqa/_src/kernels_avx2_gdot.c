@@ -1,0 +1,415 @@
+/*
+ * kernels_avx2_gdot.c -- accuracy level 4 on per-group codes (GQA_G8 / GQA_G4 / GQA_G2, rows of
+ * kernels_group.h's layout: codes, then each group's scale and zero as float32 or binary16):
+ * QK and P @ V with 15-bit query rows and probabilities times scales, integer dots per group,
+ * the per-group contracts of kernels_s8dot_contract.h bit for bit.
+ * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); part of the avx2_s8dot unit (setup.py), whose
+ * entries gqa_qk_gemm_s8_dot_avx2 / gqa_sv_gemm_s8_dot_avx2 hand group types here.  Every AVX2
+ * CPU runs them, and the avx512 path takes them too (the dispatch).
+ *
+ * QK: a step is 16 bytes of INT8 (16 codes, zero-extended), 16 of INT4 (32 codes: the low
+ * nibbles the even elements, the high ones the odd), or 8 of INT2 (32 codes: element 4i + j from
+ * bits 2j of byte i, taken phase by phase), against the query codes put in the same order
+ * (dot_order); vpmaddwd + vpaddd sum a group's products exactly, hsum4_epi32 reduces four
+ * (row, key) sums at a time, and the group's scale and zero of four keys finish them in float32
+ * in the contract's order.  P @ V: the probability row times each group's scales, quantized per
+ * chunk of SV_KG keys and group, against the codes in column order (sv_block, the INT8 unit's
+ * block), plus the zeros' term in float32.
+ *
+ * Layout: QK: A float32 [M, K] (lda), B rows [N] of gqa_row_bytes(type, K) bytes, C float32 [M, N]
+ * (ldc), overwritten.  SV: A float32 [M, K] (lda), B rows [K] of gqa_row_bytes(type, N) bytes, C
+ * float32 [M, N] (ldc), C = beta C + A @ deq(B).  Neither reads B past its last byte.
+ */
+#if defined(__x86_64__) || defined(_M_X64)
+#include "kernels_avx2_dot.h"
+
+extern const gqa_kernels gqa_kernels_avx2;
+
+/* The kind of a group type's codes. */
+static int gdot_kind(int type)
+{
+    const unsigned b = gqa_group_bits(type);
+    return b == 8 ? DOT_U8 : b == 4 ? DOT_U4 : DOT_U2;
+}
+
+/* ---- qk_gemm_s8_dot on group rows ----------------------------------------------------------- */
+
+/* Codes c[0, n) (n a multiple of 32) in a step's element order: INT4 the 16 even elements then
+   the 16 odd ones of each 32; INT2 the elements 4i, then 4i + 1, 4i + 2, 4i + 3 (i < 8). */
+static void dot_order(int16_t *c, size_t n, int kind)
+{
+    if (kind == DOT_U8)
+        return;
+    const int per = kind == DOT_U4 ? 2 : 4;
+    for (size_t k = 0; k < n; k += 32) {
+        int16_t t[32];
+        for (int j = 0; j < per; j++)
+            for (int i = 0; i < 32 / per; i++)
+                t[j * (32 / per) + i] = c[k + per * i + j];
+        memcpy(c + k, t, sizeof(t));
+    }
+}
+
+/* One step of a row's codes at p for rows mb < MB of the query codes c (stride cs), in c's
+   order: acc[mb * NB] += the products. */
+INLINE void gqk_step(const int MB, const int NB, const int KIND, const uint8_t *p, const int16_t *c, size_t cs,
+                     __m256i *acc)
+{
+    __m256i x[2];
+    int nv = 2;
+    if (KIND == DOT_U8) {
+        x[0] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+        nv = 1;
+    } else if (KIND == DOT_U4) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)p), f = _mm_set1_epi8(0x0F);
+        x[0] = _mm256_cvtepu8_epi16(_mm_and_si128(v, f));
+        x[1] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), f));
+    } else {
+        const __m128i v = _mm_loadl_epi64((const __m128i *)p), f = _mm_set1_epi8(3);
+        const __m128i t0 = _mm_and_si128(v, f), t1 = _mm_and_si128(_mm_srli_epi16(v, 2), f);
+        const __m128i t2 = _mm_and_si128(_mm_srli_epi16(v, 4), f), t3 = _mm_and_si128(_mm_srli_epi16(v, 6), f);
+        x[0] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(t0, t1));
+        x[1] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(t2, t3));
+    }
+    UNROLL
+    for (int mb = 0; mb < MB; mb++) {
+        __m256i d = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs)), x[0]);
+        if (nv == 2)
+            d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + 16)), x[1]));
+        acc[mb * NB] = _mm256_add_epi32(acc[mb * NB], d);
+    }
+}
+
+/* Scales and zeros of group j of four rows r[0..3] (metadata at byte cb of each). */
+INLINE void gqk_meta4(const uint8_t *const *r, size_t cb, size_t j, int f16, __m128 *s, __m128 *z)
+{
+    __m128 lo, hi;
+    if (f16) {
+        int32_t w[4];
+        for (int i = 0; i < 4; i++)
+            memcpy(w + i, r[i] + cb + 4 * j, 4);
+        const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+        lo = _mm256_castps256_ps128(v);
+        hi = _mm256_extractf128_ps(v, 1);
+    } else {
+        lo = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(r[0] + cb + 8 * j)),
+                          (const __m64 *)(r[1] + cb + 8 * j));
+        hi = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(r[2] + cb + 8 * j)),
+                          (const __m64 *)(r[3] + cb + 8 * j));
+    }
+    *s = _mm_shuffle_ps(lo, hi, 0x88);
+    *z = _mm_shuffle_ps(lo, hi, 0xDD);
+}
+
+#define GQK_PF 4096
+
+/* C[mb, n] for rows mb < MB of the codes c (stride cs) and the N rows of B, NB rows at a time (a
+   last partial block repeats B's last row and stores only its own).  Lane i of quad q (the
+   accumulators 4q .. 4q + 3) is row (4q + i) / NB and key (4q + i) % NB; mq[q] their
+   multipliers, aq[j * 12 + l] lane l's float(A_j). */
+INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t *c, size_t cs, const uint8_t *B,
+                      size_t N, size_t K, int type, const __m128 *mq, const float *aq, float *C, size_t ldc)
+{
+    const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), J = K / g;
+    const size_t cb = K * gqa_group_bits(type) / 8, E = KIND == DOT_U8 ? 16 : 32, SB = KIND == DOT_U2 ? 8 : 16;
+    const int f16 = (type & GQA_META_F16) != 0, NQ = MB * NB / 4;
+    /* prefetch lines per step: the block's rows (contiguous) spread over its K / E steps */
+    const size_t nl = (rb * NB + 64 * (K / E) - 1) / (64 * (K / E));
+    for (size_t n = 0; n < N; n += (size_t)NB) {
+        const size_t nv = N - n < (size_t)NB ? N - n : (size_t)NB;
+        const uint8_t *r[8];
+        UNROLL
+        for (int nb = 0; nb < NB; nb++)
+            r[nb] = B + (n + ((size_t)nb < nv ? (size_t)nb : nv - 1)) * rb;
+        __m128 S[3];
+        UNROLL
+        for (int q = 0; q < NQ; q++)
+            S[q] = _mm_setzero_ps();
+        const char *pf = (const char *)r[0] + GQK_PF;
+        for (size_t j = 0; j < J; j++) {
+            __m256i acc[12];
+            UNROLL
+            for (int i = 0; i < MB * NB; i++)
+                acc[i] = _mm256_setzero_si256();
+            for (size_t k = j * g; k < (j + 1) * g; k += E) {
+                for (size_t l = 0; l < nl; l++, pf += 64)
+                    _mm_prefetch(pf, _MM_HINT_T0);
+                UNROLL
+                for (int nb = 0; nb < NB; nb++)
+                    gqk_step(MB, NB, KIND, r[nb] + k / E * SB, c + k, cs, acc + nb);
+            }
+            /* the scales and zeros of the lanes' keys: keys 0-3 (NB >= 4: every quad of NB = 4;
+               NB = 2: keys 0, 1, 0, 1), keys 4-7 (NB = 8) */
+            __m128 s[2], z[2];
+            const uint8_t *k4[4] = {r[0], r[1], r[NB >= 4 ? 2 : 0], r[NB >= 4 ? 3 : 1]};
+            gqk_meta4(k4, cb, j, f16, &s[0], &z[0]);
+            if (NB == 8) {
+                const uint8_t *k8[4] = {r[4 % NB], r[5 % NB], r[6 % NB], r[7 % NB]};
+                gqk_meta4(k8, cb, j, f16, &s[1], &z[1]);
+            }
+            UNROLL
+            for (int q = 0; q < NQ; q++) {
+                const int h = NB == 8 ? q : 0;
+                const __m128 d = _mm_cvtepi32_ps(hsum4_epi32(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+                const __m128 t = _mm_add_ps(_mm_mul_ps(s[h], d), _mm_mul_ps(z[h], _mm_loadu_ps(aq + j * 12 + 4 * q)));
+                S[q] = _mm_add_ps(S[q], t);
+            }
+        }
+        float out[12];
+        UNROLL
+        for (int q = 0; q < NQ; q++) {
+            const __m128 v = _mm_mul_ps(S[q], mq[q]);
+            if (NB % 4 == 0 && nv == (size_t)NB) { /* 4 outputs of one row */
+                _mm_storeu_ps(C + (4 * q / NB) * ldc + n + 4 * q % NB, v);
+            } else if (NB == 2 && nv == 2) { /* 2 outputs of each of two rows */
+                _mm_storel_pi((__m64 *)(C + (2 * q) * ldc + n), v);
+                _mm_storeh_pi((__m64 *)(C + (2 * q + 1) * ldc + n), v);
+            } else {
+                _mm_storeu_ps(out + 4 * q, v);
+            }
+        }
+        if (!((NB % 4 == 0 || NB == 2) && nv == (size_t)NB))
+            UNROLL
+            for (int mb = 0; mb < MB; mb++)
+                for (size_t i = 0; i < nv; i++)
+                    C[mb * ldc + n + i] = out[mb * NB + i];
+    }
+}
+
+#define GQK_INST(MB, NB, KIND)                                                                        \
+    static void gqk_##MB##x##NB##_##KIND(const int16_t *c, size_t cs, const uint8_t *B, size_t N, size_t K, \
+                                        int type, const __m128 *mq, const float *aq, float *C, size_t ldc) \
+    {                                                                                                 \
+        gqk_block(MB, NB, KIND, c, cs, B, N, K, type, mq, aq, C, ldc);                                \
+    }
+/* rows of A x rows of B per block (the INT8 unit's): 1x8 2x4 3x4 4x2 */
+#define GQK_KIND(KIND)                                                                                \
+    GQK_INST(1, 8, KIND) GQK_INST(2, 4, KIND) GQK_INST(3, 4, KIND) GQK_INST(4, 2, KIND)               \
+    static const gqk_fn gqk_blocks_##KIND[5] = {NULL, gqk_1x8_##KIND, gqk_2x4_##KIND, gqk_3x4_##KIND,  \
+                                                gqk_4x2_##KIND};
+typedef void (*gqk_fn)(const int16_t *, size_t, const uint8_t *, size_t, size_t, int, const __m128 *, const float *,
+                       float *, size_t);
+GQK_KIND(2) GQK_KIND(1) GQK_KIND(3) /* DOT_U8, DOT_U4, DOT_U2 */
+static const gqk_fn *const gqk_blocks[4] = {NULL, gqk_blocks_1, gqk_blocks_2, gqk_blocks_3};
+static const int gqk_nb[5] = {0, 8, 4, 4, 2};
+
+/* Rows m < mb (codes c, stride cs; mult[m]; asum[m * J + j] = A_j) against all of B. */
+static void gqk_rows(int mb, int kind, const int16_t *c, size_t cs, const float *mult, const int32_t *asum, size_t J,
+                     const uint8_t *B, size_t N, size_t K, int type, float *C, size_t ldc)
+{
+    const int nb = gqk_nb[mb];
+    __m128 mq[3];
+    float aq[DOT_QK_K / 32 * 12];
+    for (int q = 0; q < mb * nb / 4; q++) {
+        float m4[4];
+        for (int i = 0; i < 4; i++)
+            m4[i] = mult[(4 * q + i) / nb];
+        mq[q] = _mm_loadu_ps(m4);
+    }
+    for (size_t j = 0; j < J; j++)
+        for (int l = 0; l < mb * nb; l++)
+            aq[j * 12 + l] = (float)asum[(l / nb) * J + j];
+    gqk_blocks[kind][mb](c, cs, B, N, K, type, mq, aq, C, ldc);
+}
+
+static void gqk(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const uint8_t *B, int type,
+                float *C, size_t ldc)
+{
+    int16_t c[4 * DOT_QK_K] __attribute__((aligned(32)));
+    const size_t g = gqa_group_cols(type), J = K / g, cs = K; /* K is a multiple of 32 */
+    const int kind = gdot_kind(type);
+    const float one = 1.0f; /* the per-tensor multiplier's scale: mult = fl(alpha * sa) */
+    for (size_t m0 = 0; m0 < M;) {
+        size_t rows[4];
+        float mult[4];
+        int32_t asum[4 * (DOT_QK_K / 32)];
+        int mb = 0;
+        for (; m0 < M && mb < 4; ++m0) {
+            int16_t *cm = c + mb * cs;
+            if (qk_row(A + m0 * lda, K, &one, 0, alpha, cm, cs, &mult[mb])) {
+                for (size_t j = 0; j < J; j++)
+                    asum[mb * J + j] = code_sum(cm + j * g, g);
+                dot_order(cm, K, kind);
+                rows[mb++] = m0;
+            } else {
+                gqa_kernels_avx2.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc);
+            }
+        }
+        if (mb == 0)
+            continue;
+        if (rows[mb - 1] - rows[0] == (size_t)(mb - 1))
+            gqk_rows(mb, kind, c, cs, mult, asum, J, B, N, K, type, C + rows[0] * ldc, ldc);
+        else
+            for (int i = 0; i < mb; i++)
+                gqk_rows(1, kind, c + i * cs, cs, mult + i, asum + i * J, J, B, N, K, type, C + rows[i] * ldc, ldc);
+    }
+}
+
+/* ---- sv_gemm_s8_dot on group rows ----------------------------------------------------------- */
+
+/* sc[k], zc[k] = the scale and zero of group j of rows k < kn of B (rb bytes each, metadata at
+   byte cb), eight rows a gather. */
+static void gsv_meta(const uint8_t *B, size_t rb, size_t cb, size_t j, int f16, size_t kn, float *sc, float *zc)
+{
+    const __m256i step = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)rb));
+    const uint8_t *base = B + cb + (f16 ? 4 : 8) * j;
+    for (size_t k = 0; k < kn; k += 8) {
+        const __m256i m = lanes8(kn - k), idx = step;
+        const uint8_t *p = base + k * rb;
+        __m256 s, z;
+        if (f16) {
+            const __m256i w = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(const void *)p, idx, m, 1);
+            /* the low halves (scales) and the high halves (zeros) of the eight words, compacted */
+            const __m256i lo = _mm256_shuffle_epi8(w, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                                                      0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+            const __m256i q = _mm256_permute4x64_epi64(lo, 0xD8); /* s0-3 s4-7 z0-3 z4-7 */
+            s = _mm256_cvtph_ps(_mm256_castsi256_si128(q));
+            z = _mm256_cvtph_ps(_mm256_extracti128_si256(q, 1));
+        } else {
+            const __m256 mf = _mm256_castsi256_ps(m);
+            s = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), (const float *)(const void *)p, idx, mf, 1);
+            z = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), (const float *)(const void *)(p + 4), idx, mf, 1);
+        }
+        _mm256_storeu_ps(sc + k, s);
+        _mm256_storeu_ps(zc + k, z);
+    }
+}
+
+/* Row a's chunk (kn keys) against group j's scales sc and zeros zc: the codes of fl(a_k sc[k]) into
+   codes (padded with 0 to a multiple of 16), their sp, and the zeros' term Z (the contract's
+   eight-lane order), with w a scratch of kn rounded up to 8 floats. */
+static void gsv_row(const float *a, size_t kn, const float *sc, const float *zc, float *w, int16_t *codes, float *sp,
+                    float *Z)
+{
+    __m256 mx = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
+    for (size_t k = 0; k < kn; k += 8) {
+        const __m256 p = _mm256_maskload_ps(a + k, lanes8(kn - k)); /* lanes past the chunk: 0 */
+        const __m256 v = _mm256_mul_ps(p, _mm256_loadu_ps(sc + k));
+        mx = _mm256_max_ps(mx, v);
+        zs = _mm256_add_ps(zs, _mm256_mul_ps(p, _mm256_loadu_ps(zc + k)));
+        _mm256_storeu_ps(w + k, v);
+    }
+    /* Z = ((Z0 + Z4) + (Z2 + Z6)) + ((Z1 + Z5) + (Z3 + Z7)) */
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(zs), _mm256_extractf128_ps(zs, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    *Z = _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+    const float wmax = hmax8(mx), inv = SV_CODE_MAX / wmax;
+    if (wmax > 0.0f && inv <= FLT_MAX) {
+        *sp = wmax / SV_CODE_MAX;
+        sv_codes(w, kn, inv, codes);
+    } else {
+        *sp = 0.0f;
+        memset(codes, 0, ((kn + 15) & ~(size_t)15) * sizeof(int16_t));
+    }
+}
+
+#define GSV_INST(MB, NV, KIND)                                                                        \
+    static void gsv_##MB##x##NV##_##KIND(const int16_t *codes, size_t kn, const int8_t *b, size_t ldb,   \
+                                        int32_t *D, size_t ldd, int first)                            \
+    {                                                                                                 \
+        sv_block(MB, NV, KIND, codes, kn, b, ldb, D, ldd, first);                                     \
+    }
+#define GSV_KIND(KIND)                                                                                \
+    GSV_INST(1, 4, KIND) GSV_INST(1, 2, KIND) GSV_INST(2, 2, KIND) GSV_INST(3, 1, KIND) GSV_INST(4, 1, KIND) \
+    static const sv_fn gsv_blocks_##KIND[SV_MB + 1][3] = {{NULL, NULL, NULL},                          \
+                                                          {gsv_1x2_##KIND, gsv_1x4_##KIND, NULL},      \
+                                                          {gsv_2x2_##KIND, NULL, NULL},                \
+                                                          {gsv_3x1_##KIND, NULL, NULL},                \
+                                                          {gsv_4x1_##KIND, NULL, NULL}};
+typedef void (*sv_fn)(const int16_t *, size_t, const int8_t *, size_t, int32_t *, size_t, int);
+GSV_KIND(2) GSV_KIND(1) GSV_KIND(3) /* DOT_U8, DOT_U4, DOT_U2 */
+static const int gsv_nv[SV_MB + 1] = {0, 2, 2, 1, 1};
+
+/* D[i][0, g) (rows of GDOT_GMAX) = the int32 sums of rows i < mb (codes, stride SV_KS + 16) over
+   the kn keys of the g columns at b (rows of ldb bytes, `bits` a code). */
+static void gsv_dots(int mb, int kind, size_t bits, const int16_t *codes, size_t kn, const uint8_t *b, size_t ldb,
+                     size_t g, int32_t *D)
+{
+    const sv_fn *blocks = kind == DOT_U8 ? gsv_blocks_2[mb] : kind == DOT_U4 ? gsv_blocks_1[mb] : gsv_blocks_3[mb];
+    const int wide = mb == 1 && g % 64 == 0; /* one row: 64 columns a block */
+    const size_t nvc = 16 * (size_t)(wide ? 4 : gsv_nv[mb]);
+    const sv_fn blk = blocks[wide];
+    const size_t ke = kn & ~(size_t)1;
+    for (size_t n = 0; n < g; n += nvc)
+        if (ke)
+            blk(codes, ke, (const int8_t *)(b + n * bits / 8), ldb, D + n, GDOT_GMAX, 1);
+        else
+            for (int i = 0; i < mb; i++)
+                memset(D + i * GDOT_GMAX + n, 0, nvc * sizeof(int32_t));
+    if (kn & 1) { /* the last key, paired with a row of zeros (its pair's code is the pad's 0) */
+        int8_t t[2][GDOT_GMAX] = {{0}};
+        memcpy(t[0], b + ke * ldb, g * bits / 8);
+        for (size_t n = 0; n < g; n += nvc)
+            blk(codes + ke, 2, &t[0][0] + n * bits / 8, GDOT_GMAX, D + n, GDOT_GMAX, 0);
+    }
+}
+
+/* crow[0, g) = fl(fl(base + fl(float(d) sp)) + Z), base = crow (later chunks), 0 or fl(beta crow)
+   (the first). */
+static void gsv_finish(const int32_t *d, size_t g, float sp, float Z, float beta, int first, float *crow)
+{
+    const __m256 vsp = _mm256_set1_ps(sp), vz = _mm256_set1_ps(Z), vb = _mm256_set1_ps(beta);
+    for (size_t n = 0; n < g; n += 8) {
+        __m256 base = _mm256_loadu_ps(crow + n);
+        if (first)
+            base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(vb, base);
+        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(d + n))), vsp);
+        _mm256_storeu_ps(crow + n, _mm256_add_ps(_mm256_add_ps(base, t), vz));
+    }
+}
+
+static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const uint8_t *B, int type, float *C,
+                size_t ldc, float beta)
+{
+    int16_t codes[SV_MB][SV_KS + 16] __attribute__((aligned(32)));
+    int32_t D[SV_MB * GDOT_GMAX];
+    float sc[SV_KG], zc[SV_KG], w[SV_KG];
+    const size_t g = gqa_group_cols(type), J = N / g, rb = gqa_row_bytes(type, N), bits = gqa_group_bits(type);
+    const size_t cb = N * bits / 8;
+    const int kind = gdot_kind(type), f16 = (type & GQA_META_F16) != 0;
+    for (size_t m0 = 0; m0 < M;) {
+        size_t rows[SV_MB];
+        int mb = 0;
+        for (; m0 < M && mb < SV_MB; ++m0) {
+            float inv, sp;
+            if (sv_row(A + m0 * lda, K, &inv, &sp))
+                rows[mb++] = m0;
+            else
+                gqa_kernels_avx2.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc, beta);
+        }
+        for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
+            const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
+            const uint8_t *bk = B + k0 * rb;
+            for (size_t j = 0; j < J; j++) {
+                float sp[SV_MB], Z[SV_MB];
+                gsv_meta(bk, rb, cb, j, f16, kn, sc, zc);
+                for (int i = 0; i < mb; i++)
+                    gsv_row(A + rows[i] * lda + k0, kn, sc, zc, w, codes[i], &sp[i], &Z[i]);
+                gsv_dots(mb, kind, bits, &codes[0][0], kn, bk + j * g * bits / 8, rb, g, D);
+                for (int i = 0; i < mb; i++)
+                    gsv_finish(D + i * GDOT_GMAX, g, sp[i], Z[i], beta, k0 == 0, C + rows[i] * ldc + j * g);
+            }
+        }
+    }
+}
+
+void gqa_qk_gemm_g_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
+                            int type, const float *s, float *C, size_t ldc)
+{
+    if (!gqa_group_dot_takes(type, K) || K == 0 || K > DOT_QK_K) {
+        gqa_kernels_avx2.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        return;
+    }
+    gqk(M, N, K, alpha, A, lda, (const uint8_t *)B, type, C, ldc);
+}
+
+void gqa_sv_gemm_g_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
+                            const float *s, float *C, size_t ldc, float beta)
+{
+    if (!gqa_group_dot_takes(type, N) || K == 0) {
+        gqa_kernels_avx2.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
+        return;
+    }
+    gsv(M, N, K, A, lda, (const uint8_t *)B, type, C, ldc, beta);
+}
+#endif

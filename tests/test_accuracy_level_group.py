@@ -1,0 +1,226 @@
+"""accuracy_level 4 on per-group codes (INT8 / INT4 / INT2, float32 or binary16 metadata): the
+AVX2 unit's QK and P @ V (kernels_avx2_gdot.c, on the avx2 and avx512 paths) against NumPy
+statements of the per-group contracts of kernels_s8dot_contract.h, bit for bit; against float64
+within the bounds those contracts give; and a decode step over a per-group cache within the
+bound of its scores and probabilities."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gqa
+from gqa import _dispatch
+from _reference import _group_parts
+
+F32 = np.float32
+U = 2.0 ** -24
+QK_MAX = 32639
+SV_KG = 256
+
+
+@pytest.fixture(params=["avx2", "avx512"])
+def group_dot_path(request):
+    """A path on which level 4's per-group dots run (the avx2 unit's kernels on both)."""
+    path = request.param
+    if not _dispatch.path_runnable(path):
+        pytest.skip(f"this CPU (or build) cannot run the {path} path")
+    with gqa.config(path=path):
+        if _dispatch.group_dot_unit() != "avx2":
+            pytest.skip("this build has no AVX2 integer-dot unit")
+    return path
+
+
+def _rows(rng, shape, bits, g, meta16, spread=1.0):
+    x = (rng.standard_normal(shape) * spread + rng.uniform(-1, 1)).astype(F32)
+    return gqa.quantize(x, bits=bits, group_size=g, metadata="fp16" if meta16 else "fp32")
+
+
+def _parts(rows, bits, g, h, meta16):
+    """codes [R, h] (int64), and each group's scale and zero [R, h / g] (float32)."""
+    codes, scale, zero = _group_parts(rows, bits, g, h, meta16)
+    return codes.astype(np.int64).reshape(-1, h), scale.reshape(-1, h)[:, ::g], zero.reshape(-1, h)[:, ::g]
+
+
+def gqk_ref(a, rows, bits, g, K, meta16, alpha):
+    """qk_gemm_s8_dot's per-group contract for rows whose maximum is finite and > 0."""
+    u, s, z = _parts(rows, bits, g, K, meta16)
+    J = K // g
+    out = np.empty((a.shape[0], u.shape[0]), F32)
+    for m in range(a.shape[0]):
+        amax = np.abs(a[m]).max()
+        inv, sa = F32(QK_MAX) / amax, F32(amax / F32(QK_MAX))
+        c = np.clip(np.rint((a[m] * inv).astype(F32)), -QK_MAX, QK_MAX).astype(np.int64)
+        D = (u * c).reshape(-1, J, g).sum(axis=2)
+        A = c.reshape(J, g).sum(axis=1)
+        S = np.zeros(u.shape[0], F32)
+        for j in range(J):
+            t = (s[:, j] * D[:, j].astype(F32)).astype(F32) + (z[:, j] * F32(A[j])).astype(F32)
+            S = (S + t.astype(F32)).astype(F32)
+        out[m] = (S * F32(F32(alpha) * sa)).astype(F32)
+    return out
+
+
+def _zero_term(pz):
+    """Z of one chunk: eight lane sums in key order, then ((0+4)+(2+6))+((1+5)+(3+7))."""
+    pad = np.zeros((-len(pz)) % 8, F32)
+    lanes = np.cumsum(np.concatenate([pz, pad]).reshape(-1, 8), axis=0, dtype=F32)[-1]
+    a = F32(F32(lanes[0] + lanes[4]) + F32(lanes[2] + lanes[6]))
+    b = F32(F32(lanes[1] + lanes[5]) + F32(lanes[3] + lanes[7]))
+    return F32(a + b)
+
+
+def gsv_ref(p, rows, bits, g, N, meta16, beta, c0):
+    """sv_gemm_s8_dot's per-group contract for rows of non-negative finite probabilities."""
+    u, s, z = _parts(rows, bits, g, N, meta16)
+    K, J = u.shape[0], N // g
+    out = np.empty((p.shape[0], N), F32)
+    for m in range(p.shape[0]):
+        r = np.zeros(N, F32) if beta == 0 else (F32(beta) * c0[m]).astype(F32)
+        for k0 in range(0, K, SV_KG):
+            ks = slice(k0, min(K, k0 + SV_KG))
+            for j in range(J):
+                cols = slice(j * g, (j + 1) * g)
+                w = (p[m, ks] * s[ks, j]).astype(F32)
+                wmax = w.max()
+                with np.errstate(divide="ignore", over="ignore"):
+                    inv = F32(32767) / wmax
+                if wmax > 0 and np.isfinite(inv):
+                    sp = F32(wmax / F32(32767))
+                    pc = np.minimum(32767, np.rint((w * inv).astype(F32))).astype(np.int64)
+                else:
+                    sp, pc = F32(0), np.zeros(w.shape, np.int64)
+                D = pc @ u[ks, cols]
+                Z = _zero_term((p[m, ks] * z[ks, j]).astype(F32))
+                r[cols] = ((r[cols] + (D.astype(F32) * sp).astype(F32)).astype(F32) + Z).astype(F32)
+        out[m] = r
+    return out
+
+
+FORMATS = [(8, 32, False), (8, 64, True), (8, 256, False), (4, 32, False), (4, 32, True), (4, 128, False),
+           (2, 32, False), (2, 64, True)]
+
+
+@pytest.mark.parametrize("bits,g,meta16", FORMATS)
+@pytest.mark.parametrize("M,Ncol,K", [(1, 37, 64), (2, 50, 128), (3, 9, 256), (4, 17, 64), (7, 33, 512),
+                                      (5, 1, 256)])
+def test_group_qk_contract(M, Ncol, K, bits, g, meta16, group_dot_path):
+    """Q K^T at level 4 on group rows: bit for bit the contract, and within
+    |alpha| (sa (1/2 + 2^-9) sum|x| + 2^-22 sum|a x| + (J + 3) u sa sum_j (|s_j D_j| + |z_j A_j|))
+    of float64 over the decoded values x = u s + z."""
+    if K % g:
+        pytest.skip("the groups must divide the row")
+    rng = np.random.default_rng(K * 7 + M + bits)
+    a = (rng.standard_normal((M, K)) * np.where(np.arange(K) % 5 == 0, 8, 1)).astype(F32)
+    rows = _rows(rng, (Ncol, K), bits, g, meta16)
+    kw = dict(bits=bits, group_size=g, metadata="fp16" if meta16 else "fp32", alpha=0.125)
+    with gqa.config(path=group_dot_path, accuracy_level=4):
+        got = gqa.qk_gemm(a, rows, **kw)
+    assert np.array_equal(got, gqk_ref(a, rows, bits, g, K, meta16, 0.125))
+    with gqa.config(path=group_dot_path, accuracy_level=0):
+        exact = gqa.qk_gemm(a, rows, **kw)
+    assert not np.array_equal(got, exact)   # the integer kernel ran
+    u, s, z = _parts(rows, bits, g, K, meta16)
+    x = u * np.repeat(s.astype(np.float64), g, axis=1) + np.repeat(z.astype(np.float64), g, axis=1)
+    ref = 0.125 * (a.astype(np.float64) @ x.T)
+    sa = np.abs(a).max(axis=1, keepdims=True).astype(np.float64) / QK_MAX
+    J = K // g
+    # |s_j D_j| + |z_j A_j| <= sum over the group of |code| (|u s| + |z|) <= (|a| / sa + 1) (|u s| + |z|)
+    mag = np.abs(u * np.repeat(s.astype(np.float64), g, axis=1)) + np.abs(np.repeat(z.astype(np.float64), g, axis=1))
+    fin = (np.abs(a.astype(np.float64)) + sa) @ mag.T
+    bound = 0.125 * (sa * (0.5 + 2 ** -9) * np.abs(x).sum(axis=1) + 2 ** -22 * (np.abs(a) @ np.abs(x).T)
+                     + (J + 3) * U * fin) + 2 * U * np.abs(ref)
+    assert (np.abs(got - ref) <= bound).all()
+
+
+@pytest.mark.parametrize("bits,g,meta16", FORMATS)
+@pytest.mark.parametrize("M,K,Ncol,beta", [(1, 300, 64, 0.0), (2, 513, 128, 0.5), (3, 17, 256, 1.0),
+                                           (4, 256, 64, 0.0), (5, 1, 128, 0.0), (2, 1000, 64, 1.0)])
+def test_group_sv_contract(M, K, Ncol, beta, bits, g, meta16, group_dot_path):
+    """P @ V at level 4 on group rows: bit for bit the contract (chunks of 256 keys, odd key
+    counts, beta), and each chunk's codes within sp (1/2 + 2^-9) sum|u| + 2^-22 sum w|u| (times
+    the group's scale) of float64, plus float32 roundings."""
+    if Ncol % g:
+        pytest.skip("the groups must divide the row")
+    rng = np.random.default_rng(K + 3 * M + bits)
+    p = (rng.uniform(0, 1, (M, K)) ** 4).astype(F32)
+    rows = _rows(rng, (K, Ncol), bits, g, meta16)
+    c0 = rng.standard_normal((M, Ncol)).astype(F32)
+    kw = dict(bits=bits, group_size=g, metadata="fp16" if meta16 else "fp32", beta=beta, n=Ncol)
+    with gqa.config(path=group_dot_path, accuracy_level=4):
+        got = gqa.sv_gemm(p, rows, out=c0.copy(), **kw)
+    assert np.array_equal(got, gsv_ref(p, rows, bits, g, Ncol, meta16, beta, c0))
+    u, s, z = _parts(rows, bits, g, Ncol, meta16)
+    S, Zr = np.repeat(s.astype(np.float64), g, axis=1), np.repeat(z.astype(np.float64), g, axis=1)
+    x = u * S + Zr
+    p64 = p.astype(np.float64)
+    ref = beta * c0.astype(np.float64) + p64 @ x
+    bound = np.zeros_like(ref)
+    for k0 in range(0, K, SV_KG):
+        ks = slice(k0, min(K, k0 + SV_KG))
+        w = p64[:, ks, None] * S[None, ks, :]                       # [M, keys, N]
+        sp = w.max(axis=1) / 32767
+        bound += sp * (0.5 + 2 ** -9) * u[ks].sum(axis=0) + 2 ** -22 * (w * u[None, ks]).sum(axis=1)
+    nch = -(-K // SV_KG)
+    bound += (2 * nch + SV_KG // 8 + 8) * U * (np.abs(beta * c0) + p64 @ (np.abs(u * S) + np.abs(Zr)))
+    assert (np.abs(got - ref) <= bound).all()
+
+
+def test_group_rows_outside_the_contract_are_exact(group_dot_path):
+    """Query rows of zeros / NaN / inf, probability rows with a negative, NaN or inf element, and
+    groups the contract does not take (16 columns; 512) run the exact kernel."""
+    rng = np.random.default_rng(5)
+    rows = _rows(rng, (40, 64), 4, 32, False)
+    a = rng.standard_normal((5, 64)).astype(F32)
+    a[1], a[2, 3], a[3, 4] = 0.0, np.nan, np.inf
+    kw = dict(bits=4, group_size=32)
+    with gqa.config(path=group_dot_path, accuracy_level=4):
+        got = gqa.qk_gemm(a, rows, **kw)
+    with gqa.config(path="avx2", accuracy_level=0):
+        exact = gqa.qk_gemm(a, rows, **kw)
+    assert np.array_equal(got[1:4], exact[1:4], equal_nan=True)
+    assert np.array_equal(got[[0, 4]], gqk_ref(a[[0, 4]], rows, 4, 32, 64, False, 1.0))
+    p = rng.uniform(0, 1, (4, 40)).astype(F32)
+    p[1, 2], p[2, 5], p[3] = -0.5, np.nan, 0.0
+    with gqa.config(path=group_dot_path, accuracy_level=4):
+        got = gqa.sv_gemm(p, rows, n=64, **kw)
+    with gqa.config(path="avx2", accuracy_level=0):
+        exact = gqa.sv_gemm(p, rows, n=64, **kw)
+    assert np.array_equal(got[1:], exact[1:], equal_nan=True)
+    assert np.array_equal(got[0], gsv_ref(p[:1], rows, 4, 32, 64, False, 0.0, None)[0])
+    for bits, g, h in ((4, 16, 64), (2, 512, 512)):
+        rows = _rows(rng, (40, h), bits, g, False)
+        a = rng.standard_normal((3, h)).astype(F32)
+        outs = []
+        for level in (4, 0):
+            with gqa.config(path=group_dot_path, accuracy_level=level):
+                outs.append((gqa.qk_gemm(a, rows, bits=bits, group_size=g),
+                             gqa.sv_gemm(p[:1], rows, bits=bits, group_size=g, n=h)))
+        assert all(np.array_equal(x, y) for x, y in zip(*outs))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_group_dots_any_shape(group_dot_path, data):
+    """Both per-group contracts bit for bit at drawn shapes, formats and betas."""
+    bits = data.draw(st.sampled_from([8, 4, 2]), label="bits")
+    g = data.draw(st.sampled_from([32, 64, 128, 256]), label="g")
+    meta16 = data.draw(st.booleans(), label="meta16")
+    J = data.draw(st.integers(1, 512 // g), label="J")
+    H = g * J
+    M, N, K = (data.draw(st.integers(1, 9), label="M"), data.draw(st.integers(1, 70), label="N"),
+               data.draw(st.integers(1, 700), label="K"))
+    beta = data.draw(st.sampled_from([0.0, 0.5, 1.0]), label="beta")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1), label="seed"))
+    kw = dict(bits=bits, group_size=g, metadata="fp16" if meta16 else "fp32")
+    rows = _rows(rng, (N, H), bits, g, meta16, spread=rng.uniform(0.01, 10))
+    x = (rng.standard_normal((M, H)) * rng.uniform(0.1, 10)).astype(F32)
+    with gqa.config(path=group_dot_path, accuracy_level=4):
+        got = gqa.qk_gemm(x, rows, alpha=0.3, **kw)
+    assert np.array_equal(got, gqk_ref(x, rows, bits, g, H, meta16, 0.3))
+    vrows = _rows(rng, (K, H), bits, g, meta16)
+    p = (rng.uniform(0, 1, (M, K + 2)).astype(F32) ** 3)[:, :K]     # a view: the API's copy
+    c0 = rng.standard_normal((M, H)).astype(F32)
+    with gqa.config(path=group_dot_path, accuracy_level=4):
+        got = gqa.sv_gemm(p, vrows, beta=beta, out=c0.copy(), n=H, **kw)
+    assert np.array_equal(got, gsv_ref(p, vrows, bits, g, H, meta16, beta, c0))
