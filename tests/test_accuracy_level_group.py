@@ -224,3 +224,62 @@ def test_group_dots_any_shape(group_dot_path, data):
     with gqa.config(path=group_dot_path, accuracy_level=4):
         got = gqa.sv_gemm(p, vrows, beta=beta, out=c0.copy(), n=H, **kw)
     assert np.array_equal(got, gsv_ref(p, vrows, bits, g, H, meta16, beta, c0))
+
+
+N, NKV, H = 6, 2, 64
+G = N // NKV
+
+
+@pytest.mark.parametrize("mode", ["int8-g32", "int4-g32", "int4-g64-fp16", "int2-g32"])
+@pytest.mark.parametrize("flash", [False, True], ids=["naive", "flash"])
+def test_level_4_group_attention_within_its_bound(mode, flash, group_dot_path):
+    """One decode step over a per-group cache at level 4 against float64 over the same codes:
+    with E_j the QK bound on score j, the output of a head moves by at most
+    max|v| (e^{2E} - 1) from the scores, plus the P @ V codes' bound (each chunk of 256 keys:
+    sp (1/2 + 2^-9) sum|u| + 2^-22 sum w|u|, with the probabilities' maximum 1) over the row's
+    total l, plus float32 roundings."""
+    rng = np.random.default_rng(6)
+    T = 600
+    bits, g = int(mode[3]), int(mode.split("-g")[1].split("-")[0])
+    meta16 = mode.endswith("fp16")
+    x = lambda n: rng.uniform(-1, 1, (1, n, NKV * H)).astype(F32)  # noqa: E731
+    prompt = (rng.uniform(-1, 1, (1, T - 1, N * H)).astype(F32), x(T - 1), x(T - 1))
+    q, k, v = rng.uniform(-2, 2, (1, 1, N * H)).astype(F32), x(1), x(1)
+    outs = {}
+    for level in (0, 4):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=T, mode=mode,
+                        accuracy_level=level)
+        with gqa.config(path=group_dot_path, flash=flash):
+            c.attend(0, *prompt)
+            outs[level] = c.attend(0, q, k, v)
+        cache = c
+    assert not np.array_equal(outs[0], outs[4])
+    got = outs[4]
+    alpha = 1 / np.sqrt(H)
+    qh = q.reshape(N, H)
+    for j in range(NKV):
+        ku, ks, kz = _parts(cache.key[0][0, j, :T], bits, g, H, meta16)
+        vu, vs, vz = _parts(cache.value[0][0, j, :T], bits, g, H, meta16)
+        KS, KZ = np.repeat(ks.astype(np.float64), g, axis=1), np.repeat(kz.astype(np.float64), g, axis=1)
+        VS, VZ = np.repeat(vs.astype(np.float64), g, axis=1), np.repeat(vz.astype(np.float64), g, axis=1)
+        Kx, Vx = ku * KS + KZ, vu * VS + VZ
+        kmag = np.abs(ku * KS) + np.abs(KZ)
+        for h in range(j * G, (j + 1) * G):
+            a = qh[h].astype(np.float64)
+            sa = np.abs(qh[h]).max() / QK_MAX
+            E = alpha * (sa * (0.5 + 2 ** -9) * np.abs(Kx).sum(axis=1) + 2 ** -22 * np.abs(Kx) @ np.abs(a)
+                         + (H // g + 3) * U * (kmag @ (np.abs(a) + sa)))
+            sc = alpha * (Kx @ a)
+            p = np.exp(sc - sc.max())
+            ref = p @ Vx / p.sum()
+            # P @ V's codes: the kernel's probabilities are within e^{2E} of p, at most 1
+            pb = np.minimum(1.0, p * np.exp(2 * E.max()))
+            pv = np.zeros(H)
+            for k0 in range(0, T, 256):
+                w = pb[k0:k0 + 256, None] * VS[k0:k0 + 256]
+                pv += w.max(axis=0) / 32767 * (0.5 + 2 ** -9) * vu[k0:k0 + 256].sum(axis=0) + \
+                    2 ** -22 * (w * vu[k0:k0 + 256]).sum(axis=0)
+            bound = (np.abs(Vx).max() * np.expm1(2 * E.max()) + pv / p.sum()
+                     + 1e-5 * (np.abs(ref) + np.abs(Vx).max()))
+            err = np.abs(got[0, 0, h * H:(h + 1) * H] - ref)
+            assert (err <= bound).all(), (h, err.max(), bound.min())
