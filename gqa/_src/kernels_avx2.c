@@ -31,7 +31,8 @@
  *  - exp_sum: range reduction + degree-6 polynomial (exp8), exact zeros below
  *    GQA_EXP_MIN, NaN kept.
  *  - row_max: 8-lane maxima, NaN skipped (exact).
- *  - qk_gemm_s8_dot, sv_gemm_s8_dot (accuracy level 4): kernels_avx2_s8dot.c.
+ *  - qk_gemm_s8_dot, sv_gemm_s8_dot (accuracy level 4): kernels_avx2_s8dot.c (per-group codes:
+ *    kernels_avx2_gdot.c).
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>

@@ -254,6 +254,60 @@ INLINE void sv_block(const int MB, const int NV, const int KIND, const int16_t *
         }
 }
 
+/* sv_block for INT4, NG groups of 32 columns at b (16 bytes of a row each): the low nibbles are
+   the 16 even columns, the high ones the 16 odd columns, each widened once (no interleave) and
+   paired across the two keys as in sv_block; the even and odd sums are put back in column
+   order at the end. */
+INLINE void sv_block_eo(const int MB, const int NG, const int16_t *codes, size_t kn, const int8_t *b, size_t ldb,
+                        int32_t *D, size_t ldd, int first)
+{
+    __m256i acc[2][2][4]; /* [row][group][even lo, even hi, odd lo, odd hi] */
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int g = 0; g < NG; g++)
+            UNROLL
+            for (int v = 0; v < 4; v++)
+                acc[i][g][v] = _mm256_setzero_si256();
+    const __m128i f = _mm_set1_epi8(0x0F);
+    for (size_t k = 0; k < kn; k += 2) {
+        const int8_t *r0 = b + k * ldb, *r1 = r0 + ldb;
+        __m256i p[2];
+        sv_step(MB, codes, k, r0, r1, ldb, p);
+        UNROLL
+        for (int g = 0; g < NG; g++) {
+            const __m128i x0 = _mm_loadu_si128((const __m128i *)(r0 + 16 * g));
+            const __m128i x1 = _mm_loadu_si128((const __m128i *)(r1 + 16 * g));
+            const __m256i e0 = _mm256_cvtepu8_epi16(_mm_and_si128(x0, f));
+            const __m256i o0 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(x0, 4), f));
+            const __m256i e1 = _mm256_cvtepu8_epi16(_mm_and_si128(x1, f));
+            const __m256i o1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(x1, 4), f));
+            const __m256i u[4] = {_mm256_unpacklo_epi16(e0, e1), _mm256_unpackhi_epi16(e0, e1),
+                                  _mm256_unpacklo_epi16(o0, o1), _mm256_unpackhi_epi16(o0, o1)};
+            UNROLL
+            for (int i = 0; i < MB; i++)
+                UNROLL
+                for (int v = 0; v < 4; v++)
+                    acc[i][g][v] = _mm256_add_epi32(acc[i][g][v], _mm256_madd_epi16(p[i], u[v]));
+        }
+    }
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int g = 0; g < NG; g++) {
+            __m256i ev[2], od[2]; /* even columns 0, 2, .., 30 and odd 1, .., 31, as two halves */
+            sv_order(acc[i][g][0], acc[i][g][1], ev);
+            sv_order(acc[i][g][2], acc[i][g][3], od);
+            int32_t *d = D + i * ldd + 32 * g;
+            UNROLL
+            for (int h = 0; h < 2; h++) { /* columns 16 h .. 16 h + 15 */
+                __m256i c[2];
+                sv_order(_mm256_unpacklo_epi32(ev[h], od[h]), _mm256_unpackhi_epi32(ev[h], od[h]), c);
+                sv_store16(d + 16 * h, c, first);
+            }
+        }
+}
+
 /* Keys per pass over the columns: 16 KiB of B (rows of `bytes`), so that each column block finds
    the keys' rows in L1 (an even count, at least 32). */
 static inline size_t sv_pass_keys(size_t bytes)

@@ -8,11 +8,12 @@
  * CPU runs them, and the avx512 path takes them too (the dispatch).
  *
  * QK: a step is 16 bytes of INT8 (16 codes, zero-extended), 16 of INT4 (32 codes: the low
- * nibbles the even elements, the high ones the odd), or 8 of INT2 (32 codes: element 4i + j from
- * bits 2j of byte i, taken phase by phase), against the query codes put in the same order
- * (dot_order); vpmaddwd + vpaddd sum a group's products exactly, hsum4_epi32 reduces four
- * (row, key) sums at a time, and the group's scale and zero of four keys finish them in float32
- * in the contract's order.  P @ V: the probability row times each group's scales, quantized per
+ * nibbles the even elements, the high ones the odd), or 16 of INT2 (64 codes: element 4i + j from
+ * bits 2j of byte i, taken phase by phase; 8 bytes where rows or groups do not fit), against the
+ * query codes put in the same order (dot_order); vpmaddwd + vpaddd sum a group's products
+ * exactly (INT2 in groups of 32: two groups a step, one per 128-bit half), hsum4_halves reduces
+ * four (row, key) sums at a time, and the group's scale and zero of four keys finish them in
+ * float32 in the contract's order (gqk_group).  P @ V: the probability row times each group's scales, quantized per
  * chunk of SV_KG keys and group, against the codes in column order (sv_block, the INT8 unit's
  * block), plus the zeros' term in float32.
  *
@@ -34,19 +35,25 @@ static int gdot_kind(int type)
 
 /* ---- qk_gemm_s8_dot on group rows ----------------------------------------------------------- */
 
-/* Codes c[0, n) (n a multiple of 32) in a step's element order: INT4 the 16 even elements then
-   the 16 odd ones of each 32; INT2 the elements 4i, then 4i + 1, 4i + 2, 4i + 3 (i < 8). */
+/* QK's INT2 in steps of 16 bytes (64 codes) where rows are a multiple of 64 and groups of 32
+   or of a multiple of 64: half the widening of 8-byte steps.  With groups of 32 a step's int32
+   sums hold group 2i in their low 128 bits and group 2i + 1 in their high ones. */
+#define GQK_U2W 4
+
+/* Codes c[0, n) in a step's element order (n a multiple of the step): INT4 the 16 even elements
+   then the 16 odd ones of each 32; INT2 the elements 4i, then 4i + 1, 4i + 2, 4i + 3 of each 32
+   (i < 8), or of each 64 (GQK_U2W, i < 16). */
 static void dot_order(int16_t *c, size_t n, int kind)
 {
     if (kind == DOT_U8)
         return;
-    const int per = kind == DOT_U4 ? 2 : 4;
-    for (size_t k = 0; k < n; k += 32) {
-        int16_t t[32];
+    const int per = kind == DOT_U4 ? 2 : 4, w = kind == GQK_U2W ? 64 : 32;
+    for (size_t k = 0; k < n; k += (size_t)w) {
+        int16_t t[64];
         for (int j = 0; j < per; j++)
-            for (int i = 0; i < 32 / per; i++)
-                t[j * (32 / per) + i] = c[k + per * i + j];
-        memcpy(c + k, t, sizeof(t));
+            for (int i = 0; i < w / per; i++)
+                t[j * (w / per) + i] = c[k + per * i + j];
+        memcpy(c + k, t, (size_t)w * sizeof(int16_t));
     }
 }
 
@@ -55,9 +62,15 @@ static void dot_order(int16_t *c, size_t n, int kind)
 INLINE void gqk_step(const int MB, const int NB, const int KIND, const uint8_t *p, const int16_t *c, size_t cs,
                      __m256i *acc)
 {
-    __m256i x[2];
+    __m256i x[4];
     int nv = 2;
-    if (KIND == DOT_U8) {
+    if (KIND == GQK_U2W) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)p), f = _mm_set1_epi8(3);
+        UNROLL
+        for (int j = 0; j < 4; j++)
+            x[j] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 2 * j), f));
+        nv = 4;
+    } else if (KIND == DOT_U8) {
         x[0] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
         nv = 1;
     } else if (KIND == DOT_U4) {
@@ -74,8 +87,9 @@ INLINE void gqk_step(const int MB, const int NB, const int KIND, const uint8_t *
     UNROLL
     for (int mb = 0; mb < MB; mb++) {
         __m256i d = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs)), x[0]);
-        if (nv == 2)
-            d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + 16)), x[1]));
+        UNROLL
+        for (int j = 1; j < nv; j++)
+            d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + 16 * j)), x[j]));
         acc[mb * NB] = _mm256_add_epi32(acc[mb * NB], d);
     }
 }
@@ -103,6 +117,37 @@ INLINE void gqk_meta4(const uint8_t *const *r, size_t cb, size_t j, int f16, __m
 
 #define GQK_PF 4096
 
+/* The low halves of v0..v3 summed (lanes 0-3 of the result, one per vector) and the high halves
+   (lanes 4-7), exact. */
+INLINE __m256i hsum4_halves(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
+{
+    const __m256i w01 = _mm256_add_epi32(_mm256_unpacklo_epi32(v0, v1), _mm256_unpackhi_epi32(v0, v1));
+    const __m256i w23 = _mm256_add_epi32(_mm256_unpacklo_epi32(v2, v3), _mm256_unpackhi_epi32(v2, v3));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(w01, w23), _mm256_unpackhi_epi64(w01, w23));
+}
+
+/* Group j's finish for the block's lanes (rows r of B): S[q] += s * float(D) + z * float(A_j) in
+   the contract's order, with dj[q] the quad's four D_j.  The scales and zeros of the lanes' keys:
+   keys 0-3 (NB >= 4: every quad of NB = 4; NB = 2: keys 0, 1, 0, 1), keys 4-7 (NB = 8). */
+INLINE void gqk_group(const int MB, const int NB, const uint8_t *const *r, size_t cb, size_t j, int f16,
+                      const __m128i *dj, const float *aq, __m128 *S)
+{
+    __m128 s[2], z[2];
+    const uint8_t *k4[4] = {r[0], r[1], r[NB >= 4 ? 2 : 0], r[NB >= 4 ? 3 : 1]};
+    gqk_meta4(k4, cb, j, f16, &s[0], &z[0]);
+    if (NB == 8) {
+        const uint8_t *k8[4] = {r[4 % NB], r[5 % NB], r[6 % NB], r[7 % NB]};
+        gqk_meta4(k8, cb, j, f16, &s[1], &z[1]);
+    }
+    UNROLL
+    for (int q = 0; q < MB * NB / 4; q++) {
+        const int h = NB == 8 ? q : 0;
+        const __m128 t = _mm_add_ps(_mm_mul_ps(s[h], _mm_cvtepi32_ps(dj[q])),
+                                    _mm_mul_ps(z[h], _mm_loadu_ps(aq + j * 12 + 4 * q)));
+        S[q] = _mm_add_ps(S[q], t);
+    }
+}
+
 /* C[mb, n] for rows mb < MB of the codes c (stride cs) and the N rows of B, NB rows at a time (a
    last partial block repeats B's last row and stores only its own).  Lane i of quad q (the
    accumulators 4q .. 4q + 3) is row (4q + i) / NB and key (4q + i) % NB; mq[q] their
@@ -111,8 +156,9 @@ INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t 
                       size_t N, size_t K, int type, const __m128 *mq, const float *aq, float *C, size_t ldc)
 {
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, K), J = K / g;
-    const size_t cb = K * gqa_group_bits(type) / 8, E = KIND == DOT_U8 ? 16 : 32, SB = KIND == DOT_U2 ? 8 : 16;
-    const int f16 = (type & GQA_META_F16) != 0, NQ = MB * NB / 4;
+    const size_t cb = K * gqa_group_bits(type) / 8, E = KIND == DOT_U8 ? 16 : KIND == GQK_U2W ? 64 : 32;
+    const size_t SB = KIND == DOT_U2 ? 8 : 16;
+    const int f16 = (type & GQA_META_F16) != 0, NQ = MB * NB / 4, span = g < E ? 2 : 1; /* groups a step holds */
     /* prefetch lines per step: the block's rows (contiguous) spread over its K / E steps */
     const size_t nl = (rb * NB + 64 * (K / E) - 1) / (64 * (K / E));
     for (size_t n = 0; n < N; n += (size_t)NB) {
@@ -126,33 +172,31 @@ INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t 
         for (int q = 0; q < NQ; q++)
             S[q] = _mm_setzero_ps();
         const char *pf = (const char *)r[0] + GQK_PF;
-        for (size_t j = 0; j < J; j++) {
+        for (size_t j = 0; j < J; j += (size_t)span) {
             __m256i acc[12];
             UNROLL
             for (int i = 0; i < MB * NB; i++)
                 acc[i] = _mm256_setzero_si256();
-            for (size_t k = j * g; k < (j + 1) * g; k += E) {
+            for (size_t k = j * g; k < (j + (size_t)span) * g; k += E) {
                 for (size_t l = 0; l < nl; l++, pf += 64)
                     _mm_prefetch(pf, _MM_HINT_T0);
                 UNROLL
                 for (int nb = 0; nb < NB; nb++)
                     gqk_step(MB, NB, KIND, r[nb] + k / E * SB, c + k, cs, acc + nb);
             }
-            /* the scales and zeros of the lanes' keys: keys 0-3 (NB >= 4: every quad of NB = 4;
-               NB = 2: keys 0, 1, 0, 1), keys 4-7 (NB = 8) */
-            __m128 s[2], z[2];
-            const uint8_t *k4[4] = {r[0], r[1], r[NB >= 4 ? 2 : 0], r[NB >= 4 ? 3 : 1]};
-            gqk_meta4(k4, cb, j, f16, &s[0], &z[0]);
-            if (NB == 8) {
-                const uint8_t *k8[4] = {r[4 % NB], r[5 % NB], r[6 % NB], r[7 % NB]};
-                gqk_meta4(k8, cb, j, f16, &s[1], &z[1]);
-            }
+            /* each quad's four sums per group: both halves of the accumulators (span 1), or the
+               low halves for group j and the high ones for j + 1 (span 2) */
+            __m256i d[3];
             UNROLL
-            for (int q = 0; q < NQ; q++) {
-                const int h = NB == 8 ? q : 0;
-                const __m128 d = _mm_cvtepi32_ps(hsum4_epi32(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
-                const __m128 t = _mm_add_ps(_mm_mul_ps(s[h], d), _mm_mul_ps(z[h], _mm_loadu_ps(aq + j * 12 + 4 * q)));
-                S[q] = _mm_add_ps(S[q], t);
+            for (int q = 0; q < NQ; q++)
+                d[q] = hsum4_halves(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+            for (int h = 0; h < span; h++) {
+                __m128i dj[3];
+                UNROLL
+                for (int q = 0; q < NQ; q++)
+                    dj[q] = span == 2 ? (h ? _mm256_extracti128_si256(d[q], 1) : _mm256_castsi256_si128(d[q]))
+                                      : _mm_add_epi32(_mm256_castsi256_si128(d[q]), _mm256_extracti128_si256(d[q], 1));
+                gqk_group(MB, NB, r, cb, j + (size_t)h, f16, dj, aq, S);
             }
         }
         float out[12];
@@ -189,8 +233,8 @@ INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t 
                                                 gqk_4x2_##KIND};
 typedef void (*gqk_fn)(const int16_t *, size_t, const uint8_t *, size_t, size_t, int, const __m128 *, const float *,
                        float *, size_t);
-GQK_KIND(2) GQK_KIND(1) GQK_KIND(3) /* DOT_U8, DOT_U4, DOT_U2 */
-static const gqk_fn *const gqk_blocks[4] = {NULL, gqk_blocks_1, gqk_blocks_2, gqk_blocks_3};
+GQK_KIND(2) GQK_KIND(1) GQK_KIND(3) GQK_KIND(4) /* DOT_U8, DOT_U4, DOT_U2, GQK_U2W */
+static const gqk_fn *const gqk_blocks[5] = {NULL, gqk_blocks_1, gqk_blocks_2, gqk_blocks_3, gqk_blocks_4};
 static const int gqk_nb[5] = {0, 8, 4, 4, 2};
 
 /* Rows m < mb (codes c, stride cs; mult[m]; asum[m * J + j] = A_j) against all of B. */
@@ -217,7 +261,9 @@ static void gqk(size_t M, size_t N, size_t K, float alpha, const float *A, size_
 {
     int16_t c[4 * DOT_QK_K] __attribute__((aligned(32)));
     const size_t g = gqa_group_cols(type), J = K / g, cs = K; /* K is a multiple of 32 */
-    const int kind = gdot_kind(type);
+    int kind = gdot_kind(type);
+    if (kind == DOT_U2 && K % 64 == 0 && (g == 32 || g % 64 == 0))
+        kind = GQK_U2W;
     const float one = 1.0f; /* the per-tensor multiplier's scale: mult = fl(alpha * sa) */
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[4];
@@ -283,7 +329,8 @@ static void gsv_row(const float *a, size_t kn, const float *sc, const float *zc,
 {
     __m256 mx = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
     for (size_t k = 0; k < kn; k += 8) {
-        const __m256 p = _mm256_maskload_ps(a + k, lanes8(kn - k)); /* lanes past the chunk: 0 */
+        /* lanes past the chunk: 0 */
+        const __m256 p = kn - k >= 8 ? _mm256_loadu_ps(a + k) : _mm256_maskload_ps(a + k, lanes8(kn - k));
         const __m256 v = _mm256_mul_ps(p, _mm256_loadu_ps(sc + k));
         mx = _mm256_max_ps(mx, v);
         zs = _mm256_add_ps(zs, _mm256_mul_ps(p, _mm256_loadu_ps(zc + k)));
@@ -317,15 +364,28 @@ static void gsv_row(const float *a, size_t kn, const float *sc, const float *zc,
                                                           {gsv_3x1_##KIND, NULL, NULL},                \
                                                           {gsv_4x1_##KIND, NULL, NULL}};
 typedef void (*sv_fn)(const int16_t *, size_t, const int8_t *, size_t, int32_t *, size_t, int);
-GSV_KIND(2) GSV_KIND(1) GSV_KIND(3) /* DOT_U8, DOT_U4, DOT_U2 */
+GSV_KIND(2) GSV_KIND(3) /* DOT_U8, DOT_U2; DOT_U4's three and four rows: */
+GSV_INST(3, 1, 1) GSV_INST(4, 1, 1)
 static const int gsv_nv[SV_MB + 1] = {0, 2, 2, 1, 1};
+
+/* INT4 with one or two rows: the even and odd columns apart (sv_block_eo), the same widths */
+#define GSV_EO(MB, NG)                                                                                \
+    static void gsv_eo_##MB##x##NG(const int16_t *codes, size_t kn, const int8_t *b, size_t ldb, int32_t *D, \
+                                   size_t ldd, int first)                                            \
+    {                                                                                                 \
+        sv_block_eo(MB, NG, codes, kn, b, ldb, D, ldd, first);                                        \
+    }
+GSV_EO(1, 1) GSV_EO(1, 2) GSV_EO(2, 1)
+static const sv_fn gsv_blocks_eo[SV_MB + 1][3] = {{NULL, NULL, NULL}, {gsv_eo_1x1, gsv_eo_1x2, NULL},
+                                                  {gsv_eo_2x1, NULL, NULL}, {gsv_3x1_1, NULL, NULL},
+                                                  {gsv_4x1_1, NULL, NULL}};
 
 /* D[i][0, g) (rows of GDOT_GMAX) = the int32 sums of rows i < mb (codes, stride SV_KS + 16) over
    the kn keys of the g columns at b (rows of ldb bytes, `bits` a code). */
 static void gsv_dots(int mb, int kind, size_t bits, const int16_t *codes, size_t kn, const uint8_t *b, size_t ldb,
                      size_t g, int32_t *D)
 {
-    const sv_fn *blocks = kind == DOT_U8 ? gsv_blocks_2[mb] : kind == DOT_U4 ? gsv_blocks_1[mb] : gsv_blocks_3[mb];
+    const sv_fn *blocks = kind == DOT_U8 ? gsv_blocks_2[mb] : kind == DOT_U4 ? gsv_blocks_eo[mb] : gsv_blocks_3[mb];
     const int wide = mb == 1 && g % 64 == 0; /* one row: 64 columns a block */
     const size_t nvc = 16 * (size_t)(wide ? 4 : gsv_nv[mb]);
     const sv_fn blk = blocks[wide];
