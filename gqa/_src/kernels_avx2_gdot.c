@@ -440,8 +440,12 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
             const uint8_t *bk = B + k0 * rb;
+            /* the next chunk's rows, a J-th of their bytes per group (its gathers then hit) */
+            const size_t next = k0 + SV_KG < K ? (K - k0 - SV_KG < SV_KG ? K - k0 - SV_KG : SV_KG) * rb : 0;
             for (size_t j = 0; j < J; j++) {
                 float sp[SV_MB], Z[SV_MB];
+                for (size_t o = next * j / J; o < next * (j + 1) / J; o += 64)
+                    _mm_prefetch((const char *)(bk + SV_KG * rb + o), _MM_HINT_T0);
                 gsv_meta(bk, rb, cb, j, f16, kn, sc, zc);
                 for (int i = 0; i < mb; i++)
                     gsv_row(A + rows[i] * lda + k0, kn, sc, zc, w, codes[i], &sp[i], &Z[i]);
