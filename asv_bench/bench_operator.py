@@ -278,9 +278,9 @@ class GroupDecode:
     param_names = ["path", "mode", "T", "extras"]
     timer = timeit.default_timer
 
-    def setup(self, path, mode, T, extras):
+    def setup(self, path, mode, T, extras, level=0):
         _skip_unless_runnable(path)
-        self.cfg = gqa.config(path=path)
+        self.cfg = gqa.config(path=path, accuracy_level=level)
         (kb, g, md), (vb, _, _) = GROUP_MODES[mode]
         rng = np.random.default_rng(0)
         u = lambda *s: rng.uniform(-0.5, 0.5, s).astype(np.float32)  # noqa: E731
@@ -307,4 +307,23 @@ class GroupDecode:
             self.cfg.__exit__(None, None, None)
 
     def time_decode(self, path, mode, T, extras):
+        self.op(*self.args, **self.kw)
+
+
+class GroupDecodeAccuracy(GroupDecode):
+    """GroupDecode on the automatic path at accuracy_level 0 (float32 products) and 4 (the AVX2
+    unit's integer dots per group, on the avx2 and avx512 paths; float32 where there is none)."""
+    params = ([0, 4], ["int8-g32", "int4-g32", "int2-g64", "int4-g32/int2-g32"], [8192],
+              ["plain", "windows+rotations"])
+    param_names = ["level", "mode", "T", "extras"]
+
+    def setup(self, level, mode, T, extras):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        super().setup(gqa.get_config()["active_path"], mode, T, extras, level)
+
+    def teardown(self, level, mode, T, extras):
+        super().teardown(None, mode, T, extras)
+
+    def time_decode(self, level, mode, T, extras):
         self.op(*self.args, **self.kw)

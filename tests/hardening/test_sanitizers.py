@@ -41,6 +41,7 @@ SUBSET = [
     "tests/test_operator.py", "tests/test_operator_validation.py", "tests/test_quantize.py",
     "tests/test_gemm.py", "tests/test_flash.py", "tests/test_group.py", "tests/test_float_windows.py",
     "tests/test_qk_norm.py", "tests/test_kvcache.py", "tests/test_accuracy_level.py",
+    "tests/test_accuracy_level_group.py",
 ]
 DESELECT = "not test_prefill_flash_matches_naive or auto"
 CANARY = ("import numpy as np, gqa._kernels as k\n"
