@@ -54,6 +54,34 @@ INLINE __m256i pack16(__m256i lo, __m256i hi)
     return _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
 }
 
+/* QK blocks of MB rows x NB keys (lane l: row l / NB, key n + l % NB): lanes g .. g + 3 of the
+   outputs, v, stored straight into C when the block is whole (NB a multiple of 4: four keys of one
+   row; NB = 2: two keys of two rows), else into out[g ..] for qk_store_rest. */
+INLINE void qk_store_lanes(const int MB, const int NB, int g, __m128 v, size_t nv, float *C, size_t ldc, size_t n,
+                           float *out)
+{
+    if (NB % 4 == 0 && nv == (size_t)NB) {
+        _mm_storeu_ps(C + (g / NB) * ldc + n + g % NB, v);
+    } else if (NB == 2 && nv == 2) {
+        _mm_storel_pi((__m64 *)(C + (g / 2) * ldc + n), v);
+        if (g + 2 < MB * NB)
+            _mm_storeh_pi((__m64 *)(C + (g / 2 + 1) * ldc + n), v);
+    } else {
+        _mm_storeu_ps(out + g, v);
+    }
+}
+
+/* The outputs qk_store_lanes left in out (a partial block: nv < NB keys) into C. */
+INLINE void qk_store_rest(const int MB, const int NB, size_t nv, const float *out, float *C, size_t ldc, size_t n)
+{
+    if ((NB % 4 == 0 || NB == 2) && nv == (size_t)NB)
+        return;
+    UNROLL
+    for (int mb = 0; mb < MB; mb++)
+        for (size_t i = 0; i < nv; i++)
+            C[mb * ldc + n + i] = out[mb * NB + i];
+}
+
 /* The kinds of codes the blocks widen (KIND): INT8 per tensor / channel (signed bytes), INT4's
    nibbles (unsigned, element 2i the low nibble of byte i), per-group INT8 (unsigned bytes) and
    INT2 (element 4i + j in bits 2j, 2j + 1 of byte i). */

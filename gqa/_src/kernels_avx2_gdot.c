@@ -201,22 +201,9 @@ INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t 
         }
         float out[12];
         UNROLL
-        for (int q = 0; q < NQ; q++) {
-            const __m128 v = _mm_mul_ps(S[q], mq[q]);
-            if (NB % 4 == 0 && nv == (size_t)NB) { /* 4 outputs of one row */
-                _mm_storeu_ps(C + (4 * q / NB) * ldc + n + 4 * q % NB, v);
-            } else if (NB == 2 && nv == 2) { /* 2 outputs of each of two rows */
-                _mm_storel_pi((__m64 *)(C + (2 * q) * ldc + n), v);
-                _mm_storeh_pi((__m64 *)(C + (2 * q + 1) * ldc + n), v);
-            } else {
-                _mm_storeu_ps(out + 4 * q, v);
-            }
-        }
-        if (!((NB % 4 == 0 || NB == 2) && nv == (size_t)NB))
-            UNROLL
-            for (int mb = 0; mb < MB; mb++)
-                for (size_t i = 0; i < nv; i++)
-                    C[mb * ldc + n + i] = out[mb * NB + i];
+        for (int q = 0; q < NQ; q++)
+            qk_store_lanes(MB, NB, 4 * q, _mm_mul_ps(S[q], mq[q]), nv, C, ldc, n, out);
+        qk_store_rest(MB, NB, nv, out, C, ldc, n);
     }
 }
 

@@ -118,22 +118,9 @@ INLINE void qk_block(const int MB, const int NB, const int S4, const int16_t *c,
                                     g + 3 < MB * NB ? acc[g + 3] : z);
             if (S4)
                 d = _mm_sub_epi32(d, cq[g / 4]);
-            const __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(d), mu[g / 4]);
-            if (NB % 4 == 0 && nv == (size_t)NB) { /* 4 outputs of one row */
-                _mm_storeu_ps(C + (g / NB) * ldc + n + g % NB, v);
-            } else if (NB == 2 && nv == 2) { /* 2 outputs of each of two rows */
-                _mm_storel_pi((__m64 *)(C + (g / 2) * ldc + n), v);
-                if (g + 2 < MB * NB)
-                    _mm_storeh_pi((__m64 *)(C + (g / 2 + 1) * ldc + n), v);
-            } else {
-                _mm_storeu_ps(out + g, v);
-            }
+            qk_store_lanes(MB, NB, g, _mm_mul_ps(_mm_cvtepi32_ps(d), mu[g / 4]), nv, C, ldc, n, out);
         }
-        if (!((NB % 4 == 0 || NB == 2) && nv == (size_t)NB))
-            UNROLL
-            for (int mb = 0; mb < MB; mb++)
-                for (size_t nb = 0; nb < nv; nb++)
-                    C[mb * ldc + n + nb] = out[mb * NB + nb];
+        qk_store_rest(MB, NB, nv, out, C, ldc, n);
     }
 }
 
