@@ -2,7 +2,8 @@
  * kernels_avx2_dot.h -- the AVX2 level-4 units' shared pieces (kernels_avx2_s8dot.c: INT8 / INT4
  * per tensor and per channel; kernels_avx2_gdot.c: per-group INT8 / INT4 / INT2): the query
  * rows' and probability rows' 15-bit codes of kernels_s8dot_contract.h, the widening of stored
- * codes to int16, and the P @ V block over pairs of keys (vpmaddwd + vpaddd, exact).
+ * codes to int16, the QK blocks' output stores, and the P @ V blocks over pairs of keys
+ * (vpmaddwd + vpaddd, exact; sv_block_eo: INT4's even and odd columns apart).
  * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); included only by those units.
  */
 #ifndef GQA_KERNELS_AVX2_DOT_H

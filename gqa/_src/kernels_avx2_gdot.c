@@ -13,9 +13,10 @@
  * query codes put in the same order (dot_order); vpmaddwd + vpaddd sum a group's products
  * exactly (INT2 in groups of 32: two groups a step, one per 128-bit half), hsum4_halves reduces
  * four (row, key) sums at a time, and the group's scale and zero of four keys finish them in
- * float32 in the contract's order (gqk_group).  P @ V: the probability row times each group's scales, quantized per
- * chunk of SV_KG keys and group, against the codes in column order (sv_block, the INT8 unit's
- * block), plus the zeros' term in float32.
+ * float32 in the contract's order (gqk_group).  P @ V: each chunk's metadata gathered into
+ * columns once (gsv_meta), the probability row times each group's scales quantized per chunk of
+ * SV_KG keys and group (gsv_row), against the codes by the INT8 unit's blocks over pairs of keys
+ * (sv_block; INT4 of one or two rows: sv_block_eo), plus the zeros' term in float32.
  *
  * Layout: QK: A float32 [M, K] (lda), B rows [N] of gqa_row_bytes(type, K) bytes, C float32 [M, N]
  * (ldc), overwritten.  SV: A float32 [M, K] (lda), B rows [K] of gqa_row_bytes(type, N) bytes, C
