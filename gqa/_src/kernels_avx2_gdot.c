@@ -13,8 +13,9 @@
  * query codes put in the same order (dot_order); vpmaddwd + vpaddd sum a group's products
  * exactly (INT2 in groups of 32: two groups a step, one per 128-bit half), hsum4_halves reduces
  * four (row, key) sums at a time, and the group's scale and zero of four keys finish them in
- * float32 in the contract's order (gqk_group).  P @ V: each chunk's metadata gathered into
- * columns once (gsv_meta), the probability row times each group's scales quantized per chunk of
+ * float32 in the contract's order (gqk_group).  P @ V: each chunk's metadata put in columns once,
+ * four or two groups at a time by an in-register transpose (gsv_meta_t; a last odd group by
+ * gathers, gsv_meta), the probability row times each group's scales quantized per chunk of
  * SV_KG keys and group (gsv_row), against the codes by the INT8 unit's blocks over pairs of keys
  * (sv_block; INT4 of one or two rows: sv_block_eo), plus the zeros' term in float32.
  *
@@ -282,7 +283,7 @@ static void gqk(size_t M, size_t N, size_t K, float alpha, const float *A, size_
 /* ---- sv_gemm_s8_dot on group rows ----------------------------------------------------------- */
 
 /* sc[k], zc[k] = the scale and zero of group j of rows k < kn of B (rb bytes each, metadata at
-   byte cb), eight rows a gather. */
+   byte cb), eight rows a gather (the groups gsv_meta_t leaves). */
 static void gsv_meta(const uint8_t *B, size_t rb, size_t cb, size_t j, int f16, size_t kn, float *sc, float *zc)
 {
     const __m256i step = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)rb));
@@ -306,6 +307,67 @@ static void gsv_meta(const uint8_t *B, size_t rb, size_t cb, size_t j, int f16, 
         }
         _mm256_storeu_ps(sc + k, s);
         _mm256_storeu_ps(zc + k, z);
+    }
+}
+
+/* nj (4 or 2) groups' pairs of one row's metadata at p, as float32: 8 floats (4 groups) or 4. */
+INLINE __m256 gsv_pairs8(const uint8_t *p, int f16)
+{
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_ps((const float *)(const void *)p);
+}
+
+INLINE __m128 gsv_pairs4(const uint8_t *p, int f16)
+{
+    return f16 ? _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p)) : _mm_loadu_ps((const float *)(const void *)p);
+}
+
+/* gsv_meta for groups jb .. jb + nj - 1 at once (nj 4 or 2): 8 rows' pairs loaded whole and
+   transposed in registers (sc[i * SV_KG + k] for group jb + i); rows past kn read as 0. */
+static void gsv_meta_t(const uint8_t *B, size_t rb, size_t cb, size_t jb, int nj, int f16, size_t kn, float *sc,
+                       float *zc)
+{
+    const uint8_t *base = B + cb + (f16 ? 4 : 8) * jb;
+    const __m256 zero = _mm256_setzero_ps();
+    for (size_t k = 0; k < kn; k += 8) {
+        __m256 c[8];
+        if (nj == 4) { /* rows of 8 floats: an 8 x 8 transpose */
+            __m256 r[8], t[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = k + (size_t)i < kn ? gsv_pairs8(base + (k + i) * rb, f16) : zero;
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+            }
+            for (int i = 0; i < 4; i++) {
+                c[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+                c[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+            }
+        } else { /* rows of 4 floats, rows i and i + 4 in one register: 4 x 4 transposes */
+            __m256 r[4], t[4];
+            for (int i = 0; i < 4; i++) {
+                const __m128 lo = k + (size_t)i < kn ? gsv_pairs4(base + (k + i) * rb, f16) : _mm_setzero_ps();
+                const __m128 hi = k + (size_t)i + 4 < kn ? gsv_pairs4(base + (k + i + 4) * rb, f16) : _mm_setzero_ps();
+                r[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+            }
+            t[0] = _mm256_unpacklo_ps(r[0], r[1]);
+            t[1] = _mm256_unpackhi_ps(r[0], r[1]);
+            t[2] = _mm256_unpacklo_ps(r[2], r[3]);
+            t[3] = _mm256_unpackhi_ps(r[2], r[3]);
+            c[0] = _mm256_shuffle_ps(t[0], t[2], 0x44);
+            c[1] = _mm256_shuffle_ps(t[0], t[2], 0xEE);
+            c[2] = _mm256_shuffle_ps(t[1], t[3], 0x44);
+            c[3] = _mm256_shuffle_ps(t[1], t[3], 0xEE);
+        }
+        for (int i = 0; i < nj; i++) { /* column 2i: group jb + i's scales, 2i + 1 its zeros */
+            _mm256_storeu_ps(sc + i * SV_KG + k, c[2 * i]);
+            _mm256_storeu_ps(zc + i * SV_KG + k, c[2 * i + 1]);
+        }
     }
 }
 
@@ -411,7 +473,7 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
 {
     int16_t codes[SV_MB][SV_KS + 16] __attribute__((aligned(32)));
     int32_t D[SV_MB * GDOT_GMAX];
-    float sc[SV_KG], zc[SV_KG], w[SV_KG];
+    float sc[4 * SV_KG], zc[4 * SV_KG], w[SV_KG];
     const size_t g = gqa_group_cols(type), J = N / g, rb = gqa_row_bytes(type, N), bits = gqa_group_bits(type);
     const size_t cb = N * bits / 8;
     const int kind = gdot_kind(type), f16 = (type & GQA_META_F16) != 0;
@@ -432,11 +494,19 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
             const size_t next = k0 + SV_KG < K ? (K - k0 - SV_KG < SV_KG ? K - k0 - SV_KG : SV_KG) * rb : 0;
             for (size_t j = 0; j < J; j++) {
                 float sp[SV_MB], Z[SV_MB];
+                const size_t jm = j % 4; /* group j's metadata columns: sc + jm * SV_KG */
                 for (size_t o = next * j / J; o < next * (j + 1) / J; o += 64)
                     _mm_prefetch((const char *)(bk + SV_KG * rb + o), _MM_HINT_T0);
-                gsv_meta(bk, rb, cb, j, f16, kn, sc, zc);
+                if (jm == 0) { /* the metadata of groups j .. j + 3 (of those there are) */
+                    const int nj = J - j >= 4 ? 4 : (int)(J - j);
+                    if (nj == 4 || nj == 2)
+                        gsv_meta_t(bk, rb, cb, j, nj, f16, kn, sc, zc);
+                    else
+                        for (int i = 0; i < nj; i++)
+                            gsv_meta(bk, rb, cb, j + (size_t)i, f16, kn, sc + i * SV_KG, zc + i * SV_KG);
+                }
                 for (int i = 0; i < mb; i++)
-                    gsv_row(A + rows[i] * lda + k0, kn, sc, zc, w, codes[i], &sp[i], &Z[i]);
+                    gsv_row(A + rows[i] * lda + k0, kn, sc + jm * SV_KG, zc + jm * SV_KG, w, codes[i], &sp[i], &Z[i]);
                 gsv_dots(mb, kind, bits, &codes[0][0], kn, bk + j * g * bits / 8, rb, g, D);
                 for (int i = 0; i < mb; i++)
                     gsv_finish(D + i * GDOT_GMAX, g, sp[i], Z[i], beta, k0 == 0, C + rows[i] * ldc + j * g);
