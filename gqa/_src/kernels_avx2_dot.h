@@ -33,12 +33,19 @@ INLINE int32_t hsum8_epi32(__m256i v)
     return _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1)));
 }
 
-/* Lane i = the sum of v_i's 8 lanes (exact). */
-INLINE __m128i hsum4_epi32(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
+/* The low halves of v0..v3 summed (lanes 0-3 of the result, one per vector) and the high halves
+   (lanes 4-7), exact. */
+INLINE __m256i hsum4_halves(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
 {
     const __m256i w01 = _mm256_add_epi32(_mm256_unpacklo_epi32(v0, v1), _mm256_unpackhi_epi32(v0, v1));
     const __m256i w23 = _mm256_add_epi32(_mm256_unpacklo_epi32(v2, v3), _mm256_unpackhi_epi32(v2, v3));
-    const __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(w01, w23), _mm256_unpackhi_epi64(w01, w23));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(w01, w23), _mm256_unpackhi_epi64(w01, w23));
+}
+
+/* Lane i = the sum of v_i's 8 lanes (exact). */
+INLINE __m128i hsum4_epi32(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
+{
+    const __m256i t = hsum4_halves(v0, v1, v2, v3);
     return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
 }
 

@@ -14,8 +14,8 @@
  * exactly (INT2 in groups of 32: two groups a step, one per 128-bit half), hsum4_halves reduces
  * four (row, key) sums at a time, and the group's scale and zero of four keys finish them in
  * float32 in the contract's order (gqk_group).  P @ V: each chunk's metadata put in columns once,
- * four or two groups at a time by an in-register transpose (gsv_meta_t; a last odd group by
- * gathers, gsv_meta), the probability row times each group's scales quantized per chunk of
+ * four, two or one groups at a time by an in-register transpose (gsv_meta), the probability row
+ * times each group's scales quantized per chunk of
  * SV_KG keys and group (gsv_row), against the codes by the INT8 unit's blocks over pairs of keys
  * (sv_block; INT4 of one or two rows: sv_block_eo), plus the zeros' term in float32.
  *
@@ -118,15 +118,6 @@ INLINE void gqk_meta4(const uint8_t *const *r, size_t cb, size_t j, int f16, __m
 }
 
 #define GQK_PF 4096
-
-/* The low halves of v0..v3 summed (lanes 0-3 of the result, one per vector) and the high halves
-   (lanes 4-7), exact. */
-INLINE __m256i hsum4_halves(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
-{
-    const __m256i w01 = _mm256_add_epi32(_mm256_unpacklo_epi32(v0, v1), _mm256_unpackhi_epi32(v0, v1));
-    const __m256i w23 = _mm256_add_epi32(_mm256_unpacklo_epi32(v2, v3), _mm256_unpackhi_epi32(v2, v3));
-    return _mm256_add_epi32(_mm256_unpacklo_epi64(w01, w23), _mm256_unpackhi_epi64(w01, w23));
-}
 
 /* Group j's finish for the block's lanes (rows r of B): S[q] += s * float(D) + z * float(A_j) in
    the contract's order, with dj[q] the quad's four D_j.  The scales and zeros of the lanes' keys:
@@ -282,35 +273,8 @@ static void gqk(size_t M, size_t N, size_t K, float alpha, const float *A, size_
 
 /* ---- sv_gemm_s8_dot on group rows ----------------------------------------------------------- */
 
-/* sc[k], zc[k] = the scale and zero of group j of rows k < kn of B (rb bytes each, metadata at
-   byte cb), eight rows a gather (the groups gsv_meta_t leaves). */
-static void gsv_meta(const uint8_t *B, size_t rb, size_t cb, size_t j, int f16, size_t kn, float *sc, float *zc)
-{
-    const __m256i step = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)rb));
-    const uint8_t *base = B + cb + (f16 ? 4 : 8) * j;
-    for (size_t k = 0; k < kn; k += 8) {
-        const __m256i m = lanes8(kn - k), idx = step;
-        const uint8_t *p = base + k * rb;
-        __m256 s, z;
-        if (f16) {
-            const __m256i w = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(const void *)p, idx, m, 1);
-            /* the low halves (scales) and the high halves (zeros) of the eight words, compacted */
-            const __m256i lo = _mm256_shuffle_epi8(w, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                                                                      0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
-            const __m256i q = _mm256_permute4x64_epi64(lo, 0xD8); /* s0-3 s4-7 z0-3 z4-7 */
-            s = _mm256_cvtph_ps(_mm256_castsi256_si128(q));
-            z = _mm256_cvtph_ps(_mm256_extracti128_si256(q, 1));
-        } else {
-            const __m256 mf = _mm256_castsi256_ps(m);
-            s = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), (const float *)(const void *)p, idx, mf, 1);
-            z = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), (const float *)(const void *)(p + 4), idx, mf, 1);
-        }
-        _mm256_storeu_ps(sc + k, s);
-        _mm256_storeu_ps(zc + k, z);
-    }
-}
-
-/* nj (4 or 2) groups' pairs of one row's metadata at p, as float32: 8 floats (4 groups) or 4. */
+/* 4, 2 or 1 groups' (scale, zero) pairs of one row's metadata at p, as float32 (8, 4 or 2
+   floats; the last two lanes of gsv_pairs2 are not used). */
 INLINE __m256 gsv_pairs8(const uint8_t *p, int f16)
 {
     return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_ps((const float *)(const void *)p);
@@ -321,16 +285,37 @@ INLINE __m128 gsv_pairs4(const uint8_t *p, int f16)
     return f16 ? _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p)) : _mm_loadu_ps((const float *)(const void *)p);
 }
 
-/* gsv_meta for groups jb .. jb + nj - 1 at once (nj 4 or 2): 8 rows' pairs loaded whole and
-   transposed in registers (sc[i * SV_KG + k] for group jb + i); rows past kn read as 0. */
-static void gsv_meta_t(const uint8_t *B, size_t rb, size_t cb, size_t jb, int nj, int f16, size_t kn, float *sc,
-                       float *zc)
+INLINE __m128 gsv_pairs2(const uint8_t *p, int f16)
+{
+    if (f16) {
+        int32_t w;
+        memcpy(&w, p, 4);
+        return _mm_cvtph_ps(_mm_cvtsi32_si128(w));
+    }
+    return _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(const void *)p);
+}
+
+/* sc[i * SV_KG + k], zc[i * SV_KG + k] = the scale and zero of group jb + i (i < nj: 4, 2 or 1) of
+   rows k < kn of B (rb bytes each, metadata at byte cb): 8 rows' pairs loaded whole and
+   transposed in registers; rows past kn read as 0. */
+static void gsv_meta(const uint8_t *B, size_t rb, size_t cb, size_t jb, int nj, int f16, size_t kn, float *sc,
+                     float *zc)
 {
     const uint8_t *base = B + cb + (f16 ? 4 : 8) * jb;
     const __m256 zero = _mm256_setzero_ps();
     for (size_t k = 0; k < kn; k += 8) {
         __m256 c[8];
-        if (nj == 4) { /* rows of 8 floats: an 8 x 8 transpose */
+        if (nj == 1) { /* rows of 2 floats: keys 0, 1 | 4, 5 and 2, 3 | 6, 7 paired, then split */
+            __m128 q[8];
+            for (int i = 0; i < 8; i++)
+                q[i] = k + (size_t)i < kn ? gsv_pairs2(base + (k + i) * rb, f16) : _mm_setzero_ps();
+            const __m256 lo = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_movelh_ps(q[0], q[1])),
+                                                   _mm_movelh_ps(q[4], q[5]), 1);
+            const __m256 hi = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_movelh_ps(q[2], q[3])),
+                                                   _mm_movelh_ps(q[6], q[7]), 1);
+            c[0] = _mm256_shuffle_ps(lo, hi, 0x88);
+            c[1] = _mm256_shuffle_ps(lo, hi, 0xDD);
+        } else if (nj == 4) { /* rows of 8 floats: an 8 x 8 transpose */
             __m256 r[8], t[8];
             for (int i = 0; i < 8; i++)
                 r[i] = k + (size_t)i < kn ? gsv_pairs8(base + (k + i) * rb, f16) : zero;
@@ -490,26 +475,24 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
             const uint8_t *bk = B + k0 * rb;
-            /* the next chunk's rows, a J-th of their bytes per group (its gathers then hit) */
+            /* the next chunk's rows, a J-th of their bytes per group (its metadata loads then hit) */
             const size_t next = k0 + SV_KG < K ? (K - k0 - SV_KG < SV_KG ? K - k0 - SV_KG : SV_KG) * rb : 0;
-            for (size_t j = 0; j < J; j++) {
-                float sp[SV_MB], Z[SV_MB];
-                const size_t jm = j % 4; /* group j's metadata columns: sc + jm * SV_KG */
-                for (size_t o = next * j / J; o < next * (j + 1) / J; o += 64)
-                    _mm_prefetch((const char *)(bk + SV_KG * rb + o), _MM_HINT_T0);
-                if (jm == 0) { /* the metadata of groups j .. j + 3 (of those there are) */
-                    const int nj = J - j >= 4 ? 4 : (int)(J - j);
-                    if (nj == 4 || nj == 2)
-                        gsv_meta_t(bk, rb, cb, j, nj, f16, kn, sc, zc);
-                    else
-                        for (int i = 0; i < nj; i++)
-                            gsv_meta(bk, rb, cb, j + (size_t)i, f16, kn, sc + i * SV_KG, zc + i * SV_KG);
+            for (size_t jb = 0, nj; jb < J; jb += nj) {
+                /* groups jb .. jb + nj - 1: their metadata in columns once, then each group */
+                nj = J - jb >= 4 ? 4 : J - jb >= 2 ? 2 : 1;
+                gsv_meta(bk, rb, cb, jb, (int)nj, f16, kn, sc, zc);
+                for (size_t i = 0; i < nj; i++) {
+                    const size_t j = jb + i;
+                    float sp[SV_MB], Z[SV_MB];
+                    for (size_t o = next * j / J; o < next * (j + 1) / J; o += 64)
+                        _mm_prefetch((const char *)(bk + SV_KG * rb + o), _MM_HINT_T0);
+                    for (int r = 0; r < mb; r++)
+                        gsv_row(A + rows[r] * lda + k0, kn, sc + i * SV_KG, zc + i * SV_KG, w, codes[r], &sp[r],
+                                &Z[r]);
+                    gsv_dots(mb, kind, bits, &codes[0][0], kn, bk + j * g * bits / 8, rb, g, D);
+                    for (int r = 0; r < mb; r++)
+                        gsv_finish(D + r * GDOT_GMAX, g, sp[r], Z[r], beta, k0 == 0, C + rows[r] * ldc + j * g);
                 }
-                for (int i = 0; i < mb; i++)
-                    gsv_row(A + rows[i] * lda + k0, kn, sc + jm * SV_KG, zc + jm * SV_KG, w, codes[i], &sp[i], &Z[i]);
-                gsv_dots(mb, kind, bits, &codes[0][0], kn, bk + j * g * bits / 8, rb, g, D);
-                for (int i = 0; i < mb; i++)
-                    gsv_finish(D + i * GDOT_GMAX, g, sp[i], Z[i], beta, k0 == 0, C + rows[i] * ldc + j * g);
             }
         }
     }
