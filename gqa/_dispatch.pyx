@@ -186,6 +186,11 @@ def approx_vnni_runnable():
     return gqa_approx_vnni_runnable() == 1
 
 
+def dot_runnable(name):
+    """True when path `name`'s table has level 4's integer-dot kernels and this CPU runs them."""
+    return name in PATH_NAMES and gqa_s8_dot_runnable(PATH_NAMES.index(name)) == 1
+
+
 def int8_dot_effective():
     """True when accuracy level 4 runs the integer-dot INT8 kernels on the active path."""
     return dot_tiles(GQA_S8_PT, 4) != NULL or _dot
@@ -193,7 +198,7 @@ def int8_dot_effective():
 
 def int8_dot_unit():
     """Where accuracy level 4's INT8 dots of decode steps run with the active settings: the
-    tiles' name ("amx"), "avx512vnni", "avx2", or None (the exact kernels)."""
+    tiles' name ("amx"), "avx512vnni", "avx2", "neon" (sdot), or None (the exact kernels)."""
     if dot_tiles(GQA_S8_PT, 4) != NULL:
         return _tiles.name.decode()
     if not _dot:

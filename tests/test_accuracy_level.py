@@ -1,10 +1,10 @@
 """accuracy_level (onnxruntime's convention: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8):
 how a level is chosen (the attribute, else gqa.config / GQA_ACCURACY_LEVEL), that only level 4
 on INT8 codes leaves the exact float32 contract, and level 4's integer-dot kernels (AVX2,
-AVX-512 VNNI, and AMX INT8 tiles where the CPU has them; 15-bit query rows and probabilities)
+AVX-512 VNNI, NEON's sdot, and AMX INT8 tiles where the CPU has them; 15-bit query rows and probabilities)
 against NumPy statements of their contracts (kernels_s8dot_contract.h), bit for bit, and
 the attention output against float64 within the bound those contracts give.  The emulated
-path (tests/isa, avx512vnni-emulated) checks the same contracts on CPUs without VNNI."""
+paths (tests/isa: avx512vnni-emulated, neon-dot-qemu) check the same contracts on other CPUs."""
 import io
 
 import numpy as np
@@ -24,14 +24,17 @@ G = N // NKV
 
 # level 4's INT8 dot units: the settings under which each runs (the same contracts, the same bits)
 DOT_UNITS = {"avx2": dict(path="avx2"), "avx512vnni": dict(path="avx512", tiles=False),
-             "amx": dict(path="avx512", tiles="amx")}
+             "amx": dict(path="avx512", tiles="amx"), "neon": dict(path="neon")}
 
 
 def _unit_settings(unit):
     """DOT_UNITS[unit], or a skip naming what this CPU (or build) lacks."""
-    if unit == "avx2":
-        if not _dispatch.path_runnable("avx2"):
-            pytest.skip("this CPU (or build) cannot run the avx2 path")
+    if unit in ("avx2", "neon"):
+        if not _dispatch.path_runnable(unit):
+            pytest.skip(f"this CPU (or build) cannot run the {unit} path")
+        if unit == "neon" and not _dispatch.dot_runnable("neon"):
+            pytest.skip("this CPU has no dot product (FEAT_DotProd), or the build has no sdot unit;"
+                        " tests/isa/test_isa.py[neon-dot-qemu] checks its contracts under qemu")
     elif not _dispatch.approx_vnni_runnable():
         pytest.skip("this CPU (or build) cannot run the AVX-512 VNNI kernels; tests/isa/test_isa.py"
                     "[avx512vnni-emulated] checks their contracts under emulation")
@@ -49,7 +52,7 @@ def dot_unit(request):
     return _unit_settings(request.param)
 
 
-@pytest.fixture(params=["avx2", "avx512vnni"])
+@pytest.fixture(params=["avx2", "avx512vnni", "neon"])
 def vector_dot_unit(request):
     """A unit of vector registers (the AMX tiles' prompts: tests/test_tiles.py)."""
     return _unit_settings(request.param)
@@ -422,7 +425,7 @@ def test_environment_default():
 
 def test_the_int8_unit_is_reported():
     """get_config()['int8_dot_unit'] names where level 4's INT8 dots run: none on the scalar
-    path; avx2 on the avx2 path; on avx512 the AMX tiles where they run (and are on), else VNNI
+    path; avx2 on the avx2 path; neon on the neon path where the CPU has the dot product; on avx512 the AMX tiles where they run (and are on), else VNNI
     where it runs."""
     with gqa.config(path="scalar"):
         assert gqa.get_config()["int8_dot_unit"] is None
@@ -431,6 +434,11 @@ def test_the_int8_unit_is_reported():
         with gqa.config(path="avx2"):
             assert gqa.get_config()["int8_dot_unit"] == "avx2"
             assert gqa.get_config()["int8_dot_effective"]
+    if _dispatch.path_runnable("neon"):
+        sdot = _dispatch.dot_runnable("neon")   # the CPU's dot product (FEAT_DotProd)
+        with gqa.config(path="neon"):
+            assert gqa.get_config()["int8_dot_unit"] == ("neon" if sdot else None)
+            assert gqa.get_config()["int8_dot_effective"] == sdot
     if not _dispatch.path_runnable("avx512"):
         return
     vnni = "avx512vnni" if _dispatch.approx_vnni_runnable() else None

@@ -157,8 +157,13 @@ int gqa_s8_dot_runnable(int path)
     const gqa_kernels *t = gqa_path_table(path);
     if (t == NULL || t->qk_gemm_s8_dot == NULL || t->sv_gemm_s8_dot == NULL || !gqa_path_runnable(path))
         return 0;
-    /* avx512's are the VNNI unit's (vpdpwssd); avx2's need nothing beyond the path */
-    return path != GQA_PATH_AVX512 || (gqa_cpu_features() & GQA_CPU_AVX512VNNI) != 0;
+    /* avx512's are the VNNI unit's (vpdpwssd), neon's the dot product's (sdot); avx2's need
+       nothing beyond the path */
+    if (path == GQA_PATH_AVX512)
+        return (gqa_cpu_features() & GQA_CPU_AVX512VNNI) != 0;
+    if (path == GQA_PATH_NEON)
+        return (gqa_cpu_features() & GQA_CPU_ASIMDDP) != 0;
+    return 1;
 }
 
 const gqa_tiles *gqa_path_tiles_at(int path, int i)

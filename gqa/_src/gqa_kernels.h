@@ -168,7 +168,8 @@ typedef struct gqa_kernels {
        avx512 with VNNI);  qk_gemm_s8_dot / sv_gemm_s8_dot: accuracy level 4 on INT8 and INT4
        codes per tensor / per channel (gqa_dot_codes), query rows and probabilities quantized to
        15 bits (kernels_s8dot_contract.h;
-       avx512: vpdpwssd, where the CPU has VNNI; avx2: vpmaddwd; gqa_s8_dot_runnable says).
+       avx512: vpdpwssd, where the CPU has VNNI; avx2: vpmaddwd; neon: sdot, where the CPU has
+       the dot product; gqa_s8_dot_runnable says).
        avx2's take per-group codes too (gqa_group_dot_takes; the dispatch uses them on avx512).
        Other types (and, per row, what the contracts leave) run the path's exact kernel. */
     gqa_qk_gemm_fn qk_gemm_s8_approx;

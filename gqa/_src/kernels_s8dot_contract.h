@@ -2,7 +2,8 @@
  * kernels_s8dot_contract.h -- accuracy level 4's integer-dot contracts, the one statement that
  * every unit implementing them follows bit for bit: the AVX-512 VNNI unit (vpdpwssd,
  * kernels_avx512vnni.c), the AMX INT8 unit (kernels_amxint8.c), both through kernels_s8dot.h,
- * and the AVX2 unit (vpmaddwd, kernels_avx2_s8dot.c).  ISA-free: the statement and its limits.
+ * the AVX2 unit (vpmaddwd, kernels_avx2_s8dot.c) and the NEON unit (sdot, kernels_neon_s8dot.c).
+ * ISA-free: the statement and its limits.
  *
  * qk_gemm_s8_dot, codes q [N, K] of GQA_S8_PT / GQA_S8_PC, or of GQA_S4_PT / GQA_S4_PC
  * (q = nibble - 8), K <= DOT_QK_K (wider heads, and other types: the exact kernel).  For each row m of A, with a_k = A[m,k] (per tensor) or
@@ -19,7 +20,7 @@
  * 15 bits where onnxruntime's approximate VNNI kernel gives 8 (whose query rounding cost
  * SmolLM2 about 1 % of its top-1 agreement with level 0).  QK_CODE_MAX = 32639 = 127 * 257:
  * every code is 256 hi + lo with hi and lo both in [-127, 127] (hi = (code + 128) >> 8), so
- * the AMX unit takes both halves as signed bytes in one tile.
+ * the AMX and NEON units take both halves as signed bytes.
  *
  * sv_gemm_s8_dot, codes q [K, N] of the same types, scales s[0] or s[n].  For each row m
  * of A:

@@ -4,7 +4,8 @@ VNNI) through SIMDe emulation, and natively where the CPU has the ISA.
 
 Each test builds tests/isa/driver.c with kernels_scalar.c and one path's TU
 into a temporary directory and runs it (see driver.c for the checks).  Test ids
-name the path and how it ran: neon-qemu (neon-native on aarch64),
+name the path and how it ran: neon-qemu and neon-dot-qemu (accuracy level 4's sdot unit;
+neon-native and neon-dot-native on aarch64),
 avx512-emulated, avx512vnni-emulated, avx512bf16-emulated (the AVX-512 BF16 tiles),
 avx512-native, avx512vnni-native, avx512bf16-native, amx-native, avx2-native, avx2-dot-native
 (accuracy level 4's integer dots of the avx2 path); the native ones
@@ -42,7 +43,7 @@ def _setup_paths():
         if name in ("X86_PATHS", "ARM_PATHS"):
             for path, (src, flags, _snippet) in ast.literal_eval(node.value).items():
                 paths[path] = (src, flags)
-        elif name == "X86_UNITS":
+        elif name in ("X86_UNITS", "ARM_UNITS"):
             for src, path, flags, define, _snippet in ast.literal_eval(node.value).values():
                 units.setdefault(path, []).append(((src,) if isinstance(src, str) else src, flags, define))
     return paths, units
@@ -118,14 +119,14 @@ def builds(tmp_path_factory):
     return Build(tmp_path_factory)
 
 
-def _units(d, path, flags):
-    """Objects of the path's extra units (setup.py's X86_UNITS) built with `flags` plus their
-    own, and the defines that put them in the path's table."""
+def _units(d, path, flags, cc=None):
+    """Objects of the path's extra units (setup.py's X86_UNITS / ARM_UNITS) built by `cc` with
+    `flags` plus their own, and the defines that put them in the path's table."""
     objs, defines = [], []
     for srcs, uflags, define in UNITS.get(path, []):
         for src in srcs:
             obj = os.path.join(d, src.replace(".c", ".o"))
-            _compile(CC + flags + uflags + ["-c", os.path.join(SRC, src), "-o", obj])
+            _compile((cc or CC) + flags + uflags + ["-c", os.path.join(SRC, src), "-o", obj])
             objs.append(obj)
         defines.append("-D" + define)
     return objs, defines
@@ -142,10 +143,13 @@ def _native_driver(d, path):
 
 
 def _neon_qemu_driver(d):
+    """The neon path and its units (the sdot unit: qemu's default CPU has the dot product)."""
     exe = os.path.join(d, "driver")
-    _compile(["aarch64-linux-gnu-gcc"] + CFLAGS + ["-static", "-DGQA_TEST_TABLE=gqa_kernels_neon", DRIVER,
-                                                  os.path.join(SRC, "kernels_scalar.c"),
-                                                  os.path.join(SRC, "kernels_neon.c"), "-o", exe, "-lm"])
+    gcc = ["aarch64-linux-gnu-gcc"]
+    objs, defines = _units(d, "neon", CFLAGS, gcc)
+    _compile(gcc + CFLAGS + defines + ["-static", "-DGQA_TEST_TABLE=gqa_kernels_neon", DRIVER,
+                                      os.path.join(SRC, "kernels_scalar.c"),
+                                      os.path.join(SRC, "kernels_neon.c"), "-o", exe, "-lm"] + objs)
     return ["qemu-aarch64", exe]
 
 
@@ -202,7 +206,8 @@ def _cases():
     """(id, driver mode, build) for this host: NEON under qemu on other hosts,
     natively on aarch64; AVX-512 emulated on every x86-64 host, natively too
     where the CPU has it."""
-    cases = [("neon-native", "exact", "neon-native") if ARM64 else ("neon-qemu", "exact", "neon-qemu")]
+    cases = ([("neon-native", "exact", "neon-native"), ("neon-dot-native", "dot", "neon-native")] if ARM64 else
+             [("neon-qemu", "exact", "neon-qemu"), ("neon-dot-qemu", "dot", "neon-qemu")])
     if X86:
         cases += [("avx512-emulated", "exact", "avx512-emulated"),
                   ("avx512vnni-emulated", "approx", "avx512-emulated")]
