@@ -160,6 +160,24 @@ def test_demo_tiny(tmp_path):
     assert share["float32"] == 100 and share["int8"] < 30 and share["int4"] < share["int8"]
 
 
+def test_demo_accuracy_levels(tmp_path):
+    """--accuracy-levels 0,4: each cache also at level 4 (KVCache(accuracy_level=4)), compared with
+    the float32 cache at level 0; a level outside 0-4 is refused, naming the option."""
+    out = _run(["demo", "--synthetic", "--layers", "2", "--prompt-tokens", "24", "--steps", "8", "--heads", "4",
+                "--kv-heads", "2", "--head-size", "32", "--model-dim", "32", "--threads", "1", "--progress", "off",
+                "--accuracy-levels", "0,4"], tmp_path)
+    rows = {line.split()[0] + (" @4" if "@ level 4" in line else ""): line.split() for line in out.splitlines()
+            if line.split() and line.split()[0] in ("float32", "int8", "int4")}
+    assert set(rows) == {"float32", "int8", "int4", "float32 @4", "int8 @4", "int4 @4"}
+    assert float(rows["int8 @4"][-2]) > 0.99 and float(rows["int4 @4"][-2]) > 0.9   # cosine against float32
+    assert float(rows["float32 @4"][-2]) > 0.999 and rows["float32"][-2] == "-"
+    assert "KVCache(accuracy_level=L)" in out
+    env = dict(os.environ, PYTHONPATH=PKG_PARENT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "gqa", "demo", "--synthetic", "--accuracy-levels", "0,5"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode != 0 and "--accuracy-levels takes levels 0-4" in r.stderr
+
+
 def test_demo_without_the_model_says_how_to_get_it(monkeypatch):
     """No demo extra: the install line, then the synthetic loop."""
     import io

@@ -20,7 +20,7 @@ import sys
 
 
 from . import synthetic_demo as _synthetic_demo
-from .terminal import Progress, format_bytes, format_table
+from .terminal import Progress, format_bytes, format_table, leveled
 
 PROMPT = "What is the capital of France, and what is the city known for?"
 MODES = ("float", "int8-pc/pt", "int4-pc/pt", "int4-g32+s4r64+had", "int2-g32+s4r64+had+rho0.9",
@@ -56,6 +56,7 @@ def run_model(args, out):
             raise SystemExit(f"gqa demo: {e}")
     if "float" not in modes:
         modes = ["float"] + modes
+    levels = _synthetic_demo.levels(args)
     model = Llama.load()
     nt = args.threads or gqa.get_config()["effective_num_threads"]
     print(f"gqa demo: {model.name} ({model.num_layers} layers, N={model.num_heads}, "
@@ -80,33 +81,38 @@ def run_model(args, out):
         if kw.get("rotations") == "calibrated":
             rotations = rotations or model.calibrate_rotations(cal_ids)
             kw["rotations"] = rotations
-        cache = model.new_cache(cap, num_threads=args.threads, **kw)
-        bar = Progress(model.num_layers, enabled)
-        print(f"\n[{mode}] ", end="", file=out)
-        out.flush()
-        r = model.generate(prompt, cache, args.max_new_tokens, on_token=_Stream(model, out),
-                           on_layer=lambda i, mode=mode: bar.update(1, f"{mode} prefill"))
-        bar.close()
-        print("", file=out)
-        r.update(cache_bytes=cache.nbytes, per_position=cache.bytes_per_position)
-        results[mode] = r
+        for level in levels:
+            name = leveled(mode, level)
+            cache = model.new_cache(cap, num_threads=args.threads, accuracy_level=level, **kw)
+            bar = Progress(model.num_layers, enabled)
+            print(f"\n[{name}] ", end="", file=out)
+            out.flush()
+            r = model.generate(prompt, cache, args.max_new_tokens, on_token=_Stream(model, out),
+                               on_layer=lambda i, name=name: bar.update(1, f"{name} prefill"))
+            bar.close()
+            print("", file=out)
+            r.update(cache_bytes=cache.nbytes, per_position=cache.bytes_per_position)
+            results[name] = r
     ref = results["float"]["ids"]
     rows = []
-    for mode, r in results.items():
+    for name, r in results.items():
         same = r["ids"] == ref
         if not same:
             first = next((i for i, (a, b) in enumerate(zip(r["ids"], ref)) if a != b), min(len(ref), len(r["ids"])))
             verdict = f"no (from token {first})"
-        rows.append([mode, f"{len(prompt) / r['prefill_s']:.0f}",
+        rows.append([name, f"{len(prompt) / r['prefill_s']:.0f}",
                      f"{r['decode_steps'] / r['decode_s']:.1f}" if r["decode_steps"] else "-",
                      f"{100 * r['decode_attention_s'] / r['decode_s']:.1f}%" if r["decode_steps"] else "-",
                      format_bytes(r["per_position"]), format_bytes(r["cache_bytes"]),
-                     "reference" if mode == "float" else ("yes" if same else verdict)])
+                     "reference" if name == "float" else ("yes" if same else verdict)])
     head = ["KV cache", "prefill tok/s", "decode tok/s", "attention share", "KV bytes/position",
             f"KV allocated ({cap} pos.)", "answer = float"]
     print("\n" + format_table(head, rows), file=out)
     print("\ntok/s: the whole model (NumPy projections and MLP included); attention share: time inside "
           "the 30 attention calls of a decode step.", file=out)
+    if len(levels) > 1:
+        print(f"MODE@L: the cache at accuracy level L (KVCache(accuracy_level=L)); the reference is "
+              f"the float cache at level 0. Here {_synthetic_demo.units_line()}", file=out)
     if any(r["ids"] != ref for r in results.values()):
         print("answer = float: greedy decoding picks the most likely token, so one token that a "
               "cache's rounding changes sends the rest of the answer elsewhere -- a small model "

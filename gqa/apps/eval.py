@@ -40,18 +40,13 @@ import numpy as np
 
 from . import texts as _texts
 from gqa import cache_options, needs_scales
-from .terminal import format_table
+from .terminal import format_table, int_list, leveled
 
 # static scales, then the per-group caches with float windows and rotations that keep the
 # model's quality at 4 and 2 bits (README, "A real model")
 PPL_MODES = ("float", "int8-pt", "int8-pc", "int8-pc/pt", "int4-pt", "int4-pc/pt", "int4-pc",
              "int4-g32", "int4-g32+s4r64+had", "int2-g32+s4r64+had+rho0.9")
 DECODE_TAIL = 32
-
-
-def leveled(mode, level):
-    """The name of a cache mode run at an accuracy level: the mode at 0, ``mode@L`` else."""
-    return mode if not level else f"{mode}@{level}"
 
 
 def floor_path():
@@ -280,15 +275,11 @@ def plot(res, path):
     fig.savefig(path, dpi=110)
 
 
-def _ints(s):
-    return [int(x) for x in s.split(",") if x]
-
-
 def add_arguments(p):
     p.add_argument("--what", default="ppl,speed", help="ppl, speed or both")
-    p.add_argument("--contexts", type=_ints, default=[1024, 4096], help="perplexity contexts")
+    p.add_argument("--contexts", type=int_list, default=[1024, 4096], help="perplexity contexts")
     p.add_argument("--modes", default=",".join(PPL_MODES), help="cache modes of the perplexity table")
-    p.add_argument("--accuracy-levels", type=_ints, default=[0],
+    p.add_argument("--accuracy-levels", type=int_list, default=[0],
                    help="accuracy levels (0-4, gqa.config) of the perplexity table and the speed sides; each L > 0 beside level 0")
     p.add_argument("--decode-tail", type=int, default=DECODE_TAIL,
                    help="positions of each context scored by one decode step each (the rest prefilled)")
@@ -296,7 +287,7 @@ def add_arguments(p):
     p.add_argument("--margin", type=float, default=1.0, help="calibration margin (KVCache)")
     p.add_argument("--plain-k-maxima", action="store_true",
                    help="calibrate K by plain per-channel maxima, not rotary pair norms")
-    p.add_argument("--decode-T", type=_ints, default=[512, 2048, 8192], help="decode total lengths")
+    p.add_argument("--decode-T", type=int_list, default=[512, 2048, 8192], help="decode total lengths")
     p.add_argument("--speed-modes", default="int8-pt", help="gqa cache modes timed")
     p.add_argument("--peers", default="numpy,ort,ort-nospin", help="numpy, ort, ort-nospin")
     p.add_argument("--steps", type=int, default=8, help="decode tokens per side and round")

@@ -21,13 +21,16 @@ import time
 import numpy as np
 
 from . import gguf, texts
-from .terminal import format_bytes, format_table
+from .terminal import format_bytes, format_table, int_list, leveled
 
 DEFAULT_MODES = ("float", "int8-pc", "int4-g32-fp16+s4r64+had", "int2-g32+s4r128+had+rho0.9")
 
 
 def add_arguments(p):
     p.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), help="gqa cache modes")
+    p.add_argument("--accuracy-levels", type=int_list, default=[0],
+                   help="accuracy levels (0-4) each gqa cache also runs at, as 'gqa MODE@L' beside "
+                        "level 0, e.g. 0,4 (default: 0 only)")
     p.add_argument("--prompt", type=int, default=1024, help="perplexity: prompt tokens")
     p.add_argument("--decode", type=int, default=128, help="perplexity: decode tokens after it")
     p.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096, 8192],
@@ -61,7 +64,8 @@ def peak_rss(model, ids, make, attention, steps):
 def _rss_in_child(args, name):
     """peak_rss of cache `name` in a new process (python -m gqa hf --rss-child name)."""
     cmd = [sys.executable, "-m", "gqa", "hf", "--rss-child", name, "--rss-length", str(args.rss_length),
-           "--steps", str(args.steps), "--threads", str(args.threads), "--modes", *args.modes]
+           "--steps", str(args.steps), "--threads", str(args.threads),
+           "--accuracy-levels", ",".join(map(str, args.accuracy_levels)), "--modes", *args.modes]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
@@ -83,8 +87,9 @@ def load_model():
     return model, tok
 
 
-def _caches(model, tok, modes):
-    """(name, attention, make(max_length) -> cache) of every cache compared."""
+def _caches(model, tok, modes, levels=(0,)):
+    """(name, attention, make(max_length) -> cache) of every cache compared: gqa's at each
+    accuracy level, ``gqa MODE@L``."""
     import torch
     from transformers import DynamicCache, QuantizedCache
     import gqa.transformers as gt
@@ -106,8 +111,10 @@ def _caches(model, tok, modes):
                 ids = torch.tensor([tok.encode(texts.calibration_text()).ids[:1024]])
                 calibration = gt.calibrate(model, ids)
             kw["calibration"] = calibration
-        out.append((f"gqa {mode}", "gqa",
-                    lambda n, m=mode, kw=kw: gt.Cache(model, m, max_length=n, set_attention=False, **kw)))
+        for level in sorted(set(levels) | {0}):
+            out.append((f"gqa {leveled(mode, level)}", "gqa",
+                        lambda n, m=mode, kw=kw, level=level: gt.Cache(model, m, max_length=n, set_attention=False,
+                                                                       accuracy_level=level, **kw)))
     return out
 
 
@@ -180,7 +187,7 @@ def run(args):
     model, tok = load_model()
     all_ids = tok.encode(texts.evaluation_text()).ids
     if args.rss_child:
-        caches = {name: (att, make) for name, att, make in _caches(model, tok, args.modes)}
+        caches = {name: (att, make) for name, att, make in _caches(model, tok, args.modes, args.accuracy_levels)}
         att, make = caches[args.rss_child]
         ids = torch.tensor([all_ids[:args.rss_length]])
         peak, before = peak_rss(model, ids, make, att, args.steps)
@@ -188,7 +195,9 @@ def run(args):
         return 0
     need = max([args.prompt + args.decode, args.rss_length] + list(args.lengths)) + args.steps + 1
     ids = torch.tensor([all_ids[:need]])
-    caches = _caches(model, tok, args.modes)
+    if any(not 0 <= lv <= 4 for lv in args.accuracy_levels):
+        raise SystemExit("gqa hf: --accuracy-levels takes levels 0-4")
+    caches = _caches(model, tok, args.modes, args.accuracy_levels)
     print(f"SmolLM2 through transformers, torch {torch.__version__}, {args.threads} threads; "
           f"text: {texts.describe('evaluation')}")
     results = {name: {} for name, _, _ in caches}

@@ -27,7 +27,7 @@ import numpy as np
 
 from gqa import rotary_caches
 from .blas import blas_threads
-from .terminal import Progress, format_bytes, format_table
+from .terminal import Progress, format_bytes, format_table, int_list, leveled
 
 MODES = {"float32": "float", "int8": "int8-pc/pt", "int4": "int4-pc/pt"}  # gqa.KVCache modes
 DEFAULTS = dict(layers=8, prompt=256, steps=256, heads=32, kv_heads=8, head_size=128, model_dim=256,
@@ -57,15 +57,25 @@ def _rms(x):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-6))
 
 
-def run_loop(model, tokens, prompt, steps, mode, calibration, threads, cos, sin, progress):
+def levels(args):
+    """The accuracy levels of ``--accuracy-levels``, 0 among them, sorted; a SystemExit naming the
+    option for any other than 0-4."""
+    out = sorted(set(args.accuracy_levels) | {0})
+    if any(not 0 <= lv <= 4 for lv in out):
+        raise SystemExit("gqa demo: --accuracy-levels takes levels 0-4")
+    return out
+
+
+def run_loop(model, tokens, prompt, steps, mode, calibration, threads, cos, sin, progress, level=0):
     """One pass over prompt + decode steps.  mode: "float32" | "int8" | "int4" (K per channel,
-    V per tensor, scales from `calibration`).  -> dict(outputs [prompt+steps, D], cache, times)."""
+    V per tensor, scales from `calibration`), at accuracy level `level`.  -> dict(outputs
+    [prompt+steps, D], cache, times)."""
     from gqa import KVCache
     L, D = model.L, model.D
     cap = prompt + steps
     cache = KVCache(num_layers=L, num_heads=model.N, kv_num_heads=model.Nkv, head_size=model.H,
                     max_length=cap, mode=MODES[mode], calibration=calibration, rotary=(cos, sin),
-                    num_threads=threads)
+                    num_threads=threads, accuracy_level=level)
     outs = np.empty((cap, D), np.float32)
     attn_t = {"prefill": 0.0, "decode": 0.0}
 
@@ -129,7 +139,8 @@ def run(args, out=None):
           "-> output projection + residual", file=out)
     out.flush()
     enabled = {"on": True, "off": False}.get(args.progress, sys.stderr.isatty())
-    progress = Progress(3 * (args.layers + St), enabled)
+    lvls = levels(args)
+    progress = Progress(3 * len(lvls) * (args.layers + St), enabled)
     runs = {}
     blas = blas_threads(1)
     try:
@@ -138,20 +149,25 @@ def run(args, out=None):
         ref = runs["float32"]["cache"]
         ref.truncate(P)                  # calibrate on the prompt's rows
         calibration = ref.calibration()
-        for mode in ("int8", "int4"):
-            runs[mode] = run_loop(model, tokens, P, St, mode, calibration, threads, cos, sin, progress)
+        for mode in MODES:
+            for level in lvls:
+                if mode != "float32" or level:
+                    runs[leveled(mode, level)] = run_loop(model, tokens, P, St, mode,
+                                                          calibration if mode != "float32" else None,
+                                                          threads, cos, sin, progress, level)
     finally:
         blas.__exit__(None, None, None)
         progress.close()
 
     f32_bytes = runs["float32"]["cache"].nbytes
     rows = []
-    for mode, r in runs.items():
+    for name, r in runs.items():
         mem = r["cache"].nbytes
-        acc = compare(r["outputs"], runs["float32"]["outputs"]) if mode != "float32" else None
+        acc = compare(r["outputs"], runs["float32"]["outputs"]) if name != "float32" else None
         r.update(cache_bytes=mem, accuracy=acc)
+        mode, _, level = name.partition("@")
         label = {"float32": "float32", "int8": "int8 (K per-channel, V per-tensor)",
-                 "int4": "int4 (K per-channel, V per-tensor)"}[mode]
+                 "int4": "int4 (K per-channel, V per-tensor)"}[mode] + (f" @ level {level}" if level else "")
         rows.append([label, format_bytes(mem), f"{100 * mem / f32_bytes:.1f}%",
                      f"{P / r['t_prefill']:.0f}", f"{P / r['attn_prefill']:.0f}",
                      f"{St / r['t_decode']:.0f}", f"{St / r['attn_decode']:.0f}",
@@ -168,8 +184,19 @@ def run(args, out=None):
     print("tok/s: the whole loop (projections in NumPy included); (attn only): time inside the "
           f"{args.layers} GroupQueryAttention calls per token.", file=out)
     print("Errors: final hidden states of all prompt and decode tokens against the float32-cache run "
-          "(cosine over all of them; min token cos: the worst single token).", file=out)
+          "at level 0 (cosine over all of them; min token cos: the worst single token).", file=out)
+    if len(lvls) > 1:
+        print(f"@ level L: KVCache(accuracy_level=L); here {units_line()}", file=out)
     return 0
+
+
+def units_line():
+    """Where levels 3-4 run with the active settings (gqa.get_config), as one sentence."""
+    import gqa
+    cfg = gqa.get_config()
+    return (f"level 4's integer dots run on {cfg['int8_dot_unit'] or 'none (float32)'} (per-group codes: "
+            f"{cfg['group_dot_unit'] or 'float32'}), levels 3-4's prompt tiles on "
+            f"{cfg['tiles_effective'] or 'none (float32)'}.")
 
 
 def add_arguments(p):
@@ -185,6 +212,9 @@ def add_arguments(p):
                    help=f"width of the residual stream between layers (default {d['model_dim']})")
     p.add_argument("--threads", type=int, default=None, help="threads of the attention calls (default: gqa's)")
     p.add_argument("--seed", type=int, default=d["seed"], help="seed of the random model and tokens")
+    p.add_argument("--accuracy-levels", type=int_list, default=[0],
+                   help="accuracy levels (0-4, onnxruntime's convention) each cache also runs at, "
+                        "beside level 0, e.g. 0,4 (default: 0 only)")
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="progress bar on stderr (auto: when stderr is a terminal)")
     return p

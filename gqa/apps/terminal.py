@@ -1,5 +1,5 @@
 """Terminal helpers of gqa's commands: a progress bar on stderr, plain-text tables, times and
-byte counts."""
+byte counts, and the command-line vocabulary they share (integer lists, ``MODE@L`` names)."""
 import sys
 import time
 
@@ -65,3 +65,13 @@ def format_time(us):
     if us < 1e6:
         return f"{us / 1e3:.2f}ms"
     return f"{us / 1e6:.2f}s"
+
+
+def int_list(s):
+    """A command-line list of integers, ``"0,4"`` -> ``[0, 4]``."""
+    return [int(x) for x in s.split(",") if x]
+
+
+def leveled(mode, level):
+    """The name of a cache mode run at an accuracy level: the mode at 0, ``mode@L`` else."""
+    return mode if not level else f"{mode}@{level}"
