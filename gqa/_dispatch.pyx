@@ -49,8 +49,10 @@ cdef bint _dot = gqa_s8_dot_runnable(0) == 1          # the active table's level
 cdef bint _dot_prompt_pv = False
 # level 4 on per-group codes (decode steps and the naive path; prompts' flash tiles keep float32):
 # the avx2 unit's kernels (kernels_avx2_gdot.c), on the avx2 path and on avx512, whose CPUs run
-# them; NULL elsewhere (float32)
+# them, and the neon sdot unit's (kernels_neon_gdot.c) where the CPU has the dot product; NULL
+# elsewhere (float32).  _gdot_unit names the table.
 cdef const gqa_kernels *_gdot = NULL
+cdef object _gdot_unit = None
 
 cdef int omp_max_threads() noexcept nogil:
     return gqa_openmp_max_threads()
@@ -154,14 +156,15 @@ def tile_names():
 
 def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
-    global _active, _tiles, _dot, _dot_prompt_pv, _gdot
+    global _active, _tiles, _dot, _dot_prompt_pv, _gdot, _gdot_unit
     _active = gqa_path_table(PATH_NAMES.index(name))
     _tiles = _pick_tiles(PATH_NAMES.index(name), _tiles_choice)
     _dot = gqa_s8_dot_runnable(PATH_NAMES.index(name)) == 1
     _dot_prompt_pv = _dot and name == "avx512"
-    avx2 = PATH_NAMES.index("avx2")
-    _gdot = (gqa_path_table(avx2) if name in ("avx2", "avx512") and gqa_s8_dot_runnable(avx2) == 1
-             else NULL)
+    _gdot_unit = {"avx2": "avx2", "avx512": "avx2", "neon": "neon"}.get(name)
+    if _gdot_unit is not None and gqa_s8_dot_runnable(PATH_NAMES.index(_gdot_unit)) != 1:
+        _gdot_unit = None
+    _gdot = gqa_path_table(PATH_NAMES.index(_gdot_unit)) if _gdot_unit is not None else NULL
 
 
 def _set_tiles(choice):
@@ -207,9 +210,10 @@ def int8_dot_unit():
 
 
 def group_dot_unit():
-    """Where accuracy level 4's dots on per-group codes run with the active settings ("avx2",
-    on the avx2 and avx512 paths), or None (the exact kernels)."""
-    return "avx2" if _gdot != NULL else None
+    """Where accuracy level 4's dots on per-group codes run with the active settings ("avx2" on
+    the avx2 and avx512 paths, "neon" where the CPU has the dot product), or None (the exact
+    kernels)."""
+    return _gdot_unit
 
 
 def tiles_effective():

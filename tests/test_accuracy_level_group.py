@@ -1,5 +1,6 @@
 """accuracy_level 4 on per-group codes (INT8 / INT4 / INT2, float32 or binary16 metadata): the
-AVX2 unit's QK and P @ V (kernels_avx2_gdot.c, on the avx2 and avx512 paths) against NumPy
+AVX2 unit's QK and P @ V (kernels_avx2_gdot.c, on the avx2 and avx512 paths) and the NEON sdot
+unit's (kernels_neon_gdot.c, natively on aarch64; under qemu: tests/isa) against NumPy
 statements of the per-group contracts of kernels_s8dot_contract.h, bit for bit; against float64
 within the bounds those contracts give; and a decode step over a per-group cache within the
 bound of its scores and probabilities."""
@@ -18,15 +19,18 @@ QK_MAX = 32639
 SV_KG = 256
 
 
-@pytest.fixture(params=["avx2", "avx512"])
+@pytest.fixture(params=["avx2", "avx512", "neon"])
 def group_dot_path(request):
-    """A path on which level 4's per-group dots run (the avx2 unit's kernels on both)."""
+    """A path on which level 4's per-group dots run (the avx2 unit's kernels on avx2 and avx512,
+    the sdot unit's on neon)."""
     path = request.param
     if not _dispatch.path_runnable(path):
         pytest.skip(f"this CPU (or build) cannot run the {path} path")
+    unit = "neon" if path == "neon" else "avx2"
     with gqa.config(path=path):
-        if _dispatch.group_dot_unit() != "avx2":
-            pytest.skip("this build has no AVX2 integer-dot unit")
+        if _dispatch.group_dot_unit() != unit:
+            pytest.skip(f"this build (or CPU) has no {unit} integer-dot unit"
+                        + ("; tests/isa/test_isa.py[neon-dot-qemu] checks it under qemu" if unit == "neon" else ""))
     return path
 
 
@@ -169,13 +173,14 @@ def test_group_rows_outside_the_contract_are_exact(group_dot_path):
     """Query rows of zeros / NaN / inf, probability rows with a negative, NaN or inf element, and
     groups the contract does not take (16 columns; 512) run the exact kernel."""
     rng = np.random.default_rng(5)
+    exact_path = "neon" if group_dot_path == "neon" else "avx2"   # the unit's exact kernels
     rows = _rows(rng, (40, 64), 4, 32, False)
     a = rng.standard_normal((5, 64)).astype(F32)
     a[1], a[2, 3], a[3, 4] = 0.0, np.nan, np.inf
     kw = dict(bits=4, group_size=32)
     with gqa.config(path=group_dot_path, accuracy_level=4):
         got = gqa.qk_gemm(a, rows, **kw)
-    with gqa.config(path="avx2", accuracy_level=0):
+    with gqa.config(path=exact_path, accuracy_level=0):
         exact = gqa.qk_gemm(a, rows, **kw)
     assert np.array_equal(got[1:4], exact[1:4], equal_nan=True)
     assert np.array_equal(got[[0, 4]], gqk_ref(a[[0, 4]], rows, 4, 32, 64, False, 1.0))
@@ -183,7 +188,7 @@ def test_group_rows_outside_the_contract_are_exact(group_dot_path):
     p[1, 2], p[2, 5], p[3] = -0.5, np.nan, 0.0
     with gqa.config(path=group_dot_path, accuracy_level=4):
         got = gqa.sv_gemm(p, rows, n=64, **kw)
-    with gqa.config(path="avx2", accuracy_level=0):
+    with gqa.config(path=exact_path, accuracy_level=0):
         exact = gqa.sv_gemm(p, rows, n=64, **kw)
     assert np.array_equal(got[1:], exact[1:], equal_nan=True)
     assert np.array_equal(got[0], gsv_ref(p[:1], rows, 4, 32, 64, False, 0.0, None)[0])

@@ -31,51 +31,15 @@
  * byte (partial steps and blocks go through zero-padded copies).
  */
 #if defined(__aarch64__)
-#include <arm_neon.h>
-#include <float.h>
-#include "kernels_common.h"
-#include "kernels_s8dot_contract.h"
+#include "kernels_neon_dot.h"
 
-/* The neon path's table (kernels_neon.c): its exact kernels take what the contracts leave. */
-extern const gqa_kernels gqa_kernels_neon;
+/* The per-group kernels (kernels_neon_gdot.c), which the entries hand group types to. */
+void gqa_qk_gemm_g_dot_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
+                            int type, float *C, size_t ldc);
+void gqa_sv_gemm_g_dot_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
+                            float *C, size_t ldc, float beta);
 
 /* ---- qk_gemm_s8_dot ------------------------------------------------------------------------ */
-
-/* Row a's codes (a_k = a[k], or fl(a[k] s[k]) per channel) as byte halves into hi[0, cs) and
-   lo[0, cs) (padded with 0; eo: each 32 reordered to the 16 even elements, then the 16 odd), its
-   multiplier and the sum of its codes; 0 when the row takes the exact kernel. */
-static int qk_row(const float *a, size_t K, const float *s, int pc, float alpha, int eo, int8_t *hi, int8_t *lo,
-                  size_t cs, float *mult, int32_t *sum)
-{
-    float amax = 0.0f;
-    int bad = 0;
-    for (size_t k = 0; k < K; k++) {
-        const float x = pc ? a[k] * s[k] : a[k];
-        bad |= x != x;
-        const float ax = fabsf(x);
-        amax = ax > amax ? ax : amax;
-    }
-    if (bad || !(amax <= FLT_MAX) || amax == 0.0f || !(QK_CODE_MAX / amax <= FLT_MAX))
-        return 0;
-    const float inv = QK_CODE_MAX / amax, sa = amax / QK_CODE_MAX;
-    int32_t total = 0;
-    for (size_t k = 0; k < cs; k++) {
-        float q = 0.0f;
-        if (k < K) {
-            q = rintf((pc ? a[k] * s[k] : a[k]) * inv);
-            q = q > QK_CODE_MAX ? QK_CODE_MAX : q < -QK_CODE_MAX ? -QK_CODE_MAX : q;
-        }
-        const int32_t c = (int32_t)q, h = (c + 128) >> 8;
-        /* element k's place: INT4 puts element 2i + j of each 32 at 16 j + i */
-        const size_t at = eo ? (k & ~(size_t)31) + 16 * (k & 1) + (k & 31) / 2 : k;
-        hi[at] = (int8_t)h;
-        lo[at] = (int8_t)(c - 256 * h);
-        total += c;
-    }
-    *mult = pc ? alpha * sa : (alpha * sa) * s[0];
-    *sum = total;
-    return 1;
-}
 
 /* One 16-byte step p of each of NB rows of B for rows mb < MB of the halves (stride cs):
    ah / al[mb * NB + nb] += the products of its codes with the high / low halves. */
@@ -172,6 +136,10 @@ void gqa_qk_gemm_s8_dot_neon(size_t M, size_t N, size_t K, float alpha, const fl
                              int type, const float *s, float *C, size_t ldc)
 {
     int8_t hi[4 * DOT_QK_K] __attribute__((aligned(16))), lo[4 * DOT_QK_K] __attribute__((aligned(16)));
+    if (GQA_IS_GROUP(type)) {
+        gqa_qk_gemm_g_dot_neon(M, N, K, alpha, A, lda, B, type, C, ldc);
+        return;
+    }
     if (!gqa_dot_codes(type) || K == 0 || K > DOT_QK_K) {
         gqa_kernels_neon.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
@@ -185,7 +153,8 @@ void gqa_qk_gemm_s8_dot_neon(size_t M, size_t N, size_t K, float alpha, const fl
         int32_t corr[4], sum;
         int mb = 0;
         for (; m0 < M && mb < 4; ++m0) {
-            if (qk_row(A + m0 * lda, K, s, pc, alpha, s4, hi + mb * cs, lo + mb * cs, cs, &mult[mb], &sum)) {
+            if (dot_qk_row(A + m0 * lda, K, s, pc, alpha, s4 ? DOT_EO : DOT_NATURAL, hi + mb * cs, lo + mb * cs, cs,
+                           cs, &sum, &mult[mb])) {
                 corr[mb] = s4 ? 8 * sum : 0;
                 rows[mb++] = m0;
             } else {
@@ -204,162 +173,6 @@ void gqa_qk_gemm_s8_dot_neon(size_t M, size_t N, size_t K, float alpha, const fl
 }
 
 /* ---- sv_gemm_s8_dot ------------------------------------------------------------------------ */
-
-#define SV_MB 4 /* rows of A a pass over a chunk's tiles serves */
-
-/* inv and sp of a probability row; 0 when the row takes the exact kernel (an element negative,
-   NaN or infinite, or a maximum of 0, or 32767 / max not finite). */
-static int sv_row(const float *a, size_t K, float *inv, float *sp)
-{
-    const float32x4_t zero = vdupq_n_f32(0.0f), big = vdupq_n_f32(FLT_MAX);
-    float32x4_t mx = zero;
-    uint32x4_t ok = vdupq_n_u32(~0u);
-    size_t k = 0;
-    for (; k + 4 <= K; k += 4) {
-        const float32x4_t v = vld1q_f32(a + k);
-        ok = vandq_u32(ok, vandq_u32(vcgeq_f32(v, zero), vcleq_f32(v, big))); /* NaN fails both */
-        mx = vmaxq_f32(mx, v);
-    }
-    float pmax = vmaxvq_f32(mx);
-    int good = vminvq_u32(ok) != 0;
-    for (; k < K; k++) {
-        good &= a[k] >= 0.0f && a[k] <= FLT_MAX;
-        pmax = a[k] > pmax ? a[k] : pmax;
-    }
-    if (!good || pmax == 0.0f)
-        return 0;
-    *inv = SV_CODE_MAX / pmax;
-    *sp = pmax / SV_CODE_MAX;
-    return *inv <= FLT_MAX;
-}
-
-/* The codes p_k = min(32767, rint(fl(a[k] inv))) of a[0, n) as ph = p >> 8 and pl = (p & 255) -
-   128 into ph[0, np), pl[0, np) (np = n rounded up to 16; past n: 0 and -128, p = 0); returns
-   sum_k p_k. */
-static int32_t sv_codes(const float *a, size_t n, float inv, int8_t *ph, int8_t *pl)
-{
-    const float32x4_t vinv = vdupq_n_f32(inv), lim = vdupq_n_f32(SV_CODE_MAX);
-    int32x4_t total = vdupq_n_s32(0);
-    for (size_t k = 0; k < n; k += 16) {
-        float x[16] = {0};
-        const float *src = a + k;
-        if (n - k < 16) {
-            memcpy(x, a + k, (n - k) * sizeof(float));
-            src = x;
-        }
-        int16x8_t h16[2], l16[2];
-        for (int j = 0; j < 2; j++) {
-            int32x4_t p[2];
-            for (int i = 0; i < 2; i++) {
-                const float32x4_t t = vmulq_f32(vld1q_f32(src + 8 * j + 4 * i), vinv);
-                p[i] = vcvtq_s32_f32(vminq_f32(vrndnq_f32(t), lim)); /* integral: exact */
-                total = vaddq_s32(total, p[i]);
-            }
-            const int16x8_t p16 = vcombine_s16(vmovn_s32(p[0]), vmovn_s32(p[1]));
-            h16[j] = vshrq_n_s16(p16, 8);
-            l16[j] = vsubq_s16(vandq_s16(p16, vdupq_n_s16(255)), vdupq_n_s16(128));
-        }
-        vst1q_s8(ph + k, vcombine_s8(vmovn_s16(h16[0]), vmovn_s16(h16[1])));
-        vst1q_s8(pl + k, vcombine_s8(vmovn_s16(l16[0]), vmovn_s16(l16[1])));
-    }
-    return vaddvq_s32(total);
-}
-
-/* 16 columns of one B row as bytes in column order: INT8 codes, or INT4 nibbles u (low nibble
-   the even column); w < 16 columns (a last block) through a zero-padded copy. */
-INLINE int8x16_t sv_cols16(const int8_t *p, int s4, size_t w)
-{
-    const size_t nb = s4 ? (w + 1) / 2 : w;
-    int8_t t[16] = {0};
-    if (w < 16) {
-        memcpy(t, p, nb);
-        p = t;
-    }
-    if (!s4)
-        return vld1q_s8(p);
-    const uint8x8_t x = vld1_u8((const uint8_t *)p);
-    const uint8x8x2_t z = vzip_u8(vand_u8(x, vdup_n_u8(0x0F)), vshr_n_u8(x, 4));
-    return vreinterpretq_s8_u8(vcombine_u8(z.val[0], z.val[1]));
-}
-
-/* The tile of keys [0, kn) (rows b + k ldb) and 16 columns: tile[4 g + j] holds, for columns
-   4 j .. 4 j + 3, keys 4 g .. 4 g + 3 in each 32-bit lane (zeros past kn, up to np, a multiple of
-   16); colsum[j] the columns' sums over the keys. */
-static void sv_tile(const int8_t *b, size_t ldb, size_t kn, size_t np, int s4, size_t w, int8x16_t *tile,
-                    int32x4_t colsum[4])
-{
-    const int8x16_t ones = vdupq_n_s8(1);
-    for (int j = 0; j < 4; j++)
-        colsum[j] = vdupq_n_s32(0);
-    for (size_t k = 0; k < np; k += 4) {
-        int8x16_t r[4];
-        for (int i = 0; i < 4; i++)
-            r[i] = k + i < kn ? sv_cols16(b + (k + i) * ldb, s4, w) : vdupq_n_s8(0);
-        /* 4 rows x 16 columns -> 4 columns x 4 keys per 32-bit lane */
-        const int16x8_t a0 = vreinterpretq_s16_s8(vzip1q_s8(r[0], r[1]));
-        const int16x8_t a1 = vreinterpretq_s16_s8(vzip2q_s8(r[0], r[1]));
-        const int16x8_t b0 = vreinterpretq_s16_s8(vzip1q_s8(r[2], r[3]));
-        const int16x8_t b1 = vreinterpretq_s16_s8(vzip2q_s8(r[2], r[3]));
-        int8x16_t *t = tile + k;
-        t[0] = vreinterpretq_s8_s16(vzip1q_s16(a0, b0));
-        t[1] = vreinterpretq_s8_s16(vzip2q_s16(a0, b0));
-        t[2] = vreinterpretq_s8_s16(vzip1q_s16(a1, b1));
-        t[3] = vreinterpretq_s8_s16(vzip2q_s16(a1, b1));
-        for (int j = 0; j < 4; j++)
-            colsum[j] = vdotq_s32(colsum[j], t[j], ones);
-    }
-}
-
-/* The 16 column sums of rows i < MB (halves ph / pl at stride ps, keys [0, np)) against a tile:
-   d[i][j] = 256 D_ph + D_pl (the 128 sum v term is the caller's). */
-INLINE void sv_dots(const int MB, const int8_t *ph, const int8_t *pl, size_t ps, const int8x16_t *tile, size_t np,
-                    int32x4_t d[][4])
-{
-    int32x4_t ah[2][4], al[2][4];
-    UNROLL
-    for (int i = 0; i < MB; i++)
-        UNROLL
-        for (int j = 0; j < 4; j++)
-            ah[i][j] = al[i][j] = vdupq_n_s32(0);
-    for (size_t k = 0; k < np; k += 16) {
-        int8x16_t h[2], l[2];
-        UNROLL
-        for (int i = 0; i < MB; i++) {
-            h[i] = vld1q_s8(ph + i * ps + k);
-            l[i] = vld1q_s8(pl + i * ps + k);
-        }
-        const int8x16_t *t = tile + k;
-#define SV_GROUP(g)                                                                                    \
-        UNROLL                                                                                         \
-        for (int j = 0; j < 4; j++) {                                                                  \
-            const int8x16_t v = t[4 * (g) + j];                                                        \
-            UNROLL                                                                                     \
-            for (int i = 0; i < MB; i++) {                                                             \
-                ah[i][j] = vdotq_laneq_s32(ah[i][j], v, h[i], g);                                      \
-                al[i][j] = vdotq_laneq_s32(al[i][j], v, l[i], g);                                      \
-            }                                                                                          \
-        }
-        SV_GROUP(0) SV_GROUP(1) SV_GROUP(2) SV_GROUP(3)
-#undef SV_GROUP
-    }
-    UNROLL
-    for (int i = 0; i < MB; i++)
-        UNROLL
-        for (int j = 0; j < 4; j++)
-            d[i][j] = vaddq_s32(vshlq_n_s32(ah[i][j], 8), al[i][j]);
-}
-
-static void sv_dots_1(const int8_t *ph, const int8_t *pl, size_t ps, const int8x16_t *tile, size_t np,
-                      int32x4_t d[][4])
-{
-    sv_dots(1, ph, pl, ps, tile, np, d);
-}
-
-static void sv_dots_2(const int8_t *ph, const int8_t *pl, size_t ps, const int8x16_t *tile, size_t np,
-                      int32x4_t d[][4])
-{
-    sv_dots(2, ph, pl, ps, tile, np, d);
-}
 
 /* One chunk's sums d[0, w) (w <= 16) into crow: crow[n] = (first ? (beta == 0 ? 0 : fl(beta
    crow[n])) : crow[n]) + fl(float(d[n]) fl(sp s[n or 0])). */
@@ -384,8 +197,12 @@ static void sv_finish(const int32x4_t d[4], size_t w, float *crow, const float *
 void gqa_sv_gemm_s8_dot_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
                              const float *s, float *C, size_t ldc, float beta)
 {
-    int8_t ph[SV_MB][SV_KS] __attribute__((aligned(16))), pl[SV_MB][SV_KS] __attribute__((aligned(16)));
+    int8_t ph[DOT_SV_MB][SV_KS] __attribute__((aligned(16))), pl[DOT_SV_MB][SV_KS] __attribute__((aligned(16)));
     int8x16_t tile[SV_KS];
+    if (GQA_IS_GROUP(type)) {
+        gqa_sv_gemm_g_dot_neon(M, N, K, A, lda, B, type, C, ldc, beta);
+        return;
+    }
     if (!gqa_dot_codes(type) || K == 0) {
         gqa_kernels_neon.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;
@@ -393,28 +210,29 @@ void gqa_sv_gemm_s8_dot_neon(size_t M, size_t N, size_t K, const float *A, size_
     const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
     const size_t rb = gqa_row_bytes(type, N);
     for (size_t m0 = 0; m0 < M;) {
-        size_t rows[SV_MB];
-        float inv[SV_MB], sp[SV_MB];
+        size_t rows[DOT_SV_MB];
+        float inv[DOT_SV_MB], sp[DOT_SV_MB];
         int mb = 0;
-        for (; m0 < M && mb < SV_MB; ++m0) {
-            if (sv_row(A + m0 * lda, K, &inv[mb], &sp[mb]))
+        for (; m0 < M && mb < DOT_SV_MB; ++m0) {
+            if (dot_sv_row(A + m0 * lda, K, &inv[mb], &sp[mb]))
                 rows[mb++] = m0;
             else
                 gqa_kernels_neon.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc, beta);
         }
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KS) {
             const size_t kn = K - k0 < SV_KS ? K - k0 : SV_KS, np = (kn + 15) & ~(size_t)15;
-            int32_t corr[SV_MB];
+            int32_t corr[DOT_SV_MB];
             for (int i = 0; i < mb; i++)
-                corr[i] = 8 * sv_codes(A + rows[i] * lda + k0, kn, inv[i], ph[i], pl[i]) * s4;
+                corr[i] = 8 * dot_sv_codes(A + rows[i] * lda + k0, kn, inv[i], ph[i], pl[i]) * s4;
             const int8_t *bk = (const int8_t *)B + k0 * rb;
             for (size_t n0 = 0; n0 < N; n0 += 16) {
                 const size_t w = N - n0 < 16 ? N - n0 : 16;
                 int32x4_t colsum[4], d[2][4];
-                sv_tile(bk + gqa_row_bytes(type, n0), rb, kn, np, s4, w, tile, colsum);
+                dot_sv_tile((const uint8_t *)bk + gqa_row_bytes(type, n0), rb, kn, np, s4 ? DOT_U4 : DOT_S8, w, tile,
+                            colsum);
                 for (int i = 0; i < mb; i += 2) {
                     const int two = i + 1 < mb;
-                    (two ? sv_dots_2 : sv_dots_1)(ph[i], pl[i], SV_KS, tile, np, d);
+                    dot_sv_dots_n(two, ph[i], pl[i], SV_KS, tile, np, d);
                     for (int r = 0; r <= two; r++) {
                         for (int j = 0; j < 4; j++)
                             d[r][j] = vsubq_s32(vaddq_s32(d[r][j], vshlq_n_s32(colsum[j], 7)),

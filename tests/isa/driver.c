@@ -5,8 +5,8 @@
  *
  * Build: this file + kernels_scalar.c + the path's TU, with
  *   -DGQA_TEST_TABLE=gqa_kernels_<path>   (the table under test).
- * Run:   driver [exact] [approx] [tiles=NAME]   (default: the first two; `approx` needs a
- *        table with qk_gemm_s8_approx).
+ * Run:   driver [exact] [approx] [dot] [tiles=NAME]   (default: the first two; `approx` needs a
+ *        table with qk_gemm_s8_approx; `dot` checks a path's own level-4 unit).
  *
  * Checks (each prints one line; a failure prints its first cases):
  *   quantize        codes / packed bytes / binary16 bit for bit, all six
@@ -42,6 +42,7 @@
  *                   within (K + 2) 2^-24 sum|ab| on normal operands, strides, C's padding kept;
  *                   exp_pack within 2^-16 of exp, 0 below -86.7 and for -inf, no subnormal,
  *                   NaN kept, its sum, its bfloat16 row with zeros to n_pad.
+ *   dot.group.*  (mode `dot`: a path's own level-4 unit) the per-group contracts, group_dot.h.
  *   dot.sv.*     the INT8 P @ V kernel of accuracy level 4: bit for bit against
  *                   its contract (keys 1 .. 20000, across its 8192-key chunks,
  *                   columns 1 .. 130, beta 0 / 1 / 0.5, per tensor and per channel),
@@ -1322,9 +1323,11 @@ static void check_tiles(const gqa_tiles *x)
     end();
 }
 
+#include "group_dot.h" /* check_group_dot: the per-group contracts of level 4 */
+
 int main(int argc, char **argv)
 {
-    int exact = argc < 2, approx = argc < 2, dot = 0;
+    int exact = argc < 2, approx = argc < 2, dot = 0, group_dot = 0;
     const char *tiles = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "exact"))
@@ -1332,7 +1335,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "approx"))
             approx = 1;
         else if (!strcmp(argv[i], "dot"))
-            dot = 1;
+            dot = group_dot = 1; /* a path's own unit, which takes per-group codes too */
         else if (!strncmp(argv[i], "tiles=", 6))
             tiles = argv[i] + 6;
         else {
@@ -1366,6 +1369,8 @@ int main(int argc, char **argv)
         } else {
             check_dot_qk(T->qk_gemm_s8_dot, 1);
             check_sv_dot(T->sv_gemm_s8_dot, 1);
+            if (group_dot)
+                check_group_dot(T->qk_gemm_s8_dot, T->sv_gemm_s8_dot);
         }
     }
     if (tiles) {
