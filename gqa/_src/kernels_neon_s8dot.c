@@ -10,13 +10,9 @@
  * elsewhere.
  *
  * sdot multiplies signed bytes four at a time into int32 lanes, so each 15-bit code is taken as
- * two byte halves and the integer sums are recombined exactly (int32 arithmetic wraps, and every
- * recombined sum is within the contract's int32 limits, so the wrapped result is the sum):
- *  - QK: a query code c in [-32639, 32639] is 256 hi + lo with hi = (c + 128) >> 8 and
- *    lo = c - 256 hi, both in [-127, 127] (QK_CODE_MAX = 127 * 257); D = 256 D_hi + D_lo.
- *  - P @ V: a probability code p in [0, 32767] is 256 ph + pl + 128 with ph = p >> 8 in [0, 127]
- *    and pl = (p & 255) - 128 in [-128, 127]; D[n] = 256 D_ph[n] + D_pl[n] + 128 sum_k v[k, n],
- *    the column sums shared by every row of a call.
+ * two byte halves (kernels_neon_dot.h) and the sums recombined exactly: QK's D = 256 D_hi + D_lo;
+ * P @ V's D[n] = 256 D_ph[n] + D_pl[n] + 128 sum_k v[k, n] (the probabilities' low halves are
+ * offset by 128; the column sums serve every row of a call).
  * INT4 codes are taken as their nibbles u = q + 8 in [0, 15] and the sums corrected exactly:
  * sum_k c_k q_k = sum_k c_k u_k - 8 sum_k c_k.  Integer sums do not depend on their order, and
  * the float finish is the contract's, so these kernels give its bits.
