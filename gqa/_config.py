@@ -46,7 +46,7 @@ def available_paths():
 
 def available_tiles():
     """Names of the bfloat16 tiles this CPU runs (levels 3-4's prompt tiles), best first:
-    "amx", "avx512bf16"; gqa.config(tiles=name) accepts each."""
+    "amx", "avx512bf16", "neonbf16"; gqa.config(tiles=name) accepts each."""
     return [n for n in _dispatch.tile_names() if _dispatch.tiles_runnable(n)]
 
 
@@ -129,10 +129,10 @@ class config:
     accuracy_level : 0-4, the level of operators whose own accuracy_level is 0 and of
                   gqa.qk_gemm / sv_gemm (GQA_ACCURACY_LEVEL; 0-2: float32 products; 3: prompts
                   on bfloat16 tiles where the CPU has them, else float32; 4: as 3, and integer
-                  dot products on INT8 / INT4 codes: AMX INT8, AVX-512 VNNI or AVX2; on AVX2 not
-                  the flash prompt's tiles)
+                  dot products on INT8 / INT4 / per-group codes: AMX INT8, AVX-512 VNNI, AVX2 or
+                  NEON sdot; on AVX2 and NEON not the flash prompt's tiles)
     tiles       : bool or a name (GQA_TILES, default True: the best this CPU runs, "amx" then
-                  "avx512bf16"); False keeps levels 3 and 4 off the tiles; a name picks those
+                  "avx512bf16"; on aarch64 "neonbf16"); False keeps levels 3 and 4 off the tiles; a name picks those
                   tiles (an error where the CPU lacks them)
     num_threads : int >= 1, or None for GQA_NUM_THREADS / OpenMP's default
     """

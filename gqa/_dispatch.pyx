@@ -217,7 +217,7 @@ def group_dot_unit():
 
 
 def tiles_effective():
-    """The name of the matrix tiles ("amx", "avx512bf16") accuracy levels 3 and 4 run prompts
+    """The name of the matrix tiles ("amx", "avx512bf16", "neonbf16") accuracy levels 3 and 4 run prompts
     on with the active path, or None where it has none this CPU runs (or they are off)."""
     return _tiles.name.decode() if _tiles != NULL else None
 

@@ -1,5 +1,6 @@
-"""Accuracy levels 3 and 4 on prompts with bfloat16 tiles -- AMX (gqa/_src/kernels_amx.c) and
-AVX-512 BF16 dot products (gqa/_src/kernels_avx512bf16.c): the flash tiles' QK and P @ V with
+"""Accuracy levels 3 and 4 on prompts with bfloat16 tiles -- AMX (gqa/_src/kernels_amx.c),
+AVX-512 BF16 dot products (gqa/_src/kernels_avx512bf16.c) and Arm's BFDOT
+(gqa/_src/kernels_neonbf16.c): the flash tiles' QK and P @ V with
 bfloat16 operands and float32 sums, the softmax in float32.
 
 Every test on tiles runs once per kind of tiles (the `tiles` fixture: gqa.config(tiles=name)),
@@ -8,7 +9,7 @@ values the cache holds, every cache format, within the bound the roundings give 
 _bound).  Where the tiles do not run -- another path, a head that is not a multiple of 16
 columns, gqa.config(tiles=False), a causal multi-token step with float windows -- levels 3 and
 4 are level 0's float32 contract (or level 4's VNNI kernels), checked bit for bit.
-tests/isa/test_isa.py[amx-native, avx512bf16-*] checks the kernels' contracts."""
+tests/isa/test_isa.py[amx-native, avx512bf16-*, neonbf16-*] checks the kernels' contracts."""
 import numpy as np
 import pytest
 
@@ -23,7 +24,8 @@ G = N // NKV
 
 NEEDS = {"amx": "AMX-TILE, AMX-BF16 and AVX512-BF16 with the tile state granted (nothing "
                 "emulates AMX)",
-         "avx512bf16": "AVX512-BF16"}
+         "avx512bf16": "AVX512-BF16",
+         "neonbf16": "aarch64's BFloat16 extension (tests/isa neonbf16-qemu checks its kernels under qemu)"}
 
 
 @pytest.fixture(params=list(NEEDS))

@@ -4,7 +4,7 @@
  *
  * x86: cpuid leaves 1 and 7 plus XGETBV: AVX/FMA/F16C need XCR0 bits 1-2
  * (SSE and AVX state); AVX-512 also needs bits 5-7 (opmask, ZMM0-15 high,
- * ZMM16-31).  aarch64: NEON (ASIMD) is baseline; dot-product via getauxval.
+ * ZMM16-31).  aarch64: NEON (ASIMD) is baseline; the dot product and BFloat16 via getauxval.
  * Which paths exist is told by the build: GQA_HAVE_<PATH> macros.
  */
 #include <stdlib.h>
@@ -35,7 +35,7 @@ extern const gqa_kernels gqa_kernels_neon;
 static const char *const path_names[GQA_PATH_COUNT] = {"scalar", "avx2", "avx512", "neon"};
 static const char *const feature_names[] = {
     "SSE2", "AVX", "AVX2", "FMA", "F16C", "AVX512F", "AVX512BW", "AVX512DQ",
-    "AVX512VL", "AVX512VNNI", "NEON", "ASIMDDP", "AVX512BF16", "AMX"};
+    "AVX512VL", "AVX512VNNI", "NEON", "ASIMDDP", "AVX512BF16", "AMX", "BF16"};
 
 const char *gqa_path_name(int path)
 {
@@ -94,6 +94,9 @@ static unsigned detect(void)
     f |= GQA_CPU_NEON;
 #if defined(__linux__) && defined(HWCAP_ASIMDDP)
     if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) f |= GQA_CPU_ASIMDDP;
+#endif
+#if defined(__linux__) && defined(HWCAP2_BF16)
+    if (getauxval(AT_HWCAP2) & HWCAP2_BF16) f |= GQA_CPU_BF16;
 #endif
 #endif
     return f;

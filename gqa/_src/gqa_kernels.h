@@ -119,8 +119,8 @@ typedef void (*gqa_sv_gemm_fn)(size_t M, size_t N, size_t K,
 typedef float (*gqa_exp_sum_fn)(float *x, size_t n, float m);
 
 /* Matrix tiles for the flash prompt tiles at accuracy level >= 3 (kernels_avx512bf16.c states
-   the operand layouts and roundings; kernels_amx.c the AMX gemm): bfloat16 operands, float32
-   sums.  Bracket the gemm calls of one thread by begin / end; permit once per process before
+   the operand layouts and roundings; kernels_amx.c the AMX gemm, kernels_neonbf16.c Arm's BFDOT
+   one): bfloat16 operands, float32 sums.  Bracket the gemm calls of one thread by begin / end; permit once per process before
    any (dispatch.c does). */
 typedef struct gqa_tiles {
     const char *name;
@@ -208,6 +208,7 @@ extern const gqa_kernels gqa_kernels_scalar;
 #define GQA_CPU_ASIMDDP   (1u << 11)
 #define GQA_CPU_AVX512BF16 (1u << 12)
 #define GQA_CPU_AMX       (1u << 13) /* AMX-TILE + AMX-BF16 + AMX-INT8, tile state enabled in XCR0 */
+#define GQA_CPU_BF16      (1u << 14) /* aarch64: the BFloat16 extension (HWCAP2_BF16: BFDOT, BFMMLA) */
 
 unsigned gqa_cpu_features(void);
 const char *gqa_cpu_feature_name(unsigned bit_index);

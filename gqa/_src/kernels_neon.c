@@ -23,7 +23,8 @@
  *    column's value never depends on N or M.  beta 0 overwrites C (NaN in C
  *    ignored), beta 1 accumulates, any other beta scales C first.
  *  - qk_gemm_s8_approx: none (the approximate kernel is AVX-512 VNNI only); level 4's integer
- *    dots: kernels_neon_s8dot.c (sdot), in the table where setup.py built it.
+ *    dots: kernels_neon_s8dot.c (sdot), levels 3-4's prompt tiles: kernels_neonbf16.c (BFDOT),
+ *    in the table where setup.py built them.
  *  - exp_sum: the AVX2 path's exp on 4 lanes (same operations), tail through a
  *    copy padded with -inf.
  *  - row_max: 4-lane compare-and-select maxima, NaN skipped (exact).
@@ -696,13 +697,21 @@ static float row_max_neon(const float *x, size_t n)
     return gqa_max_of(x + i, n - i, gqa_max_of(buf, 16, -INFINITY));
 }
 
+/* The tiles: Arm BFloat16 dot products (kernels_neonbf16.c) */
+#ifdef GQA_HAVE_NEONBF16
+extern const gqa_tiles gqa_tiles_neonbf16;
+static const gqa_tiles *const tiles_neon[] = {&gqa_tiles_neonbf16, NULL};
+#define TILES_NEON tiles_neon
+#else
+#define TILES_NEON NULL
+#endif
 #ifdef GQA_HAVE_NEON_S8DOT /* accuracy level 4's integer dots: kernels_neon_s8dot.c */
 void gqa_qk_gemm_s8_dot_neon(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                              int type, const float *s, float *C, size_t ldc);
 void gqa_sv_gemm_s8_dot_neon(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
                              const float *s, float *C, size_t ldc, float beta);
-GQA_KERNEL_TABLE(neon, NULL, gqa_qk_gemm_s8_dot_neon, gqa_sv_gemm_s8_dot_neon, NULL)
+GQA_KERNEL_TABLE(neon, NULL, gqa_qk_gemm_s8_dot_neon, gqa_sv_gemm_s8_dot_neon, TILES_NEON)
 #else
-GQA_KERNEL_TABLE(neon, NULL, NULL, NULL, NULL)
+GQA_KERNEL_TABLE(neon, NULL, NULL, NULL, TILES_NEON)
 #endif
 #endif

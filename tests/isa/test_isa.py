@@ -4,8 +4,9 @@ VNNI) through SIMDe emulation, and natively where the CPU has the ISA.
 
 Each test builds tests/isa/driver.c with kernels_scalar.c and one path's TU
 into a temporary directory and runs it (see driver.c for the checks).  Test ids
-name the path and how it ran: neon-qemu and neon-dot-qemu (accuracy level 4's sdot unit;
-neon-native and neon-dot-native on aarch64),
+name the path and how it ran: neon-qemu, neon-dot-qemu (accuracy level 4's sdot unit) and
+neonbf16-qemu (the BFDOT tiles of levels 3-4; neon-native, neon-dot-native and neonbf16-native
+on aarch64),
 avx512-emulated, avx512vnni-emulated, avx512bf16-emulated (the AVX-512 BF16 tiles),
 avx512-native, avx512vnni-native, avx512bf16-native, amx-native, avx2-native, avx2-dot-native
 (accuracy level 4's integer dots of the avx2 path); the native ones
@@ -59,7 +60,7 @@ def _cpu_flags():
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
+                if line.startswith(("flags", "Features")):   # x86 / aarch64
                     return set(line.split(":", 1)[1].split())
     except OSError:
         pass
@@ -206,8 +207,10 @@ def _cases():
     """(id, driver mode, build) for this host: NEON under qemu on other hosts,
     natively on aarch64; AVX-512 emulated on every x86-64 host, natively too
     where the CPU has it."""
-    cases = ([("neon-native", "exact", "neon-native"), ("neon-dot-native", "dot", "neon-native")] if ARM64 else
-             [("neon-qemu", "exact", "neon-qemu"), ("neon-dot-qemu", "dot", "neon-qemu")])
+    cases = ([("neon-native", "exact", "neon-native"), ("neon-dot-native", "dot", "neon-native"),
+              ("neonbf16-native", "tiles=neonbf16", "neon-native")] if ARM64 else
+             [("neon-qemu", "exact", "neon-qemu"), ("neon-dot-qemu", "dot", "neon-qemu"),
+              ("neonbf16-qemu", "tiles=neonbf16", "neon-qemu")])
     if X86:
         cases += [("avx512-emulated", "exact", "avx512-emulated"),
                   ("avx512vnni-emulated", "approx", "avx512-emulated")]
@@ -234,6 +237,8 @@ def test_isa(builds, how, mode, build):
         _need("aarch64-linux-gnu-gcc", "qemu-aarch64")
         cmd = builds.get(build, _neon_qemu_driver)
     elif build == "neon-native":
+        if mode == "tiles=neonbf16" and "bf16" not in CPU:
+            pytest.skip("the CPU has no BFloat16 extension (neonbf16-qemu checks these kernels under qemu)")
         cmd = builds.get(build, lambda d: _native_driver(d, "neon"))
     elif build == "avx512-emulated":
         _simde()
