@@ -61,7 +61,8 @@ X86_UNITS = {"avx2_s8dot": (("kernels_avx2_s8dot.c", "kernels_avx2_gdot.c"), "av
 ARM_PATHS = {"neon": ("kernels_neon.c", [],
                       "#include <arm_neon.h>\nint main(void){float32x4_t a=vdupq_n_f32(1.f);"
                       "a=vfmaq_f32(a,a,a);return (int)vgetq_lane_f32(a,0)-2;}")}
-ARM_UNITS = {"neon_s8dot": (("kernels_neon_s8dot.c", "kernels_neon_gdot.c"), "neon", ["-march=armv8.2-a+dotprod"], "GQA_HAVE_NEON_S8DOT",
+ARM_UNITS = {"neon_s8dot": (("kernels_neon_s8dot.c", "kernels_neon_gdot.c"), "neon", ["-march=armv8.2-a+dotprod"],
+                            "GQA_HAVE_NEON_S8DOT",
                             "#include <arm_neon.h>\nint main(void){int32x4_t a=vdupq_n_s32(1);int8x16_t b="
                             "vdupq_n_s8(1);a=vdotq_s32(a,b,b);return vgetq_lane_s32(a,0)-5;}"),
              "neonbf16": ("kernels_neonbf16.c", "neon", ["-march=armv8.2-a+bf16"], "GQA_HAVE_NEONBF16",

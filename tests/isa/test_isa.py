@@ -252,3 +252,39 @@ def test_isa(builds, how, mode, build):
     else:
         cmd = builds.get(build, lambda d: _native_driver(d, "avx2"))
     _check(cmd, mode)
+
+
+SANITIZE = os.environ.get("GQA_SANITIZE_TESTS") == "1" or bool(os.environ.get("CI"))
+SYSROOT = "/usr/aarch64-linux-gnu"   # libc6-dev-arm64-cross: qemu's -L for dynamic binaries
+
+
+@pytest.mark.skipif(not SANITIZE, reason="ASan + UBSan of the NEON units under qemu (~2 min): set "
+                                         "GQA_SANITIZE_TESTS=1 (on when CI is set)")
+def test_neon_units_under_sanitizers(tmp_path):
+    """The NEON sdot and BFDOT units, which run in CI only under qemu, built with ASan + UBSan
+    (every report fatal) and run through the driver's `dot` and `tiles=neonbf16` checks, whose B
+    rows are allocated to their exact size; a canary first shows that ASan reports an
+    out-of-bounds read under this qemu, so that "clean" means something."""
+    _need("aarch64-linux-gnu-gcc", "qemu-aarch64")
+    gcc = ["aarch64-linux-gnu-gcc"]
+    san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g"]
+    flags = ["-O1" if f == "-O2" else f for f in CFLAGS] + san
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")   # LeakSanitizer does not run under qemu
+    canary = tmp_path / "canary.c"
+    # an allocation of a size the compiler does not know (UBSan's object-size check would catch a known one)
+    canary.write_text("#include <stdlib.h>\n"
+                      "int main(int argc, char **argv){volatile char *p = malloc(7 + argc); return p[7 + argc];}\n")
+    rc, out = _run(gcc + flags + [str(canary), "-o", str(tmp_path / "canary")])
+    if rc != 0:
+        pytest.skip(f"the aarch64 cross compiler cannot build with ASan + UBSan here:\n{out[-500:]}")
+    rc, out = _run(["qemu-aarch64", "-L", SYSROOT, str(tmp_path / "canary")], env=env)
+    if "heap-buffer-overflow" not in out:
+        pytest.skip(f"ASan does not report under this qemu (canary: rc {rc}):\n{out[-500:]}")
+    objs, defines = _units(str(tmp_path), "neon", flags, gcc)
+    exe = str(tmp_path / "driver")
+    _compile(gcc + flags + defines + ["-DGQA_TEST_TABLE=gqa_kernels_neon", DRIVER, os.path.join(SRC, "kernels_scalar.c"),
+                                     os.path.join(SRC, "kernels_neon.c"), "-o", exe, "-lm"] + objs)
+    rc, out = _run(["qemu-aarch64", "-L", SYSROOT, exe, "dot", "tiles=neonbf16"], env=env)
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    assert rc == 0 and re.search(r": \d+ checks, 0 failed$", last) and "Sanitizer" not in out, out[-3000:]
+
