@@ -175,7 +175,7 @@ def test_demo_accuracy_levels(tmp_path):
     env = dict(os.environ, PYTHONPATH=PKG_PARENT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-m", "gqa", "demo", "--synthetic", "--accuracy-levels", "0,5"],
                        capture_output=True, text=True, cwd=tmp_path, env=env)
-    assert r.returncode != 0 and "--accuracy-levels takes levels 0-4" in r.stderr
+    assert r.returncode != 0 and "gqa demo: --accuracy-levels: accuracy_level must be 0, 1, 2, 3 or 4" in r.stderr
 
 
 def test_demo_without_the_model_says_how_to_get_it(monkeypatch):

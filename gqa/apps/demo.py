@@ -20,7 +20,7 @@ import sys
 
 
 from . import synthetic_demo as _synthetic_demo
-from .terminal import Progress, format_bytes, format_table, leveled
+from .terminal import Progress, accuracy_levels, format_bytes, format_table, leveled
 
 PROMPT = "What is the capital of France, and what is the city known for?"
 MODES = ("float", "int8-pc/pt", "int4-pc/pt", "int4-g32+s4r64+had", "int2-g32+s4r64+had+rho0.9",
@@ -56,7 +56,7 @@ def run_model(args, out):
             raise SystemExit(f"gqa demo: {e}")
     if "float" not in modes:
         modes = ["float"] + modes
-    levels = _synthetic_demo.levels(args)
+    levels = accuracy_levels(args.accuracy_levels, "demo")
     model = Llama.load()
     nt = args.threads or gqa.get_config()["effective_num_threads"]
     print(f"gqa demo: {model.name} ({model.num_layers} layers, N={model.num_heads}, "

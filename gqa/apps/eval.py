@@ -40,7 +40,7 @@ import numpy as np
 
 from . import texts as _texts
 from gqa import cache_options, needs_scales
-from .terminal import format_table, int_list, leveled
+from .terminal import accuracy_levels, format_table, int_list, leveled
 
 # static scales, then the per-group caches with float windows and rotations that keep the
 # model's quality at 4 and 2 bits (README, "A real model")
@@ -321,12 +321,7 @@ def run(args, out=None):
             cache_options(m)
         except ValueError as e:
             raise SystemExit(f"gqa eval: {e}")
-    try:
-        for level in args.accuracy_levels:
-            with gqa.config(accuracy_level=level):      # the library's own check
-                pass
-    except (TypeError, ValueError) as e:
-        raise SystemExit(f"gqa eval: --accuracy-levels: {e}")
+    accuracy_levels(args.accuracy_levels, "eval")
     if args.decode_tail < 0:
         raise SystemExit(f"gqa eval: --decode-tail must be >= 0, got {args.decode_tail}")
     if not _gguf.available():

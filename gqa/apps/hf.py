@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from . import gguf, texts
-from .terminal import format_bytes, format_table, int_list, leveled
+from .terminal import accuracy_levels, format_bytes, format_table, int_list, leveled
 
 DEFAULT_MODES = ("float", "int8-pc", "int4-g32-fp16+s4r64+had", "int2-g32+s4r128+had+rho0.9")
 
@@ -89,7 +89,7 @@ def load_model():
 
 def _caches(model, tok, modes, levels=(0,)):
     """(name, attention, make(max_length) -> cache) of every cache compared: gqa's at each
-    accuracy level, ``gqa MODE@L``."""
+    accuracy level of `levels` (accuracy_levels'), ``gqa MODE@L``."""
     import torch
     from transformers import DynamicCache, QuantizedCache
     import gqa.transformers as gt
@@ -111,7 +111,7 @@ def _caches(model, tok, modes, levels=(0,)):
                 ids = torch.tensor([tok.encode(texts.calibration_text()).ids[:1024]])
                 calibration = gt.calibrate(model, ids)
             kw["calibration"] = calibration
-        for level in sorted(set(levels) | {0}):
+        for level in levels:
             out.append((f"gqa {leveled(mode, level)}", "gqa",
                         lambda n, m=mode, kw=kw, level=level: gt.Cache(model, m, max_length=n, set_attention=False,
                                                                        accuracy_level=level, **kw)))
@@ -187,7 +187,8 @@ def run(args):
     model, tok = load_model()
     all_ids = tok.encode(texts.evaluation_text()).ids
     if args.rss_child:
-        caches = {name: (att, make) for name, att, make in _caches(model, tok, args.modes, args.accuracy_levels)}
+        caches = {name: (att, make)
+                  for name, att, make in _caches(model, tok, args.modes, accuracy_levels(args.accuracy_levels, "hf"))}
         att, make = caches[args.rss_child]
         ids = torch.tensor([all_ids[:args.rss_length]])
         peak, before = peak_rss(model, ids, make, att, args.steps)
@@ -195,9 +196,7 @@ def run(args):
         return 0
     need = max([args.prompt + args.decode, args.rss_length] + list(args.lengths)) + args.steps + 1
     ids = torch.tensor([all_ids[:need]])
-    if any(not 0 <= lv <= 4 for lv in args.accuracy_levels):
-        raise SystemExit("gqa hf: --accuracy-levels takes levels 0-4")
-    caches = _caches(model, tok, args.modes, args.accuracy_levels)
+    caches = _caches(model, tok, args.modes, accuracy_levels(args.accuracy_levels, "hf"))
     print(f"SmolLM2 through transformers, torch {torch.__version__}, {args.threads} threads; "
           f"text: {texts.describe('evaluation')}")
     results = {name: {} for name, _, _ in caches}

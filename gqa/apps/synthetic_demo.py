@@ -27,7 +27,7 @@ import numpy as np
 
 from gqa import rotary_caches
 from .blas import blas_threads
-from .terminal import Progress, format_bytes, format_table, int_list, leveled
+from .terminal import Progress, accuracy_levels, format_bytes, format_table, int_list, leveled
 
 MODES = {"float32": "float", "int8": "int8-pc/pt", "int4": "int4-pc/pt"}  # gqa.KVCache modes
 DEFAULTS = dict(layers=8, prompt=256, steps=256, heads=32, kv_heads=8, head_size=128, model_dim=256,
@@ -55,15 +55,6 @@ class Model:
 
 def _rms(x):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-6))
-
-
-def levels(args):
-    """The accuracy levels of ``--accuracy-levels``, 0 among them, sorted; a SystemExit naming the
-    option for any other than 0-4."""
-    out = sorted(set(args.accuracy_levels) | {0})
-    if any(not 0 <= lv <= 4 for lv in out):
-        raise SystemExit("gqa demo: --accuracy-levels takes levels 0-4")
-    return out
 
 
 def run_loop(model, tokens, prompt, steps, mode, calibration, threads, cos, sin, progress, level=0):
@@ -139,7 +130,7 @@ def run(args, out=None):
           "-> output projection + residual", file=out)
     out.flush()
     enabled = {"on": True, "off": False}.get(args.progress, sys.stderr.isatty())
-    lvls = levels(args)
+    lvls = accuracy_levels(args.accuracy_levels, "demo")
     progress = Progress(3 * len(lvls) * (args.layers + St), enabled)
     runs = {}
     blas = blas_threads(1)

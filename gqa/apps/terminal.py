@@ -72,6 +72,19 @@ def int_list(s):
     return [int(x) for x in s.split(",") if x]
 
 
+def accuracy_levels(values, command):
+    """``--accuracy-levels``: 0 and the values, sorted; a level the library refuses (its own
+    check, gqa.config) is a SystemExit naming the command, the option and why."""
+    import gqa
+    for level in values:
+        try:
+            with gqa.config(accuracy_level=level):
+                pass
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"gqa {command}: --accuracy-levels: {e}")
+    return sorted(set(values) | {0})
+
+
 def leveled(mode, level):
     """The name of a cache mode run at an accuracy level: the mode at 0, ``mode@L`` else."""
     return mode if not level else f"{mode}@{level}"
