@@ -23,6 +23,14 @@ extern const gqa_kernels gqa_kernels_neon;
 
 #define DOT_SV_MB 4 /* rows of A that one pass of P @ V over a chunk's tiles serves */
 
+/* How a B row's bytes hold its codes (kernels_avx2_dot.h's names): DOT_S8 signed codes, DOT_U8
+   unsigned codes (taken as u - 128), DOT_U4 nibbles (the low one the even element), DOT_U2 crumbs
+   (element 4 i + p in bits 2 p of byte i). */
+#define DOT_S8 0
+#define DOT_U4 1
+#define DOT_U8 2
+#define DOT_U2 3
+
 /* Where element k of a query row goes among the halves, for the code order of a key row's step:
    DOT_NATURAL (INT8), DOT_EO (INT4: within each 32, the 16 even elements then the 16 odd, the
    low then the high nibbles of 16 bytes), DOT_PHASE (INT2: within each 32, element 4 i + p at
@@ -70,6 +78,32 @@ static int dot_qk_row(const float *a, size_t K, const float *s, int pc, float al
     }
     *mult = s != NULL && !pc ? (alpha * sa) * s[0] : alpha * sa;
     return 1;
+}
+
+/* One QK step of a key row at p, as sdot reads it against dot_place's order: DOT_S8 / DOT_U8 16
+   bytes, 16 codes in v[0]; DOT_U4 16 bytes, 32 codes (v[0] the low nibbles, v[1] the high);
+   DOT_U2 8 bytes, 32 codes (v[0] crumbs 0 and 1 of the 8 bytes, v[1] crumbs 2 and 3).  Returns the
+   vectors written. */
+static inline __attribute__((always_inline)) int dot_step_codes(const int kind, const uint8_t *p, int8x16_t *v)
+{
+    if (kind == DOT_S8) {
+        v[0] = vld1q_s8((const int8_t *)p);
+        return 1;
+    }
+    if (kind == DOT_U8) {
+        v[0] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p), vdupq_n_u8(0x80)));
+        return 1;
+    }
+    if (kind == DOT_U4) {
+        const uint8x16_t x = vld1q_u8(p);
+        v[0] = vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(0x0F)));
+        v[1] = vreinterpretq_s8_u8(vshrq_n_u8(x, 4));
+        return 2;
+    }
+    const uint8x8_t x = vld1_u8(p), m = vdup_n_u8(3);
+    v[0] = vreinterpretq_s8_u8(vcombine_u8(vand_u8(x, m), vand_u8(vshr_n_u8(x, 2), m)));
+    v[1] = vreinterpretq_s8_u8(vcombine_u8(vand_u8(vshr_n_u8(x, 4), m), vshr_n_u8(x, 6)));
+    return 2;
 }
 
 /* inv and sp of a probability row; 0 when the row takes the exact kernel (an element negative,
@@ -129,13 +163,6 @@ static int32_t dot_sv_codes(const float *x, size_t n, float inv, int8_t *ph, int
     return vaddvq_s32(total);
 }
 
-/* How a B row's bytes hold its columns for P @ V: DOT_S8 signed codes, DOT_U8 unsigned codes
-   (taken as u - 128), DOT_U4 nibbles (the low one the even column), DOT_U2 crumbs (column
-   4 i + p in bits 2 p of byte i). */
-#define DOT_S8 0
-#define DOT_U8 1
-#define DOT_U4 2
-#define DOT_U2 3
 
 /* 16 columns of one B row at p as bytes in column order; w < 16 columns (a last block) through a
    zero-padded copy of their bytes. */
@@ -194,9 +221,11 @@ static void dot_sv_tile(const uint8_t *b, size_t ldb, size_t kn, size_t np, int 
 }
 
 /* The 16 column sums of rows i < MB (halves ph / pl at stride ps, keys [0, np)) against a tile:
-   d[i][j] = 256 D_ph + D_pl, in the lanes of columns 4 j ..; the caller adds 128 colsum. */
+   d[i][j] = 256 D_ph + D_pl + 128 colsum[j] + corr[i], in the lanes of columns 4 j .. (corr: the
+   caller's exact correction of its code offsets, e.g. INT4's - 8 sum p). */
 static inline __attribute__((always_inline)) void dot_sv_dots(const int MB, const int8_t *ph, const int8_t *pl,
                                                               size_t ps, const int8x16_t *tile, size_t np,
+                                                              const int32x4_t colsum[4], const int32_t *corr,
                                                               int32x4_t d[][4])
 {
     int32x4_t ah[2][4], al[2][4];
@@ -230,17 +259,18 @@ static inline __attribute__((always_inline)) void dot_sv_dots(const int MB, cons
     for (int i = 0; i < MB; i++)
         UNROLL
         for (int j = 0; j < 4; j++)
-            d[i][j] = vaddq_s32(vshlq_n_s32(ah[i][j], 8), al[i][j]);
+            d[i][j] = vaddq_s32(vaddq_s32(vshlq_n_s32(ah[i][j], 8), al[i][j]),
+                                vaddq_s32(vshlq_n_s32(colsum[j], 7), vdupq_n_s32(corr[i])));
 }
 
-/* dot_sv_dots of one row or two (two: rows ph, ph + ps) */
+/* dot_sv_dots of one row or two (two: rows ph, ph + ps; corr[0], corr[1]) */
 static void dot_sv_dots_n(int two, const int8_t *ph, const int8_t *pl, size_t ps, const int8x16_t *tile, size_t np,
-                          int32x4_t d[][4])
+                          const int32x4_t colsum[4], const int32_t *corr, int32x4_t d[][4])
 {
     if (two)
-        dot_sv_dots(2, ph, pl, ps, tile, np, d);
+        dot_sv_dots(2, ph, pl, ps, tile, np, colsum, corr, d);
     else
-        dot_sv_dots(1, ph, pl, ps, tile, np, d);
+        dot_sv_dots(1, ph, pl, ps, tile, np, colsum, corr, d);
 }
 
 #endif

@@ -40,22 +40,6 @@ INLINE void gqk_meta4(const uint8_t *const *b, size_t cb, size_t j, int type, fl
     *z4 = vld1q_f32(z);
 }
 
-/* One step's codes of a key row at p: v[0] (and v[1]) in the order of dot_place. */
-INLINE void gqk_codes(const int BITS, const uint8_t *p, int8x16_t *v)
-{
-    if (BITS == 8) {
-        v[0] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p), vdupq_n_u8(0x80)));
-    } else if (BITS == 4) {
-        const uint8x16_t x = vld1q_u8(p);
-        v[0] = vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(0x0F)));
-        v[1] = vreinterpretq_s8_u8(vshrq_n_u8(x, 4));
-    } else {
-        const uint8x8_t x = vld1_u8(p), m = vdup_n_u8(3);
-        v[0] = vreinterpretq_s8_u8(vcombine_u8(vand_u8(x, m), vand_u8(vshr_n_u8(x, 2), m)));
-        v[1] = vreinterpretq_s8_u8(vcombine_u8(vand_u8(vshr_n_u8(x, 4), m), vshr_n_u8(x, 6)));
-    }
-}
-
 /* C[mb, n] for rows mb < MB of the halves (stride cs; group sums Aj[mb * J + j]) and the N key
    rows of B (rb bytes each), 4 keys at a time (a last partial block repeats B's last row and
    stores only its own). */
@@ -65,7 +49,7 @@ INLINE void gqk_block(const int MB, const int BITS, const int8_t *hi, const int8
 {
     const size_t g = gqa_group_cols(type), J = K / g, cb = K * BITS / 8;
     const size_t CPS = BITS == 8 ? 16 : 32, BPS = BITS == 2 ? 8 : 16; /* codes and bytes a step */
-    const int NV = BITS == 8 ? 1 : 2;
+    const int KIND = BITS == 8 ? DOT_U8 : BITS == 4 ? DOT_U4 : DOT_U2;
     for (size_t n = 0; n < N; n += 4) {
         const size_t nv = N - n < 4 ? N - n : 4;
         const uint8_t *b[4];
@@ -84,7 +68,7 @@ INLINE void gqk_block(const int MB, const int BITS, const int8_t *hi, const int8
                 UNROLL
                 for (int i = 0; i < 4; i++) {
                     int8x16_t v[2];
-                    gqk_codes(BITS, b[i] + off, v);
+                    const int NV = dot_step_codes(KIND, b[i] + off, v);
                     UNROLL
                     for (int mb = 0; mb < MB; mb++)
                         UNROLL
@@ -243,11 +227,11 @@ void gqa_sv_gemm_g_dot_neon(size_t M, size_t N, size_t K, const float *A, size_t
     const uint8_t *Bb = (const uint8_t *)B;
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[DOT_SV_MB];
-        float inv, sp[DOT_SV_MB], Z[DOT_SV_MB];
-        int32_t psum[DOT_SV_MB];
+        float inv_row, sp_row, sp[DOT_SV_MB], Z[DOT_SV_MB];
+        int32_t corr[DOT_SV_MB];
         int mb = 0;
         for (; m0 < M && mb < DOT_SV_MB; ++m0) {
-            if (dot_sv_row(A + m0 * lda, K, &inv, &sp[0]))
+            if (dot_sv_row(A + m0 * lda, K, &inv_row, &sp_row)) /* the row's cases only: codes per chunk */
                 rows[mb++] = m0;
             else
                 gqa_kernels_neon.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc, beta);
@@ -258,22 +242,18 @@ void gqa_sv_gemm_g_dot_neon(size_t M, size_t N, size_t K, const float *A, size_t
             for (size_t j = 0; j < J; j++) {
                 for (size_t k = 0; k < kn; k++)
                     gqa_group_meta(bk + k * rb + cb, j, type, &sc[k], &zc[k]);
-                for (int i = 0; i < mb; i++)
-                    gsv_row(A + rows[i] * lda + k0, sc, zc, kn, ph[i], pl[i], &sp[i], &psum[i], &Z[i]);
+                for (int i = 0; i < mb; i++) { /* INT8: + 128 sum p, for the codes taken as u - 128 */
+                    gsv_row(A + rows[i] * lda + k0, sc, zc, kn, ph[i], pl[i], &sp[i], &corr[i], &Z[i]);
+                    corr[i] = bits == 8 ? 128 * corr[i] : 0;
+                }
                 for (size_t n0 = j * g; n0 < (j + 1) * g; n0 += 16) {
                     int32x4_t colsum[4], d[2][4];
                     dot_sv_tile(bk + n0 * bits / 8, rb, kn, np, kind, 16, tile, colsum);
                     for (int i = 0; i < mb; i += 2) {
                         const int two = i + 1 < mb;
-                        dot_sv_dots_n(two, ph[i], pl[i], SV_KG, tile, np, d);
-                        for (int r = 0; r <= two; r++) {
-                            /* + 128 sum v (the probabilities' low halves' offset); INT8: + 128 sum p
-                               (the codes taken as u - 128) */
-                            const int32x4_t c = vdupq_n_s32(bits == 8 ? 128 * psum[i + r] : 0);
-                            for (int x = 0; x < 4; x++)
-                                d[r][x] = vaddq_s32(vaddq_s32(d[r][x], vshlq_n_s32(colsum[x], 7)), c);
+                        dot_sv_dots_n(two, ph[i], pl[i], SV_KG, tile, np, colsum, corr + i, d);
+                        for (int r = 0; r <= two; r++)
                             gsv_finish(d[r], 16, C + rows[i + r] * ldc + n0, sp[i + r], Z[i + r], beta, k0 == 0);
-                        }
                     }
                 }
             }

@@ -44,24 +44,15 @@ INLINE void qk_step(const int MB, const int NB, const int S4, const int8_t *cons
 {
     UNROLL
     for (int nb = 0; nb < NB; nb++) {
-        if (!S4) {
-            const int8x16_t b = vld1q_s8(p[nb]);
+        int8x16_t v[2];
+        const int nv = dot_step_codes(S4 ? DOT_U4 : DOT_S8, (const uint8_t *)p[nb], v);
+        UNROLL
+        for (int mb = 0; mb < MB; mb++)
             UNROLL
-            for (int mb = 0; mb < MB; mb++) {
-                ah[mb * NB + nb] = vdotq_s32(ah[mb * NB + nb], vld1q_s8(hi + mb * cs), b);
-                al[mb * NB + nb] = vdotq_s32(al[mb * NB + nb], vld1q_s8(lo + mb * cs), b);
+            for (int x = 0; x < nv; x++) {
+                ah[mb * NB + nb] = vdotq_s32(ah[mb * NB + nb], vld1q_s8(hi + mb * cs + 16 * x), v[x]);
+                al[mb * NB + nb] = vdotq_s32(al[mb * NB + nb], vld1q_s8(lo + mb * cs + 16 * x), v[x]);
             }
-        } else {
-            const uint8x16_t x = vld1q_u8((const uint8_t *)p[nb]);
-            const int8x16_t ev = vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(0x0F)));
-            const int8x16_t od = vreinterpretq_s8_u8(vshrq_n_u8(x, 4));
-            UNROLL
-            for (int mb = 0; mb < MB; mb++) {
-                const int8_t *h = hi + mb * cs, *l = lo + mb * cs;
-                ah[mb * NB + nb] = vdotq_s32(vdotq_s32(ah[mb * NB + nb], vld1q_s8(h), ev), vld1q_s8(h + 16), od);
-                al[mb * NB + nb] = vdotq_s32(vdotq_s32(al[mb * NB + nb], vld1q_s8(l), ev), vld1q_s8(l + 16), od);
-            }
-        }
     }
 }
 
@@ -217,9 +208,9 @@ void gqa_sv_gemm_s8_dot_neon(size_t M, size_t N, size_t K, const float *A, size_
         }
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KS) {
             const size_t kn = K - k0 < SV_KS ? K - k0 : SV_KS, np = (kn + 15) & ~(size_t)15;
-            int32_t corr[DOT_SV_MB];
+            int32_t corr[DOT_SV_MB]; /* INT4's - 8 sum p */
             for (int i = 0; i < mb; i++)
-                corr[i] = 8 * dot_sv_codes(A + rows[i] * lda + k0, kn, inv[i], ph[i], pl[i]) * s4;
+                corr[i] = -8 * dot_sv_codes(A + rows[i] * lda + k0, kn, inv[i], ph[i], pl[i]) * s4;
             const int8_t *bk = (const int8_t *)B + k0 * rb;
             for (size_t n0 = 0; n0 < N; n0 += 16) {
                 const size_t w = N - n0 < 16 ? N - n0 : 16;
@@ -228,14 +219,10 @@ void gqa_sv_gemm_s8_dot_neon(size_t M, size_t N, size_t K, const float *A, size_
                             colsum);
                 for (int i = 0; i < mb; i += 2) {
                     const int two = i + 1 < mb;
-                    dot_sv_dots_n(two, ph[i], pl[i], SV_KS, tile, np, d);
-                    for (int r = 0; r <= two; r++) {
-                        for (int j = 0; j < 4; j++)
-                            d[r][j] = vsubq_s32(vaddq_s32(d[r][j], vshlq_n_s32(colsum[j], 7)),
-                                                vdupq_n_s32(corr[i + r]));
+                    dot_sv_dots_n(two, ph[i], pl[i], SV_KS, tile, np, colsum, corr + i, d);
+                    for (int r = 0; r <= two; r++)
                         sv_finish(d[r], w, C + rows[i + r] * ldc + n0, pc ? s + n0 : s, pc, sp[i + r], beta,
                                   k0 == 0);
-                    }
                 }
             }
         }

@@ -143,15 +143,16 @@ def _native_driver(d, path):
     return [exe]
 
 
-def _neon_qemu_driver(d):
-    """The neon path and its units (the sdot unit: qemu's default CPU has the dot product)."""
+def _neon_qemu_driver(d, flags=CFLAGS, static=True):
+    """The neon path and its units (sdot and BFDOT: qemu's default CPU has both), built with
+    `flags`; static, or dynamic against the cross sysroot (what the sanitizers' runtime needs)."""
     exe = os.path.join(d, "driver")
     gcc = ["aarch64-linux-gnu-gcc"]
-    objs, defines = _units(d, "neon", CFLAGS, gcc)
-    _compile(gcc + CFLAGS + defines + ["-static", "-DGQA_TEST_TABLE=gqa_kernels_neon", DRIVER,
-                                      os.path.join(SRC, "kernels_scalar.c"),
-                                      os.path.join(SRC, "kernels_neon.c"), "-o", exe, "-lm"] + objs)
-    return ["qemu-aarch64", exe]
+    objs, defines = _units(d, "neon", flags, gcc)
+    _compile(gcc + flags + defines + (["-static"] if static else []) +
+             ["-DGQA_TEST_TABLE=gqa_kernels_neon", DRIVER, os.path.join(SRC, "kernels_scalar.c"),
+              os.path.join(SRC, "kernels_neon.c"), "-o", exe, "-lm"] + objs)
+    return ["qemu-aarch64"] + ([] if static else ["-L", SYSROOT]) + [exe]
 
 
 def _avx512_emulated_driver(d):
@@ -280,11 +281,8 @@ def test_neon_units_under_sanitizers(tmp_path):
     rc, out = _run(["qemu-aarch64", "-L", SYSROOT, str(tmp_path / "canary")], env=env)
     if "heap-buffer-overflow" not in out:
         pytest.skip(f"ASan does not report under this qemu (canary: rc {rc}):\n{out[-500:]}")
-    objs, defines = _units(str(tmp_path), "neon", flags, gcc)
-    exe = str(tmp_path / "driver")
-    _compile(gcc + flags + defines + ["-DGQA_TEST_TABLE=gqa_kernels_neon", DRIVER, os.path.join(SRC, "kernels_scalar.c"),
-                                     os.path.join(SRC, "kernels_neon.c"), "-o", exe, "-lm"] + objs)
-    rc, out = _run(["qemu-aarch64", "-L", SYSROOT, exe, "dot", "tiles=neonbf16"], env=env)
+    cmd = _neon_qemu_driver(str(tmp_path), flags, static=False)
+    rc, out = _run(cmd + ["dot", "tiles=neonbf16"], env=env)
     last = out.strip().splitlines()[-1] if out.strip() else ""
     assert rc == 0 and re.search(r": \d+ checks, 0 failed$", last) and "Sanitizer" not in out, out[-3000:]
 
