@@ -27,7 +27,8 @@ SRC = os.path.join("gqa", "_src")
 HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "kernels_group.h",
                                           "kernels_avx512.h", "kernels_s8dot.h", "kernels_s8dot_contract.h",
                                           "kernels_avx2_dot.h", "kernels_neon_dot.h", "work_ranges.h",
-                                          "team_spread.h")]
+                                          "team_spread.h",
+                                          "kernels_avx2_gdot.c")]   # also built as kernels_avx512vnni_gdot.c
 PXI = [os.path.join("gqa", f) for f in ("_prepare.pxi", "_cache_rows.pxi")]   # in _attention.pyx
 
 # path name -> (source, gcc/clang flags, a snippet using one intrinsic of the tier)
@@ -47,7 +48,7 @@ X86_UNITS = {"avx2_s8dot": (("kernels_avx2_s8dot.c", "kernels_avx2_gdot.c"), "av
                             "GQA_HAVE_AVX2_S8DOT",
                             "#include <immintrin.h>\nint main(void){__m256i a=_mm256_set1_epi16(1);"
                             "a=_mm256_madd_epi16(a,a);return 0;}"),
-            "avx512vnni": ("kernels_avx512vnni.c", "avx512", ["-mavx512vnni"], "GQA_HAVE_AVX512VNNI",
+            "avx512vnni": (("kernels_avx512vnni.c", "kernels_avx512vnni_gdot.c"), "avx512", ["-mavx512vnni"], "GQA_HAVE_AVX512VNNI",
                             "#include <immintrin.h>\nint main(void){__m512i a=_mm512_set1_epi32(1);"
                             "a=_mm512_dpbusd_epi32(a,a,a);return 0;}"),
             "avx512bf16": ("kernels_avx512bf16.c", "avx512", ["-mavx512bf16"], "GQA_HAVE_AVX512BF16",

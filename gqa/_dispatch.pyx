@@ -48,9 +48,10 @@ cdef bint _dot = gqa_s8_dot_runnable(0) == 1          # the active table's level
 # it does not (S = 2048, seed shape: 0.91x)
 cdef bint _dot_prompt_pv = False
 # level 4 on per-group codes (decode steps and the naive path; prompts' flash tiles keep float32):
-# the avx2 unit's kernels (kernels_avx2_gdot.c), on the avx2 path and on avx512, whose CPUs run
-# them, and the neon sdot unit's (kernels_neon_gdot.c) where the CPU has the dot product; NULL
-# elsewhere (float32).  _gdot_unit names the table.
+# on avx512 the VNNI unit's kernels (kernels_avx512vnni_gdot.c) where the CPU has VNNI, else the
+# avx2 unit's (kernels_avx2_gdot.c, which every AVX-512 CPU runs); on avx2 the avx2 unit's; on
+# neon the sdot unit's (kernels_neon_gdot.c) where the CPU has the dot product; NULL elsewhere
+# (float32).  _gdot_unit names the unit, _gdot is its path's table.
 cdef const gqa_kernels *_gdot = NULL
 cdef object _gdot_unit = None
 
@@ -154,6 +155,11 @@ def tile_names():
     return tuple(out)
 
 
+# path -> the units (name, their path) that may run its level 4 on per-group codes, best first
+_GDOT_UNITS = {"avx2": (("avx2", "avx2"),), "avx512": (("avx512vnni", "avx512"), ("avx2", "avx2")),
+               "neon": (("neon", "neon"),)}
+
+
 def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
     global _active, _tiles, _dot, _dot_prompt_pv, _gdot, _gdot_unit
@@ -161,10 +167,11 @@ def _set_path(name):
     _tiles = _pick_tiles(PATH_NAMES.index(name), _tiles_choice)
     _dot = gqa_s8_dot_runnable(PATH_NAMES.index(name)) == 1
     _dot_prompt_pv = _dot and name == "avx512"
-    _gdot_unit = {"avx2": "avx2", "avx512": "avx2", "neon": "neon"}.get(name)
-    if _gdot_unit is not None and gqa_s8_dot_runnable(PATH_NAMES.index(_gdot_unit)) != 1:
-        _gdot_unit = None
-    _gdot = gqa_path_table(PATH_NAMES.index(_gdot_unit)) if _gdot_unit is not None else NULL
+    _gdot_unit, _gdot = None, NULL
+    for unit, path in _GDOT_UNITS.get(name, ()):   # the first unit this CPU runs
+        if gqa_s8_dot_runnable(PATH_NAMES.index(path)) == 1:
+            _gdot_unit, _gdot = unit, gqa_path_table(PATH_NAMES.index(path))
+            break
 
 
 def _set_tiles(choice):
@@ -210,9 +217,9 @@ def int8_dot_unit():
 
 
 def group_dot_unit():
-    """Where accuracy level 4's dots on per-group codes run with the active settings ("avx2" on
-    the avx2 and avx512 paths, "neon" where the CPU has the dot product), or None (the exact
-    kernels)."""
+    """Where accuracy level 4's dots on per-group codes run with the active settings
+    ("avx512vnni" on the avx512 path where the CPU has VNNI, else "avx2" there and on the avx2
+    path, "neon" where the CPU has the dot product), or None (the exact kernels)."""
     return _gdot_unit
 
 

@@ -1,6 +1,7 @@
 """accuracy_level 4 on per-group codes (INT8 / INT4 / INT2, float32 or binary16 metadata): the
-AVX2 unit's QK and P @ V (kernels_avx2_gdot.c, on the avx2 and avx512 paths) and the NEON sdot
-unit's (kernels_neon_gdot.c, natively on aarch64; under qemu: tests/isa) against NumPy
+AVX2 unit's QK and P @ V (kernels_avx2_gdot.c, on the avx2 path and on avx512 without VNNI), the
+AVX-512 VNNI unit's (the same source as kernels_avx512vnni_gdot.c; under SIMDe: tests/isa) and
+the NEON sdot unit's (kernels_neon_gdot.c, natively on aarch64; under qemu: tests/isa) against NumPy
 statements of the per-group contracts of kernels_s8dot_contract.h, bit for bit; against float64
 within the bounds those contracts give; and a decode step over a per-group cache within the
 bound of its scores and probabilities."""
@@ -19,18 +20,23 @@ QK_MAX = 32639
 SV_KG = 256
 
 
-@pytest.fixture(params=["avx2", "avx512", "neon"])
+# (path, unit): each unit on each path that runs it -- avx512 runs the VNNI unit where the CPU has
+# VNNI and the avx2 unit elsewhere; a unit's exact kernels are its own path's
+GROUP_UNITS = [("avx2", "avx2"), ("avx512", "avx2"), ("avx512", "avx512vnni"), ("neon", "neon")]
+UNIT_PATH = {"avx2": "avx2", "avx512vnni": "avx512", "neon": "neon"}
+
+
+@pytest.fixture(params=GROUP_UNITS, ids=["avx2", "avx512-avx2", "avx512vnni", "neon"])
 def group_dot_path(request):
-    """A path on which level 4's per-group dots run (the avx2 unit's kernels on avx2 and avx512,
-    the sdot unit's on neon)."""
-    path = request.param
+    """A path on which level 4's per-group dots run on the unit of the param."""
+    path, unit = request.param
     if not _dispatch.path_runnable(path):
         pytest.skip(f"this CPU (or build) cannot run the {path} path")
-    unit = "neon" if path == "neon" else "avx2"
     with gqa.config(path=path):
         if _dispatch.group_dot_unit() != unit:
-            pytest.skip(f"this build (or CPU) has no {unit} integer-dot unit"
-                        + ("; tests/isa/test_isa.py[neon-dot-qemu] checks it under qemu" if unit == "neon" else ""))
+            pytest.skip(f"the {path} path runs per-group dots on {_dispatch.group_dot_unit()} here, not {unit}"
+                        + {"neon": "; tests/isa/test_isa.py[neon-dot-qemu] checks it under qemu",
+                           "avx512vnni": "; tests/isa/test_isa.py[avx512vnni-emulated] checks it on SIMDe"}.get(unit, ""))
     return path
 
 
@@ -173,7 +179,8 @@ def test_group_rows_outside_the_contract_are_exact(group_dot_path):
     """Query rows of zeros / NaN / inf, probability rows with a negative, NaN or inf element, and
     groups the contract does not take (16 columns; 512) run the exact kernel."""
     rng = np.random.default_rng(5)
-    exact_path = "neon" if group_dot_path == "neon" else "avx2"   # the unit's exact kernels
+    with gqa.config(path=group_dot_path):
+        exact_path = UNIT_PATH[_dispatch.group_dot_unit()]   # the unit's exact kernels
     rows = _rows(rng, (40, 64), 4, 32, False)
     a = rng.standard_normal((5, 64)).astype(F32)
     a[1], a[2, 3], a[3, 4] = 0.0, np.nan, np.inf

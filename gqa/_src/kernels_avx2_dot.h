@@ -3,14 +3,19 @@
  * per tensor and per channel; kernels_avx2_gdot.c: per-group INT8 / INT4 / INT2): the query
  * rows' and probability rows' 15-bit codes of kernels_s8dot_contract.h, the widening of stored
  * codes to int16, the QK blocks' output stores, and the P @ V blocks over pairs of keys
- * (vpmaddwd + vpaddd, exact; sv_block_eo: INT4's even and odd columns apart).
- * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); included only by those units.
+ * (DOT_MADD: vpmaddwd + vpaddd, exact; sv_block_eo: INT4's even and odd columns apart).
+ * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); included only by those units, and by
+ * kernels_avx512vnni_gdot.c (the avx512 path's flags plus -mavx512vnni, GQA_DOT_VNNI).
  */
 #ifndef GQA_KERNELS_AVX2_DOT_H
 #define GQA_KERNELS_AVX2_DOT_H
 
 #include <float.h>
+#ifdef GQA_EMULATE_AVX512
+#include "emu_avx512.h" /* tests/isa's emulation build of the avx512vnni unit: SIMDe */
+#else
 #include <immintrin.h>
+#endif
 #include "kernels_common.h"
 #include "kernels_s8dot_contract.h"
 
@@ -19,6 +24,18 @@ void gqa_qk_gemm_g_dot_avx2(size_t M, size_t N, size_t K, float alpha, const flo
                             int type, const float *s, float *C, size_t ldc);
 void gqa_sv_gemm_g_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
                             const float *s, float *C, size_t ldc, float beta);
+
+/* acc + the pairwise int16 products of a and b, exact (int32 lanes; no sum here reaches 2^31):
+   vpmaddwd + vpaddd, or one vpdpwssd (256-bit, EVEX) where the source is built for the avx512
+   path's VNNI unit (GQA_DOT_VNNI: kernels_avx512vnni_gdot.c). */
+#ifdef GQA_DOT_VNNI
+#if !defined(GQA_EMULATE_AVX512) && !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#error "GQA_DOT_VNNI needs -mavx512vnni -mavx512vl (or the tests' emulation build)"
+#endif
+#define DOT_MADD(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
+#else
+#define DOT_MADD(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
+#endif
 
 /* The first min(n, 8) lanes all ones: a maskload mask. */
 INLINE __m256i lanes8(size_t n)
@@ -124,7 +141,7 @@ static inline int32_t code_sum(const int16_t *c, size_t n)
 {
     __m256i t = _mm256_setzero_si256();
     for (size_t k = 0; k < n; k += 16)
-        t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + k)), _mm256_set1_epi16(1)));
+        t = DOT_MADD(t, _mm256_load_si256((const __m256i *)(c + k)), _mm256_set1_epi16(1));
     return hsum8_epi32(t);
 }
 
@@ -253,8 +270,8 @@ INLINE void sv_store16(int32_t *d, const __m256i c[2], int first)
    added to D[i][16 NV] (column order).  Two keys at a time: their 16-column rows widened to int16
    and interleaved by in-lane
    word unpacks, so that lane t of `lo` holds the two keys' codes of column (t < 4 ? t : t + 4)
-   and of `hi` column (t < 4 ? t + 4 : t + 8); one vpmaddwd per vector and row with the row's two
-   codes broadcast.  |one vpmaddwd| <= 2 * 32767 * 128, SV_KS / 2 of them < 2^31.  first: the
+   and of `hi` column (t < 4 ? t + 4 : t + 8); one DOT_MADD per vector and row with the row's two
+   codes broadcast.  |one pair's products| <= 2 * 32767 * 128, SV_KS / 2 of them < 2^31.  first: the
    sums are stored into D rather than added. */
 INLINE void sv_block(const int MB, const int NV, const int KIND, const int16_t *codes, size_t kn, const int8_t *b,
                      size_t ldb, int32_t *D, size_t ldd, int first)
@@ -275,8 +292,8 @@ INLINE void sv_block(const int MB, const int NV, const int KIND, const int16_t *
             const __m256i ul = _mm256_unpacklo_epi16(x0, x1), uh = _mm256_unpackhi_epi16(x0, x1);
             UNROLL
             for (int i = 0; i < MB; i++) {
-                lo[i][j] = _mm256_add_epi32(lo[i][j], _mm256_madd_epi16(p[i], ul));
-                hi[i][j] = _mm256_add_epi32(hi[i][j], _mm256_madd_epi16(p[i], uh));
+                lo[i][j] = DOT_MADD(lo[i][j], p[i], ul);
+                hi[i][j] = DOT_MADD(hi[i][j], p[i], uh);
             }
         }
     }
@@ -324,7 +341,7 @@ INLINE void sv_block_eo(const int MB, const int NG, const int16_t *codes, size_t
             for (int i = 0; i < MB; i++)
                 UNROLL
                 for (int v = 0; v < 4; v++)
-                    acc[i][g][v] = _mm256_add_epi32(acc[i][g][v], _mm256_madd_epi16(p[i], u[v]));
+                    acc[i][g][v] = DOT_MADD(acc[i][g][v], p[i], u[v]);
         }
     }
     UNROLL

@@ -5,12 +5,15 @@
  * the per-group contracts of kernels_s8dot_contract.h bit for bit.
  * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); part of the avx2_s8dot unit (setup.py), whose
  * entries gqa_qk_gemm_s8_dot_avx2 / gqa_sv_gemm_s8_dot_avx2 hand group types here.  Every AVX2
- * CPU runs them, and the avx512 path takes them too (the dispatch).
+ * CPU runs them.  kernels_avx512vnni_gdot.c builds this source a second time for the avx512
+ * path's VNNI unit (GDOT_UNIT avx512vnni: the entries gqa_*_gemm_g_dot_avx512vnni, each
+ * DOT_MADD one vpdpwssd, the avx512 path's exact kernels for what the contracts leave); the
+ * integer sums are exact either way, so both give the contracts' bits.
  *
  * QK: a step is 16 bytes of INT8 (16 codes, zero-extended), 16 of INT4 (32 codes: the low
  * nibbles the even elements, the high ones the odd), or 16 of INT2 (64 codes: element 4i + j from
  * bits 2j of byte i, taken phase by phase; 8 bytes where rows or groups do not fit), against the
- * query codes put in the same order (dot_order); vpmaddwd + vpaddd sum a group's products
+ * query codes put in the same order (dot_order); DOT_MADD sums a group's products
  * exactly (INT2 in groups of 32: two groups a step, one per 128-bit half), hsum4_halves reduces
  * four (row, key) sums at a time, and the group's scale and zero of four keys finish them in
  * float32 in the contract's order (gqk_group).  P @ V: each chunk's metadata put in columns once,
@@ -26,7 +29,16 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include "kernels_avx2_dot.h"
 
-extern const gqa_kernels gqa_kernels_avx2;
+/* The unit this source is built for: its entries' suffix, and the table of its path, whose
+   exact kernels take the rows and types the contracts leave. */
+#ifndef GDOT_UNIT
+#define GDOT_UNIT avx2
+#define GDOT_EXACT gqa_kernels_avx2
+#endif
+#define GDOT_CAT(a, b) a##b
+#define GDOT_NAME(a, b) GDOT_CAT(a, b)
+
+extern const gqa_kernels GDOT_EXACT;
 
 /* The kind of a group type's codes. */
 static int gdot_kind(int type)
@@ -88,11 +100,11 @@ INLINE void gqk_step(const int MB, const int NB, const int KIND, const uint8_t *
     }
     UNROLL
     for (int mb = 0; mb < MB; mb++) {
-        __m256i d = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs)), x[0]);
+        __m256i d = acc[mb * NB];
         UNROLL
-        for (int j = 1; j < nv; j++)
-            d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + 16 * j)), x[j]));
-        acc[mb * NB] = _mm256_add_epi32(acc[mb * NB], d);
+        for (int j = 0; j < nv; j++)
+            d = DOT_MADD(d, _mm256_load_si256((const __m256i *)(c + mb * cs + 16 * j)), x[j]);
+        acc[mb * NB] = d;
     }
 }
 
@@ -258,7 +270,7 @@ static void gqk(size_t M, size_t N, size_t K, float alpha, const float *A, size_
                 dot_order(cm, K, kind);
                 rows[mb++] = m0;
             } else {
-                gqa_kernels_avx2.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc);
+                GDOT_EXACT.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc);
             }
         }
         if (mb == 0)
@@ -470,7 +482,7 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
             if (sv_row(A + m0 * lda, K, &inv, &sp))
                 rows[mb++] = m0;
             else
-                gqa_kernels_avx2.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc, beta);
+                GDOT_EXACT.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc, beta);
         }
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
@@ -498,21 +510,21 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
     }
 }
 
-void gqa_qk_gemm_g_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
+void GDOT_NAME(gqa_qk_gemm_g_dot_, GDOT_UNIT)(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                             int type, const float *s, float *C, size_t ldc)
 {
     if (!gqa_group_dot_takes(type, K) || K == 0 || K > DOT_QK_K) {
-        gqa_kernels_avx2.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        GDOT_EXACT.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
     gqk(M, N, K, alpha, A, lda, (const uint8_t *)B, type, C, ldc);
 }
 
-void gqa_sv_gemm_g_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
+void GDOT_NAME(gqa_sv_gemm_g_dot_, GDOT_UNIT)(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
                             const float *s, float *C, size_t ldc, float beta)
 {
     if (!gqa_group_dot_takes(type, N) || K == 0) {
-        gqa_kernels_avx2.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
+        GDOT_EXACT.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;
     }
     gsv(M, N, K, A, lda, (const uint8_t *)B, type, C, ldc, beta);

@@ -42,8 +42,7 @@ INLINE void qk_step(const int MB, const int NB, const int S4, const int8_t *p, c
         const __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
         UNROLL
         for (int mb = 0; mb < MB; mb++)
-            acc[mb * NB] = _mm256_add_epi32(acc[mb * NB],
-                                            _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs)), bv));
+            acc[mb * NB] = DOT_MADD(acc[mb * NB], _mm256_load_si256((const __m256i *)(c + mb * cs)), bv);
         return;
     }
     const __m128i x = _mm_loadu_si128((const __m128i *)p), f = _mm_set1_epi8(0x0F);

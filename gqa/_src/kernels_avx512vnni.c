@@ -2,9 +2,10 @@
  * kernels_avx512vnni.c -- the integer-dot kernels of path `avx512`, the one unit that issues
  * vpdpbusd / vpdpwssd: onnxruntime's approximate INT8 QK (GQA_QKGEMM_S8_APPROX_VNNI, per-tensor
  * codes, 8-bit query, opt-in) and accuracy level 4's QK and P @ V on INT8 and INT4 per-tensor
- * and per-channel codes (query rows and probabilities with 15 bits; kernels_s8dot_contract.h).  ISA flags: the avx512
- * path's (-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c) plus -mavx512vnni;
- * setup.py compiles it where the compiler can and then defines GQA_HAVE_AVX512VNNI for
+ * and per-channel codes (query rows and probabilities with 15 bits; kernels_s8dot_contract.h),
+ * and on per-group codes (kernels_avx512vnni_gdot.c, which the entries hand group types).
+ * ISA flags: the avx512 path's (-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma
+ * -mf16c) plus -mavx512vnni; setup.py compiles it where the compiler can and then defines GQA_HAVE_AVX512VNNI for
  * kernels_avx512.c, whose table holds gqa_qk_gemm_s8_approx_avx512vnni,
  * gqa_qk_gemm_s8_dot_avx512vnni and gqa_sv_gemm_s8_dot_avx512vnni.  dispatch.c calls them
  * only where the CPU has AVX-512 VNNI (gqa_approx_vnni_runnable, gqa_s8_dot_runnable).
@@ -18,6 +19,12 @@
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include "kernels_s8dot.h" /* kernels_avx512.h, level 4's contracts and quantizers */
+
+/* Level 4 on per-group codes (kernels_avx512vnni_gdot.c), which the entries hand group types. */
+void gqa_qk_gemm_g_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                                  const void *B, int type, const float *s, float *C, size_t ldc);
+void gqa_sv_gemm_g_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                                  int type, const float *s, float *C, size_t ldc, float beta);
 
 /* ---- qk_gemm_s8_approx (opt-in, AVX-512 VNNI) ---------------------------------
  *
@@ -387,6 +394,10 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
     int16_t c[4 * DOT_QK_K] __attribute__((aligned(64)));
     const int8_t *Bb = (const int8_t *)B;
     const int s4 = GQA_IS_S4(type);
+    if (GQA_IS_GROUP(type)) {
+        gqa_qk_gemm_g_dot_avx512vnni(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        return;
+    }
     if (!gqa_dot_codes(type) || K == 0 || K > DOT_QK_K) {
         gqa_kernels_avx512.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
@@ -544,6 +555,10 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
     const int16_t *const cr[SV_MB] = {codes[0], codes[1], codes[2], codes[3]};
     const int8_t *Bb = (const int8_t *)B;
     const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
+    if (GQA_IS_GROUP(type)) {
+        gqa_sv_gemm_g_dot_avx512vnni(M, N, K, A, lda, B, type, s, C, ldc, beta);
+        return;
+    }
     if (!gqa_dot_codes(type) || K == 0) {
         gqa_kernels_avx512.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;

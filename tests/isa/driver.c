@@ -42,7 +42,8 @@
  *                   within (K + 2) 2^-24 sum|ab| on normal operands, strides, C's padding kept;
  *                   exp_pack within 2^-16 of exp, 0 below -86.7 and for -inf, no subnormal,
  *                   NaN kept, its sum, its bfloat16 row with zeros to n_pad.
- *   dot.group.*  (mode `dot`: a path's own level-4 unit) the per-group contracts, group_dot.h.
+ *   dot.group.*  (modes `dot`: a path's own level-4 unit, and `approx`: the VNNI unit's) the
+ *                   per-group contracts, group_dot.h.
  *   dot.sv.*     the INT8 P @ V kernel of accuracy level 4: bit for bit against
  *                   its contract (keys 1 .. 20000, across its 8192-key chunks,
  *                   columns 1 .. 130, beta 0 / 1 / 0.5, per tensor and per channel),
@@ -1360,7 +1361,7 @@ int main(int argc, char **argv)
         } else {
             check_approx();
         }
-        dot = 1;
+        dot = group_dot = 1; /* the VNNI unit's level 4, which takes per-group codes too */
     }
     if (dot) { /* accuracy level 4's integer dots (approx: the VNNI unit's; dot: a path's own) */
         if (T->qk_gemm_s8_dot == NULL || T->sv_gemm_s8_dot == NULL) {
