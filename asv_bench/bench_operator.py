@@ -311,8 +311,9 @@ class GroupDecode:
 
 
 class GroupDecodeAccuracy(GroupDecode):
-    """GroupDecode on the automatic path at accuracy_level 0 (float32 products) and 4 (the AVX2
-    unit's integer dots per group, on the avx2 and avx512 paths; float32 where there is none)."""
+    """GroupDecode on the automatic path at accuracy_level 0 (float32 products) and 4 (integer dots
+    per group on gqa.get_config()["group_dot_unit"]: avx512vnni, avx2 or neon; float32 where
+    there is none)."""
     params = ([0, 4], ["int8-g32", "int4-g32", "int2-g64", "int4-g32/int2-g32"], [8192],
               ["plain", "windows+rotations"])
     param_names = ["level", "mode", "T", "extras"]

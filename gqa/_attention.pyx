@@ -1041,7 +1041,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     # accuracy level 4: integer-dot kernels for the codes; the decode steps' and the naive
     # path's on the active tiles where they have them (AMX INT8), each thread's calls
     # bracketed by the tiles' begin / end below; the flash tiles' P @ V on VNNI (INT8; sv_kernel);
-    # per-group codes: the decode steps' and the naive path's, on the avx2 unit (qk_kernel)
+    # per-group codes: the decode steps' and the naive path's, on the group-dot unit (qk_kernel)
     qk = qk_kernel(t, p.ktype, accuracy, mode != 1)
     p.sv = sv_kernel(t, p.vtype, accuracy, mode != 1)
     if mode != 1:

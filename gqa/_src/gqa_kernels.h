@@ -170,8 +170,8 @@ typedef struct gqa_kernels {
        15 bits (kernels_s8dot_contract.h;
        avx512: vpdpwssd, where the CPU has VNNI; avx2: vpmaddwd; neon: sdot, where the CPU has
        the dot product; gqa_s8_dot_runnable says).
-       avx2's and neon's take per-group codes too (gqa_group_dot_takes; the dispatch uses
-       avx2's on avx512).
+       avx2's, avx512's (the VNNI unit) and neon's take per-group codes too
+       (gqa_group_dot_takes; on avx512 without VNNI the dispatch uses avx2's).
        Other types (and, per row, what the contracts leave) run the path's exact kernel. */
     gqa_qk_gemm_fn qk_gemm_s8_approx;
     gqa_qk_gemm_fn qk_gemm_s8_dot;
