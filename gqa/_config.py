@@ -187,8 +187,8 @@ def get_config():
     out["kernel"], out["active_kernel"] = out["path"], out["active_path"]   # earlier names
     out["approx_vnni_effective"] = _dispatch.approx_vnni_effective()
     out["int8_dot_effective"] = _dispatch.int8_dot_effective()   # level 4's kernels run here
-    out["int8_dot_unit"] = _dispatch.int8_dot_unit()             # "amx", "avx512vnni", "avx2", "neon" or None
-    out["group_dot_unit"] = _dispatch.group_dot_unit()           # per-group codes: "avx512vnni", "avx2", "neon" or None
+    out["int8_dot_unit"] = _dispatch.int8_dot_unit()             # "amx", "avx512vnni", "avxvnni", "avx2", "neon" or None
+    out["group_dot_unit"] = _dispatch.group_dot_unit()           # per-group codes: "avx512vnni", "avxvnni", "avx2", "neon" or None
     out["tiles_effective"] = _dispatch.tiles_effective()         # levels 3-4's prompt tiles, or None
     out["effective_num_threads"] = effective_num_threads()
     out["plan_cpus"] = PLAN_CPUS

@@ -11,12 +11,14 @@ cdef extern from "gqa_kernels.h" nogil:
     int gqa_path_runnable(int path)
     int gqa_approx_vnni_runnable()
     int gqa_s8_dot_runnable(int path)
+    const gqa_kernels *gqa_s8_dot_table(int path)
     const gqa_tiles *gqa_path_tiles(int path)
     const gqa_tiles *gqa_path_tiles_at(int path, int i)
     int gqa_tiles_runnable(int path, const gqa_tiles *x)
     size_t gqa_l2_cache_bytes()
     int GQA_PATH_COUNT
     const char *GQA_COMPILED_PATHS
+    const char *GQA_COMPILED_UNITS
 
 cdef extern from "kernels_s8dot_contract.h" nogil:
     bint gqa_dot_codes(int type)   # the types level 4's integer-dot contracts take
@@ -41,17 +43,20 @@ cdef const gqa_tiles *_tiles = NULL      # the active path's tiles where this CP
 cdef object _tiles_choice = True         # gqa.config(tiles=...): True (the best), False or a name
 cdef bint _approx = False
 cdef bint _vnni = gqa_approx_vnni_runnable() == 1     # the CPU (and build) run the VNNI unit
-cdef bint _dot = gqa_s8_dot_runnable(0) == 1          # the active table's level-4 integer dots run here
+# the table whose level-4 integer dots the active path runs here (gqa_s8_dot_table: the path's
+# own, or on avx2 the avxvnni table where the CPU has AVX-VNNI), NULL where none runs
+cdef const gqa_kernels *_dotk = gqa_s8_dot_table(0)
+cdef bint _dot = _dotk != NULL
 # ... and their P @ V serves the flash prompt's INT8 tiles too: on avx512 (vpdpwssd, 32 products
 # an instruction) it beats float32 products on a V tile dequantized once (Zen 4: the prompt
 # 1.11-1.16x; INT4 not measured there: float32); on avx2 (vpmaddwd + vpaddd, 16 products in two)
 # it does not (S = 2048, seed shape: 0.91x)
 cdef bint _dot_prompt_pv = False
 # level 4 on per-group codes (decode steps and the naive path; prompts' flash tiles keep float32):
-# on avx512 the VNNI unit's kernels (kernels_avx512vnni_gdot.c) where the CPU has VNNI, else the
-# avx2 unit's (kernels_avx2_gdot.c, which every AVX-512 CPU runs); on avx2 the avx2 unit's; on
-# neon the sdot unit's (kernels_neon_gdot.c) where the CPU has the dot product; NULL elsewhere
-# (float32).  _gdot_unit names the unit, _gdot is its path's table.
+# the level-4 table of the active path (gqa_s8_dot_table: avx512's VNNI unit,
+# kernels_avx512vnni_gdot.c; avx2's, kernels_avx2_gdot.c, or avxvnni's with AVX-VNNI; neon's
+# sdot unit, kernels_neon_gdot.c), on avx512 without VNNI the avx2 path's (every AVX-512 CPU runs
+# it); NULL elsewhere (float32).  _gdot_unit names the unit.
 cdef const gqa_kernels *_gdot = NULL
 cdef object _gdot_unit = None
 
@@ -75,7 +80,7 @@ cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint ti
     if not gqa_dot_codes(type):
         return t.qk_gemm
     if level >= 4 and _dot:
-        return t.qk_gemm_s8_dot
+        return _dotk.qk_gemm_s8_dot
     if _vnni and _approx and type == GQA_S8_PT and t.qk_gemm_s8_approx != NULL:
         return t.qk_gemm_s8_approx
     return t.qk_gemm
@@ -97,7 +102,7 @@ cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint ti
         return _gdot.sv_gemm_s8_dot if level >= 4 and tiles and _gdot != NULL else t.sv_gemm
     if _dot and level >= 4 and gqa_dot_codes(type) and (
             tiles or (_dot_prompt_pv and (type == GQA_S8_PT or type == GQA_S8_PC))):
-        return t.sv_gemm_s8_dot
+        return _dotk.sv_gemm_s8_dot
     return t.sv_gemm
 
 
@@ -107,6 +112,8 @@ cdef gqa_exp_sum_fn exp_kernel(const gqa_kernels *t) noexcept nogil:
 
 PATH_NAMES = tuple(gqa_path_name(i).decode() for i in range(GQA_PATH_COUNT))
 COMPILED_PATHS = tuple(GQA_COMPILED_PATHS.decode().split(","))
+# the paths' extra units the build compiled (setup.py's X86_UNITS / ARM_UNITS names)
+COMPILED_UNITS = tuple(u for u in GQA_COMPILED_UNITS.decode().split(",") if u)
 
 
 def cpu_features():
@@ -155,23 +162,24 @@ def tile_names():
     return tuple(out)
 
 
-# path -> the units (name, their path) that may run its level 4 on per-group codes, best first
-_GDOT_UNITS = {"avx2": (("avx2", "avx2"),), "avx512": (("avx512vnni", "avx512"), ("avx2", "avx2")),
-               "neon": (("neon", "neon"),)}
+cdef str _unit_name(const gqa_kernels *t):
+    """The name of level 4's unit whose table is t: the table's name, avx512's "avx512vnni"."""
+    name = t.name.decode()
+    return "avx512vnni" if name == "avx512" else name
 
 
 def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
-    global _active, _tiles, _dot, _dot_prompt_pv, _gdot, _gdot_unit
+    global _active, _tiles, _dotk, _dot, _dot_prompt_pv, _gdot, _gdot_unit
     _active = gqa_path_table(PATH_NAMES.index(name))
     _tiles = _pick_tiles(PATH_NAMES.index(name), _tiles_choice)
-    _dot = gqa_s8_dot_runnable(PATH_NAMES.index(name)) == 1
+    _dotk = gqa_s8_dot_table(PATH_NAMES.index(name))
+    _dot = _dotk != NULL
     _dot_prompt_pv = _dot and name == "avx512"
-    _gdot_unit, _gdot = None, NULL
-    for unit, path in _GDOT_UNITS.get(name, ()):   # the first unit this CPU runs
-        if gqa_s8_dot_runnable(PATH_NAMES.index(path)) == 1:
-            _gdot_unit, _gdot = unit, gqa_path_table(PATH_NAMES.index(path))
-            break
+    _gdot = _dotk
+    if _gdot == NULL and name == "avx512":
+        _gdot = gqa_s8_dot_table(PATH_NAMES.index("avx2"))
+    _gdot_unit = _unit_name(_gdot) if _gdot != NULL else None
 
 
 def _set_tiles(choice):
@@ -208,18 +216,18 @@ def int8_dot_effective():
 
 def int8_dot_unit():
     """Where accuracy level 4's INT8 dots of decode steps run with the active settings: the
-    tiles' name ("amx"), "avx512vnni", "avx2", "neon" (sdot), or None (the exact kernels)."""
+    tiles' name ("amx"), "avx512vnni", "avxvnni", "avx2", "neon" (sdot), or None (the exact
+    kernels)."""
     if dot_tiles(GQA_S8_PT, 4) != NULL:
         return _tiles.name.decode()
-    if not _dot:
-        return None
-    return "avx512vnni" if active_path() == "avx512" else active_path()
+    return _unit_name(_dotk) if _dot else None
 
 
 def group_dot_unit():
     """Where accuracy level 4's dots on per-group codes run with the active settings
-    ("avx512vnni" on the avx512 path where the CPU has VNNI, else "avx2" there and on the avx2
-    path, "neon" where the CPU has the dot product), or None (the exact kernels)."""
+    ("avx512vnni" on the avx512 path where the CPU has VNNI, "avxvnni" on avx2 where it has
+    AVX-VNNI, else "avx2" on both, "neon" where the CPU has the dot product), or None (the exact
+    kernels)."""
     return _gdot_unit
 
 

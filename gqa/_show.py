@@ -15,6 +15,7 @@ def show_config(file=None):
     lines = [
         f"gqa {__version__}  (Python {platform.python_version()}, {platform.machine()})",
         f"  compiled paths   : {', '.join(_dispatch.COMPILED_PATHS)}",
+        f"  compiled units   : {', '.join(_dispatch.COMPILED_UNITS) or 'none'}",
         f"  CPU features     : {', '.join(_dispatch.cpu_features()) or '(none detected)'}",
         f"  available paths  : {', '.join(_config.available_paths())}",
         f"  active path      : {cfg['active_path']}  (requested: {cfg['path']})",

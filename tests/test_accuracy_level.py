@@ -1,10 +1,11 @@
 """accuracy_level (onnxruntime's convention: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8):
 how a level is chosen (the attribute, else gqa.config / GQA_ACCURACY_LEVEL), that only level 4
 on INT8 codes leaves the exact float32 contract, and level 4's integer-dot kernels (AVX2,
-AVX-512 VNNI, NEON's sdot, and AMX INT8 tiles where the CPU has them; 15-bit query rows and probabilities)
+AVX-VNNI, AVX-512 VNNI, NEON's sdot, and AMX INT8 tiles where the CPU has them; 15-bit query rows and probabilities)
 against NumPy statements of their contracts (kernels_s8dot_contract.h), bit for bit, and
 the attention output against float64 within the bound those contracts give.  The emulated
-paths (tests/isa: avx512vnni-emulated, neon-dot-qemu) check the same contracts on other CPUs."""
+paths (tests/isa: avx512vnni-emulated, avxvnni-emulated, neon-dot-qemu) check the same contracts on
+other CPUs."""
 import io
 
 import numpy as np
@@ -23,15 +24,22 @@ N, NKV, H = 6, 2, 64
 G = N // NKV
 
 # level 4's INT8 dot units: the settings under which each runs (the same contracts, the same bits)
-DOT_UNITS = {"avx2": dict(path="avx2"), "avx512vnni": dict(path="avx512", tiles=False),
+DOT_UNITS = {"avx2": dict(path="avx2"), "avxvnni": dict(path="avx2"), "avx512vnni": dict(path="avx512", tiles=False),
              "amx": dict(path="avx512", tiles="amx"), "neon": dict(path="neon")}
 
 
 def _unit_settings(unit):
     """DOT_UNITS[unit], or a skip naming what this CPU (or build) lacks."""
-    if unit in ("avx2", "neon"):
-        if not _dispatch.path_runnable(unit):
-            pytest.skip(f"this CPU (or build) cannot run the {unit} path")
+    if unit in ("avx2", "avxvnni", "neon"):
+        path = DOT_UNITS[unit]["path"]
+        if not _dispatch.path_runnable(path):
+            pytest.skip(f"this CPU (or build) cannot run the {path} path")
+        with gqa.config(path=path):
+            there = _dispatch.int8_dot_unit()
+        if unit != "neon" and there != unit:   # the avx2 path runs avxvnni where the CPU has AVX-VNNI
+            pytest.skip(f"the avx2 path runs level 4 on {there} here, not {unit}"
+                        + ("; tests/isa/test_isa.py[avxvnni-emulated] checks its contracts" if unit == "avxvnni"
+                           else "; tests/isa/test_isa.py[avx2-dot-native] checks its contracts"))
         if unit == "neon" and not _dispatch.dot_runnable("neon"):
             pytest.skip("this CPU has no dot product (FEAT_DotProd), or the build has no sdot unit;"
                         " tests/isa/test_isa.py[neon-dot-qemu] checks its contracts under qemu")
@@ -52,7 +60,7 @@ def dot_unit(request):
     return _unit_settings(request.param)
 
 
-@pytest.fixture(params=["avx2", "avx512vnni", "neon"])
+@pytest.fixture(params=["avx2", "avxvnni", "avx512vnni", "neon"])
 def vector_dot_unit(request):
     """A unit of vector registers (the AMX tiles' prompts: tests/test_tiles.py)."""
     return _unit_settings(request.param)
@@ -425,14 +433,17 @@ def test_environment_default():
 
 def test_the_int8_unit_is_reported():
     """get_config()['int8_dot_unit'] names where level 4's INT8 dots run: none on the scalar
-    path; avx2 on the avx2 path; neon on the neon path where the CPU has the dot product; on avx512 the AMX tiles where they run (and are on), else VNNI
-    where it runs."""
+    path; on the avx2 path avxvnni where the CPU has AVX-VNNI (and the build the unit), else avx2;
+    neon on the neon path where the CPU has the dot product; on avx512 the AMX tiles where they
+    run (and are on), else VNNI where it runs."""
     with gqa.config(path="scalar"):
         assert gqa.get_config()["int8_dot_unit"] is None
         assert not gqa.get_config()["int8_dot_effective"]
     if _dispatch.path_runnable("avx2"):
+        avxvnni = "AVXVNNI" in _dispatch.cpu_features() and "avxvnni" in _dispatch.COMPILED_UNITS
         with gqa.config(path="avx2"):
-            assert gqa.get_config()["int8_dot_unit"] == "avx2"
+            assert gqa.get_config()["int8_dot_unit"] == ("avxvnni" if avxvnni else "avx2")
+            assert gqa.get_config()["group_dot_unit"] == ("avxvnni" if avxvnni else "avx2")
             assert gqa.get_config()["int8_dot_effective"]
     if _dispatch.path_runnable("neon"):
         sdot = _dispatch.dot_runnable("neon")   # the CPU's dot product (FEAT_DotProd)

@@ -1,6 +1,7 @@
 """accuracy_level 4 on per-group codes (INT8 / INT4 / INT2, float32 or binary16 metadata): the
 AVX2 unit's QK and P @ V (kernels_avx2_gdot.c, on the avx2 path and on avx512 without VNNI), the
-AVX-512 VNNI unit's (the same source as kernels_avx512vnni_gdot.c; under SIMDe: tests/isa) and
+same source built for AVX-VNNI (kernels_avxvnni_gdot.c) and for AVX-512 VNNI
+(kernels_avx512vnni_gdot.c; both emulated in tests/isa) and
 the NEON sdot unit's (kernels_neon_gdot.c, natively on aarch64; under qemu: tests/isa) against NumPy
 statements of the per-group contracts of kernels_s8dot_contract.h, bit for bit; against float64
 within the bounds those contracts give; and a decode step over a per-group cache within the
@@ -22,11 +23,12 @@ SV_KG = 256
 
 # (path, unit): each unit on each path that runs it -- avx512 runs the VNNI unit where the CPU has
 # VNNI and the avx2 unit elsewhere; a unit's exact kernels are its own path's
-GROUP_UNITS = [("avx2", "avx2"), ("avx512", "avx2"), ("avx512", "avx512vnni"), ("neon", "neon")]
-UNIT_PATH = {"avx2": "avx2", "avx512vnni": "avx512", "neon": "neon"}
+GROUP_UNITS = [("avx2", "avx2"), ("avx2", "avxvnni"), ("avx512", "avx2"), ("avx512", "avx512vnni"),
+               ("neon", "neon")]
+UNIT_PATH = {"avx2": "avx2", "avxvnni": "avx2", "avx512vnni": "avx512", "neon": "neon"}
 
 
-@pytest.fixture(params=GROUP_UNITS, ids=["avx2", "avx512-avx2", "avx512vnni", "neon"])
+@pytest.fixture(params=GROUP_UNITS, ids=["avx2", "avxvnni", "avx512-avx2", "avx512vnni", "neon"])
 def group_dot_path(request):
     """A path on which level 4's per-group dots run on the unit of the param."""
     path, unit = request.param
@@ -36,7 +38,8 @@ def group_dot_path(request):
         if _dispatch.group_dot_unit() != unit:
             pytest.skip(f"the {path} path runs per-group dots on {_dispatch.group_dot_unit()} here, not {unit}"
                         + {"neon": "; tests/isa/test_isa.py[neon-dot-qemu] checks it under qemu",
-                           "avx512vnni": "; tests/isa/test_isa.py[avx512vnni-emulated] checks it on SIMDe"}.get(unit, ""))
+                           "avx512vnni": "; tests/isa/test_isa.py[avx512vnni-emulated] checks it on SIMDe",
+                           "avxvnni": "; tests/isa/test_isa.py[avxvnni-emulated] checks it emulated"}.get(unit, ""))
     return path
 
 

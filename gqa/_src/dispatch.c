@@ -25,6 +25,9 @@
 #ifdef GQA_HAVE_AVX2
 extern const gqa_kernels gqa_kernels_avx2;
 #endif
+#ifdef GQA_HAVE_AVXVNNI /* the avx2 path's kernels with level 4 on AVX-VNNI (kernels_avx2.c) */
+extern const gqa_kernels gqa_kernels_avxvnni;
+#endif
 #ifdef GQA_HAVE_AVX512
 extern const gqa_kernels gqa_kernels_avx512;
 #endif
@@ -35,7 +38,7 @@ extern const gqa_kernels gqa_kernels_neon;
 static const char *const path_names[GQA_PATH_COUNT] = {"scalar", "avx2", "avx512", "neon"};
 static const char *const feature_names[] = {
     "SSE2", "AVX", "AVX2", "FMA", "F16C", "AVX512F", "AVX512BW", "AVX512DQ",
-    "AVX512VL", "AVX512VNNI", "NEON", "ASIMDDP", "AVX512BF16", "AMX", "BF16"};
+    "AVX512VL", "AVX512VNNI", "NEON", "ASIMDDP", "AVX512BF16", "AMX", "BF16", "AVXVNNI"};
 
 const char *gqa_path_name(int path)
 {
@@ -76,6 +79,7 @@ static unsigned detect(void)
     if (f16c) f |= GQA_CPU_F16C;
     if (__get_cpuid_max(0, NULL) >= 7) {
         __cpuid_count(7, 0, a, b, c, d);
+        const unsigned subleaves = a; /* the highest subleaf of leaf 7 */
         if (b & (1u << 5)) f |= GQA_CPU_AVX2;
         if (os_avx512) {
             if (b & (1u << 16)) f |= GQA_CPU_AVX512F;
@@ -86,7 +90,10 @@ static unsigned detect(void)
         }
         /* EDX bits 22, 24, 25: AMX-BF16, AMX-TILE, AMX-INT8; XCR0 bits 17-18: tile config and data */
         const int amx = (d & (1u << 22)) && (d & (1u << 24)) && (d & (1u << 25)) && (xcr0 & 0x60000) == 0x60000;
-        __cpuid_count(7, 1, a, b, c, d);
+        a = 0;
+        if (subleaves >= 1)
+            __cpuid_count(7, 1, a, b, c, d);
+        if (a & (1u << 4)) f |= GQA_CPU_AVXVNNI; /* reached only with the AVX state on */
         if (os_avx512 && (a & (1u << 5))) f |= GQA_CPU_AVX512BF16;
         if (amx) f |= GQA_CPU_AMX;
     }
@@ -155,18 +162,27 @@ int gqa_approx_vnni_runnable(void)
            (gqa_cpu_features() & GQA_CPU_AVX512VNNI) != 0;
 }
 
-int gqa_s8_dot_runnable(int path)
+const gqa_kernels *gqa_s8_dot_table(int path)
 {
     const gqa_kernels *t = gqa_path_table(path);
+    const unsigned f = gqa_cpu_features();
     if (t == NULL || t->qk_gemm_s8_dot == NULL || t->sv_gemm_s8_dot == NULL || !gqa_path_runnable(path))
-        return 0;
+        return NULL;
     /* avx512's are the VNNI unit's (vpdpwssd), neon's the dot product's (sdot); avx2's need
-       nothing beyond the path */
-    if (path == GQA_PATH_AVX512)
-        return (gqa_cpu_features() & GQA_CPU_AVX512VNNI) != 0;
-    if (path == GQA_PATH_NEON)
-        return (gqa_cpu_features() & GQA_CPU_ASIMDDP) != 0;
-    return 1;
+       nothing beyond the path, and the avxvnni table's AVX-VNNI */
+    switch (path) {
+    case GQA_PATH_AVX512: return (f & GQA_CPU_AVX512VNNI) ? t : NULL;
+    case GQA_PATH_NEON: return (f & GQA_CPU_ASIMDDP) ? t : NULL;
+#ifdef GQA_HAVE_AVXVNNI
+    case GQA_PATH_AVX2: return (f & GQA_CPU_AVXVNNI) ? &gqa_kernels_avxvnni : t;
+#endif
+    default: return t;
+    }
+}
+
+int gqa_s8_dot_runnable(int path)
+{
+    return gqa_s8_dot_table(path) != NULL;
 }
 
 const gqa_tiles *gqa_path_tiles_at(int path, int i)

@@ -168,9 +168,9 @@ typedef struct gqa_kernels {
        avx512 with VNNI);  qk_gemm_s8_dot / sv_gemm_s8_dot: accuracy level 4 on INT8 and INT4
        codes per tensor / per channel (gqa_dot_codes), query rows and probabilities quantized to
        15 bits (kernels_s8dot_contract.h;
-       avx512: vpdpwssd, where the CPU has VNNI; avx2: vpmaddwd; neon: sdot, where the CPU has
-       the dot product; gqa_s8_dot_runnable says).
-       avx2's, avx512's (the VNNI unit) and neon's take per-group codes too
+       avx512: vpdpwssd, where the CPU has VNNI; avx2: vpmaddwd (the avxvnni table's: VEX
+       vpdpwssd); neon: sdot, where the CPU has the dot product; gqa_s8_dot_table says).
+       avx2's (and avxvnni's), avx512's (the VNNI unit) and neon's take per-group codes too
        (gqa_group_dot_takes; on avx512 without VNNI the dispatch uses avx2's).
        Other types (and, per row, what the contracts leave) run the path's exact kernel. */
     gqa_qk_gemm_fn qk_gemm_s8_approx;
@@ -209,6 +209,7 @@ extern const gqa_kernels gqa_kernels_scalar;
 #define GQA_CPU_AVX512BF16 (1u << 12)
 #define GQA_CPU_AMX       (1u << 13) /* AMX-TILE + AMX-BF16 + AMX-INT8, tile state enabled in XCR0 */
 #define GQA_CPU_BF16      (1u << 14) /* aarch64: the BFloat16 extension (HWCAP2_BF16: BFDOT, BFMMLA) */
+#define GQA_CPU_AVXVNNI   (1u << 15) /* x86: AVX-VNNI, VEX vpdpwssd on ymm (CPUID.(7,1):EAX[4], AVX state on) */
 
 unsigned gqa_cpu_features(void);
 const char *gqa_cpu_feature_name(unsigned bit_index);
@@ -219,8 +220,12 @@ const gqa_kernels *gqa_path_table(int path);
 int gqa_path_runnable(int path);
 /* 1 when the approximate VNNI QK kernel can run here. */
 int gqa_approx_vnni_runnable(void);
-/* 1 when path `path`'s table has accuracy level 4's integer-dot kernels (qk_gemm_s8_dot,
-   sv_gemm_s8_dot) and this CPU runs them. */
+/* The table whose qk_gemm_s8_dot / sv_gemm_s8_dot run path `path`'s accuracy level 4 on this
+   CPU: on avx2 the avxvnni table (the same kernels, level 4 on AVX-VNNI) where the build has it
+   and the CPU has AVX-VNNI, else the path's own table where it has the entries and the CPU runs
+   them (avx512: VNNI; neon: the dot product); NULL where none runs. */
+const gqa_kernels *gqa_s8_dot_table(int path);
+/* 1 when gqa_s8_dot_table(path) is not NULL. */
 int gqa_s8_dot_runnable(int path);
 /* The i-th tiles of a path's table (best first), NULL past the last or where it has none. */
 const gqa_tiles *gqa_path_tiles_at(int path, int i);

@@ -926,4 +926,12 @@ GQA_KERNEL_TABLE(avx2, NULL, gqa_qk_gemm_s8_dot_avx2, gqa_sv_gemm_s8_dot_avx2, N
 #else
 GQA_KERNEL_TABLE(avx2, NULL, NULL, NULL, NULL)
 #endif
+#ifdef GQA_HAVE_AVXVNNI /* the same kernels with level 4 on AVX-VNNI (kernels_avxvnni_*.c): dispatch.c
+                           hands this table out for level 4 where the CPU has AVX-VNNI */
+void gqa_qk_gemm_s8_dot_avxvnni(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                                const void *B, int type, const float *s, float *C, size_t ldc);
+void gqa_sv_gemm_s8_dot_avxvnni(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
+                                const float *s, float *C, size_t ldc, float beta);
+GQA_KERNEL_TABLE_AS(avxvnni, avx2, NULL, gqa_qk_gemm_s8_dot_avxvnni, gqa_sv_gemm_s8_dot_avxvnni, NULL)
+#endif
 #endif

@@ -4,35 +4,59 @@
  * rows' and probability rows' 15-bit codes of kernels_s8dot_contract.h, the widening of stored
  * codes to int16, the QK blocks' output stores, and the P @ V blocks over pairs of keys
  * (DOT_MADD: vpmaddwd + vpaddd, exact; sv_block_eo: INT4's even and odd columns apart).
- * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); included only by those units, and by
- * kernels_avx512vnni_gdot.c (the avx512 path's flags plus -mavx512vnni, GQA_DOT_VNNI).
+ * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); included only by those units and their
+ * builds as other units (DOT_UNIT below): the avxvnni unit (plus -mavxvnni) and
+ * kernels_avx512vnni_gdot.c (the avx512 path's flags plus -mavx512vnni).
  */
 #ifndef GQA_KERNELS_AVX2_DOT_H
 #define GQA_KERNELS_AVX2_DOT_H
 
 #include <float.h>
-#ifdef GQA_EMULATE_AVX512
+#if defined(GQA_EMULATE_AVX512)
 #include "emu_avx512.h" /* tests/isa's emulation build of the avx512vnni unit: SIMDe */
 #else
 #include <immintrin.h>
 #endif
+#ifdef GQA_EMULATE_AVXVNNI
+#include "emu_avxvnni.h" /* tests/isa's emulation build of the avxvnni unit */
+#endif
 #include "kernels_common.h"
 #include "kernels_s8dot_contract.h"
 
+/* The unit these sources are built for: DOT_UNIT, the suffix of their entries, and DOT_EXACT,
+   the table whose exact kernels take the rows and types the contracts leave.  avx2 here;
+   kernels_avxvnni_s8dot.c / kernels_avxvnni_gdot.c (avxvnni, the avx2 path's) and
+   kernels_avx512vnni_gdot.c (avx512vnni, the avx512 path's) build them again. */
+#ifndef DOT_UNIT
+#define DOT_UNIT avx2
+#define DOT_EXACT gqa_kernels_avx2
+#endif
+#define DOT_CAT(a, b) a##b
+#define DOT_PASTE(a, b) DOT_CAT(a, b)
+#define DOT_ENTRY(name) DOT_PASTE(name, DOT_UNIT)
+
+extern const gqa_kernels DOT_EXACT;
+
 /* The per-group kernels (kernels_avx2_gdot.c), which the unit's entries hand group types. */
-void gqa_qk_gemm_g_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
-                            int type, const float *s, float *C, size_t ldc);
-void gqa_sv_gemm_g_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
-                            const float *s, float *C, size_t ldc, float beta);
+void DOT_ENTRY(gqa_qk_gemm_g_dot_)(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                                   const void *B, int type, const float *s, float *C, size_t ldc);
+void DOT_ENTRY(gqa_sv_gemm_g_dot_)(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                                   int type, const float *s, float *C, size_t ldc, float beta);
 
 /* acc + the pairwise int16 products of a and b, exact (int32 lanes; no sum here reaches 2^31):
-   vpmaddwd + vpaddd, or one vpdpwssd (256-bit, EVEX) where the source is built for the avx512
-   path's VNNI unit (GQA_DOT_VNNI: kernels_avx512vnni_gdot.c). */
-#ifdef GQA_DOT_VNNI
+   vpmaddwd + vpaddd, or one vpdpwssd where the unit has it: 256-bit EVEX under GQA_DOT_VNNI (the
+   avx512vnni unit), VEX under GQA_DOT_AVXVNNI (the avxvnni unit).  vpdpwssd adds the two
+   products to the lane without saturation, so every form gives the same bits. */
+#if defined(GQA_DOT_VNNI)
 #if !defined(GQA_EMULATE_AVX512) && !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
 #error "GQA_DOT_VNNI needs -mavx512vnni -mavx512vl (or the tests' emulation build)"
 #endif
 #define DOT_MADD(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
+#elif defined(GQA_DOT_AVXVNNI)
+#if !defined(GQA_EMULATE_AVXVNNI) && !defined(__AVXVNNI__)
+#error "GQA_DOT_AVXVNNI needs -mavxvnni (or the tests' emulation build)"
+#endif
+#define DOT_MADD(acc, a, b) _mm256_dpwssd_avx_epi32((acc), (a), (b))
 #else
 #define DOT_MADD(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
 #endif

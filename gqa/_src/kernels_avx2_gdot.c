@@ -5,10 +5,10 @@
  * the per-group contracts of kernels_s8dot_contract.h bit for bit.
  * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); part of the avx2_s8dot unit (setup.py), whose
  * entries gqa_qk_gemm_s8_dot_avx2 / gqa_sv_gemm_s8_dot_avx2 hand group types here.  Every AVX2
- * CPU runs them.  kernels_avx512vnni_gdot.c builds this source a second time for the avx512
- * path's VNNI unit (GDOT_UNIT avx512vnni: the entries gqa_*_gemm_g_dot_avx512vnni, each
- * DOT_MADD one vpdpwssd, the avx512 path's exact kernels for what the contracts leave); the
- * integer sums are exact either way, so both give the contracts' bits.
+ * CPU runs them.  The avxvnni unit (kernels_avxvnni_gdot.c) and the avx512 path's VNNI unit
+ * (kernels_avx512vnni_gdot.c) build this source again (DOT_UNIT, kernels_avx2_dot.h: their
+ * entries, each DOT_MADD one vpdpwssd, their path's exact kernels for what the contracts
+ * leave); the integer sums are exact either way, so all give the contracts' bits.
  *
  * QK: a step is 16 bytes of INT8 (16 codes, zero-extended), 16 of INT4 (32 codes: the low
  * nibbles the even elements, the high ones the odd), or 16 of INT2 (64 codes: element 4i + j from
@@ -29,16 +29,6 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include "kernels_avx2_dot.h"
 
-/* The unit this source is built for: its entries' suffix, and the table of its path, whose
-   exact kernels take the rows and types the contracts leave. */
-#ifndef GDOT_UNIT
-#define GDOT_UNIT avx2
-#define GDOT_EXACT gqa_kernels_avx2
-#endif
-#define GDOT_CAT(a, b) a##b
-#define GDOT_NAME(a, b) GDOT_CAT(a, b)
-
-extern const gqa_kernels GDOT_EXACT;
 
 /* The kind of a group type's codes. */
 static int gdot_kind(int type)
@@ -270,7 +260,7 @@ static void gqk(size_t M, size_t N, size_t K, float alpha, const float *A, size_
                 dot_order(cm, K, kind);
                 rows[mb++] = m0;
             } else {
-                GDOT_EXACT.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc);
+                DOT_EXACT.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc);
             }
         }
         if (mb == 0)
@@ -482,7 +472,7 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
             if (sv_row(A + m0 * lda, K, &inv, &sp))
                 rows[mb++] = m0;
             else
-                GDOT_EXACT.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc, beta);
+                DOT_EXACT.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc, beta);
         }
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
@@ -510,21 +500,21 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
     }
 }
 
-void GDOT_NAME(gqa_qk_gemm_g_dot_, GDOT_UNIT)(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
+void DOT_ENTRY(gqa_qk_gemm_g_dot_)(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                             int type, const float *s, float *C, size_t ldc)
 {
     if (!gqa_group_dot_takes(type, K) || K == 0 || K > DOT_QK_K) {
-        GDOT_EXACT.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        DOT_EXACT.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
     gqk(M, N, K, alpha, A, lda, (const uint8_t *)B, type, C, ldc);
 }
 
-void GDOT_NAME(gqa_sv_gemm_g_dot_, GDOT_UNIT)(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
+void DOT_ENTRY(gqa_sv_gemm_g_dot_)(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
                             const float *s, float *C, size_t ldc, float beta)
 {
     if (!gqa_group_dot_takes(type, N) || K == 0) {
-        GDOT_EXACT.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
+        DOT_EXACT.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;
     }
     gsv(M, N, K, A, lda, (const uint8_t *)B, type, C, ldc, beta);

@@ -5,9 +5,10 @@
  * on INT8, the AMX INT8 unit).
  * ISA flags: the avx2 path's (-mavx2 -mfma -mf16c); setup.py compiles it with the path and then
  * defines GQA_HAVE_AVX2_S8DOT for kernels_avx2.c, whose table holds gqa_qk_gemm_s8_dot_avx2 and
- * gqa_sv_gemm_s8_dot_avx2.  Every AVX2 CPU runs them.
+ * gqa_sv_gemm_s8_dot_avx2.  Every AVX2 CPU runs them.  The avxvnni unit builds this source again
+ * (kernels_avxvnni_s8dot.c: DOT_UNIT avxvnni, each vpmaddwd + vpaddd one vpdpwssd).
  *
- * The integer dots are vpmaddwd (int16 pairs x int16 pairs, summed to int32) plus vpaddd:
+ * The integer dots are vpmaddwd (int16 pairs x int16 pairs, summed to int32) plus vpaddd (DOT_MADD):
  * exact, since no pair reaches -32768 * -32768 (query codes within +-32639, probability codes in
  * [0, 32767], cache codes in [-128, 127]), and the sums stay within the contract's int32 limits;
  * integer sums do not depend on their order, so these kernels give the contract's bits.
@@ -25,8 +26,6 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include "kernels_avx2_dot.h"
 
-/* The avx2 path's table (kernels_avx2.c): its exact kernels take what the contracts leave. */
-extern const gqa_kernels gqa_kernels_avx2;
 
 /* ---- qk_gemm_s8_dot ------------------------------------------------------------------------ */
 
@@ -50,9 +49,8 @@ INLINE void qk_step(const int MB, const int NB, const int S4, const int8_t *p, c
     const __m256i od = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(x, 4), f));
     UNROLL
     for (int mb = 0; mb < MB; mb++) {
-        const __m256i e = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs)), ev);
-        const __m256i o = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(c + mb * cs + 16)), od);
-        acc[mb * NB] = _mm256_add_epi32(acc[mb * NB], _mm256_add_epi32(e, o));
+        const __m256i e = DOT_MADD(acc[mb * NB], _mm256_load_si256((const __m256i *)(c + mb * cs)), ev);
+        acc[mb * NB] = DOT_MADD(e, _mm256_load_si256((const __m256i *)(c + mb * cs + 16)), od);
     }
 }
 
@@ -152,17 +150,17 @@ typedef void (*qk_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, s
 QK_KIND(0) QK_KIND(1)
 
 
-void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
+void DOT_ENTRY(gqa_qk_gemm_s8_dot_)(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                              int type, const float *s, float *C, size_t ldc)
 {
     int16_t c[4 * DOT_QK_K] __attribute__((aligned(32)));
     const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
     if (GQA_IS_GROUP(type)) {
-        gqa_qk_gemm_g_dot_avx2(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        DOT_ENTRY(gqa_qk_gemm_g_dot_)(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
     if (!gqa_dot_codes(type) || K == 0 || K > DOT_QK_K) {
-        gqa_kernels_avx2.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        DOT_EXACT.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
     const qk_fn *blocks = s4 ? qk_blocks_1 : qk_blocks_0;
@@ -182,7 +180,7 @@ void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const fl
                 }
                 rows[mb++] = m0;
             } else {
-                gqa_kernels_avx2.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc);
+                DOT_EXACT.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc);
             }
         }
         if (mb == 0)
@@ -310,7 +308,7 @@ static void sv_finish(const int32_t *d, int32_t corr, size_t w, float *crow, con
     }
 }
 
-void gqa_sv_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
+void DOT_ENTRY(gqa_sv_gemm_s8_dot_)(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,
                              const float *s, float *C, size_t ldc, float beta)
 {
     int16_t codes[SV_MB][SV_KS + 16] __attribute__((aligned(32)));
@@ -318,11 +316,11 @@ void gqa_sv_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_
     const int8_t *Bb = (const int8_t *)B;
     const int pc = GQA_IS_PC(type), s4 = GQA_IS_S4(type);
     if (GQA_IS_GROUP(type)) {
-        gqa_sv_gemm_g_dot_avx2(M, N, K, A, lda, B, type, s, C, ldc, beta);
+        DOT_ENTRY(gqa_sv_gemm_g_dot_)(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;
     }
     if (!gqa_dot_codes(type) || K == 0) {
-        gqa_kernels_avx2.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
+        DOT_EXACT.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;
     }
     const size_t rb = gqa_row_bytes(type, N);
@@ -334,7 +332,7 @@ void gqa_sv_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, const float *A, size_
             if (sv_row(A + m0 * lda, K, &inv[mb], &sp[mb]))
                 rows[mb++] = m0;
             else
-                gqa_kernels_avx2.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc, beta);
+                DOT_EXACT.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc, beta);
         }
         if (mb == 0)
             continue;

@@ -10,6 +10,6 @@
  * (GQA_EMULATE_AVX512) takes vpdpwssd from SIMDe.
  */
 #define GQA_DOT_VNNI
-#define GDOT_UNIT avx512vnni
-#define GDOT_EXACT gqa_kernels_avx512
+#define DOT_UNIT avx512vnni
+#define DOT_EXACT gqa_kernels_avx512
 #include "kernels_avx2_gdot.c"

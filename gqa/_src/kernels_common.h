@@ -52,8 +52,10 @@ static inline float gqa_max_of(const float *x, size_t n, float m)
 
 /* A path's kernel table: every operation named <op>_<path>, and the integer-dot kernels
    (or NULL): onnxruntime's approximate QK, level 4's QK and SV; the path's tiles (or NULL). */
-#define GQA_KERNEL_TABLE(path, approx_qk, dot_qk, dot_sv, tiles)                                 \
-    const gqa_kernels gqa_kernels_##path = {#path, quantize_##path, dequantize_##path,          \
+#define GQA_KERNEL_TABLE(path, approx_qk, dot_qk, dot_sv, tiles) GQA_KERNEL_TABLE_AS(path, path, approx_qk, dot_qk, dot_sv, tiles)
+/* A table named `unit` (gqa_kernels_<unit>) with path `path`'s kernels and its own level-4 entries. */
+#define GQA_KERNEL_TABLE_AS(unit, path, approx_qk, dot_qk, dot_sv, tiles)                       \
+    const gqa_kernels gqa_kernels_##unit = {#unit, quantize_##path, dequantize_##path,          \
                                             dequantize_t_##path, qk_gemm_##path, sv_gemm_##path, \
                                             approx_qk, dot_qk, dot_sv, exp_sum_##path,           \
                                             row_max_##path, tiles};

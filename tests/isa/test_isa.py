@@ -9,7 +9,9 @@ neonbf16-qemu (the BFDOT tiles of levels 3-4; neon-native, neon-dot-native and n
 on aarch64),
 avx512-emulated, avx512vnni-emulated, avx512bf16-emulated (the AVX-512 BF16 tiles),
 avx512-native, avx512vnni-native, avx512bf16-native, amx-native, avx2-native, avx2-dot-native
-(accuracy level 4's integer dots of the avx2 path); the native ones
+(accuracy level 4's integer dots of the avx2 path), avxvnni-emulated / avxvnni-native (the same
+kernels built with AVX-VNNI's vpdpwssd, the table gqa_kernels_avxvnni; emulated: vpdpwssd stated
+lane by lane in emu_avxvnni.h); the native ones
 exist only where this CPU runs the path (amx-native is listed everywhere and skips, with the
 reason, on CPUs without AMX: nothing emulates AMX; avx512bf16-native skips without AVX512-BF16).  A test skips otherwise only when the tools it needs are missing (Debian:
 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; libsimde-dev).
@@ -71,6 +73,7 @@ CPU = _cpu_flags()
 HAS_AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= CPU
 HAS_VNNI = HAS_AVX512 and "avx512_vnni" in CPU
 HAS_AVX2 = {"avx2", "fma", "f16c"} <= CPU
+HAS_AVXVNNI = HAS_AVX2 and "avx_vnni" in CPU
 HAS_BF16 = HAS_AVX512 and "avx512_bf16" in CPU
 HAS_AMX = HAS_BF16 and {"amx_tile", "amx_bf16", "amx_int8"} <= CPU
 
@@ -155,6 +158,31 @@ def _neon_qemu_driver(d, flags=CFLAGS, static=True):
     return ["qemu-aarch64"] + ([] if static else ["-L", SYSROOT]) + [exe]
 
 
+def _avxvnni_driver(d, emulated):
+    """The avx2 path with its units and the table gqa_kernels_avxvnni under test (level 4's kernels
+    built with AVX-VNNI's vpdpwssd); emulated: the avxvnni unit without -mavxvnni, its vpdpwssd
+    stated lane by lane (emu_avxvnni.h)."""
+    src, flags = PATHS["avx2"]
+    exe = os.path.join(d, "driver")
+    objs, defines = [], []
+    for srcs, own, define in UNITS["avx2"]:
+        vnni = "-mavxvnni" in own
+        uflags = CFLAGS + flags + ([f for f in own if f != "-mavxvnni"] + ["-DGQA_EMULATE_AVXVNNI", "-I" + HERE]
+                                   if vnni and emulated else own)
+        for u in srcs:
+            obj = os.path.join(d, u.replace(".c", ".o"))
+            _compile(CC + uflags + ["-c", os.path.join(SRC, u), "-o", obj])
+            if vnni and emulated and shutil.which("objdump"):
+                rc, out = _run(["objdump", "-d", obj])
+                assert rc == 0 and "vpdpwssd" not in out, f"the emulated unit {obj} issues vpdpwssd"
+            objs.append(obj)
+        defines.append("-D" + define)
+    _compile(CC + CFLAGS + flags + defines + ["-DGQA_TEST_TABLE=gqa_kernels_avxvnni", DRIVER,
+                                                 os.path.join(SRC, "kernels_scalar.c"), os.path.join(SRC, src),
+                                                 "-o", exe, "-lm"] + objs)
+    return [exe]
+
+
 def _avx512_emulated_driver(d):
     """kernels_avx512.c on SIMDe: AVX2/FMA/F16C only, like AMD Zen 3."""
     obj = os.path.join(d, "kernels_avx512_emu.o")
@@ -226,6 +254,9 @@ def _cases():
         if HAS_AVX2:
             cases.append(("avx2-native", "exact", "avx2-native"))
             cases.append(("avx2-dot-native", "dot", "avx2-native"))
+            cases.append(("avxvnni-emulated", "dot", "avxvnni-emulated"))
+            if HAS_AVXVNNI:
+                cases.append(("avxvnni-native", "dot", "avxvnni-native"))
     return cases
 
 
@@ -250,6 +281,8 @@ def test_isa(builds, how, mode, build):
         if mode == "tiles=avx512bf16" and not HAS_BF16:
             pytest.skip("the CPU has no AVX512-BF16 (avx512bf16-emulated checks these kernels)")
         cmd = builds.get(build, lambda d: _native_driver(d, "avx512"))
+    elif build.startswith("avxvnni-"):
+        cmd = builds.get(build, lambda d: _avxvnni_driver(d, build == "avxvnni-emulated"))
     else:
         cmd = builds.get(build, lambda d: _native_driver(d, "avx2"))
     _check(cmd, mode)
