@@ -312,8 +312,8 @@ class GroupDecode:
 
 class GroupDecodeAccuracy(GroupDecode):
     """GroupDecode on the automatic path at accuracy_level 0 (float32 products) and 4 (integer dots
-    per group on gqa.get_config()["group_dot_unit"]: avx512vnni, avx2 or neon; float32 where
-    there is none)."""
+    per group on gqa.get_config()["group_dot_unit"]: avx512vnni, avxvnni, avx2 or neon; float32
+    where there is none)."""
     params = ([0, 4], ["int8-g32", "int4-g32", "int2-g64", "int4-g32/int2-g32"], [8192],
               ["plain", "windows+rotations"])
     param_names = ["level", "mode", "T", "extras"]
