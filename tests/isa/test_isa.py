@@ -22,6 +22,7 @@ import platform
 import re
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -37,8 +38,8 @@ APT = "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user lib
 
 
 def _setup_paths():
-    """Path name -> (source, flags), and path name -> [(unit sources, its own flags, define)],
-    read from setup.py so the flags have one home."""
+    """Path name -> (source, flags), and path name -> [(unit sources, its own flags, define, the
+    probe snippet)], read from setup.py so the flags have one home."""
     tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
     paths, units = {}, {}
     for node in tree.body:
@@ -47,8 +48,8 @@ def _setup_paths():
             for path, (src, flags, _snippet) in ast.literal_eval(node.value).items():
                 paths[path] = (src, flags)
         elif name in ("X86_UNITS", "ARM_UNITS"):
-            for src, path, flags, define, _snippet in ast.literal_eval(node.value).values():
-                units.setdefault(path, []).append(((src,) if isinstance(src, str) else src, flags, define))
+            for src, path, flags, define, snippet in ast.literal_eval(node.value).values():
+                units.setdefault(path, []).append(((src,) if isinstance(src, str) else src, flags, define, snippet))
     return paths, units
 
 
@@ -123,11 +124,32 @@ def builds(tmp_path_factory):
     return Build(tmp_path_factory)
 
 
+_PROBES = {}
+
+
+def _builds(cc, flags, snippet):
+    """True when `cc` compiles the unit's probe snippet with `flags` (setup.py's test: a unit the
+    compiler cannot build is left out of the package, and of these drivers)."""
+    key = (tuple(cc), tuple(flags), snippet)
+    if key not in _PROBES:
+        d = tempfile.mkdtemp(prefix="gqa-isa-probe-")
+        try:
+            src = os.path.join(d, "probe.c")
+            with open(src, "w") as f:
+                f.write(snippet)
+            _PROBES[key] = _run(cc + flags + ["-c", src, "-o", os.path.join(d, "probe.o")])[0] == 0
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    return _PROBES[key]
+
+
 def _units(d, path, flags, cc=None):
-    """Objects of the path's extra units (setup.py's X86_UNITS / ARM_UNITS) built by `cc` with
-    `flags` plus their own, and the defines that put them in the path's table."""
+    """Objects of the path's extra units (setup.py's X86_UNITS / ARM_UNITS) that `cc` can build,
+    built with `flags` plus their own, and the defines that put them in the path's table."""
     objs, defines = [], []
-    for srcs, uflags, define in UNITS.get(path, []):
+    for srcs, uflags, define, snippet in UNITS.get(path, []):
+        if not _builds(cc or CC, flags + uflags, snippet):
+            continue
         for src in srcs:
             obj = os.path.join(d, src.replace(".c", ".o"))
             _compile((cc or CC) + flags + uflags + ["-c", os.path.join(SRC, src), "-o", obj])
@@ -165,8 +187,12 @@ def _avxvnni_driver(d, emulated):
     src, flags = PATHS["avx2"]
     exe = os.path.join(d, "driver")
     objs, defines = [], []
-    for srcs, own, define in UNITS["avx2"]:
+    for srcs, own, define, snippet in UNITS["avx2"]:
         vnni = "-mavxvnni" in own
+        if not (vnni and emulated) and not _builds(CC, CFLAGS + flags + own, snippet):
+            if vnni:
+                pytest.skip("the compiler cannot build the avxvnni unit (-mavxvnni: GCC 11, Clang 12)")
+            continue
         uflags = CFLAGS + flags + ([f for f in own if f != "-mavxvnni"] + ["-DGQA_EMULATE_AVXVNNI", "-I" + HERE]
                                    if vnni and emulated else own)
         for u in srcs:
@@ -194,7 +220,7 @@ def _avx512_emulated_driver(d):
     # the VNNI unit on SIMDe too: its own -mavx512vnni left out, the define kept; nothing
     # emulates AMX, so its unit is left out (its tests run natively on AMX hosts)
     objs, defines = [], []
-    for srcs, own, define in UNITS.get("avx512", []):
+    for srcs, own, define, _snippet in UNITS.get("avx512", []):
         if any(f.startswith("-mamx") for f in own):
             continue
         for src in srcs:
