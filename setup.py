@@ -50,7 +50,7 @@ X86_UNITS = {"avx2_s8dot": (("kernels_avx2_s8dot.c", "kernels_avx2_gdot.c"), "av
                             "#include <immintrin.h>\nint main(void){__m256i a=_mm256_set1_epi16(1);"
                             "a=_mm256_madd_epi16(a,a);return 0;}"),
             # the avx2 path's level 4 again with AVX-VNNI's vpdpwssd: a table of its own
-            # (gqa_kernels_avxvnni, kernels_avx2.c), so dispatch.c sees the define too
+            # (gqa_kernels_avxvnni, kernels_avx2.c), which dispatch.c hands out
             "avxvnni": (("kernels_avxvnni_s8dot.c", "kernels_avxvnni_gdot.c"), "avx2", ["-mavxvnni"],
                         "GQA_HAVE_AVXVNNI",
                         "#include <immintrin.h>\nint main(void){__m256i a=_mm256_set1_epi16(1);"
@@ -66,8 +66,6 @@ X86_UNITS = {"avx2_s8dot": (("kernels_avx2_s8dot.c", "kernels_avx2_gdot.c"), "av
                     ["-mamx-tile", "-mamx-bf16", "-mamx-int8", "-mavx512bf16"], "GQA_HAVE_AMX",
                     "#include <immintrin.h>\nint main(void){_tile_zero(0);_tile_dpbf16ps(0,1,2);"
                     "_tile_dpbssd(0,1,2);_tile_dpbusd(0,1,2);_tile_release();return 0;}")}
-# units whose table dispatch.c hands out itself (gqa_s8_dot_table), so it sees their defines
-DISPATCH_UNIT_DEFINES = ("GQA_HAVE_AVXVNNI",)
 ARM_PATHS = {"neon": ("kernels_neon.c", [],
                       "#include <arm_neon.h>\nint main(void){float32x4_t a=vdupq_n_f32(1.f);"
                       "a=vfmaq_f32(a,a,a);return (int)vgetq_lane_f32(a,0)-2;}")}
@@ -143,8 +141,7 @@ class BuildExt(build_ext):
         units = X86_UNITS if arch == "x86_64" else ARM_UNITS if arch == "aarch64" else {}
         compiled = ["scalar"]
         objects = []
-        unit_macros = []
-        units_built = []
+        units_built = []   # (unit, its define): dispatch.c sees the defines too
         for name, (src, flags, snippet) in paths.items():
             if not os.path.exists(os.path.join(SRC, src)):
                 continue
@@ -164,9 +161,7 @@ class BuildExt(build_ext):
                     [os.path.join(SRC, u) for u in usrcs], output_dir=self.build_temp,
                     include_dirs=[SRC], extra_postargs=common + flags + uflags, depends=HEADERS)
                 defines.append("-D" + define)
-                units_built.append(unit)
-                if define in DISPATCH_UNIT_DEFINES:
-                    unit_macros.append((define, "1"))
+                units_built.append((unit, define))
             objects += self.compiler.compile(
                 [os.path.join(SRC, src)], output_dir=self.build_temp,
                 include_dirs=[SRC], extra_postargs=common + flags + defines, depends=HEADERS)
@@ -183,9 +178,10 @@ class BuildExt(build_ext):
                 ext.extra_objects = objects
                 # relink when only a kernel TU changed (build_ext checks sources + depends)
                 ext.depends = list(ext.depends) + objects
-                ext.define_macros += [("GQA_HAVE_" + p.upper(), "1") for p in compiled[1:]] + unit_macros
+                ext.define_macros += [("GQA_HAVE_" + p.upper(), "1") for p in compiled[1:]]
+                ext.define_macros += [(define, "1") for _, define in units_built]
                 ext.define_macros.append(("GQA_COMPILED_PATHS", '"' + ",".join(compiled) + '"'))
-                ext.define_macros.append(("GQA_COMPILED_UNITS", '"' + ",".join(units_built) + '"'))
+                ext.define_macros.append(("GQA_COMPILED_UNITS", '"' + ",".join(u for u, _ in units_built) + '"'))
                 if unix:
                     ext.libraries.append("m")
         super().build_extensions()

@@ -10,7 +10,6 @@ cdef extern from "gqa_kernels.h" nogil:
     const gqa_kernels *gqa_path_table(int path)
     int gqa_path_runnable(int path)
     int gqa_approx_vnni_runnable()
-    int gqa_s8_dot_runnable(int path)
     const gqa_kernels *gqa_s8_dot_table(int path)
     const gqa_tiles *gqa_path_tiles(int path)
     const gqa_tiles *gqa_path_tiles_at(int path, int i)
@@ -46,7 +45,6 @@ cdef bint _vnni = gqa_approx_vnni_runnable() == 1     # the CPU (and build) run 
 # the table whose level-4 integer dots the active path runs here (gqa_s8_dot_table: the path's
 # own, or on avx2 the avxvnni table where the CPU has AVX-VNNI), NULL where none runs
 cdef const gqa_kernels *_dotk = gqa_s8_dot_table(0)
-cdef bint _dot = _dotk != NULL
 # ... and their P @ V serves the flash prompt's INT8 tiles too: on avx512 (vpdpwssd, 32 products
 # an instruction) it beats float32 products on a V tile dequantized once (Zen 4: the prompt
 # 1.11-1.16x; INT4 not measured there: float32); on avx2 (vpmaddwd + vpaddd, 16 products in two)
@@ -79,7 +77,7 @@ cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint ti
         return _gdot.qk_gemm_s8_dot if level >= 4 and tiles and _gdot != NULL else t.qk_gemm
     if not gqa_dot_codes(type):
         return t.qk_gemm
-    if level >= 4 and _dot:
+    if level >= 4 and _dotk != NULL:
         return _dotk.qk_gemm_s8_dot
     if _vnni and _approx and type == GQA_S8_PT and t.qk_gemm_s8_approx != NULL:
         return t.qk_gemm_s8_approx
@@ -100,7 +98,7 @@ cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint ti
         return _tiles.sv_s8
     if gqa_is_group(type):
         return _gdot.sv_gemm_s8_dot if level >= 4 and tiles and _gdot != NULL else t.sv_gemm
-    if _dot and level >= 4 and gqa_dot_codes(type) and (
+    if _dotk != NULL and level >= 4 and gqa_dot_codes(type) and (
             tiles or (_dot_prompt_pv and (type == GQA_S8_PT or type == GQA_S8_PC))):
         return _dotk.sv_gemm_s8_dot
     return t.sv_gemm
@@ -170,12 +168,11 @@ cdef str _unit_name(const gqa_kernels *t):
 
 def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
-    global _active, _tiles, _dotk, _dot, _dot_prompt_pv, _gdot, _gdot_unit
+    global _active, _tiles, _dotk, _dot_prompt_pv, _gdot, _gdot_unit
     _active = gqa_path_table(PATH_NAMES.index(name))
     _tiles = _pick_tiles(PATH_NAMES.index(name), _tiles_choice)
     _dotk = gqa_s8_dot_table(PATH_NAMES.index(name))
-    _dot = _dotk != NULL
-    _dot_prompt_pv = _dot and name == "avx512"
+    _dot_prompt_pv = _dotk != NULL and name == "avx512"
     _gdot = _dotk
     if _gdot == NULL and name == "avx512":
         _gdot = gqa_s8_dot_table(PATH_NAMES.index("avx2"))
@@ -206,12 +203,12 @@ def approx_vnni_runnable():
 
 def dot_runnable(name):
     """True when path `name`'s table has level 4's integer-dot kernels and this CPU runs them."""
-    return name in PATH_NAMES and gqa_s8_dot_runnable(PATH_NAMES.index(name)) == 1
+    return name in PATH_NAMES and gqa_s8_dot_table(PATH_NAMES.index(name)) != NULL
 
 
 def int8_dot_effective():
     """True when accuracy level 4 runs the integer-dot INT8 kernels on the active path."""
-    return dot_tiles(GQA_S8_PT, 4) != NULL or _dot
+    return dot_tiles(GQA_S8_PT, 4) != NULL or _dotk != NULL
 
 
 def int8_dot_unit():
@@ -220,7 +217,7 @@ def int8_dot_unit():
     kernels)."""
     if dot_tiles(GQA_S8_PT, 4) != NULL:
         return _tiles.name.decode()
-    return _unit_name(_dotk) if _dot else None
+    return _unit_name(_dotk) if _dotk != NULL else None
 
 
 def group_dot_unit():

@@ -180,11 +180,6 @@ const gqa_kernels *gqa_s8_dot_table(int path)
     }
 }
 
-int gqa_s8_dot_runnable(int path)
-{
-    return gqa_s8_dot_table(path) != NULL;
-}
-
 const gqa_tiles *gqa_path_tiles_at(int path, int i)
 {
     const gqa_kernels *t = gqa_path_table(path);

@@ -225,8 +225,6 @@ int gqa_approx_vnni_runnable(void);
    and the CPU has AVX-VNNI, else the path's own table where it has the entries and the CPU runs
    them (avx512: VNNI; neon: the dot product); NULL where none runs. */
 const gqa_kernels *gqa_s8_dot_table(int path);
-/* 1 when gqa_s8_dot_table(path) is not NULL. */
-int gqa_s8_dot_runnable(int path);
 /* The i-th tiles of a path's table (best first), NULL past the last or where it has none. */
 const gqa_tiles *gqa_path_tiles_at(int path, int i);
 /* 1 when path `path` runs here and this CPU, its OS and (AMX) the kernel's grant of the tile

@@ -8,7 +8,7 @@
  * -mf16c) plus -mavx512vnni; setup.py compiles it where the compiler can and then defines GQA_HAVE_AVX512VNNI for
  * kernels_avx512.c, whose table holds gqa_qk_gemm_s8_approx_avx512vnni,
  * gqa_qk_gemm_s8_dot_avx512vnni and gqa_sv_gemm_s8_dot_avx512vnni.  dispatch.c calls them
- * only where the CPU has AVX-512 VNNI (gqa_approx_vnni_runnable, gqa_s8_dot_runnable).
+ * only where the CPU has AVX-512 VNNI (gqa_approx_vnni_runnable, gqa_s8_dot_table).
  *
  * Layout: QK: A float32 [M, K] (lda), B codes [N, K] (rows of gqa_row_bytes(type, K) bytes), C
  * float32 [M, N] (ldc), overwritten.  SV: A float32 [M, K] (lda), B codes [K, N] (rows of

@@ -6,7 +6,7 @@
  * ISA flags: -march=armv8.2-a+dotprod (FEAT_DotProd's sdot); setup.py compiles it with the neon
  * path and then defines GQA_HAVE_NEON_S8DOT for kernels_neon.c, whose table holds
  * gqa_qk_gemm_s8_dot_neon and gqa_sv_gemm_s8_dot_neon; the dispatch runs them only where the CPU
- * reports the dot product (HWCAP_ASIMDDP, gqa_s8_dot_runnable).  The whole file is empty
+ * reports the dot product (HWCAP_ASIMDDP, gqa_s8_dot_table).  The whole file is empty
  * elsewhere.
  *
  * sdot multiplies signed bytes four at a time into int32 lanes, so each 15-bit code is taken as

@@ -143,12 +143,18 @@ def _builds(cc, flags, snippet):
     return _PROBES[key]
 
 
-def _units(d, path, flags, cc=None):
+def _units(d, path, flags, cc=None, swap=None):
     """Objects of the path's extra units (setup.py's X86_UNITS / ARM_UNITS) that `cc` can build,
-    built with `flags` plus their own, and the defines that put them in the path's table."""
+    built with `flags` plus their own, and the defines that put them in the path's table.  swap:
+    {own flag: flags}: a unit with that flag is built with these in its place (the tests'
+    emulation of its ISA; no compiler probe)."""
     objs, defines = [], []
+    swap = swap or {}
     for srcs, uflags, define, snippet in UNITS.get(path, []):
-        if not _builds(cc or CC, flags + uflags, snippet):
+        emulated = any(f in swap for f in uflags)
+        if emulated:
+            uflags = [g for f in uflags for g in swap.get(f, [f])]
+        elif not _builds(cc or CC, flags + uflags, snippet):
             continue
         for src in srcs:
             obj = os.path.join(d, src.replace(".c", ".o"))
@@ -183,26 +189,17 @@ def _neon_qemu_driver(d, flags=CFLAGS, static=True):
 def _avxvnni_driver(d, emulated):
     """The avx2 path with its units and the table gqa_kernels_avxvnni under test (level 4's kernels
     built with AVX-VNNI's vpdpwssd); emulated: the avxvnni unit without -mavxvnni, its vpdpwssd
-    stated lane by lane (emu_avxvnni.h)."""
+    stated lane by lane (emu_avxvnni.h), checked by objdump to issue none."""
     src, flags = PATHS["avx2"]
     exe = os.path.join(d, "driver")
-    objs, defines = [], []
-    for srcs, own, define, snippet in UNITS["avx2"]:
-        vnni = "-mavxvnni" in own
-        if not (vnni and emulated) and not _builds(CC, CFLAGS + flags + own, snippet):
-            if vnni:
-                pytest.skip("the compiler cannot build the avxvnni unit (-mavxvnni: GCC 11, Clang 12)")
-            continue
-        uflags = CFLAGS + flags + ([f for f in own if f != "-mavxvnni"] + ["-DGQA_EMULATE_AVXVNNI", "-I" + HERE]
-                                   if vnni and emulated else own)
-        for u in srcs:
-            obj = os.path.join(d, u.replace(".c", ".o"))
-            _compile(CC + uflags + ["-c", os.path.join(SRC, u), "-o", obj])
-            if vnni and emulated and shutil.which("objdump"):
-                rc, out = _run(["objdump", "-d", obj])
-                assert rc == 0 and "vpdpwssd" not in out, f"the emulated unit {obj} issues vpdpwssd"
-            objs.append(obj)
-        defines.append("-D" + define)
+    swap = {"-mavxvnni": ["-DGQA_EMULATE_AVXVNNI", "-I" + HERE]} if emulated else None
+    objs, defines = _units(d, "avx2", CFLAGS + flags, swap=swap)
+    if "-DGQA_HAVE_AVXVNNI" not in defines:
+        pytest.skip("the compiler cannot build the avxvnni unit (-mavxvnni: GCC 11, Clang 12)")
+    if emulated and shutil.which("objdump"):
+        for obj in (o for o in objs if os.path.basename(o).startswith("kernels_avxvnni")):
+            rc, out = _run(["objdump", "-d", obj])
+            assert rc == 0 and "vpdpwssd" not in out, f"the emulated unit {obj} issues vpdpwssd"
     _compile(CC + CFLAGS + flags + defines + ["-DGQA_TEST_TABLE=gqa_kernels_avxvnni", DRIVER,
                                                  os.path.join(SRC, "kernels_scalar.c"), os.path.join(SRC, src),
                                                  "-o", exe, "-lm"] + objs)
