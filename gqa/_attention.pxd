@@ -58,8 +58,10 @@ cdef struct Params:
     gqa_row_max_fn row_max
     gqa_sv_gemm_fn sv     # P @ V over the codes (the accuracy level's kernel)
     const gqa_tiles *tiles  # flash tiles' GEMMs on matrix tiles (accuracy level >= 3), or NULL
+    int direct            # a multi-token step of few rows on the decode kernels (attend_direct)
     int Br, Bc, chunks, chunk_len
     float *partials       # split decode units: chunks x G x (m, l, P @ V[H]) per split unit
+                          # (p.direct: chunks x S*G x (m, l, P @ V[H]) per unit)
     float *qprep          # split decode units whose query rows are prepared: G x H per unit, once per call
     int *items            # decode work item -> unit * (chunks + 1) + chunk + 1 (0: whole unit)
     int *split            # unit -> its index among the split units, or -1
@@ -77,7 +79,7 @@ cdef class Consts:
 # One call: cache write, then attention (see _attention.pyx).
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
-          int q_block, int kv_block, int decode_chunks, int decode_ranges, col_base=*, int bias_T=*,
+          int q_block, int kv_block, int decode_chunks, int decode_ranges, bint direct=*, col_base=*, int bias_T=*,
           rk=*, rv=*, hk=*, hv=*, phk=*, phv=*, int accuracy=*)
 # The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
 # or the number of the broken rule, where = {b, s} (see _attention.pyx).

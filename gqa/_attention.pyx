@@ -13,7 +13,7 @@ The G = N/Nkv query heads of KV head j (h = j*G + g) are computed together, so e
 cached K/V element is converted once per query row for the whole group.
 """
 from cython.parallel cimport prange, parallel, threadid
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset, memcpy, memmove
 from libc.math cimport expf, tanhf, fmaf, fabsf, sqrt
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t, uint64_t
@@ -391,8 +391,8 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     o[2] = take(&at, Mx * H)
     o[3] = take(&at, Mmax)
     o[4] = take(&at, Mmax)
-    o[5] = take(&at, H * Bc)
-    o[6] = take(&at, Bc * H)
+    o[5] = take(&at, 0 if p.direct else H * Bc)      # attend_direct reads no float tiles
+    o[6] = take(&at, 0 if p.direct else Bc * H)
     o[7] = take(&at, 4 * Br)
     for i in range(8, 16):
         o[i] = 0
@@ -515,6 +515,122 @@ cdef void tile_strips(const Params *p, const gqa_tiles *x, const Tiled *sc, int 
         r0 = r0 + n
 
 
+cdef void tile_queries(const Params *p, int b, int j, int s0, int s1, float *Qt, const float *ks,
+                       float *mrow, float *lrow, bint sink) noexcept nogil:
+    """The query rows of positions [s0, s1) of the G heads of KV head j, as a tile reads them:
+    row r = (s - s0) * G + g of Qt [., H] is head j * G + g's row prepared (prep_row) times
+    alpha, and times K's scales ks (per channel or per tensor) where ks != NULL; the online
+    softmax starts at mrow[r] = the sink's logit, lrow[r] = 1 where `sink`, else -inf and 0."""
+    cdef int G = p.G, H = p.H, s, g, r, i
+    cdef const float *src
+    cdef float *q
+    for s in range(s0, s1):
+        for g in range(G):
+            r = (s - s0) * G + g
+            q = Qt + <size_t>r * H
+            src = p.q + (<size_t>b * p.S + s) * p.q_tok + (<size_t>j * G + g) * H
+            prep_row(p, src, q, p.qn, position(p, b, s), rotation(p.rk, p, j))
+            if ks != NULL:
+                for i in range(H):
+                    q[i] = q[i] * (p.alpha * ks[i if p.k_pc else 0])
+            else:
+                for i in range(H):
+                    q[i] = q[i] * p.alpha
+            mrow[r] = sink_logit(p, j * G + g) if sink else -INFINITY
+            lrow[r] = 1.0 if sink else 0.0
+
+
+cdef void tile_out(const Params *p, int b, int j, int s0, int M, const float *O, const float *lrow,
+                   const float *vs) noexcept nogil:
+    """The output rows of a tile's M rows (row r: position s0 + r // G, head j * G + r % G):
+    O[r] / lrow[r] (NaN stays NaN), times V's scales vs (per channel or tensor) where not NULL."""
+    cdef int G = p.G, H = p.H, r, i
+    cdef float *row
+    cdef float inv
+    for r in range(M):
+        row = p.out + ((<size_t>b * p.S + s0 + r // G) * p.N + <size_t>j * G + r % G) * H
+        inv = 1.0 / lrow[r] if lrow[r] != 0 else 0.0
+        if vs != NULL:
+            for i in range(H):
+                row[i] = O[<size_t>r * H + i] * inv * vs[i if p.v_pc else 0]
+        else:
+            for i in range(H):
+                row[i] = O[<size_t>r * H + i] * inv
+
+
+cdef void direct_pv(const Params *p, int b, int j, int k0, int nb, int M, const int *rlo,
+                    const int *rhi, const float *P, float *O) noexcept nogil:
+    """O [M, H] += P [M, nb] @ V over keys [k0, k0 + nb) by p.sv on V's rows as stored: one call
+    for all M rows, or, where V's values may be NaN / inf (not p.v_finite) and some row masks
+    keys of the block, each row over its own keys (0 * inf would be NaN)."""
+    cdef int G = p.G, H = p.H, r, a0, z0
+    cdef bint masked = False
+    if not p.v_finite:
+        for r in range(M // G):
+            tile_keys(rlo[r], rhi[r], k0, nb, &a0, &z0)
+            if a0 > 0 or z0 < nb:
+                masked = True
+                break
+    if not masked:
+        p.sv(M, H, nb, P, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
+        return
+    for r in range(M):
+        tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
+        if z0 > a0:
+            p.sv(1, H, z0 - a0, P + <size_t>r * nb + a0, nb, v_row(p, b, j, k0 + a0), p.vtype,
+                 v_scales(p, j), O + <size_t>r * H, H, 1.0)
+
+
+cdef void attend_direct(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j,
+                        int c, float *scratch) noexcept nogil:
+    """A multi-token step of few rows (p.direct: no matrix tiles, no float windows): the S x G
+    query rows of KV head j, batch b, read the cache through the decode kernels -- qk on K's
+    rows and p.sv on V's, as stored, Bc keys at a time -- with attend_tiled's online softmax
+    and no float tiles, so each K / V row is read once for all rows and never dequantized
+    into a tile.  With key chunks (p.chunks > 1) only keys [c * chunk_len, (c + 1) * chunk_len)
+    of the rows' range, as (m, l, unnormalised P @ V) per row into the unit's partials; the
+    item that finishes the unit's last chunk merges them (decode_merge adds the sink)."""
+    cdef Tiled sc
+    tiled_layout(p, scratch, &sc)
+    cdef int G = p.G, H = p.H, M = p.S * G, s, r, k0, nb, a0, z0, lo = 1 << 30, hi = 0
+    cdef int u = b * p.Nkv + j
+    cdef bint chunked = p.chunks > 1
+    cdef float *parts
+    cdef float *pr
+    for s in range(p.S):
+        key_range(p, b, s, &sc.rlo[s], &sc.rhi[s])
+        if sc.rhi[s] > sc.rlo[s]:
+            lo = sc.rlo[s] if sc.rlo[s] < lo else lo
+            hi = sc.rhi[s] if sc.rhi[s] > hi else hi
+    if chunked:
+        lo = c * p.chunk_len if c * p.chunk_len > lo else lo
+        hi = (c + 1) * p.chunk_len if (c + 1) * p.chunk_len < hi else hi
+    tile_queries(p, b, j, 0, p.S, sc.Qt, NULL, sc.mrow, sc.lrow,
+                 (p.smooth or p.sink != NULL) and not chunked)
+    memset(sc.O, 0, <size_t>M * H * sizeof(float))
+    k0 = lo
+    while k0 < hi:
+        nb = hi - k0 if hi - k0 < p.Bc else p.Bc
+        qk(M, nb, H, 1.0, sc.Qt, H, k_row(p, b, j, k0), p.ktype, k_scales(p, j), sc.Sx, nb)
+        for r in range(M):
+            tile_keys(sc.rlo[r // G], sc.rhi[r // G], k0, nb, &a0, &z0)
+            online_row(p, NULL, sc.Sx + <size_t>r * nb, NULL, sc.O + <size_t>r * H, &sc.mrow[r],
+                       &sc.lrow[r], a0, z0, nb, 0, b, j * G + r % G, r // G, k0)
+        direct_pv(p, b, j, k0, nb, M, sc.rlo, sc.rhi, sc.Sx, sc.O)
+        k0 = k0 + nb
+    if not chunked:
+        tile_out(p, b, j, 0, M, sc.O, sc.lrow, NULL)
+        return
+    parts = p.partials + <size_t>u * p.chunks * M * (H + 2)
+    for r in range(M):
+        pr = parts + (<size_t>c * M + r) * (H + 2)
+        pr[0] = sc.mrow[r]
+        pr[1] = sc.lrow[r]
+        memcpy(pr + 2, sc.O + <size_t>r * H, H * sizeof(float))
+    if gqa_work_done(&p.merged[u]) == p.chunks:
+        decode_merge(p, b, j, parts)
+
+
 cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int qb,
                        float *scratch) noexcept nogil:
     """Flash attention for query rows [qb*Br, qb*Br + Br) of the G heads of KV head j:
@@ -596,18 +712,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 cut[0] = rns[s - s0] if rns[s - s0] > cut[0] else cut[0]
                 cut[1] = rrl[s - s0] if rrl[s - s0] < cut[1] else cut[1]
                 cut[2] = rrl[s - s0] if rrl[s - s0] > cut[2] else cut[2]
-        for g in range(G):
-            r = (s - s0) * G + g
-            src = p.q + (<size_t>b * p.S + s) * p.q_tok + (<size_t>j * G + g) * H
-            prep_row(p, src, Qt + <size_t>r * H, p.qn, position(p, b, s), rotation(p.rk, p, j))
-            if kcodes:
-                for i in range(H):
-                    Qt[<size_t>r * H + i] = Qt[<size_t>r * H + i] * (p.alpha * ks[i if p.k_pc else 0])
-            else:
-                for i in range(H):
-                    Qt[<size_t>r * H + i] = Qt[<size_t>r * H + i] * p.alpha
-            mrow[r] = sink_logit(p, j * G + g) if smooth else -INFINITY
-            lrow[r] = 1.0 if smooth else 0.0
+    tile_queries(p, b, j, s0, s1, Qt, ks if kcodes else NULL, mrow, lrow, smooth)
     memset(O, 0, <size_t>sc.Mx * H * sizeof(float))
     # accuracy level 4 on INT8 / INT4 V codes (finite, no float windows): P @ V by the integer-dot
     # kernel on the codes themselves, and no V tile
@@ -686,16 +791,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         k0 = k0 + nb
     if x != NULL:
         x.end()
-    for r in range(M):
-        s = s0 + r // G
-        row = p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * G + r % G) * H
-        inv = 1.0 / lrow[r] if lrow[r] != 0 else 0.0   # NaN stays NaN
-        if vcodes:
-            for i in range(H):
-                row[i] = O[<size_t>r * H + i] * inv * vs[i if p.v_pc else 0]
-        else:
-            for i in range(H):
-                row[i] = O[<size_t>r * H + i] * inv
+    tile_out(p, b, j, s0, M, O, lrow, vs if vcodes else NULL)
 
 
 cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j,
@@ -762,19 +858,20 @@ cdef void split_queries(const Params *p) noexcept nogil:
 
 cdef void decode_merge(const Params *p, int b, int j, const float *parts) noexcept nogil:
     """Flash decoding, phase 2: log-sum-exp merge of the unit's chunks, in chunk order (the
-    same bits whichever threads computed them), into the output of (b, j)."""
-    cdef int G = p.G, H = p.H, g, c, h
+    same bits whichever threads computed them), into the output of (b, j): its S x G rows
+    (row r: position r // G, head j * G + r % G; chunk c's at parts[(c * S * G + r) * (H + 2)])."""
+    cdef int G = p.G, H = p.H, R = p.S * p.G, r, c, h
     cdef size_t i
     cdef const float *pr
     cdef const float *pv
     cdef float *o
     cdef float M, L, w, inv
-    for g in range(G):
-        h = j * G + g
-        o = p.out + (<size_t>b * p.N + h) * H
+    for r in range(R):
+        h = j * G + r % G
+        o = p.out + ((<size_t>b * p.S + r // G) * p.N + h) * H
         M = sink_logit(p, h) if (p.smooth or p.sink != NULL) else -INFINITY
         for c in range(p.chunks):
-            pr = parts + (<size_t>c * G + g) * (H + 2)
+            pr = parts + (<size_t>c * R + r) * (H + 2)
             if pr[0] > M or pr[0] != pr[0]:   # a NaN chunk makes the row NaN
                 M = pr[0]
         memset(o, 0, H * sizeof(float))
@@ -782,7 +879,7 @@ cdef void decode_merge(const Params *p, int b, int j, const float *parts) noexce
             continue
         L = expf(sink_logit(p, h) - M) if (p.smooth or p.sink != NULL) else 0.0
         for c in range(p.chunks):
-            pr = parts + (<size_t>c * G + g) * (H + 2)
+            pr = parts + (<size_t>c * R + r) * (H + 2)
             if pr[1] != 0:
                 w = expf(pr[0] - M)
                 L = L + w * pr[1]
@@ -928,13 +1025,15 @@ cdef class Consts:
 
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
-          int q_block, int kv_block, int decode_chunks, int decode_ranges, col_base=None,
-          int bias_T=0, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None, int accuracy=0):
+          int q_block, int kv_block, int decode_chunks, int decode_ranges, bint direct=False,
+          col_base=None, int bias_T=0, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None, int accuracy=0):
     """One call: cache write, then attention (naive, tiled flash or decode work items).
     Decode (S == 1, flash): the units are split into `decode_ranges` contiguous ranges and
     the last unit of each is split into `decode_chunks` key chunks (flash decoding; every
     unit when decode_ranges >= units), so a thread that runs out of work can take a chunk
-    of another's last unit."""
+    of another's last unit.  `direct` (the plan's, S > 1): the step's rows are one tile per
+    unit on the decode kernels (attend_direct), each unit in `decode_chunks` key chunks,
+    where the CPU's matrix tiles and float windows leave it to them."""
     cdef Params p = c.p
     cdef const gqa_kernels *t = active_table()
     cdef gqa_qk_gemm_fn qk
@@ -1020,11 +1119,22 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.partials = NULL
     p.qprep = NULL
     p.items = NULL
+    p.tiles = NULL
+    p.direct = 0
     if flash and not p.qk_mode:
         if S > 1:
             mode = 1
+            # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has
+            # them (not with causal float windows' staged tiles)
+            p.tiles = tile_kernels(accuracy, H) if not p.hstage else NULL
+            p.direct = direct and p.tiles == NULL and p.fk == NULL
             nq = (S + p.Br - 1) // p.Br
-            work_units = units * nq
+            if p.direct:
+                nq = 1
+                if decode_chunks > 1 and p.Tmax > 1:
+                    p.chunk_len = (p.Tmax + decode_chunks - 1) // decode_chunks
+                    p.chunks = (p.Tmax + p.chunk_len - 1) // p.chunk_len
+            work_units = units * nq * p.chunks
         elif decode_chunks > 1 and p.Tmax > 1 and units > 0:
             # item codes unit * (chunks + 1) + chunk + 1 stay below 2^31
             if <long long>units * (decode_chunks + 1) > 0x7fffffff:
@@ -1042,16 +1152,13 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     # path's on the active tiles where they have them (AMX INT8), each thread's calls
     # bracketed by the tiles' begin / end below; the flash tiles' P @ V on VNNI (INT8; sv_kernel);
     # per-group codes: the decode steps' and the naive path's, on the group-dot unit (qk_kernel)
-    qk = qk_kernel(t, p.ktype, accuracy, mode != 1)
-    p.sv = sv_kernel(t, p.vtype, accuracy, mode != 1)
-    if mode != 1:
+    qk = qk_kernel(t, p.ktype, accuracy, mode != 1 or p.direct)
+    p.sv = sv_kernel(t, p.vtype, accuracy, mode != 1 or p.direct)
+    if mode != 1 or p.direct:
         dt = dot_tiles(p.ktype, accuracy)
         if dt == NULL:
             dt = dot_tiles(p.vtype, accuracy)
     scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H + G
-    # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has them
-    # (not with causal float windows' staged tiles)
-    p.tiles = tile_kernels(accuracy, H) if mode == 1 and not p.hstage else NULL
     if mode == 1:
         scratch_len = tiled_layout(&p, NULL, NULL)
         # static codes with scales below 1e30, no float windows: finite values only
@@ -1074,10 +1181,15 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         p.partials = <float *>malloc((<size_t>nsplit * p.chunks * G * (H + 2) + <size_t>nsplit * G * H)
                                      * sizeof(float))
         items_raw = malloc((<size_t>work_units + 2 * <size_t>units) * sizeof(int))
+    elif p.direct and p.chunks > 1:      # attend_direct's partials, and chunks merged per unit
+        p.partials = <float *>malloc(<size_t>units * p.chunks * S * G * (H + 2) * sizeof(float))
+        items_raw = calloc(<size_t>units, sizeof(int))
+        p.merged = <int *>items_raw
     if mode != 1 and num_threads > 1:
         ranges_raw = malloc(<size_t>num_threads * sizeof(gqa_work_range) + 64)
         ranges = <gqa_work_range *>((<size_t>ranges_raw + 63) & ~(<size_t>63))
-    if (scratch_raw == NULL or (mode == 2 and (p.partials == NULL or items_raw == NULL))
+    if (scratch_raw == NULL
+            or ((mode == 2 or (p.direct and p.chunks > 1)) and (p.partials == NULL or items_raw == NULL))
             or (mode != 1 and num_threads > 1 and ranges_raw == NULL)):
         free(stage_raw)
         free(scratch_raw)
@@ -1122,7 +1234,14 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             if mode == 1 or not item_write:
                 for u in range(units):
                     write_cache(&p, t, u // Nkv, u % Nkv, scratch)
-            if mode == 1:
+            if p.direct:
+                if dt != NULL:
+                    dt.begin()
+                for u in range(work_units):
+                    attend_direct(&p, t, qk, (u % units) // Nkv, (u % units) % Nkv, u // units, scratch)
+                if dt != NULL:
+                    dt.end()
+            elif mode == 1:
                 for u in range(work_units):
                     attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units, scratch)
             else:
@@ -1141,7 +1260,15 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                 for u in prange(units, schedule='static'):
                     write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
                 gqa_team_barrier()      # the loop is `omp for nowait`: wait for every write
-            if mode == 1:
+            if p.direct:
+                if dt != NULL:
+                    dt.begin()
+                for u in prange(work_units, schedule='dynamic'):
+                    attend_direct(&p, t, qk, (u % units) // Nkv, (u % units) % Nkv, u // units,
+                                  scratch + threadid() * scratch_len)
+                if dt != NULL:
+                    dt.end()
+            elif mode == 1:
                 # the last query blocks (most keys under a causal mask) first
                 for u in prange(work_units, schedule='dynamic'):
                     attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units,

@@ -1,15 +1,34 @@
 # cython: language_level=3
 """The decode plan: flash tile sizes and the split of decode work of one call."""
 from gqa import _config, _dispatch
+from gqa._dispatch cimport GQA_F32, GQA_F16, GQA_IS_GROUP
 
 cdef dict _SETTINGS = _config._settings   # updated in place by gqa.config
 cdef size_t _L2 = _dispatch.l2_cache_bytes() or 512 * 1024   # unknown: assume a small (Zen 3) L2
 cdef int _CPUS = _config.PLAN_CPUS       # CPUs this process may run on (affinity mask)
 cdef int _UNITS = max(8, _CPUS)
+cdef int DIRECT_KEYS = 256    # keys per block of attend_direct (its scores: rows x 256 floats)
 
 
-cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, int *q_block,
-                int *kv_block, int *splits, int *ranges):
+cdef int _direct_rows(int type, int level) noexcept nogil:
+    """Query rows up to which the decode kernels on `type` beat the flash path's float tiles
+    (each K / V tile dequantized once, then float32 GEMMs), measured per kind of cache at
+    T = 8192 (AMD EPYC Zen 3, AVX2): static INT8 / INT4 codes 1.06-2.3x at 4-64 rows; float
+    rows 1.5x at 4-6 rows, level at 16; per-group codes, which the decode kernels decode per
+    row, level at 8 rows (16 on level 4's integer dots)."""
+    if type == GQA_F32 or type == GQA_F16:
+        return 16
+    if GQA_IS_GROUP(type):
+        return 16 if level >= 4 else 8
+    return 64
+
+
+cdef int direct_rows(int ktype, int vtype, int level) noexcept nogil:
+    return min(_direct_rows(ktype, level), _direct_rows(vtype, level))
+
+
+cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, int direct_rows,
+                int *q_block, int *kv_block, int *splits, int *ranges, bint *direct):
     """Tile sizes of the flash path and the split of decode work (see _attention.run: the
     (batch, KV head) units form `ranges` contiguous ranges and the last unit of each range is
     cut into `splits` key chunks).  They depend on the shapes, the L2 size and the CPU count
@@ -18,7 +37,11 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, in
     ~128 rows (query rows x G heads) so each dequantized K/V element is reused 128 times.
     Where the tiles' GEMMs run on bfloat16 tiles, tile_rows (> 0: the tiles' own `rows`,
     256 on AMX, 512 on AVX-512 BF16) rows, since packing each K/V tile costs as much as many
-    rows of its GEMMs, and K/V tiles of twice the keys (bfloat16 pairs: half the bytes)."""
+    rows of its GEMMs, and K/V tiles of twice the keys (bfloat16 pairs: half the bytes).
+    `direct`: a multi-token step of S x G <= direct_rows rows (see direct_rows) without
+    matrix tiles is one query tile of all S rows on the decode kernels (attend_direct), its
+    keys in blocks of DIRECT_KEYS (flash_blocks' key rows where set) and, as a decode step's,
+    in `splits` chunks where the units are fewer than max(8, CPUs)."""
     cdef int units = B * Nkv
     blocks = _SETTINGS["flash_blocks"]
     if blocks is not None:
@@ -26,12 +49,16 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, in
     else:
         kv_block[0] = max(16, min(256, <int>(_L2 // ((32 if tile_rows else 64) * H))))
         q_block[0] = max(4, (tile_rows if tile_rows else 128) // G)
+    direct[0] = S > 1 and tile_rows == 0 and <long long>S * G <= direct_rows
+    if direct[0]:
+        q_block[0] = S
+        kv_block[0] = blocks[1] if blocks is not None else DIRECT_KEYS
     sp = _SETTINGS["decode_splits"]
     splits[0] = 1
     ranges[0] = units
     if sp is not None:
         splits[0] = sp
-    elif S == 1 and 0 < units < _UNITS:
+    elif (S == 1 or direct[0]) and 0 < units < _UNITS:
         # fewer units than max(8, CPUs) leave cores idle or unevenly loaded: split every
         # unit's keys so there are that many pieces, in chunks of >= 256 keys (no units, an
         # empty batch: nothing to split)
@@ -44,8 +71,10 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, in
         ranges[0] = _CPUS
 
 
-def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows=0):
-    """(q_block, kv_block, splits, ranges) of a call: see _plan."""
+def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows=0, int direct_rows=0):
+    """(q_block, kv_block, splits, ranges, direct) of a call: see _plan."""
     cdef int q_block, kv_block, splits, ranges
-    _plan(B, S, Nkv, G, H, Tmax, tile_rows, &q_block, &kv_block, &splits, &ranges)
-    return q_block, kv_block, splits, ranges
+    cdef bint direct
+    _plan(B, S, Nkv, G, H, Tmax, tile_rows, direct_rows, &q_block, &kv_block, &splits, &ranges,
+          &direct)
+    return q_block, kv_block, splits, ranges, direct

@@ -30,7 +30,7 @@ from gqa._checks cimport (INT32_MAX, _array, _ready, _f32, _contiguous, _total_l
                           _finite, _finite_scale, _orthogonal, _side_format, _rotary, _present,
                           apart)
 from gqa._dispatch cimport GQA_F32, GQA_F16, tile_rows
-from gqa._plan cimport _plan
+from gqa._plan cimport _plan, direct_rows
 from gqa import _config
 
 cnp.import_array()
@@ -462,6 +462,7 @@ cdef class Signature:
         cdef int B = p.B, S = p.S, L = p.L, Pbuf = p.Pbuf, Nkv = p.Nkv, N = p.N, H = p.H
         cdef long long T = _total_length(total_sequence_length)
         cdef int Pres, Tmax, nt, q_block, kv_block, splits, ranges
+        cdef bint direct
         cdef int64_t max_pos = 0
         cdef bint first_prompt
         cdef Params q
@@ -523,8 +524,9 @@ cdef class Signature:
                     raise ValueError(f"{name} must have shape {(B, Nkv, Pres, Hp)}, got "
                                      f"{x.shape}")
         nt = _threads(num_threads)
-        _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(self._accuracy(), H), &q_block, &kv_block,
-              &splits, &ranges)
+        _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(self._accuracy(), H),
+              direct_rows(p.ktype, p.vtype, self._accuracy()), &q_block, &kv_block, &splits,
+              &ranges, &direct)
         phk, phv, rot_k, rot_v, hpk, hpv = ext
         hp_rows = 0
         if self.win:
@@ -561,7 +563,8 @@ cdef class Signature:
             _f32(cos_cache) if self.rot_half else None, _f32(sin_cache) if self.rot_half else None,
             position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
             _f32(q_norm_weight), _f32(k_norm_weight), out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
-            q_block, kv_block, splits, ranges, col_base=None, bias_T=0, rk=_f32(rot_k), rv=_f32(rot_v),
+            q_block, kv_block, splits, ranges, direct=direct, col_base=None, bias_T=0, rk=_f32(rot_k),
+            rv=_f32(rot_v),
             hk=hpk if self.win else None, hv=hpv if self.win else None, phk=phk, phv=phv,
             accuracy=self._accuracy())
         if self.f16:
@@ -644,6 +647,7 @@ cdef class Signature:
         cdef const Params *p = &self.consts.p
         cdef int B = p.B, S = p.S, Nkv = p.Nkv, C = p.Pbuf, b, rows, Trel = 0, nt
         cdef int q_block, kv_block, splits, ranges
+        cdef bint direct
         cdef int64_t max_pos = 0
         cdef Params q
         cdef cnp.npy_intp dims[4]
@@ -699,15 +703,16 @@ cdef class Signature:
         if B:
             _window.move_rows(work_k, &z[0], past_key, &l[1, 0], &l[0, 0], B, Nkv)
             _window.move_rows(work_v, &z[0], past_value, &l[1, 0], &l[0, 0], B, Nkv)
-        _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(self._accuracy(), p.H), &q_block,
-              &kv_block, &splits, &ranges)
+        _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(self._accuracy(), p.H),
+              direct_rows(p.ktype, p.vtype, self._accuracy()), &q_block, &kv_block, &splits,
+              &ranges, &direct)
         dims[0] = B; dims[1] = S; dims[2] = p.N * p.H
         out = cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT32, 0)
         run(consts, query, key, value, lay[4], work_k, work_v, None, None, ks, vs,
             _f32(cos_cache) if self.rot_half else None, _f32(sin_cache) if self.rot_half else None,
             position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
             _f32(q_norm_weight), _f32(k_norm_weight), out, None, Trel, cnp.PyArray_DIM(<cnp.ndarray>work_k, 2),
-            False, nt, _SETTINGS["flash"], q_block, kv_block, splits, ranges,
+            False, nt, _SETTINGS["flash"], q_block, kv_block, splits, ranges, direct=direct,
             col_base=lay[2], bias_T=<int>T, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None,
             accuracy=self._accuracy())
         if staged and B:

@@ -319,6 +319,59 @@ def test_level_4_attention_within_its_bound(mode, flash, dot_unit):
         assert np.abs(exact[0, 0, h * H:(h + 1) * H] - ref).max() <= 1e-5 * (np.abs(V[j]).max() + 1)
 
 
+@pytest.mark.parametrize("mode", ["int8-pt", "int8-pc", "int4-pc"])
+def test_level_4_step_within_its_bound(mode, vector_dot_unit):
+    """A step of 3 new tokens (9 rows per KV head: the decode kernels, tests/test_direct.py) at
+    level 4: each row's scores as a decode step's, its probabilities quantized per key block
+    against the running maximum (<= 1) and later rescaled by factors <= 1, so against float64
+    over the same codes a head's output moves by at most  max|v| (e^{2E} - 1) + (1/2 + 2^-9) /
+    32767 * sum_j |v_j| / l  over its keys (E as in test_level_4_attention_within_its_bound),
+    plus float32 roundings."""
+    rng = np.random.default_rng(9)
+    S, T = 3, 900
+    f = gqa.parse_mode(gqa.cache_options(mode)["mode"])[0]
+    n = NKV * H if f.per_channel else 1
+    kw = dict(k_scales=np.full(n, 0.02, F32), v_scales=rng.uniform(0.01, 0.03, n).astype(F32))
+    x = lambda m, w, r=1.0: rng.uniform(-r, r, (1, m, w)).astype(F32)  # noqa: E731
+    prompt = (x(T - S, N * H), x(T - S, NKV * H), x(T - S, NKV * H))
+    q, k, v = x(S, N * H, 2.0), x(S, NKV * H), x(S, NKV * H)
+    outs = {}
+    for level in (0, 4):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=T,
+                        mode=mode, accuracy_level=level, **kw)
+        c.attend(0, *prompt)
+        with gqa.config(**dict(vector_dot_unit, tiles=False, flash=True)):
+            outs[level] = c.attend(0, q, k, v)
+    assert not np.array_equal(outs[0], outs[4])
+    ks = c.k_scales[0].astype(np.float64)
+    vs = c.v_scales[0].astype(np.float64)
+    kpc = ks.size > 1
+    kq, vq = _codes(c)
+    K = kq * (ks.reshape(NKV, 1, H) if kpc else ks[0])
+    V = vq * (vs.reshape(NKV, 1, H) if vs.size > 1 else vs[0])
+    alpha = 1 / np.sqrt(H)
+    qh = q.reshape(S, N, H).astype(np.float64)
+    for s in range(S):
+        m = T - S + s + 1
+        for h in range(N):
+            j = h // G
+            a = qh[s, h] * (ks.reshape(NKV, H)[j] if kpc else 1.0)
+            sa = np.abs(a.astype(F32)).max() / QK_MAX
+            sq = np.abs(kq[j, :m]).sum(axis=1) * (1.0 if kpc else ks[0])
+            E = alpha * (sa * 0.5 * sq + 2 ** -22 * np.abs(kq[j, :m] * a).sum(axis=1)
+                         * (1.0 if kpc else ks[0]))
+            sc = alpha * (K[j, :m] @ qh[s, h])
+            p = np.exp(sc - sc.max())
+            ref = p @ V[j, :m] / p.sum()
+            bound = (np.abs(V[j, :m]).max() * np.expm1(2 * E.max())
+                     + (0.5 + 2 ** -9) / 32767 * np.abs(V[j, :m]).sum(axis=0) / p.sum()
+                     + 1e-5 * (np.abs(ref) + np.abs(V[j, :m]).max()))
+            for level in (0, 4):
+                err = np.abs(outs[level][0, s, h * H:(h + 1) * H] - ref)
+                assert (err <= (bound if level else 1e-5 * (np.abs(V[j, :m]).max() + 1))).all(), \
+                    (level, s, h, err.max(), bound.min())
+
+
 def test_avx2_prompts_keep_float32_tiles():
     """On avx2 a prompt's flash tiles keep float32 P @ V at level 4 (vpmaddwd on the codes is
     slower than float32 products on a V tile dequantized once): the same bits as level 0."""

@@ -1,0 +1,135 @@
+"""Multi-token steps of few query rows on the decode kernels (the plan's `direct`:
+_attention.attend_direct): each K / V row read once for all S x G rows as stored, no float
+tiles, the online softmax of the flash tiles, key chunks merged per unit.  Checked against
+the naive path (each row over its own keys) within the flash path's tolerances
+(tests/test_flash.py), on every kernel path; at accuracy level 4 against float64 within the
+level's bound in tests/test_accuracy_level.py (test_level_4_step_within_its_bound)."""
+import numpy as np
+import pytest
+
+import gqa
+from _cases import make_case
+from gqa._plan import flash_plan
+
+F32 = np.float32
+TOL = {("PER_TENSOR", 8): 1e-4, ("PER_CHANNEL", 8): 1e-4, ("PER_TENSOR", 4): 1e-3,
+       ("PER_CHANNEL", 4): 1e-3, ("NONE", 0): 1e-5}
+MODES = list(TOL)
+MODE_IDS = ["s8pt", "s8pc", "s4pt", "s4pc", "float"]
+
+
+def test_the_plan_takes_small_steps_direct():
+    """S > 1 and S x G within the cache's limit, without matrix tiles: one query tile of all S
+    rows, 256 keys per block, split in key chunks where the units are fewer than 8."""
+    q_block, kv_block, splits, ranges, direct = flash_plan(1, 4, 2, 2, 64, 8192, 0, 8)
+    assert direct and q_block == 4 and kv_block == 256 and splits == 4 and ranges == 2
+    assert flash_plan(1, 4, 2, 2, 64, 8192, 0, 7)[4] is False         # 8 rows > 7
+    assert flash_plan(1, 1, 2, 2, 64, 8192, 0, 64)[4] is False        # a decode step
+    assert flash_plan(1, 4, 2, 2, 64, 8192, 256, 64)[4] is False      # matrix tiles
+    assert flash_plan(8, 4, 2, 2, 64, 8192, 0, 64)[2:] == (1, 16, True)   # 16 units: whole
+    with gqa.config(flash_blocks=(2, 16), decode_splits=3):
+        assert flash_plan(1, 4, 2, 2, 64, 8192, 0, 8) == (4, 16, 3, 2, True)
+
+
+def _vs_naive(inp, a, tol, blocks=None, splits=None, threads=2):
+    with gqa.config(flash=False):
+        naive = gqa.group_query_attention(**inp, **a, num_threads=threads)
+    with gqa.config(flash=True, flash_blocks=blocks, decode_splits=splits):
+        direct = gqa.group_query_attention(**inp, **a, num_threads=threads)
+    assert np.array_equal(naive[1], direct[1]) and np.array_equal(naive[2], direct[2])
+    np.testing.assert_allclose(direct[0].astype(np.float64), naive[0].astype(np.float64), atol=tol, rtol=0)
+    return direct[0]
+
+
+FEATURES = {
+    "plain": {}, "rotary": dict(rotary=True), "packed": dict(packed=True, rotary=True, interleaved=1),
+    "bias": dict(bias="full"), "window5": dict(local_window_size=5), "window0": dict(local_window_size=0),
+    "softcap": dict(softcap=0.4), "smooth": dict(smooth_softmax=1), "sink": dict(sink=True),
+    "noncausal": dict(causal=0),
+    "combo": dict(rotary=True, bias="n1", local_window_size=9, softcap=0.6, sink=True),
+}
+
+
+@pytest.mark.parametrize("mode,bits", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+@pytest.mark.parametrize("blocks,splits", [(None, None), ((4, 16), None), ((4, 16), 5), (None, 1)],
+                         ids=["auto", "k16", "k16-split5", "whole"])
+def test_direct_step_matches_naive(kernel_path, mode, bits, feature, blocks, splits):
+    """Three new tokens (6 rows per KV head: direct for every cache) after 90 (onnxruntime's
+    contract: one sequence when a step of several tokens has a past)."""
+    inp, a = make_case(seed=23, B=1, S=3, past=90, N=4, Nkv=2, H=32, mode=mode, bits=bits or 8,
+                       **FEATURES[feature])
+    assert flash_plan(1, 3, 2, 2, 32, 93, 0, 8)[4]
+    with gqa.config(path=kernel_path):
+        _vs_naive(inp, a, TOL[(mode, bits)], blocks=blocks, splits=splits)
+
+
+@pytest.mark.parametrize("G,S", [(1, 2), (2, 5), (4, 2), (8, 2), (16, 4)])
+def test_direct_groups(kernel_path, G, S):
+    inp, a = make_case(seed=G, B=1, S=S, past=600, N=16, Nkv=16 // G, H=64, mode="PER_CHANNEL",
+                       bits=8, rotary=True, bias="both1")
+    with gqa.config(path=kernel_path):
+        _vs_naive(inp, a, 1e-4)
+
+
+def _cache_pair(mode, rng, T, S, dtype=F32, level=0):
+    """Two KVCaches of `mode` holding the same T - S token prompt, and a step of S tokens."""
+    kw = {}
+    N, Nkv, H = 6, 2, 64
+    for name, f in zip(("k_scales", "v_scales"), gqa.parse_mode(gqa.cache_options(mode)["mode"])):
+        if f.static:
+            kw[name] = np.full(Nkv * H if f.per_channel else 1, 0.02, F32)
+    x = lambda n, w: rng.uniform(-1, 1, (1, n, w)).astype(dtype)  # noqa: E731
+    prompt = (x(T - S, N * H), x(T - S, Nkv * H), x(T - S, Nkv * H))
+    step = (x(S, N * H), x(S, Nkv * H), x(S, Nkv * H))
+    caches = []
+    for _ in range(2):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=Nkv, head_size=H, max_length=T,
+                        mode=mode, dtype=dtype, accuracy_level=level, **kw)
+        c.attend(0, *prompt)
+        caches.append(c)
+    return caches, step
+
+
+@pytest.mark.parametrize("mode", ["int8-g32", "int4-g32", "int2-g32", "int4-g64+had", "int8-g32/int4-pt",
+                                  "float16"])
+def test_direct_step_on_every_format(kernel_path, mode):
+    """Per-group caches (rotations too), mixed K / V formats and float16 rows: a step of 2
+    tokens (6 rows) over 700 keys on the decode kernels against the naive path."""
+    rng = np.random.default_rng(5)
+    dtype = np.float16 if mode == "float16" else F32
+    (c0, c1), step = _cache_pair("float" if mode == "float16" else mode, rng, 700, 2, dtype)
+    with gqa.config(path=kernel_path, flash=False):
+        naive = c0.attend(0, *step)
+    with gqa.config(path=kernel_path, flash=True):
+        direct = c1.attend(0, *step)
+    assert np.array_equal(c0.key[0], c1.key[0]) and np.array_equal(c0.value[0], c1.value[0])
+    tol = 2e-3 if dtype == np.float16 else 2e-5
+    np.testing.assert_allclose(direct.astype(np.float64), naive.astype(np.float64), atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("splits", [None, 3])
+def test_nonfinite_value_of_a_masked_key_stays_masked(kernel_path, bad, splits):
+    """A float cache whose new value row 2 of 4 is NaN / inf: the step's rows 0 and 1 cannot
+    see it (causal) and stay finite -- the key block they share with rows 2 and 3 must not
+    carry 0 * inf into them -- and every row equals the naive path's."""
+    inp, a = make_case(seed=31, B=1, S=4, past=300, N=4, Nkv=2, H=32, mode="NONE", bits=8)
+    inp["value"][0, 2, :32] = bad            # KV head 0 of new token 2
+    outs = []
+    for flash in (False, True):
+        with gqa.config(path=kernel_path, flash=flash, decode_splits=splits):
+            outs.append(gqa.group_query_attention(**inp, **a)[0].reshape(4, 4, 32))
+    naive, direct = outs
+    assert np.isfinite(naive[:2]).all() and np.isfinite(naive[:, 2:]).all()
+    assert not np.isfinite(naive[2:, :2]).any()
+    np.testing.assert_allclose(direct, naive, atol=1e-5, rtol=0)   # NaN where naive has NaN
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_direct_results_do_not_depend_on_threads(threads):
+    """Key chunks come from the plan (the CPU count), merged in chunk order."""
+    inp, a = make_case(seed=8, B=1, S=3, past=3000, N=6, Nkv=2, H=64, mode="PER_TENSOR", bits=4)
+    assert flash_plan(1, 3, 2, 3, 64, 3003, 0, 64)[2] > 1
+    one = gqa.group_query_attention(**inp, **a, num_threads=1)[0]
+    assert np.array_equal(gqa.group_query_attention(**inp, **a, num_threads=threads)[0], one)
