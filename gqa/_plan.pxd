@@ -1,6 +1,7 @@
 # The decode plan of a call (see _plan.pyx), for gqa/_signature.pyx.
 cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, int direct_rows,
                 int *q_block, int *kv_block, int *splits, int *ranges, bint *direct)
-# Query rows up to which a multi-token step on these K / V cache types at accuracy `level`
-# runs on the decode kernels (_plan's `direct`).
-cdef int direct_rows(int ktype, int vtype, int level) noexcept nogil
+# Query rows up to which a multi-token step on these K / V cache types at accuracy `level`,
+# heads of H columns and `units` (batch, KV head) pairs runs on the decode kernels (_plan's
+# `direct`).
+cdef int direct_rows(int ktype, int vtype, int level, int H, int units) noexcept nogil

@@ -10,21 +10,35 @@ cdef int _UNITS = max(8, _CPUS)
 cdef int DIRECT_KEYS = 256    # keys per block of attend_direct (its scores: rows x 256 floats)
 
 
-cdef int _direct_rows(int type, int level) noexcept nogil:
+cdef int _direct_rows(int type, int level, int H, bint few_units) noexcept nogil:
     """Query rows up to which the decode kernels on `type` beat the flash path's float tiles
-    (each K / V tile dequantized once, then float32 GEMMs), measured per kind of cache at
-    T = 8192 (AMD EPYC Zen 3, AVX2): static INT8 / INT4 codes 1.06-2.3x at 4-64 rows; float
-    rows 1.5x at 4-6 rows, level at 16; per-group codes, which the decode kernels decode per
-    row, level at 8 rows (16 on level 4's integer dots)."""
-    if type == GQA_F32 or type == GQA_F16:
-        return 16
+    (each K / V tile dequantized once, then float32 GEMMs), from steps of 2-16 tokens at
+    T = 8192 (AMD EPYC Zen 3, AVX2; the float tiles' GEMMs are float32 there as on every CPU
+    without matrix tiles).  Static INT8 / INT4 codes and float rows: the decode kernels sum
+    each score across the head, a cost per score the tiles' GEMMs do not have, so their limit
+    grows with H (level 4's integer dots go further); with fewer units than the plan's
+    max(8, CPUs) they also get key chunks (splits) the tiles lack, which doubles it.
+    Per-group codes are decoded once per row block by the decode kernels, so their limit is
+    a row count: 8 (16 on level 4's integer dots)."""
+    cdef int base
     if GQA_IS_GROUP(type):
         return 16 if level >= 4 else 8
-    return 64
+    if type == GQA_F32 or type == GQA_F16:
+        base = 16
+    else:
+        base = 64 if level >= 4 else 24
+    base = max(4, base * H // 128)
+    return 2 * base if few_units else base
 
 
-cdef int direct_rows(int ktype, int vtype, int level) noexcept nogil:
-    return min(_direct_rows(ktype, level), _direct_rows(vtype, level))
+cdef int direct_rows(int ktype, int vtype, int level, int H, int units) noexcept nogil:
+    cdef bint few = units < _UNITS
+    return min(_direct_rows(ktype, level, H, few), _direct_rows(vtype, level, H, few))
+
+
+def direct_row_limit(int ktype, int vtype, int level, int H, int units):
+    """direct_rows (for the tests)."""
+    return direct_rows(ktype, vtype, level, H, units)
 
 
 cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, int direct_rows,

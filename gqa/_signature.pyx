@@ -525,7 +525,8 @@ cdef class Signature:
                                      f"{x.shape}")
         nt = _threads(num_threads)
         _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(self._accuracy(), H),
-              direct_rows(p.ktype, p.vtype, self._accuracy()), &q_block, &kv_block, &splits,
+              direct_rows(p.ktype, p.vtype, self._accuracy(), H, B * Nkv), &q_block, &kv_block,
+              &splits,
               &ranges, &direct)
         phk, phv, rot_k, rot_v, hpk, hpv = ext
         hp_rows = 0
@@ -704,7 +705,8 @@ cdef class Signature:
             _window.move_rows(work_k, &z[0], past_key, &l[1, 0], &l[0, 0], B, Nkv)
             _window.move_rows(work_v, &z[0], past_value, &l[1, 0], &l[0, 0], B, Nkv)
         _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(self._accuracy(), p.H),
-              direct_rows(p.ktype, p.vtype, self._accuracy()), &q_block, &kv_block, &splits,
+              direct_rows(p.ktype, p.vtype, self._accuracy(), p.H, B * Nkv), &q_block, &kv_block,
+              &splits,
               &ranges, &direct)
         dims[0] = B; dims[1] = S; dims[2] = p.N * p.H
         out = cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT32, 0)

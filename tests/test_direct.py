@@ -9,7 +9,7 @@ import pytest
 
 import gqa
 from _cases import make_case
-from gqa._plan import flash_plan
+from gqa._plan import flash_plan, direct_row_limit
 
 F32 = np.float32
 TOL = {("PER_TENSOR", 8): 1e-4, ("PER_CHANNEL", 8): 1e-4, ("PER_TENSOR", 4): 1e-3,
@@ -29,6 +29,18 @@ def test_the_plan_takes_small_steps_direct():
     assert flash_plan(8, 4, 2, 2, 64, 8192, 0, 64)[2:] == (1, 16, True)   # 16 units: whole
     with gqa.config(flash_blocks=(2, 16), decode_splits=3):
         assert flash_plan(1, 4, 2, 2, 64, 8192, 0, 8) == (4, 16, 3, 2, True)
+
+
+def test_the_row_limits():
+    """Static codes and float rows: a limit that grows with the head (24 / 64 rows at 128 columns,
+    levels 0 / 4; 16 for float rows), doubled where the units are fewer than 8; per-group codes:
+    8 rows (16 at level 4); a step takes the smaller of K's and V's."""
+    S8, F32_, G4 = 0, 4, 7 | (32 << 8)      # GQA_S8_PT, GQA_F32, INT4 in groups of 32
+    assert direct_row_limit(S8, S8, 0, 128, 8) == 24 and direct_row_limit(S8, S8, 4, 128, 8) == 64
+    assert direct_row_limit(S8, S8, 0, 64, 8) == 12 and direct_row_limit(S8, S8, 0, 64, 3) == 24
+    assert direct_row_limit(F32_, F32_, 0, 256, 16) == 32 and direct_row_limit(F32_, F32_, 0, 8, 16) == 4
+    assert direct_row_limit(G4, G4, 0, 64, 1) == 8 and direct_row_limit(G4, G4, 4, 256, 16) == 16
+    assert direct_row_limit(S8, G4, 0, 128, 8) == 8 and direct_row_limit(F32_, S8, 4, 128, 8) == 16
 
 
 def _vs_naive(inp, a, tol, blocks=None, splits=None, threads=2):
