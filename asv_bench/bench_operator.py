@@ -90,6 +90,28 @@ class DecodeAccuracy:
         self.op(*self.args, **self.kw)
 
 
+class Step:
+    """A step of S new tokens (speculative decoding's verification, assisted generation) at
+    total length T = 8192, cache updated in place, at accuracy_level 0 and 4: S x G rows per KV
+    head few enough for the decode kernels (gqa/_plan.pyx, direct_rows)."""
+    params = ([0, 4], ["s8_pt", "s4_pt", "float"], [2, 4, 8])
+    param_names = ["level", "mode", "S"]
+    timer = timeit.default_timer
+
+    def setup(self, level, mode, S):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        self.cfg = gqa.config(accuracy_level=level)
+        self.op, self.args, self.kw = _case(mode, S, 8192, 8192)
+
+    def teardown(self, level, mode, S):
+        if getattr(self, "cfg", None) is not None:
+            self.cfg.__exit__(None, None, None)
+
+    def time_step(self, level, mode, S):
+        self.op(*self.args, **self.kw)
+
+
 class PrefillAccuracy:
     """A first prompt S = T (causal) over an INT8 cache at accuracy_level 0, 3 and 4 (levels 3-4
     where the CPU has bfloat16 tiles, AMX or AVX-512 BF16: each flash tile's QK and P @ V on
