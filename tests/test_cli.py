@@ -134,6 +134,20 @@ def test_bench_vs_level(tmp_path):
         _bench.main(["--vs-level", "0"])
 
 
+def test_bench_steps(tmp_path):
+    """--step-S: rows of several new tokens at each decode length, batch 1, in their own table."""
+    path = tmp_path / "b.json"
+    args = ["--decode-T", "16,40", "--prefill-S", "", "--step-S", "3,24", "--modes", "int8-pt",
+            "--peers", "none", "--json", str(path)]
+    out = _run(["bench", "--shape", "2,4,2,16"] + TINY[2:] + args, tmp_path)
+    assert "step: S new tokens at total length T" in out
+    res = json.loads(path.read_text())["results"]
+    steps = [(r["T"], r["S"], r["B"]) for r in res if r["phase"] == "step"]
+    assert steps == [(16, 3, 1), (40, 3, 1), (40, 24, 1)]     # S > T skipped; batch 1
+    assert [(r["T"], r["S"], r["B"]) for r in res if r["phase"] == "decode"] == [(16, 1, 2), (40, 1, 2)]
+    assert all(r["gqa"]["median_us"] > 0 and r["gbps"] > 0 for r in res)
+
+
 def test_bench_rejects_bad_options():
     with pytest.raises(SystemExit):
         _bench.main(["--modes", "int3"])
@@ -208,13 +222,14 @@ def test_no_subcommand_prints_config_then_runs_the_demo(monkeypatch, capsys):
     assert len(seen) == 1
 
 
-@pytest.mark.parametrize("phase", ["decode", "prefill"])
+@pytest.mark.parametrize("phase", ["decode", "step", "prefill"])
 @pytest.mark.parametrize("mode", list(_cases.PEER_MODES))
 def test_bench_peers_compute_the_same_attention(phase, mode):
-    """The bench times like with like: every peer's call gives gqa's output on its case."""
-    T = 40 if phase == "decode" else 24
-    spec = dict(phase=phase, B=1, N=4, Nkv=2, H=32, S=1 if phase == "decode" else T, T=T, mode=mode,
-                threads=1, seed=3)
+    """The bench times like with like: every peer's call gives gqa's output on its case (a step:
+    3 new tokens, causal after 37; torch with its explicit mask)."""
+    T = 24 if phase == "prefill" else 40
+    spec = dict(phase=phase, B=1, N=4, Nkv=2, H=32, S={"decode": 1, "step": 3, "prefill": T}[phase], T=T,
+                mode=mode, threads=1, seed=3)
     ours = _cases.ours(spec)()[0]
     checked = 0
     if _ort_peer.importable():

@@ -26,7 +26,8 @@ ratio) and ``gqa.group_query_attention`` (column ``gqa-fn``, its ratio fn/op: 1.
 Decode rows give the cache bytes read per second (GB/s).  ``--shape`` takes several shapes
 (``;``-separated) or ``real`` (the seed shape and the heads of common models); ``--layers L``
 adds decode rows inside a loop over L layers with a NumPy projection between calls (see
-gqa/apps/bench/layers.py).
+gqa/apps/bench/layers.py); ``--step-S`` adds steps of several new tokens at the decode lengths
+(speculative decoding's verification; every peer but ggml).
 """
 import argparse
 import json
@@ -166,6 +167,10 @@ def add_arguments(p):
                    help=f"decode total lengths T (default {DEFAULTS['decode_T']}; '' for none)")
     p.add_argument("--prefill-S", dest="prefill_S", default=None,
                    help=f"prefill lengths S = T (default {DEFAULTS['prefill_S']}; '' for none)")
+    p.add_argument("--step-S", dest="step_S", default="",
+                   help="also steps of S new tokens (comma list) at each decode T: speculative "
+                        "decoding's verification, causal after T - S cached tokens, batch 1 "
+                        "(onnxruntime's rule for a step of several tokens with a past); default none")
     p.add_argument("--modes", default=None,
                    help=f"cache modes (default {DEFAULTS['modes']})")
     p.add_argument("--accuracy-level", dest="accuracy_level", type=int, default=0,

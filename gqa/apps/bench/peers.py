@@ -58,9 +58,14 @@ def _torch_setup(spec, dequant, dtype=None):
     v = torch.from_numpy(inp["value"]).view(B, S, Nkv, H).transpose(1, 2)
     causal = spec["phase"] == "prefill"
     rows = slice(T - S, T)
+    # a step of S tokens after T - S: row s sees keys [0, T - S + s] (SDPA's is_causal is
+    # aligned to the top left, so the mask is explicit)
+    mask = None
+    if spec["phase"] == "step" and S > 1:
+        mask = torch.arange(T).view(1, T) <= torch.arange(T - S, T).view(S, 1)
     # the query in the cache's dtype (a bfloat16 cast per call)
     sdpa = lambda kk, vv: F.scaled_dot_product_attention(q if dtype is None else q.to(dtype), kk, vv,  # noqa: E731
-                                                         is_causal=causal, enable_gqa=True)
+                                                         attn_mask=mask, is_causal=causal, enable_gqa=True)
     if not dequant:
         if bits:  # a float32 cache holding the same values
             kc = torch.from_numpy(_dequant_cache(gqa.dequantize, inp["past_key"], inp["k_scale"], bits, H))
@@ -256,8 +261,8 @@ class _Ggml:
         self.case = None
 
     def prepare(self, spec):
-        if spec["mode"] not in GGML_TYPES:
-            return None
+        if spec["mode"] not in GGML_TYPES or spec["phase"] == "step":
+            return None          # ggml_peer.py masks prompts only (S = T), or nothing
         m = self.mod
         m.B, m.HQ, m.HKV, m.D = spec["B"], spec["N"], spec["Nkv"], spec["H"]
         self.teardown()

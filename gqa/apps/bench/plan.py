@@ -63,17 +63,22 @@ def plan_rows(args):
     threads = _int_list(pick("threads"), "--threads")
     dec = _int_list(pick("decode_T"), "--decode-T") if pick("decode_T") != "" else []
     pre = _int_list(pick("prefill_S"), "--prefill-S") if pick("prefill_S") != "" else []
+    steps = _int_list(args.step_S, "--step-S") if args.step_S else []
     modes = _modes(pick("modes"))
     rows = []
-    phases = [("decode", dec), ("prefill", pre)] + ([("layers", dec)] if args.layers else [])
+    phases = ([("decode", dec, [1]), ("step", dec, steps), ("prefill", pre, [None])]
+              + ([("layers", dec, [1])] if args.layers else []))
     for nt in threads:
-        for phase, lengths in phases:
+        for phase, lengths, sizes in phases:
             for B, N, Nkv, H in _shapes(args.shape):
                 for L in lengths:
-                    for mode in modes:
-                        rows.append(dict(phase=phase, B=B, N=N, Nkv=Nkv, H=H,
-                                         S=1 if phase != "prefill" else L, T=L, mode=mode,
-                                         threads=nt, seed=L, layers=args.layers))
+                    for S in sizes:
+                        if S is not None and S > L:
+                            continue
+                        for mode in modes:
+                            rows.append(dict(phase=phase, B=1 if phase == "step" else B, N=N, Nkv=Nkv,
+                                             H=H, S=L if S is None else S, T=L, mode=mode,
+                                             threads=nt, seed=L, layers=args.layers))
     return rows, threads
 
 

@@ -38,6 +38,8 @@ def back_to_back(results, r):
 TITLES = {
     "decode": "decode: S=1 at total length T, cache updated in place; GB/s = cache bytes read / time",
     "prefill": "prefill: S=T, causal, cache written in place; GFLOP/s = 2*B*N*S^2*H / time",
+    "step": "step: S new tokens at total length T (causal after T - S), cache updated in place; "
+            "GB/s = cache bytes read / time",
     "layers": "decode in a loop over {L} layers (own cache each, a NumPy {P}x{P} projection before every "
               "call): attention time per layer; b2b = the decode row's time (the same call back to back)",
 }
@@ -48,25 +50,28 @@ def results_table(results, columns):
     lines = []
     errors = []
     shapes = len({_shape_of(r) for r in results}) > 1
-    for phase in ("decode", "prefill", "layers"):
+    for phase in ("decode", "step", "prefill", "layers"):
         rows = [r for r in results if r["phase"] == phase]
         if not rows:
             continue
-        pre, lay = phase == "prefill", phase == "layers"
+        pre, lay, step = phase == "prefill", phase == "layers", phase == "step"
         lines.append("")
         lines.append(TITLES[phase].format(L=rows[0].get("layers"), P=PROJ))
         lines.append("median time per call; gqa-fn: the function, ratio fn/op; each peer: time and ratio "
                      "peer/gqa (>1: gqa is faster)")
-        head = (["thr", "mode", "S" if pre else "T"] + (["shape"] if shapes else []) + ["gqa", "gqa-fn"]
+        head = (["thr", "mode", "S" if pre else "T"] + (["S"] if step else []) + (["shape"] if shapes else [])
+                + ["gqa", "gqa-fn"]
                 + (["GFLOP/s", "%peak"] if pre else ["GB/s"]) + (["b2b", "loop/b2b"] if lay else [])
                 + columns)
         body = []
         for r in rows:
             g = r["gqa"]
-            cells = [str(r["threads"]), r["mode"], str(r["T"])] + ([_shape_of(r)] if shapes else [])
+            cells = ([str(r["threads"]), r["mode"], str(r["T"])] + ([str(r["S"])] if step else [])
+                     + ([_shape_of(r)] if shapes else []))
             cells.append(format_time(g.get("median_us")) if "median_us" in g else "error")
             cells.append(_cell(r.get("gqa_fn", {"na": True})))
-            label = f"{r['mode']} {phase} {r['T']} {_shape_of(r)} {r['threads']}t"
+            label = (f"{r['mode']} {phase} {r['T']}" + (f" S={r['S']}" if step else "")
+                     + f" {_shape_of(r)} {r['threads']}t")
             for who, x in [("gqa", g), ("gqa-fn", r.get("gqa_fn", {}))] + [(c, r["peers"][c]) for c in columns]:
                 if "error" in x:
                     errors.append(f"{who} {label}: {x['error']}")
@@ -100,10 +105,16 @@ def targets(results, columns):
     lines = [f"targets ({nt} thread{'s' if nt != 1 else ''}; ratio = peer/gqa):"]
     dec = [r for r in rs if r["phase"] == "decode"]
     pre = [r for r in rs if r["phase"] == "prefill"]
+    stp = [r for r in rs if r["phase"] == "step"]
     if dec and any(have(r, c) for r in dec for c in columns):
         slow = [f"{c} {r['mode']} T={r['T']} ({r['peers'][c]['ratio']:.2f}x)"
                 for r in dec for c in columns if have(r, c) and r["peers"][c]["ratio"] <= 1]
         lines.append("  decode faster than every peer at every T: " +
+                     ("met" if not slow else "MISSED: " + ", ".join(slow)))
+    if stp and any(have(r, c) for r in stp for c in columns):
+        slow = [f"{c} {r['mode']} T={r['T']} S={r['S']} ({r['peers'][c]['ratio']:.2f}x)"
+                for r in stp for c in columns if have(r, c) and r["peers"][c]["ratio"] <= 1]
+        lines.append("  steps of several tokens faster than every peer: " +
                      ("met" if not slow else "MISSED: " + ", ".join(slow)))
     for mode, want in (("int8-pt", 3.0), ("int4-pt", 4.0)):
         rr = [r for r in dec if r["mode"] == mode and r["T"] >= 512 and have(r, "ort")]
