@@ -68,45 +68,44 @@ class Decode:
         self.op(*self.args, **self.kw)
 
 
-class DecodeAccuracy:
+class _AtLevel:
+    """A call of S new tokens at total length T under gqa.config(accuracy_level=level)."""
+    timer = timeit.default_timer
+
+    def _set_up(self, level, mode, S, T):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        self.cfg = gqa.config(accuracy_level=level)
+        self.op, self.args, self.kw = _case(mode, S, T, T)
+
+    def teardown(self, *params):
+        if getattr(self, "cfg", None) is not None:
+            self.cfg.__exit__(None, None, None)
+
+
+class DecodeAccuracy(_AtLevel):
     """A decode step over an INT8 / INT4 cache at accuracy_level 0 (float32 products) and 4
     (integer dot products: AMX INT8 tiles, AVX-512 VNNI or AVX2, whichever the automatic path's
     unit is; float32 where it has none)."""
     params = ([0, 4], ["s8_pt", "s8_pc", "s4_pt"], [2048, 8192])
     param_names = ["level", "mode", "T"]
-    timer = timeit.default_timer
 
     def setup(self, level, mode, T):
-        if gqa is None:
-            raise NotImplementedError("gqa not importable")
-        self.cfg = gqa.config(accuracy_level=level)
-        self.op, self.args, self.kw = _case(mode, 1, T, T)
-
-    def teardown(self, level, mode, T):
-        if getattr(self, "cfg", None) is not None:
-            self.cfg.__exit__(None, None, None)
+        self._set_up(level, mode, 1, T)
 
     def time_decode(self, level, mode, T):
         self.op(*self.args, **self.kw)
 
 
-class Step:
+class Step(_AtLevel):
     """A step of S new tokens (speculative decoding's verification, assisted generation) at
     total length T = 8192, cache updated in place, at accuracy_level 0 and 4: S x G rows per KV
     head few enough for the decode kernels (gqa/_plan.pyx, direct_rows)."""
     params = ([0, 4], ["s8_pt", "s4_pt", "float"], [2, 4, 8])
     param_names = ["level", "mode", "S"]
-    timer = timeit.default_timer
 
     def setup(self, level, mode, S):
-        if gqa is None:
-            raise NotImplementedError("gqa not importable")
-        self.cfg = gqa.config(accuracy_level=level)
-        self.op, self.args, self.kw = _case(mode, S, 8192, 8192)
-
-    def teardown(self, level, mode, S):
-        if getattr(self, "cfg", None) is not None:
-            self.cfg.__exit__(None, None, None)
+        self._set_up(level, mode, S, 8192)
 
     def time_step(self, level, mode, S):
         self.op(*self.args, **self.kw)

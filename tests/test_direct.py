@@ -9,13 +9,10 @@ import pytest
 
 import gqa
 from _cases import make_case
+from _flash import TOL, MODES, MODE_IDS, flash_vs_naive
 from gqa._plan import flash_plan, direct_row_limit
 
 F32 = np.float32
-TOL = {("PER_TENSOR", 8): 1e-4, ("PER_CHANNEL", 8): 1e-4, ("PER_TENSOR", 4): 1e-3,
-       ("PER_CHANNEL", 4): 1e-3, ("NONE", 0): 1e-5}
-MODES = list(TOL)
-MODE_IDS = ["s8pt", "s8pc", "s4pt", "s4pc", "float"]
 
 
 def test_the_plan_takes_small_steps_direct():
@@ -43,16 +40,6 @@ def test_the_row_limits():
     assert direct_row_limit(S8, G4, 0, 128, 8) == 8 and direct_row_limit(F32_, S8, 4, 128, 8) == 16
 
 
-def _vs_naive(inp, a, tol, blocks=None, splits=None, threads=2):
-    with gqa.config(flash=False):
-        naive = gqa.group_query_attention(**inp, **a, num_threads=threads)
-    with gqa.config(flash=True, flash_blocks=blocks, decode_splits=splits):
-        direct = gqa.group_query_attention(**inp, **a, num_threads=threads)
-    assert np.array_equal(naive[1], direct[1]) and np.array_equal(naive[2], direct[2])
-    np.testing.assert_allclose(direct[0].astype(np.float64), naive[0].astype(np.float64), atol=tol, rtol=0)
-    return direct[0]
-
-
 FEATURES = {
     "plain": {}, "rotary": dict(rotary=True), "packed": dict(packed=True, rotary=True, interleaved=1),
     "bias": dict(bias="full"), "window5": dict(local_window_size=5), "window0": dict(local_window_size=0),
@@ -73,7 +60,7 @@ def test_direct_step_matches_naive(kernel_path, mode, bits, feature, blocks, spl
                        **FEATURES[feature])
     assert flash_plan(1, 3, 2, 2, 32, 93, 0, 8)[4]
     with gqa.config(path=kernel_path):
-        _vs_naive(inp, a, TOL[(mode, bits)], blocks=blocks, splits=splits)
+        flash_vs_naive(inp, a, TOL[(mode, bits)], blocks=blocks, splits=splits)
 
 
 @pytest.mark.parametrize("G,S", [(1, 2), (2, 5), (4, 2), (8, 2), (16, 4)])
@@ -81,7 +68,7 @@ def test_direct_groups(kernel_path, G, S):
     inp, a = make_case(seed=G, B=1, S=S, past=600, N=16, Nkv=16 // G, H=64, mode="PER_CHANNEL",
                        bits=8, rotary=True, bias="both1")
     with gqa.config(path=kernel_path):
-        _vs_naive(inp, a, 1e-4)
+        flash_vs_naive(inp, a, 1e-4)
 
 
 def _cache_pair(mode, rng, T, S, dtype=F32, level=0):

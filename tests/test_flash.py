@@ -7,22 +7,8 @@ import pytest
 
 import gqa
 from _cases import make_case
+from _flash import TOL, MODES, MODE_IDS, flash_vs_naive
 from gqa._plan import flash_plan
-
-TOL = {("PER_TENSOR", 8): 1e-4, ("PER_CHANNEL", 8): 1e-4, ("PER_TENSOR", 4): 1e-3,
-       ("PER_CHANNEL", 4): 1e-3, ("NONE", 0): 1e-5}
-MODES = list(TOL)
-MODE_IDS = ["s8pt", "s8pc", "s4pt", "s4pc", "float"]
-
-
-def flash_vs_naive(inp, a, tol, blocks=None, splits=None, threads=2):
-    with gqa.config(flash=False):
-        naive = gqa.group_query_attention(**inp, **a, num_threads=threads)
-    with gqa.config(flash=True, flash_blocks=blocks, decode_splits=splits):
-        flash = gqa.group_query_attention(**inp, **a, num_threads=threads)
-    assert np.array_equal(naive[1], flash[1]) and np.array_equal(naive[2], flash[2])
-    np.testing.assert_allclose(flash[0].astype(np.float64), naive[0].astype(np.float64), atol=tol, rtol=0)
-    return flash
 
 
 FEATURES = {
