@@ -79,8 +79,8 @@ cdef class Consts:
 # One call: cache write, then attention (see _attention.pyx).
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
-          int q_block, int kv_block, int decode_chunks, int decode_ranges, bint direct=*, col_base=*, int bias_T=*,
-          rk=*, rv=*, hk=*, hv=*, phk=*, phv=*, int accuracy=*)
+          int q_block, int kv_block, int decode_chunks, int decode_ranges, bint direct=*,
+          col_base=*, int bias_T=*, rk=*, rv=*, hk=*, hv=*, phk=*, phv=*, int accuracy=*)
 # The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
 # or the number of the broken rule, where = {b, s} (see _attention.pyx).
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil

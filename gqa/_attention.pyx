@@ -650,7 +650,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
     cdef int G = p.G, H = p.H, Bc = p.Bc
-    cdef int s0 = qb * p.Br, s1, R, M, r, s, g, i, k0, nb, a0, z0, kv_lo, kv_hi
+    cdef int s0 = qb * p.Br, s1, R, M, r, s, i, k0, nb, a0, z0, kv_lo, kv_hi
     cdef float *Qt = sc.Qt
     cdef float *Sx = sc.Sx
     cdef float *O = sc.O
@@ -667,9 +667,6 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef float *Vf = sc.Vf
     cdef const gqa_tiles *x = p.tiles
     cdef int ls, nbx = 0, z
-    cdef const float *src
-    cdef float *row
-    cdef float inv
     cdef bint smooth = p.smooth or p.sink != NULL
     cdef bint nanv, codes_pv, kcodes, vcodes, kdirect, vdirect
     cdef const float *Kr = Kt     # the rows the tiles pack: Kt / Vt, or a float32 cache's own
@@ -1026,7 +1023,8 @@ cdef class Consts:
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks, int decode_ranges, bint direct=False,
-          col_base=None, int bias_T=0, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None, int accuracy=0):
+          col_base=None, int bias_T=0, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None,
+          int accuracy=0):
     """One call: cache write, then attention (naive, tiled flash or decode work items).
     Decode (S == 1, flash): the units are split into `decode_ranges` contiguous ranges and
     the last unit of each is split into `decode_chunks` key chunks (flash decoding; every
@@ -1127,10 +1125,13 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has
             # them (not with causal float windows' staged tiles)
             p.tiles = tile_kernels(accuracy, H) if not p.hstage else NULL
-            p.direct = direct and p.tiles == NULL and p.fk == NULL
+            p.direct = direct and p.tiles == NULL and p.fk == NULL and p.Br == S
             nq = (S + p.Br - 1) // p.Br
             if p.direct:
                 nq = 1
+                # work items units * chunks stay below 2^31
+                if units > 0 and <long long>units * decode_chunks > 0x7fffffff:
+                    decode_chunks = 0x7fffffff // units
                 if decode_chunks > 1 and p.Tmax > 1:
                     p.chunk_len = (p.Tmax + decode_chunks - 1) // decode_chunks
                     p.chunks = (p.Tmax + p.chunk_len - 1) // p.chunk_len

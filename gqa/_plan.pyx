@@ -18,8 +18,7 @@ cdef int _direct_rows(int type, int level, int H, bint few_units) noexcept nogil
     each score across the head, a cost per score the tiles' GEMMs do not have, so their limit
     grows with H (level 4's integer dots go further); with fewer units than the plan's
     max(8, CPUs) they also get key chunks (splits) the tiles lack, which doubles it.
-    Per-group codes are decoded once per row block by the decode kernels, so their limit is
-    a row count: 8 (16 on level 4's integer dots)."""
+    Per-group codes: level at 8 rows whatever the head (16 on level 4's integer dots)."""
     cdef int base
     if GQA_IS_GROUP(type):
         return 16 if level >= 4 else 8
@@ -41,7 +40,7 @@ def direct_row_limit(int ktype, int vtype, int level, int H, int units):
     return direct_rows(ktype, vtype, level, H, units)
 
 
-cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, int direct_rows,
+cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, int row_limit,
                 int *q_block, int *kv_block, int *splits, int *ranges, bint *direct):
     """Tile sizes of the flash path and the split of decode work (see _attention.run: the
     (batch, KV head) units form `ranges` contiguous ranges and the last unit of each range is
@@ -52,7 +51,7 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, in
     Where the tiles' GEMMs run on bfloat16 tiles, tile_rows (> 0: the tiles' own `rows`,
     256 on AMX, 512 on AVX-512 BF16) rows, since packing each K/V tile costs as much as many
     rows of its GEMMs, and K/V tiles of twice the keys (bfloat16 pairs: half the bytes).
-    `direct`: a multi-token step of S x G <= direct_rows rows (see direct_rows) without
+    `direct`: a multi-token step of S x G <= row_limit rows (direct_rows: the cache's) without
     matrix tiles is one query tile of all S rows on the decode kernels (attend_direct), its
     keys in blocks of DIRECT_KEYS (flash_blocks' key rows where set) and, as a decode step's,
     in `splits` chunks where the units are fewer than max(8, CPUs)."""
@@ -63,7 +62,7 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, in
     else:
         kv_block[0] = max(16, min(256, <int>(_L2 // ((32 if tile_rows else 64) * H))))
         q_block[0] = max(4, (tile_rows if tile_rows else 128) // G)
-    direct[0] = S > 1 and tile_rows == 0 and <long long>S * G <= direct_rows
+    direct[0] = S > 1 and tile_rows == 0 and <long long>S * G <= row_limit
     if direct[0]:
         q_block[0] = S
         kv_block[0] = blocks[1] if blocks is not None else DIRECT_KEYS
@@ -85,10 +84,10 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, in
         ranges[0] = _CPUS
 
 
-def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows=0, int direct_rows=0):
+def flash_plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows=0, int row_limit=0):
     """(q_block, kv_block, splits, ranges, direct) of a call: see _plan."""
     cdef int q_block, kv_block, splits, ranges
     cdef bint direct
-    _plan(B, S, Nkv, G, H, Tmax, tile_rows, direct_rows, &q_block, &kv_block, &splits, &ranges,
+    _plan(B, S, Nkv, G, H, Tmax, tile_rows, row_limit, &q_block, &kv_block, &splits, &ranges,
           &direct)
     return q_block, kv_block, splits, ranges, direct

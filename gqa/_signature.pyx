@@ -526,8 +526,7 @@ cdef class Signature:
         nt = _threads(num_threads)
         _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(self._accuracy(), H),
               direct_rows(p.ktype, p.vtype, self._accuracy(), H, B * Nkv), &q_block, &kv_block,
-              &splits,
-              &ranges, &direct)
+              &splits, &ranges, &direct)
         phk, phv, rot_k, rot_v, hpk, hpv = ext
         hp_rows = 0
         if self.win:
