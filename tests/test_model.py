@@ -124,6 +124,31 @@ def test_perplexity_floor_row(model):
     assert abs(row["rel_vs_level0"]) <= 1e-3
 
 
+@pytest.mark.parametrize("mode", ["float", "int8-pt"])
+def test_speculative_steps_score_as_decode_steps(model, mode):
+    """The last 16 positions scored in steps of 4 tokens (the multi-token steps of speculative
+    decoding: the decode kernels, tests/test_direct.py) against one decode step each.  Float
+    cache: the same next tokens, log-likelihoods within float32 summation orders.  INT8 cache: a
+    last-bit change of a layer's output can move a code the next layer writes (README, "The
+    disagreements are the INT8 cache's own"), so the tail's mean log-likelihood within 1 % and
+    at most 2 of 16 next tokens differing; a step that saw its own later tokens would score
+    them far better."""
+    ev = np.array(model.encode(_texts.evaluation_text()))[:97]
+    kw = {}
+    if mode != "float":
+        kw = dict(calibration=model.calibration(model.encode(_texts.calibration_text())[:128]))
+    runs = [model.score(ev, model.new_cache(len(ev), **gqa.cache_options(mode), **kw), decode_tail=16,
+                        tail_step=s) for s in (1, 4)]
+    (nll1, top1), (nll4, top4) = runs
+    assert np.array_equal(top1[:-16], top4[:-16]) and np.array_equal(nll1[:-16], nll4[:-16])   # the prefill
+    if mode == "float":
+        assert np.array_equal(top1, top4)
+        assert np.abs(nll1 - nll4).max() <= 2e-3, np.abs(nll1 - nll4).max()
+    else:
+        assert (top1[-16:] != top4[-16:]).sum() <= 2
+        assert abs(nll4[-16:].mean() / nll1[-16:].mean() - 1) <= 0.01
+
+
 def test_full_cache_is_a_value_error(model):
     cache = model.new_cache(8)
     with pytest.raises(ValueError, match=r"KVCache is full: 0 \+ 9 positions exceed max_length \(8\)"):

@@ -12,7 +12,8 @@ cache mode: perplexity, its change against the float cache, and top-1 agreement 
 positions whose most likely next token equals the float cache's).  ``--accuracy-levels`` adds
 each mode at those levels (gqa.config's accuracy_level) beside its level 0 run: perplexity change
 and top-1 agreement against the same cache at level 0, over all scored positions and over the
-decoded ones; ``--decode-tail`` sets how many positions are decoded.  Beside them, each mode at
+decoded ones; ``--decode-tail`` sets how many positions are decoded (``--tail-step`` at a time:
+1, decode steps; more, the multi-token steps of speculative decoding).  Beside them, each mode at
 level 0 on the next kernel path down (``avx2`` under ``avx512``): float32 as well, another
 summation order, so its agreement with level 0 is the floor that no inexact level can be held
 to (a quantized cache turns a last-bit change of one layer's output into other codes in the
@@ -59,12 +60,13 @@ def floor_path():
 
 
 def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE_TAIL, progress=None,
-                 margin=1.0, rotations=None, levels=(0,), floor=None):
+                 margin=1.0, rotations=None, levels=(0,), floor=None, tail_step=1):
     """{name: dict(ppl, nll_mean, top1_agreement, rel_change, mode, accuracy_level)} over ``tokens``
     (1-D); the name is the mode at level 0 and ``mode@L`` at accuracy level L.  "float" at level 0 is
     always run (the reference of ``top1_agreement`` and ``rel_change``); every mode at a level L > 0
     also runs at level 0 and gains ``top1_vs_level0`` (all scored positions),
-    ``top1_vs_level0_decoded`` (the ``decode_tail`` decoded ones) and ``rel_vs_level0``.  ``floor``,
+    ``top1_vs_level0_decoded`` (the ``decode_tail`` decoded ones, ``tail_step`` tokens a step) and
+    ``rel_vs_level0``.  ``floor``,
     a path name: each mode of ``modes`` also at level 0 on that path, named ``mode:path``, with the
     same three figures and ``path``."""
     import gqa
@@ -85,7 +87,7 @@ def perplexities(model, tokens, calibration, modes=PPL_MODES, decode_tail=DECODE
                 kw["rotations"] = rotations
             with gqa.config(path=path) if path else contextlib.nullcontext():
                 cache = model.new_cache(len(tokens), accuracy_level=level, **kw)
-                nll, top = model.score(tokens, cache, decode_tail=decode_tail)
+                nll, top = model.score(tokens, cache, decode_tail=decode_tail, tail_step=tail_step)
             runs[mode, level, path] = dict(nll=nll, top=top)
             if progress:
                 progress(f"{mode}:{path}" if path else leveled(mode, level))
@@ -200,6 +202,7 @@ def report_text(res):
              f"{res['path']}, {res['threads']} threads"]
     for C, modes in res.get("perplexity", {}).items():
         tail = res.get("decode_tail", DECODE_TAIL)
+        ts = res.get("tail_step", 1)
         with_levels = any(r.get("accuracy_level") for r in modes.values())
         rows = []
         for m, r in modes.items():
@@ -216,8 +219,9 @@ def report_text(res):
         if with_levels:
             head[1:1] = ["level"]
             head += ["vs level 0", "top-1 = level 0", "decoded: top-1 = level 0"]
-        parts.append(f"\nperplexity, context {C} ({C - 1 - tail} prefilled + {tail} decoded "
-                     "positions scored):\n" + format_table(head, rows))
+        parts.append(f"\nperplexity, context {C} ({C - 1 - tail} prefilled + {tail} decoded"
+                     + (f" in steps of {ts} tokens" if ts > 1 else "") + " positions scored):\n"
+                     + format_table(head, rows))
         floors = sorted({r["path"] for r in modes.values() if r.get("path")})
         if floors:
             parts.append(f"(level 0 on {', '.join(floors)}: float32 too, another summation order -- the floor "
@@ -283,6 +287,9 @@ def add_arguments(p):
                    help="accuracy levels (0-4, gqa.config) of the perplexity table and the speed sides; each L > 0 beside level 0")
     p.add_argument("--decode-tail", type=int, default=DECODE_TAIL,
                    help="positions of each context scored by one decode step each (the rest prefilled)")
+    p.add_argument("--tail-step", type=int, default=1,
+                   help="tokens per step of the decoded positions (1: decode steps; more: speculative "
+                        "decoding's verification steps)")
     p.add_argument("--calib-tokens", type=int, default=1024, help="calibration tokens")
     p.add_argument("--margin", type=float, default=1.0, help="calibration margin (KVCache)")
     p.add_argument("--plain-k-maxima", action="store_true",
@@ -324,6 +331,8 @@ def run(args, out=None):
     accuracy_levels(args.accuracy_levels, "eval")
     if args.decode_tail < 0:
         raise SystemExit(f"gqa eval: --decode-tail must be >= 0, got {args.decode_tail}")
+    if args.tail_step < 1:
+        raise SystemExit(f"gqa eval: --tail-step must be >= 1, got {args.tail_step}")
     if not _gguf.available():
         try:
             _gguf.model_path()
@@ -347,6 +356,7 @@ def run(args, out=None):
                texts=dict(evaluation=_texts.describe(_texts.EVAL_TOPIC),
                           calibration=_texts.describe(_texts.CALIBRATION_TOPIC)),
                calibration_tokens=int(len(cal_ids)), margin=args.margin, decode_tail=args.decode_tail,
+               tail_step=args.tail_step,
                k_calibration="plain maxima" if args.plain_k_maxima else "rotary pair norms", skipped=[])
     enabled = sys.stderr.isatty()
     blas = blas_threads(args.blas_threads) if args.blas_threads else None
@@ -364,7 +374,8 @@ def run(args, out=None):
                 bar = Progress((len(modes) + 1) * len(set(args.accuracy_levels) | {0}) + len(modes) * bool(floor),
                                enabled)
                 res["perplexity"][C] = perplexities(model, ev[:C], calibration, modes, margin=args.margin,
-                                                    decode_tail=args.decode_tail, levels=args.accuracy_levels,
+                                                    decode_tail=args.decode_tail, tail_step=args.tail_step,
+                                                    levels=args.accuracy_levels,
                                                     floor=floor,
                                                     progress=lambda m: bar.update(1, f"ppl C={C} {m}"),
                                                     rotations=rotations)

@@ -179,17 +179,18 @@ class Llama:
         return dict(ids=ids, prefill_s=t1 - t0, decode_s=t2 - t1, decode_steps=len(ids) - 1,
                     decode_attention_s=self.attention_seconds - a0)
 
-    def score(self, tokens, cache, decode_tail=32, chunk=512):
+    def score(self, tokens, cache, decode_tail=32, chunk=512, tail_step=1):
         """Teacher-forced next-token scores of ``tokens`` (1-D): positions ``[0, n - 1 -
-        decode_tail)`` prefilled in chunks of ``chunk``, the last ``decode_tail`` one decode step
-        each.  -> (nll float64 [n - 1] of tokens[1:], top-1 ids int [n - 1])."""
+        decode_tail)`` prefilled in chunks of ``chunk``, the last ``decode_tail`` in steps of
+        ``tail_step`` tokens (1: one decode step each; more: speculative decoding's verification
+        steps).  -> (nll float64 [n - 1] of tokens[1:], top-1 ids int [n - 1])."""
         tokens = np.asarray(tokens)
         n = len(tokens) - 1
         tail = min(decode_tail, n)
         nll, top = np.empty(n), np.empty(n, np.int64)
         pos = 0
         while pos < n:
-            step = min(chunk, n - tail - pos) if pos < n - tail else 1
+            step = min(chunk, n - tail - pos) if pos < n - tail else min(tail_step, n - pos)
             h = self.forward(tokens[None, pos:pos + step], cache)[0]
             z = self.logits(h)
             m = z.max(axis=-1, keepdims=True)
