@@ -219,8 +219,8 @@ def report_text(res):
         if with_levels:
             head[1:1] = ["level"]
             head += ["vs level 0", "top-1 = level 0", "decoded: top-1 = level 0"]
-        parts.append(f"\nperplexity, context {C} ({C - 1 - tail} prefilled + {tail} decoded"
-                     + (f" in steps of {ts} tokens" if ts > 1 else "") + " positions scored):\n"
+        parts.append(f"\nperplexity, context {C} ({C - 1 - tail} prefilled + {tail} decoded positions scored"
+                     + (f", decoded in steps of {ts} tokens" if ts > 1 else "") + "):\n"
                      + format_table(head, rows))
         floors = sorted({r["path"] for r in modes.values() if r.get("path")})
         if floors:
