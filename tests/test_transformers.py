@@ -142,6 +142,28 @@ def test_crop_and_beam_search():
     assert got.tolist() == ref.tolist()
 
 
+def test_speculative_decoding():
+    """Prompt-lookup decoding (transformers' speculative decoding without a draft model): each
+    step verifies a few candidate tokens in one call (the decode kernels: tests/test_direct.py)
+    and crops the rejected ones -- by 0 when all were accepted, which must keep the cache
+    (it once emptied it) -- so the tokens are greedy generate's."""
+    model = _model("llama")
+    ids = torch.tensor([[5, 6, 7, 8, 9] * 4 + [5, 6]])     # n-grams to look up
+    cache = gt.Cache(model, "float", max_length=64)
+    _steps(model, ids, cache, 2)
+    cache.crop(0)
+    assert cache.get_seq_length() == 24 and cache.kv.length == 24
+    with torch.no_grad():
+        ref = model.generate(ids, max_new_tokens=16, do_sample=False)
+        for mode in ("float", "int8-g16"):
+            want = model.generate(ids, max_new_tokens=16, do_sample=False,
+                                  cache=gt.Cache(model, mode, max_length=64))
+            got = model.generate(ids, max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=3,
+                                 cache=gt.Cache(model, mode, max_length=64))
+            assert got.tolist() == want.tolist(), mode
+            assert mode != "float" or want.tolist() == ref.tolist()   # transformers' own tokens
+
+
 def test_without_a_gqa_cache_the_attention_is_sdpas():
     model = _model("mistral")
     ids = torch.randint(1, 96, (2, 10), generator=torch.Generator().manual_seed(6))

@@ -143,11 +143,12 @@ class Cache(transformers.Cache):
 
     def crop(self, tokens_to_remove):
         """Drop the last ``-tokens_to_remove`` positions of every sequence (transformers'
-        convention: a negative count; a positive one is the length to keep)."""
+        convention: a count <= 0, and 0 removes nothing -- speculative decoding crops by 0
+        when every candidate token was accepted; a positive one is the length to keep)."""
         if self.kv is None:
             return
         seen = self._seen[0]
-        keep = seen + tokens_to_remove if tokens_to_remove < 0 else min(tokens_to_remove, seen)
+        keep = seen + tokens_to_remove if tokens_to_remove <= 0 else min(tokens_to_remove, seen)
         drop = seen - max(keep, 0)
         if drop:
             self.kv.truncate(np.maximum(self.kv.lengths - drop, 0))
