@@ -461,7 +461,7 @@ cdef class Signature:
         cdef const Params *p = &self.consts.p
         cdef int B = p.B, S = p.S, L = p.L, Pbuf = p.Pbuf, Nkv = p.Nkv, N = p.N, H = p.H
         cdef long long T = _total_length(total_sequence_length)
-        cdef int Pres, Tmax, nt, q_block, kv_block, splits, ranges
+        cdef int Pres, Tmax, nt, q_block, kv_block, splits, ranges, level = self._accuracy()
         cdef bint direct
         cdef int64_t max_pos = 0
         cdef bint first_prompt
@@ -524,8 +524,8 @@ cdef class Signature:
                     raise ValueError(f"{name} must have shape {(B, Nkv, Pres, Hp)}, got "
                                      f"{x.shape}")
         nt = _threads(num_threads)
-        _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(self._accuracy(), H),
-              direct_rows(p.ktype, p.vtype, self._accuracy(), H, B * Nkv), &q_block, &kv_block,
+        _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(level, H),
+              direct_rows(p.ktype, p.vtype, level, H, B * Nkv), &q_block, &kv_block,
               &splits, &ranges, &direct)
         phk, phv, rot_k, rot_v, hpk, hpv = ext
         hp_rows = 0
@@ -566,7 +566,7 @@ cdef class Signature:
             q_block, kv_block, splits, ranges, direct=direct, col_base=None, bias_T=0, rk=_f32(rot_k),
             rv=_f32(rot_v),
             hk=hpk if self.win else None, hv=hpv if self.win else None, phk=phk, phv=phv,
-            accuracy=self._accuracy())
+            accuracy=level)
         if self.f16:
             out = out.astype(np.float16)
             qk_out = qk_out.astype(np.float16) if qk_out is not None else None
@@ -646,7 +646,7 @@ cdef class Signature:
         place on it with cache-relative lengths, and a staged step's rows copied out."""
         cdef const Params *p = &self.consts.p
         cdef int B = p.B, S = p.S, Nkv = p.Nkv, C = p.Pbuf, b, rows, Trel = 0, nt
-        cdef int q_block, kv_block, splits, ranges
+        cdef int q_block, kv_block, splits, ranges, level = self._accuracy()
         cdef bint direct
         cdef int64_t max_pos = 0
         cdef Params q
@@ -703,8 +703,8 @@ cdef class Signature:
         if B:
             _window.move_rows(work_k, &z[0], past_key, &l[1, 0], &l[0, 0], B, Nkv)
             _window.move_rows(work_v, &z[0], past_value, &l[1, 0], &l[0, 0], B, Nkv)
-        _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(self._accuracy(), p.H),
-              direct_rows(p.ktype, p.vtype, self._accuracy(), p.H, B * Nkv), &q_block, &kv_block,
+        _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(level, p.H),
+              direct_rows(p.ktype, p.vtype, level, p.H, B * Nkv), &q_block, &kv_block,
               &splits,
               &ranges, &direct)
         dims[0] = B; dims[1] = S; dims[2] = p.N * p.H
@@ -715,7 +715,7 @@ cdef class Signature:
             _f32(q_norm_weight), _f32(k_norm_weight), out, None, Trel, cnp.PyArray_DIM(<cnp.ndarray>work_k, 2),
             False, nt, _SETTINGS["flash"], q_block, kv_block, splits, ranges, direct=direct,
             col_base=lay[2], bias_T=<int>T, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None,
-            accuracy=self._accuracy())
+            accuracy=level)
         if staged and B:
             # the last L(T_b) rows of the staging buffer: rows [keep + S - L(T_b), keep + S)
             s0 = lay[0] + S - lay[3]
