@@ -178,6 +178,9 @@ INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t 
                 UNROLL
                 for (int nb = 0; nb < NB; nb++)
                     gqk_step(MB, NB, KIND, r[nb] + k / E * SB, c + k, cs, acc + nb);
+                UNROLL
+                for (int i = 0; i < MB * NB; i++)
+                    DOT_KEEP(acc[i]);
             }
             /* each quad's four sums per group: both halves of the accumulators (span 1), or the
                low halves for group j and the high ones for j + 1 (span 2) */

@@ -97,6 +97,9 @@ INLINE void qk_block(const int MB, const int NB, const int S4, const int16_t *c,
             UNROLL
             for (int nb = 0; nb < NB; nb++)
                 qk_step(MB, NB, S4, b[nb] + k / KS * 16, c + k, cs, acc + nb);
+            UNROLL
+            for (int i = 0; i < MB * NB; i++)
+                DOT_KEEP(acc[i]);
         }
         if (k < K) {
             UNROLL
