@@ -40,6 +40,33 @@ def direct_row_limit(int ktype, int vtype, int level, int H, int units):
     return direct_rows(ktype, vtype, level, H, units)
 
 
+cdef int even_splits(int units, int most) noexcept nogil:
+    """Key chunks per unit when 0 < units < max(8, CPUs): at least s0 = ceil(max(8, CPUs) /
+    units) and at most 2 s0, the count whose units x chunks pieces share out most evenly over
+    the CPUs (pieces / (CPUs x ceil(pieces / CPUs)); the fewest chunks on a tie), each chunk of
+    >= 256 keys (at most `most` = Tmax // 256 chunks; at least 1).  On 2 CPUs 3 units take 4
+    chunks: 12 pieces, 6 a CPU (3 chunks: 9 pieces, 5 and 4 a CPU)."""
+    cdef int s0 = (_UNITS + units - 1) // units, top, s, best
+    cdef long long n, rounds, best_n = 0, best_rounds = 1
+    if most < 1:
+        return 1
+    if s0 > most:
+        s0 = most
+    top = 2 * s0 if 2 * s0 < most else most
+    best = s0
+    for s in range(s0, top + 1):
+        n = <long long>units * s
+        rounds = (n + _CPUS - 1) // _CPUS
+        if n * best_rounds > best_n * rounds:      # n / rounds above best_n / best_rounds
+            best, best_n, best_rounds = s, n, rounds
+    return best
+
+
+def decode_splits(int units, int Tmax):
+    """even_splits for tests: the automatic key chunks of `units` units (< max(8, CPUs))."""
+    return even_splits(units, Tmax // 256)
+
+
 cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, int row_limit,
                 int *q_block, int *kv_block, int *splits, int *ranges, bint *direct):
     """Tile sizes of the flash path and the split of decode work (see _attention.run: the
@@ -73,9 +100,8 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, in
         splits[0] = sp
     elif (S == 1 or direct[0]) and 0 < units < _UNITS:
         # fewer units than max(8, CPUs) leave cores idle or unevenly loaded: split every
-        # unit's keys so there are that many pieces, in chunks of >= 256 keys (no units, an
-        # empty batch: nothing to split)
-        splits[0] = max(1, min(-(-_UNITS // units), Tmax // 256))
+        # unit's keys (no units, an empty batch: nothing to split)
+        splits[0] = even_splits(units, Tmax // 256)
     elif S == 1 and units >= 2 * _CPUS:
         # one range per CPU, and each range's last unit in up to 4 chunks of >= 512 keys:
         # whole units keep their cache rows in one core's L2 from call to call, and the

@@ -5,11 +5,13 @@ import io
 import os
 import subprocess
 import sys
+from fractions import Fraction
 
 import pytest
 
 import gqa
 from gqa import _dispatch
+from gqa._plan import decode_splits, flash_plan
 
 BEST_FIRST = ("avx512", "avx2", "neon", "scalar")  # the issue's preference order
 ENV_NAMES = ("GQA_PATH", "GQA_KERNEL", "GQA_QKGEMM_S8_APPROX_VNNI", "ORT_MLAS_QKGEMM_S8_APPROX_VNNI",
@@ -90,6 +92,39 @@ def test_decode_plan_counts_the_cpus_this_process_may_use(tmp_path):
         r = run_python(code, tmp_path)
         assert r.returncode == 0, r.stderr
         assert r.stdout.split() == [str(k), "4", str(k)], (k, r.stdout)
+
+
+def _shared_out(units, splits, cpus):
+    """How evenly units x splits equal pieces share out over the CPUs: pieces / (CPUs x rounds)."""
+    n = units * splits
+    return Fraction(n, cpus * -(-n // cpus))
+
+
+def test_decode_plan_splits_few_units_evenly(tmp_path):
+    """Fewer units than max(8, CPUs): each unit's keys in at least ceil(max(8, CPUs) / units)
+    chunks (of >= 256 keys) and at most twice that, the count whose pieces share out most evenly
+    over the CPUs, the fewest on a tie.  The ceiling was once C division (-(-8 // 3) == 2): 3
+    units took 2 chunks and 5-7 units none, so on 2 CPUs 5 or 7 pieces left one CPU idle for
+    the last."""
+    cpus = gqa.get_config()["plan_cpus"]
+    for units in range(1, max(8, cpus)):
+        for T in (100, 700, 3001, 8192):
+            got = decode_splits(units, T)
+            assert flash_plan(1, 1, units, 2, 64, T)[2] == got
+            most = T // 256
+            if most < 1:
+                assert got == 1
+                continue
+            s0 = min(-(-max(8, cpus) // units), most)
+            want = max(range(s0, min(2 * s0, most) + 1), key=lambda s: (_shared_out(units, s, cpus), -s))
+            assert got == want, (units, T, cpus)
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) >= 2:     # on 2 CPUs: 3 units in 4 chunks (6 pieces a CPU), 5-7 in 2
+        code = (f"import os; os.sched_setaffinity(0, {allowed[:2]}); from gqa._plan import flash_plan; "
+                "print(*[flash_plan(1, 1, u, 3, 64, 8192)[2] for u in (3, 5, 6, 7)])")
+        r = run_python(code, tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["4", "2", "2", "2"]
 
 
 # ---------------------------------------------------------------- gqa.config
