@@ -46,25 +46,19 @@ cdef int even_splits(int units, int most) noexcept nogil:
     the CPUs (pieces / (CPUs x ceil(pieces / CPUs)); the fewest chunks on a tie), each chunk of
     >= 256 keys (at most `most` = Tmax // 256 chunks; at least 1).  On 2 CPUs 3 units take 4
     chunks: 12 pieces, 6 a CPU (3 chunks: 9 pieces, 5 and 4 a CPU)."""
-    cdef int s0 = (_UNITS + units - 1) // units, top, s, best
+    cdef int s0 = (_UNITS + units - 1) // units, top, s, best = 1
     cdef long long n, rounds, best_n = 0, best_rounds = 1
     if most < 1:
         return 1
     if s0 > most:
         s0 = most
     top = 2 * s0 if 2 * s0 < most else most
-    best = s0
     for s in range(s0, top + 1):
         n = <long long>units * s
         rounds = (n + _CPUS - 1) // _CPUS
         if n * best_rounds > best_n * rounds:      # n / rounds above best_n / best_rounds
             best, best_n, best_rounds = s, n, rounds
     return best
-
-
-def decode_splits(int units, int Tmax):
-    """even_splits for tests: the automatic key chunks of `units` units (< max(8, CPUs))."""
-    return even_splits(units, Tmax // 256)
 
 
 cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, int row_limit,
