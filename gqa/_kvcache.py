@@ -307,6 +307,8 @@ class KVCache:
         self._length = int(lengths.max())
         self._step_size = 0                       # S of the step in progress (0: none)
         self._step_new = None                     # its new positions per sequence
+        self._step_uniform = False                # ... all S (no lengths=)
+        self._step_total = 0                      # its total length T (_seqlens holds Tb - 1)
         self._in_step = [False] * self.num_layers  # layers that have had the step
         self._step_layers = 0
 
@@ -566,11 +568,13 @@ class KVCache:
         has, rows ``[0, lengths[b])`` (the rest is padding: its output rows are not defined);
         the sequences then hold different lengths (``lengths``), and every later step gives
         each sequence its S tokens at its own length."""
-        if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, numbers.Integral):
+        if type(layer) is not int and (isinstance(layer, (bool, np.bool_))
+                                       or not isinstance(layer, numbers.Integral)):
             raise TypeError(f"layer must be an int, got {type(layer).__name__}")
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
-        S = np.shape(query)[1] if np.ndim(query) == 3 else None
+        S = query.shape[1] if type(query) is np.ndarray and query.ndim == 3 else (
+            np.shape(query)[1] if np.ndim(query) == 3 else None)
         if S is None or S < 1:
             raise ValueError(f"query must be [B, S, {self.num_heads * self.head_size}] with S >= 1, "
                              f"got shape {np.shape(query)}")
@@ -581,19 +585,27 @@ class KVCache:
             raise ValueError(f"this step gives {self._step_size} tokens to the other layers; layer "
                              f"{layer} got {S}")
         self._check_step(query, key, value, S)
-        new = self._new_positions(S, lengths)
-        Tb = self._lengths + new
-        T = int(Tb.max())
-        if T > self.max_length:
-            raise ValueError(f"KVCache is full: {self._length} + {S} positions exceed max_length "
-                             f"({self.max_length}); reset() or truncate() it, or allocate more")
-        self._seqlens[:] = Tb - 1
+        if self._step_size:
+            # a later layer of the step: its lengths, total and _seqlens are the first layer's
+            if lengths is not None or not self._step_uniform:
+                self._new_positions(S, lengths)
+            T = self._step_total
+        else:
+            new = self._new_positions(S, lengths)
+            Tb = self._lengths + new
+            T = int(Tb.max())
+            if T > self.max_length:
+                raise ValueError(f"KVCache is full: {self._length} + {S} positions exceed max_length "
+                                 f"({self.max_length}); reset() or truncate() it, or allocate more")
+            self._seqlens[:] = Tb - 1
         out = self._run(layer, query, key, value, T)
         self._in_step[layer] = True
-        self._step_size, self._step_new = S, new
+        if not self._step_size:
+            self._step_size, self._step_new = S, new
+            self._step_uniform, self._step_total = lengths is None, T
         self._step_layers += 1
         if self._step_layers == self.num_layers:
-            self._set_lengths(Tb)
+            self._set_lengths(self._lengths + self._step_new)
         return out
 
     def _new_positions(self, S, lengths):
@@ -641,10 +653,10 @@ class KVCache:
         kc, vc = self.key[layer], self.value[layer]
         hk, hv = self.hp_key[layer], self.hp_value[layer]
         rk, rv = self.rotations[layer]
+        # op_call's inputs by position (query .. oscar_rotation_v): a keyword costs more
         return self.ops[layer](query, key, value, kc, vc, self._seqlens, T, self.cos_cache,
-                               self.sin_cache, k_scale=self.k_scales[layer],
-                               v_scale=self.v_scales[layer], past_hp_key=hk, past_hp_value=hv,
-                               oscar_rotation_k=rk, oscar_rotation_v=rv, present_key=kc,
+                               self.sin_cache, None, None, None, self.k_scales[layer],
+                               self.v_scales[layer], None, None, hk, hv, rk, rv, present_key=kc,
                                present_value=vc, present_hp_key=hk, present_hp_value=hv,
                                num_threads=self.num_threads)[0]
 
