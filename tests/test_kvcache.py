@@ -547,6 +547,35 @@ def test_ragged_prompts_give_each_sequence_what_it_gets_alone(mode):
         _cache(mode, B=Bn).attend(0, *prompt[0], lengths=[8, 1, 1])
 
 
+def test_a_steps_lengths_hold_for_all_its_layers():
+    """The lengths of a step are its first layer's: a later layer given other lengths, or none
+    where the first had them, or lengths where the first had none, is refused before anything
+    is written, and the step then goes on as it began."""
+    lens = [3, 1]
+    rng = np.random.default_rng(9)
+    u = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
+    step = [(u(2, 3, N * H), u(2, 3, NKV * H), u(2, 3, NKV * H)) for _ in range(L)]
+    c = _cache("int8-pc", B=2)
+    c.attend(0, *step[0], lengths=lens)
+    before = [a.copy() for a in c.key + c.value]
+    for bad in (None, [3, 2], [2, 1]):
+        with pytest.raises(ValueError, match=r"this step gives the other layers lengths \[3, 1\]"):
+            c.attend(1, *step[1], lengths=bad)
+    assert all(np.array_equal(a, b) for a, b in zip(c.key + c.value, before))
+    for li in range(1, L):
+        c.attend(li, *step[li], lengths=lens)
+    assert c.lengths.tolist() == lens
+    c = _cache("int8-pc", B=2)
+    c.attend(0, *step[0])
+    with pytest.raises(ValueError, match=r"this step gives the other layers lengths \[3, 3\]"):
+        c.attend(1, *step[1], lengths=lens)
+    for li in range(1, L):
+        c.attend(li, *step[li], lengths=[3, 3])
+    assert c.lengths.tolist() == [3, 3] and c.length == 3
+    with pytest.raises(ValueError, match="lengths= is for a prompt into an empty cache"):
+        c.attend(0, step[0][0][:, :1], step[0][1][:, :1], step[0][2][:, :1], lengths=[1, 1])
+
+
 def test_per_layer_windows():
     """local_window_size (and softcap, scale) may be given per layer: each layer's operator
     has its own, as Gemma's alternating sliding layers need."""
