@@ -176,6 +176,43 @@ class CallOverhead:
         op(*self.args, **self.kw)
 
 
+class KVCacheStep:
+    """One decode step of a 30-layer model through ``gqa.KVCache`` at T = 65 (SmolLM2-135M's
+    heads 9/3/64, INT8 per tensor): ``kvcache`` is 30 ``attend`` calls (each layer's
+    operator plus KVCache's own checks and bookkeeping), ``operator`` the same 30 kept
+    operators called by hand on the cache's buffers.  Both end with ``truncate(64)``, so every
+    step is at T = 65; the difference is what KVCache adds per step."""
+    params = (["kvcache", "operator"],)
+    param_names = ["side"]
+    timer = timeit.default_timer
+
+    def setup(self, side):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        n, nkv, h, layers = 9, 3, 64, 30
+        rng = np.random.default_rng(0)
+        self.c = gqa.KVCache(num_layers=layers, num_heads=n, kv_num_heads=nkv, head_size=h,
+                             max_length=128, mode="int8-pt", k_scales=np.full(1, 0.02, np.float32),
+                             v_scales=np.full(1, 0.02, np.float32))
+        u = lambda *s: rng.uniform(-0.5, 0.5, s).astype(np.float32)  # noqa: E731
+        prompt = (u(1, 64, n * h), u(1, 64, nkv * h), u(1, 64, nkv * h))
+        for li in range(layers):
+            self.c.attend(li, *prompt)
+        self.step = (u(1, 1, n * h), u(1, 1, nkv * h), u(1, 1, nkv * h))
+        self.seqlens = np.array([64], np.int32)
+
+    def time_step(self, side):
+        c, (q, k, v) = self.c, self.step
+        if side == "kvcache":
+            for li in range(c.num_layers):
+                c.attend(li, q, k, v)
+        else:
+            for li in range(c.num_layers):
+                c.ops[li](q, k, v, c.key[li], c.value[li], self.seqlens, 65, k_scale=c.k_scales[li],
+                          v_scale=c.v_scales[li], present_key=c.key[li], present_value=c.value[li])
+        c.truncate(64)
+
+
 class Prefill:
     """A first prompt S = T (causal)."""
     params = (PATHS, list(MODES), [512, 2048])
