@@ -142,7 +142,7 @@ class BuildExt(build_ext):
         paths = X86_PATHS if arch == "x86_64" else ARM_PATHS if arch == "aarch64" else {}
         units = X86_UNITS if arch == "x86_64" else ARM_UNITS if arch == "aarch64" else {}
         compiled = ["scalar"]
-        jobs = []          # (sources, flags) of every kernel TU, in link order
+        jobs = []          # (source, flags) of every kernel TU, in link order
         units_built = []   # (unit, its define): dispatch.c sees the defines too
         for name, (src, flags, snippet) in paths.items():
             if not os.path.exists(os.path.join(SRC, src)):
@@ -202,6 +202,7 @@ class BuildExt(build_ext):
             done = {i: pool.submit(one, jobs[i])
                     for i in sorted(range(len(jobs)), key=lambda i: -os.path.getsize(jobs[i][0]))}
             return [o for i in range(len(jobs)) for o in done[i].result()]
+
 
 def ext(name, *extra_sources):
     return Extension(f"gqa.{name}", [f"gqa/{name}.pyx", *extra_sources], depends=HEADERS + PXI,
