@@ -88,6 +88,11 @@ def _machine():
     return m
 
 
+def _cpus():
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _probe(compiler_cmd, code, flags, run=False):
     """Compile (and link, and optionally run) `code` with `flags`; True on success."""
     tmp = tempfile.mkdtemp(prefix="gqa-probe-")
@@ -191,8 +196,7 @@ class BuildExt(build_ext):
             src, flags = job
             return self.compiler.compile([src], output_dir=self.build_temp, include_dirs=[SRC],
                                          extra_postargs=flags, depends=HEADERS)
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        workers = self.parallel if isinstance(self.parallel, int) and self.parallel > 1 else cpus
+        workers = self.parallel if isinstance(self.parallel, int) and self.parallel > 1 else _cpus()
         workers = min(workers, len(jobs)) if parallel else 1
         if workers <= 1:
             return [o for job in jobs for o in one(job)]
@@ -226,6 +230,8 @@ setup(
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False,
                              "cdivision": True, "initializedcheck": False},
         compile_time_env={},
+        # the .pyx modules side by side (forked workers: Linux only)
+        nthreads=_cpus() if sys.platform.startswith("linux") else 0,
     ),
     cmdclass={"build_ext": BuildExt},
 )
