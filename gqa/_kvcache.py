@@ -573,11 +573,11 @@ class KVCache:
             raise TypeError(f"layer must be an int, got {type(layer).__name__}")
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
-        S = query.shape[1] if type(query) is np.ndarray and query.ndim == 3 else (
-            np.shape(query)[1] if np.ndim(query) == 3 else None)
+        shape = np.shape(query)
+        S = shape[1] if len(shape) == 3 else None
         if S is None or S < 1:
             raise ValueError(f"query must be [B, S, {self.num_heads * self.head_size}] with S >= 1, "
-                             f"got shape {np.shape(query)}")
+                             f"got shape {shape}")
         if self._in_step[layer]:
             raise ValueError(f"layer {layer} already holds this step's tokens: give every layer the "
                              "step once (length advances when the last layer has it)")
@@ -585,7 +585,8 @@ class KVCache:
             raise ValueError(f"this step gives {self._step_size} tokens to the other layers; layer "
                              f"{layer} got {S}")
         self._check_step(query, key, value, S)
-        if self._step_size:
+        first = not self._step_size
+        if not first:
             # a later layer of the step: its lengths, total and _seqlens are the first layer's
             if lengths is not None or not self._step_uniform:
                 self._new_positions(S, lengths)
@@ -600,7 +601,7 @@ class KVCache:
             self._seqlens[:] = Tb - 1
         out = self._run(layer, query, key, value, T)
         self._in_step[layer] = True
-        if not self._step_size:
+        if first:
             self._step_size, self._step_new = S, new
             self._step_uniform, self._step_total = lengths is None, T
         self._step_layers += 1
