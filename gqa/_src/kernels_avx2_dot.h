@@ -61,16 +61,6 @@ void DOT_ENTRY(gqa_sv_gemm_g_dot_)(size_t M, size_t N, size_t K, const float *A,
 #define DOT_MADD(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
 #endif
 
-/* Keeps a loop-carried accumulator in one register across a step of the QK loops (an empty asm,
-   no instruction).  Without it GCC 12 gives a step's sums new registers and copies them back:
-   the INT8 qk_3x4 inner loop was 52 instructions, 16 of them vmovdqa, and is 39 with 3.  The
-   P @ V blocks keep their sums without it (there it adds copies). */
-#if defined(__AVX512VL__)
-#define DOT_KEEP(v) __asm__("" : "+v"(v))
-#else
-#define DOT_KEEP(v) __asm__("" : "+x"(v))
-#endif
-
 /* The first min(n, 8) lanes all ones: a maskload mask. */
 INLINE __m256i lanes8(size_t n)
 {
