@@ -1125,7 +1125,9 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has
             # them (not with causal float windows' staged tiles)
             p.tiles = tile_kernels(accuracy, H) if not p.hstage else NULL
-            p.direct = direct and p.tiles == NULL and p.fk == NULL and p.Br == S
+            p.direct = direct and p.fk == NULL and p.Br == S
+            if p.direct:        # the plan left these rows to the decode kernels (step_rows)
+                p.tiles = NULL
             nq = (S + p.Br - 1) // p.Br
             if p.direct:
                 nq = 1

@@ -28,6 +28,7 @@ cdef extern from "gqa_kernels.h" nogil:
     ctypedef struct gqa_tiles:
         const char *name
         int rows
+        int steps_direct
         void (*begin)() noexcept nogil
         void (*end)() noexcept nogil
         void (*pack_rows)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
@@ -75,6 +76,9 @@ cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil
 cdef const gqa_tiles *tile_kernels(int level, int H) noexcept nogil
 # Their `rows` (the flash plan's query tile on them), 0 where tile_kernels is NULL.
 cdef int tile_rows(int level, int H) noexcept nogil
+# What they leave multi-token steps of few rows (_plan.step_rows): 0 no tiles, 1 tiles that take
+# every step, 2 tiles that leave few rows to the decode kernels (gqa_tiles.steps_direct).
+cdef int tile_steps(int level, int H) noexcept nogil
 # OpenMP's default team size (omp_get_max_threads), 1 in a build without OpenMP.
 cdef int omp_max_threads() noexcept nogil
 # The table's exp_sum, or the scalar path's where the table has none.

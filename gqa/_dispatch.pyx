@@ -93,6 +93,11 @@ cdef int tile_rows(int level, int H) noexcept nogil:
     return x.rows if x != NULL else 0
 
 
+cdef int tile_steps(int level, int H) noexcept nogil:
+    cdef const gqa_tiles *x = tile_kernels(level, H)
+    return 0 if x == NULL else (2 if x.steps_direct else 1)
+
+
 cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.sv_s8

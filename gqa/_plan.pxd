@@ -5,3 +5,4 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, in
 # heads of H columns and `units` (batch, KV head) pairs runs on the decode kernels (_plan's
 # `direct`).
 cdef int direct_rows(int ktype, int vtype, int level, int H, int units) noexcept nogil
+cdef int step_rows(int ktype, int vtype, int level, int H, int units, int tiles) noexcept nogil

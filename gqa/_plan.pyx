@@ -40,6 +40,28 @@ def direct_row_limit(int ktype, int vtype, int level, int H, int units):
     return direct_rows(ktype, vtype, level, H, units)
 
 
+cdef int step_rows(int ktype, int vtype, int level, int H, int units, int tiles) noexcept nogil:
+    """Query rows up to which a multi-token step runs on the decode kernels (_plan's row_limit),
+    `tiles` as _dispatch.tile_steps gives them.  Without matrix tiles: direct_rows.  Tiles that
+    take every step (AMX, BFDOT: not timed against the decode kernels): 0.  AVX-512 BF16
+    (steps_direct): level 3's direct_rows at levels 3 and 4 -- where the decode kernels beat float32
+    tiles with float32 products -- since bfloat16 tiles run about twice the float32 ones (AMD EPYC
+    Zen 4, steps of 2-8 tokens at T = 8192, the six shapes of bench --shape real, INT8 per tensor,
+    INT4 g32 and float caches: within the limit the decode kernels 1.0-3.8x faster than the
+    bfloat16 tiles but in 4 of 45 cases, 1.1-1.3x slower; above it the tiles 1.0-1.5x faster but
+    in 3 of 27 cases, 1.0-1.2x slower; level 4's own wider limits on those kernels lost up to 1.4x)."""
+    if tiles == 0:
+        return direct_rows(ktype, vtype, level, H, units)
+    if tiles == 1:
+        return 0
+    return direct_rows(ktype, vtype, level if level < 3 else 3, H, units)
+
+
+def step_row_limit(int ktype, int vtype, int level, int H, int units, int tiles):
+    """step_rows (for the tests)."""
+    return step_rows(ktype, vtype, level, H, units, tiles)
+
+
 cdef int even_splits(int units, int most) noexcept nogil:
     """Key chunks per unit when 0 < units < max(8, CPUs): at least s0 = ceil(max(8, CPUs) /
     units) and at most 2 s0, the count whose units x chunks pieces share out most evenly over
@@ -72,8 +94,8 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, in
     Where the tiles' GEMMs run on bfloat16 tiles, tile_rows (> 0: the tiles' own `rows`,
     256 on AMX, 512 on AVX-512 BF16) rows, since packing each K/V tile costs as much as many
     rows of its GEMMs, and K/V tiles of twice the keys (bfloat16 pairs: half the bytes).
-    `direct`: a multi-token step of S x G <= row_limit rows (direct_rows: the cache's) without
-    matrix tiles is one query tile of all S rows on the decode kernels (attend_direct), its
+    `direct`: a multi-token step of S x G <= row_limit rows (step_rows: the cache's and the
+    tiles') is one query tile of all S rows on the decode kernels (attend_direct), its
     keys in blocks of DIRECT_KEYS (flash_blocks' key rows where set) and, as a decode step's,
     in `splits` chunks where the units are fewer than max(8, CPUs)."""
     cdef int units = B * Nkv
@@ -83,7 +105,7 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, in
     else:
         kv_block[0] = max(16, min(256, <int>(_L2 // ((32 if tile_rows else 64) * H))))
         q_block[0] = max(4, (tile_rows if tile_rows else 128) // G)
-    direct[0] = S > 1 and tile_rows == 0 and <long long>S * G <= row_limit
+    direct[0] = S > 1 and <long long>S * G <= row_limit
     if direct[0]:
         q_block[0] = S
         kv_block[0] = blocks[1] if blocks is not None else DIRECT_KEYS

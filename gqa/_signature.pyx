@@ -29,8 +29,8 @@ from gqa cimport _window
 from gqa._checks cimport (INT32_MAX, _array, _ready, _f32, _contiguous, _total_length, _threads,
                           _finite, _finite_scale, _orthogonal, _side_format, _rotary, _present,
                           apart)
-from gqa._dispatch cimport GQA_F32, GQA_F16, tile_rows
-from gqa._plan cimport _plan, direct_rows
+from gqa._dispatch cimport GQA_F32, GQA_F16, tile_rows, tile_steps
+from gqa._plan cimport _plan, step_rows
 from gqa import _config
 
 cnp.import_array()
@@ -525,7 +525,7 @@ cdef class Signature:
                                      f"{x.shape}")
         nt = _threads(num_threads)
         _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(level, H),
-              direct_rows(p.ktype, p.vtype, level, H, B * Nkv), &q_block, &kv_block,
+              step_rows(p.ktype, p.vtype, level, H, B * Nkv, tile_steps(level, H)), &q_block, &kv_block,
               &splits, &ranges, &direct)
         phk, phv, rot_k, rot_v, hpk, hpv = ext
         hp_rows = 0
@@ -704,7 +704,7 @@ cdef class Signature:
             _window.move_rows(work_k, &z[0], past_key, &l[1, 0], &l[0, 0], B, Nkv)
             _window.move_rows(work_v, &z[0], past_value, &l[1, 0], &l[0, 0], B, Nkv)
         _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(level, p.H),
-              direct_rows(p.ktype, p.vtype, level, p.H, B * Nkv), &q_block, &kv_block,
+              step_rows(p.ktype, p.vtype, level, p.H, B * Nkv, tile_steps(level, p.H)), &q_block, &kv_block,
               &splits,
               &ranges, &direct)
         dims[0] = B; dims[1] = S; dims[2] = p.N * p.H

@@ -10,7 +10,7 @@ import pytest
 import gqa
 from _cases import make_case
 from _flash import TOL, MODES, MODE_IDS, flash_vs_naive
-from gqa._plan import flash_plan, direct_row_limit
+from gqa._plan import flash_plan, direct_row_limit, step_row_limit
 
 F32 = np.float32
 
@@ -22,7 +22,7 @@ def test_the_plan_takes_small_steps_direct():
     assert direct and q_block == 4 and kv_block == 256 and splits == 4 and ranges == 2
     assert flash_plan(1, 4, 2, 2, 64, 8192, 0, 7)[4] is False         # 8 rows > 7
     assert flash_plan(1, 1, 2, 2, 64, 8192, 0, 64)[4] is False        # a decode step
-    assert flash_plan(1, 4, 2, 2, 64, 8192, 256, 64)[4] is False      # matrix tiles
+    assert flash_plan(1, 4, 2, 2, 64, 8192, 512, 8)[:3] == (4, 256, 4)   # rows the tiles leave
     assert flash_plan(8, 4, 2, 2, 64, 8192, 0, 64)[2:] == (1, 16, True)   # 16 units: whole
     with gqa.config(flash_blocks=(2, 16), decode_splits=3):
         assert flash_plan(1, 4, 2, 2, 64, 8192, 0, 8) == (4, 16, 3, 2, True)
@@ -38,6 +38,18 @@ def test_the_row_limits():
     assert direct_row_limit(F32_, F32_, 0, 256, 16) == 32 and direct_row_limit(F32_, F32_, 0, 8, 16) == 4
     assert direct_row_limit(G4, G4, 0, 64, 1) == 8 and direct_row_limit(G4, G4, 4, 256, 16) == 16
     assert direct_row_limit(S8, G4, 0, 128, 8) == 8 and direct_row_limit(F32_, S8, 4, 128, 8) == 16
+
+
+def test_the_row_limits_with_matrix_tiles():
+    """step_rows: without tiles (0) direct_rows; tiles that take every step (1: AMX, BFDOT) none;
+    AVX-512 BF16 (2) level 3's limit at levels 3 and 4, the levels with tiles."""
+    S8, F32_, G4 = 0, 4, 7 | (32 << 8)
+    for args in [(S8, S8, 4, 128, 8), (S8, S8, 0, 64, 3), (F32_, F32_, 3, 256, 16), (G4, G4, 4, 64, 1)]:
+        assert step_row_limit(*args, 0) == direct_row_limit(*args)
+        assert step_row_limit(*args, 1) == 0
+    assert step_row_limit(S8, S8, 4, 128, 8, 2) == 24 == step_row_limit(S8, S8, 3, 128, 8, 2)
+    assert step_row_limit(S8, S8, 4, 64, 3, 2) == 24 and step_row_limit(G4, G4, 4, 64, 1, 2) == 8
+    assert step_row_limit(F32_, S8, 4, 128, 8, 2) == 16 == step_row_limit(F32_, S8, 4, 128, 8, 0)
 
 
 FEATURES = {

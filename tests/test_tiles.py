@@ -264,6 +264,31 @@ def test_torch_between_calls():
         assert np.array_equal(ours(), first)
 
 
+@pytest.mark.parametrize("mode", ["int8-pt", "float", "int4-g32"])
+def test_steps_of_few_rows(tiles, mode):
+    """A step of 2 tokens (6 rows per KV head, within level 3's limits: 8 rows for per-group
+    codes, 16 for float rows, 24 for INT8 per tensor at these heads and units):
+    AVX-512 BF16 leaves it to the decode kernels -- level 3 gives level 1's bits, level 4 those
+    of level 4 without tiles --, AMX and BFDOT run it on their tiles (not level 1's bits).  A
+    step of 30 tokens (90 rows) runs on the tiles everywhere."""
+    H, past = 64, 60
+    rng = np.random.default_rng(19)
+    x = lambda n, w: rng.uniform(-1, 1, (1, n, w * H)).astype(F32)  # noqa: E731
+    prompt = (x(past, N), x(past, NKV), x(past, NKV))
+    for S in (2, 30):
+        step = (x(S, N), x(S, NKV), x(S, NKV))
+        outs = {}
+        for level, name in ((1, tiles), (3, tiles), (4, tiles), (4, False)):
+            c, _ = _cache(mode, H, past + S, level, np.random.default_rng(20))
+            with gqa.config(tiles=name):
+                c.attend(0, *prompt)
+                outs[level, name] = c.attend(0, *step)
+        direct = S == 2 and tiles == "avx512bf16"
+        assert np.array_equal(outs[3, tiles], outs[1, tiles]) == direct
+        if direct:
+            assert np.array_equal(outs[4, tiles], outs[4, False])
+
+
 def test_tiles_setting_is_checked():
     """gqa.config(tiles=): a bool or the name of tiles this build has and this CPU runs."""
     with pytest.raises(TypeError, match="tiles"):

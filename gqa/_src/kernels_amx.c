@@ -142,6 +142,7 @@ static void gemm_amx(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda
 const gqa_tiles gqa_tiles_amx = {"amx",
                                  GQA_CPU_AMX | GQA_CPU_AVX512BF16,
                                  512, /* Sapphire Rapids: S = 2048, 5 % faster than 256 (K / V packed half as often) */
+                                 0,   /* steps of few rows: not timed against the decode kernels here */
                                  permit_amx,
                                  begin_amx,
                                  end_amx,

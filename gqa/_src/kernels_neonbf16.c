@@ -243,6 +243,7 @@ static void nothing(void) {}
 const gqa_tiles gqa_tiles_neonbf16 = {"neonbf16",
                                       GQA_CPU_BF16,
                                       512, /* the query tile of the other tiles; not timed on Arm */
+                                      0,   /* not timed on Arm */
                                       permit_none,
                                       nothing,
                                       nothing,
