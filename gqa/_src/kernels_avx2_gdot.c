@@ -121,6 +121,13 @@ INLINE void gqk_meta4(const uint8_t *const *r, size_t cb, size_t j, int f16, __m
 
 #define GQK_PF 4096
 
+/* Lanes of a QK block (rows x keys): 16 where the unit has 32 vector registers (the avx512vnni
+   build: GQK_WIDE, four rows take four keys a block), else 12. */
+#ifndef GQK_WIDE
+#define GQK_WIDE 0
+#endif
+#define GQK_L (GQK_WIDE ? 16 : 12)
+
 /* Group j's finish for the block's lanes (rows r of B): S[q] += s * float(D) + z * float(A_j) in
    the contract's order, with dj[q] the quad's four D_j.  The scales and zeros of the lanes' keys:
    keys 0-3 (NB >= 4: every quad of NB = 4; NB = 2: keys 0, 1, 0, 1), keys 4-7 (NB = 8). */
@@ -136,9 +143,9 @@ INLINE void gqk_group(const int MB, const int NB, const uint8_t *const *r, size_
     }
     UNROLL
     for (int q = 0; q < MB * NB / 4; q++) {
-        const int h = NB == 8 ? q : 0;
+        const int h = NB == 8 ? q % 2 : 0;
         const __m128 t = _mm_add_ps(_mm_mul_ps(s[h], _mm_cvtepi32_ps(dj[q])),
-                                    _mm_mul_ps(z[h], _mm_loadu_ps(aq + j * 12 + 4 * q)));
+                                    _mm_mul_ps(z[h], _mm_loadu_ps(aq + j * GQK_L + 4 * q)));
         S[q] = _mm_add_ps(S[q], t);
     }
 }
@@ -146,7 +153,7 @@ INLINE void gqk_group(const int MB, const int NB, const uint8_t *const *r, size_
 /* C[mb, n] for rows mb < MB of the codes c (stride cs) and the N rows of B, NB rows at a time (a
    last partial block repeats B's last row and stores only its own).  Lane i of quad q (the
    accumulators 4q .. 4q + 3) is row (4q + i) / NB and key (4q + i) % NB; mq[q] their
-   multipliers, aq[j * 12 + l] lane l's float(A_j). */
+   multipliers, aq[j * GQK_L + l] lane l's float(A_j). */
 INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t *c, size_t cs, const uint8_t *B,
                       size_t N, size_t K, int type, const __m128 *mq, const float *aq, float *C, size_t ldc)
 {
@@ -162,13 +169,13 @@ INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t 
         UNROLL
         for (int nb = 0; nb < NB; nb++)
             r[nb] = B + (n + ((size_t)nb < nv ? (size_t)nb : nv - 1)) * rb;
-        __m128 S[3];
+        __m128 S[GQK_L / 4];
         UNROLL
         for (int q = 0; q < NQ; q++)
             S[q] = _mm_setzero_ps();
         const char *pf = (const char *)r[0] + GQK_PF;
         for (size_t j = 0; j < J; j += (size_t)span) {
-            __m256i acc[12];
+            __m256i acc[GQK_L];
             UNROLL
             for (int i = 0; i < MB * NB; i++)
                 acc[i] = _mm256_setzero_si256();
@@ -184,12 +191,12 @@ INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t 
             }
             /* each quad's four sums per group: both halves of the accumulators (span 1), or the
                low halves for group j and the high ones for j + 1 (span 2) */
-            __m256i d[3];
+            __m256i d[GQK_L / 4];
             UNROLL
             for (int q = 0; q < NQ; q++)
                 d[q] = hsum4_halves(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
             for (int h = 0; h < span; h++) {
-                __m128i dj[3];
+                __m128i dj[GQK_L / 4];
                 UNROLL
                 for (int q = 0; q < NQ; q++)
                     dj[q] = span == 2 ? (h ? _mm256_extracti128_si256(d[q], 1) : _mm256_castsi256_si128(d[q]))
@@ -197,7 +204,7 @@ INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t 
                 gqk_group(MB, NB, r, cb, j + (size_t)h, f16, dj, aq, S);
             }
         }
-        float out[12];
+        float out[GQK_L];
         UNROLL
         for (int q = 0; q < NQ; q++)
             qk_store_lanes(MB, NB, 4 * q, _mm_mul_ps(S[q], mq[q]), nv, C, ldc, n, out);
@@ -211,24 +218,33 @@ INLINE void gqk_block(const int MB, const int NB, const int KIND, const int16_t 
     {                                                                                                 \
         gqk_block(MB, NB, KIND, c, cs, B, N, K, type, mq, aq, C, ldc);                                \
     }
-/* rows of A x rows of B per block (the INT8 unit's): 1x8 2x4 3x4 4x2 */
-#define GQK_KIND(KIND)                                                                                \
-    GQK_INST(1, 8, KIND) GQK_INST(2, 4, KIND) GQK_INST(3, 4, KIND) GQK_INST(4, 2, KIND)               \
-    static const gqk_fn gqk_blocks_##KIND[5] = {NULL, gqk_1x8_##KIND, gqk_2x4_##KIND, gqk_3x4_##KIND,  \
-                                                gqk_4x2_##KIND};
+/* rows of A x rows of B per block (the INT8 unit's): 1x8 2x4 3x4 4x2; GQK_WIDE 4x4 */
+#if GQK_WIDE
+#define GQK_NB2 8
+#define GQK_NB4 4
+#else
+#define GQK_NB2 4
+#define GQK_NB4 2
+#endif
+#define GQK_KIND_(KIND, NB2, NB4)                                                                     \
+    GQK_INST(1, 8, KIND) GQK_INST(2, NB2, KIND) GQK_INST(3, 4, KIND) GQK_INST(4, NB4, KIND)           \
+    static const gqk_fn gqk_blocks_##KIND[5] = {NULL, gqk_1x8_##KIND, gqk_2x##NB2##_##KIND,           \
+                                                gqk_3x4_##KIND, gqk_4x##NB4##_##KIND};
+#define GQK_KIND__(KIND, NB2, NB4) GQK_KIND_(KIND, NB2, NB4)
+#define GQK_KIND(KIND) GQK_KIND__(KIND, GQK_NB2, GQK_NB4)
 typedef void (*gqk_fn)(const int16_t *, size_t, const uint8_t *, size_t, size_t, int, const __m128 *, const float *,
                        float *, size_t);
 GQK_KIND(2) GQK_KIND(1) GQK_KIND(3) GQK_KIND(4) /* DOT_U8, DOT_U4, DOT_U2, GQK_U2W */
 static const gqk_fn *const gqk_blocks[5] = {NULL, gqk_blocks_1, gqk_blocks_2, gqk_blocks_3, gqk_blocks_4};
-static const int gqk_nb[5] = {0, 8, 4, 4, 2};
+static const int gqk_nb[5] = {0, 8, GQK_NB2, 4, GQK_NB4};
 
 /* Rows m < mb (codes c, stride cs; mult[m]; asum[m * J + j] = A_j) against all of B. */
 static void gqk_rows(int mb, int kind, const int16_t *c, size_t cs, const float *mult, const int32_t *asum, size_t J,
                      const uint8_t *B, size_t N, size_t K, int type, float *C, size_t ldc)
 {
     const int nb = gqk_nb[mb];
-    __m128 mq[3];
-    float aq[DOT_QK_K / 32 * 12];
+    __m128 mq[GQK_L / 4];
+    float aq[DOT_QK_K / 32 * GQK_L];
     for (int q = 0; q < mb * nb / 4; q++) {
         float m4[4];
         for (int i = 0; i < 4; i++)
@@ -237,7 +253,7 @@ static void gqk_rows(int mb, int kind, const int16_t *c, size_t cs, const float 
     }
     for (size_t j = 0; j < J; j++)
         for (int l = 0; l < mb * nb; l++)
-            aq[j * 12 + l] = (float)asum[(l / nb) * J + j];
+            aq[j * GQK_L + l] = (float)asum[(l / nb) * J + j];
     gqk_blocks[kind][mb](c, cs, B, N, K, type, mq, aq, C, ldc);
 }
 

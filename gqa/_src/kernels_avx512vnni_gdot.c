@@ -10,6 +10,7 @@
  * (GQA_EMULATE_AVX512) takes vpdpwssd from SIMDe.
  */
 #define GQA_DOT_VNNI
+#define GQK_WIDE 1 /* 32 vector registers: QK blocks of four rows take four keys */
 #define DOT_UNIT avx512vnni
 #define DOT_EXACT gqa_kernels_avx512
 #include "kernels_avx2_gdot.c"
