@@ -10,7 +10,7 @@
  * (GQA_EMULATE_AVX512) takes vpdpwssd from SIMDe.
  */
 #define GQA_DOT_VNNI
-#define GQK_WIDE 1 /* 32 vector registers: QK blocks of four rows take four keys */
+#define GQK_WIDE 1 /* 32 vector registers: QK blocks of 2 rows x 8 keys and 4 x 4 */
 #define DOT_UNIT avx512vnni
 #define DOT_EXACT gqa_kernels_avx512
 #include "kernels_avx2_gdot.c"
