@@ -360,19 +360,21 @@ INLINE void dot_block(const int MB, const int S4, const int16_t *c, size_t cs, c
         /* lanes mb NB .. mb NB + nv - 1 -> C[mb, n ..]: a full block's rows as 128-bit lanes (4 rows)
            or 256-bit halves (2), the others permuted (with vcompressps here and without DOT_KEEP,
            Zen 4's INT8 QK of 4 rows, H = 64, ran 1.16x slower) */
-        UNROLL
-        for (int mb = 0; mb < MB; mb++) {
-            float *row = C + mb * ldc + n;
-            if (MB == 4 && nv == 4)
-                _mm_storeu_ps(row, _mm512_extractf32x4_ps(v, mb));
-            else if (MB == 2 && nv == 8)
-                _mm256_storeu_ps(row, mb ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))
-                                         : _mm512_castps512_ps256(v));
-            else if (mb == 0)
-                _mm512_mask_storeu_ps(row, mask16(nv), v);
-            else
-                _mm512_mask_storeu_ps(row, mask16(nv), _mm512_permutexvar_ps(_mm512_add_epi32(
-                    _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(mb * NB)), v));
+        if (MB == 4 && nv == 4) {
+            _mm_storeu_ps(C + n, _mm512_castps512_ps128(v));
+            _mm_storeu_ps(C + ldc + n, _mm512_extractf32x4_ps(v, 1));
+            _mm_storeu_ps(C + 2 * ldc + n, _mm512_extractf32x4_ps(v, 2));
+            _mm_storeu_ps(C + 3 * ldc + n, _mm512_extractf32x4_ps(v, 3));
+        } else if (MB == 2 && nv == 8) {
+            _mm256_storeu_ps(C + n, _mm512_castps512_ps256(v));
+            _mm256_storeu_ps(C + ldc + n, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        } else {
+            UNROLL
+            for (int mb = 0; mb < MB; mb++)
+                _mm512_mask_storeu_ps(C + mb * ldc + n, mask16(nv),
+                                      mb ? _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                                                  _mm512_set1_epi32(mb * NB)), v)
+                                         : v);
         }
     }
 }
