@@ -359,7 +359,7 @@ INLINE void dot_block(const int MB, const int S4, const int16_t *c, size_t cs, c
         const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hsum16x16_epi32(acc), vcq)), vmu);
         /* lanes mb NB .. mb NB + nv - 1 -> C[mb, n ..]: a full block's rows as 128-bit lanes (4 rows)
            or 256-bit halves (2), the others permuted (with vcompressps here and without DOT_KEEP,
-           Zen 4's INT8 QK of 4 rows, H = 64, ran 1.16x slower) */
+           Zen 4's INT8 QK of 4 rows, H = 64, ran 1.13x slower) */
         if (MB == 4 && nv == 4) {
             _mm_storeu_ps(C + n, _mm512_castps512_ps128(v));
             _mm_storeu_ps(C + ldc + n, _mm512_extractf32x4_ps(v, 1));
