@@ -131,7 +131,8 @@ INLINE void gqk_meta4(const uint8_t *const *r, size_t cb, size_t j, int f16, __m
 
 /* Group j's finish for the block's lanes (rows r of B): S[q] += s * float(D) + z * float(A_j) in
    the contract's order, with dj[q] the quad's four D_j.  The scales and zeros of the lanes' keys:
-   keys 0-3 (NB >= 4: every quad of NB = 4; NB = 2: keys 0, 1, 0, 1), keys 4-7 (NB = 8). */
+   keys 0-3 (NB >= 4: every quad of NB = 4; NB = 2: keys 0, 1, 0, 1), keys 4-7 (NB = 8: the odd
+   quads). */
 INLINE void gqk_group(const int MB, const int NB, const uint8_t *const *r, size_t cb, size_t j, int f16,
                       const __m128i *dj, const float *aq, __m128 *S)
 {

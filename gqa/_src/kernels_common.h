@@ -1,7 +1,7 @@
 /*
  * kernels_common.h -- scalar building blocks shared by every path's TU:
  * the exact quantizer, nibble access, binary16 conversion and the scalar
- * element decoder.  Everything is `static inline` so that each TU keeps its
+ * element decoder (and DOT_KEEP, the integer-dot loops' register pin).  Everything is `static inline` so that each TU keeps its
  * own copy compiled under its own flags; none of it contains an addition
  * that could be contracted into an FMA, so the quantized codes are identical
  * whichever TU computes them.
