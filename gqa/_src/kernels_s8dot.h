@@ -2,7 +2,7 @@
  * kernels_s8dot.h -- what the AVX-512 units implementing accuracy level 4's integer-dot
  * contracts (kernels_s8dot_contract.h) share: the quantization of query rows and probability
  * rows to 15-bit codes and the float finish of P @ V.  Included by kernels_avx512vnni.c
- * (vpdpwssd) and kernels_amxint8.c (AMX INT8 tiles), both compiled with the avx512 path's
+ * (vpdpwssd, vpdpbusd) and kernels_amxint8.c (AMX INT8 tiles), both compiled with the avx512 path's
  * flags; the two give the same results bit for bit.
  */
 #ifndef GQA_KERNELS_S8DOT_H
