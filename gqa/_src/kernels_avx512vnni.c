@@ -357,15 +357,10 @@ INLINE void dot_block(const int MB, const int S4, const int16_t *c, size_t cs, c
             }
         }
         const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hsum16x16_epi32(acc), vcq)), vmu);
-        /* lanes mb NB .. mb NB + nv - 1 -> C[mb, n ..]: a full block's rows as 128-bit lanes (4 rows)
-           or 256-bit halves (2), the others permuted (with vcompressps here and without DOT_KEEP,
-           Zen 4's INT8 QK of 4 rows, H = 64, ran 1.13x slower) */
-        if (MB == 4 && nv == 4) {
-            _mm_storeu_ps(C + n, _mm512_castps512_ps128(v));
-            _mm_storeu_ps(C + ldc + n, _mm512_extractf32x4_ps(v, 1));
-            _mm_storeu_ps(C + 2 * ldc + n, _mm512_extractf32x4_ps(v, 2));
-            _mm_storeu_ps(C + 3 * ldc + n, _mm512_extractf32x4_ps(v, 3));
-        } else if (MB == 2 && nv == 8) {
+        /* lanes mb NB .. mb NB + nv - 1 -> C[mb, n ..]: a full block of 2 rows as 256-bit halves,
+           the others permuted (with vcompressps here and without DOT_KEEP, Zen 4's INT8 QK of 4
+           rows, H = 64, ran 1.13x slower, before those rows moved to kl_block) */
+        if (MB == 2 && nv == 8) {
             _mm256_storeu_ps(C + n, _mm512_castps512_ps256(v));
             _mm256_storeu_ps(C + ldc + n, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
         } else {
@@ -515,8 +510,7 @@ typedef void (*kl_fn)(const int8_t *, const int8_t *, const int8_t *, size_t, si
     {                                                                                                  \
         dot_block(MB, S4, c, cs, B, rb, N, K, mult, corr, C, ldc);                                     \
     }
-DOT_INST(1, 0) DOT_INST(2, 0) DOT_INST(3, 0) DOT_INST(4, 0) DOT_INST(1, 1) DOT_INST(2, 1) DOT_INST(3, 1)
-DOT_INST(4, 1)
+DOT_INST(1, 0) DOT_INST(2, 0) DOT_INST(1, 1) /* the rows kl_block leaves */
 typedef void (*dot_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, size_t, const float *,
                        const int32_t *, float *, size_t);
 
@@ -533,9 +527,12 @@ static int32_t code_sum(const int16_t *c, size_t n)
 void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                                    const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    static const dot_fn blocks[2][5] = {{NULL, dot_1_0, dot_2_0, dot_3_0, dot_4_0},
-                                        {NULL, dot_1_1, dot_2_1, dot_3_1, dot_4_1}};
+    /* consecutive rows: keys across the lanes where kl_blocks has them -- 3-4 rows, and 2 of INT4
+       (Zen 4, one thread, 8192 keys, against dot_block: INT8 3-8 rows 1.16-1.34x at H = 64-128,
+       1.00-1.04x at 256, 2 rows 0.83-1.04x; INT4 2 rows 1.08-1.51x, 4 rows 1.06-1.42x) --, else
+       dot_block */
     static const kl_fn kl_blocks[2][5] = {{NULL, NULL, NULL, kl_3_0, kl_4_0}, {NULL, NULL, kl_2_1, kl_3_1, kl_4_1}};
+    static const dot_fn blocks[2][3] = {{NULL, dot_1_0, dot_2_0}, {NULL, dot_1_1, NULL}};
     int16_t c[4 * DOT_QK_K] __attribute__((aligned(64)));
     int8_t qb[2][4][KL_QB]; /* the rows' query codes' high and low bytes */
     const int8_t *Bb = (const int8_t *)B;
@@ -558,10 +555,7 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
         if (mb == 0)
             continue;
         const int together = rows[mb - 1] - rows[0] == (size_t)(mb - 1); /* consecutive rows: one block */
-        /* keys across the lanes for 3-4 rows, and 2 of INT4 (Zen 4, one thread, 8192 keys, against
-           dot_block: INT8 3-8 rows 1.16-1.34x at H = 64-128, 1.00-1.04x at 256, 2 rows 0.83-1.04x;
-           INT4 2 rows 1.08-1.51x, 4 rows 1.06-1.42x) */
-        if (together && (mb >= 3 || (mb == 2 && s4))) {
+        if (together && kl_blocks[s4][mb] != NULL) {
             for (int i = 0; i < mb; i++) {
                 corr[i] = (s4 ? 8 : 128) * code_sum(c + i * cs, cs);
                 kl_bytes(c + i * cs, cs, s4, qb[0][i], qb[1][i]);

@@ -1,8 +1,9 @@
 /*
  * kernels_common.h -- scalar building blocks shared by every path's TU:
  * the exact quantizer, nibble access, binary16 conversion and the scalar
- * element decoder (and DOT_KEEP, the integer-dot loops' register pin).  Everything is `static inline` so that each TU keeps its
- * own copy compiled under its own flags; none of it contains an addition
+ * element decoder (and DOT_KEEP, the integer-dot loops' register pin).
+ * Everything is `static inline` so that each TU keeps its own copy
+ * compiled under its own flags; none of it contains an addition
  * that could be contracted into an FMA, so the quantized codes are identical
  * whichever TU computes them.
  */
@@ -26,7 +27,8 @@
 /* Keeps a loop-carried accumulator in one register across a step of the integer-dot QK loops (an
    empty asm, no instruction).  Without it GCC 12 gives a step's sums new registers and copies
    them back: the AVX2 INT8 qk_3x4 inner loop was 52 instructions, 16 of them vmovdqa, and is 39
-   with 3; the AVX-512 VNNI dot_4_0 loop had 30 zmm copies and a spill for 16 vpdpwssd.  The
+   with 3; the AVX-512 VNNI QK loop of 4 rows (dot_block then) had 30 zmm copies and a spill for 16
+   vpdpwssd.  The
    P @ V blocks keep their sums without it (there it adds copies).  None in the emulated builds
    of tests/isa, whose vectors are SIMDe's structures. */
 #if defined(GQA_EMULATE_AVX512)
