@@ -618,43 +618,62 @@ INLINE void sv_pair(const int MB, const int S4, const int full, const int8_t *r0
 
 /* D[i][v] = the int32 dots of rows i < MB (codes, kn keys, padded with 0 to a multiple of
    2) with the 64-column block of B at b (w <= 64 columns, rows of ldb bytes), in sv_pair's lane
-   order. */
+   order.  The sums build in local accumulators and reach D once (an out-of-line instance keeps
+   all 4 x 4 in registers; summing into D itself spilled them at 4 rows). */
 INLINE void sv_block(const int MB, const int S4, const int16_t *const *codes, size_t kn, const int8_t *B,
                      size_t ldb, size_t w, __m512i D[SV_MB][4])
 {
     const size_t w0 = w < 32 ? w : 32, w1 = w > 32 ? w - 32 : 0;
     const __mmask32 m0 = (__mmask32)mask64(S4 ? (w0 + 1) / 2 : w0), m1 = (__mmask32)mask64(S4 ? (w1 + 1) / 2 : w1);
+    __m512i acc[SV_MB][4];
     UNROLL
     for (int i = 0; i < MB; i++)
         UNROLL
         for (int v = 0; v < 4; v++)
-            D[i][v] = _mm512_setzero_si512();
+            acc[i][v] = _mm512_setzero_si512();
     size_t k = 0;
     if (w == 64)
         for (; k + 2 <= kn; k += 2) {
             /* the rows SV_PFR ahead (decode streams the cache; prefetches never fault) */
             _mm_prefetch((const char *)(B + (k + SV_PFR) * ldb), _MM_HINT_T0);
             _mm_prefetch((const char *)(B + (k + SV_PFR + 1) * ldb) + (S4 ? 31 : 63), _MM_HINT_T0);
-            sv_pair(MB, S4, 1, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, D);
+            sv_pair(MB, S4, 1, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, acc);
         }
     else
         for (; k + 2 <= kn; k += 2)
-            sv_pair(MB, S4, 0, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, D);
+            sv_pair(MB, S4, 0, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, acc);
     if (k < kn) /* the last key; its partner's code is 0 */
-        sv_pair(MB, S4, 0, B + k * ldb, NULL, m0, m1, codes, k, D);
-}
-
-/* sv_block of two full 64-column blocks at once, B and the next 64 columns (D and D2), each V row
-   read in one pass; MB <= 2 (the accumulators of more rows outnumber the registers). */
-INLINE void sv_block2(const int MB, const int S4, const int16_t *const *codes, size_t kn, const int8_t *B,
-                      size_t ldb, __m512i D[SV_MB][4], __m512i D2[SV_MB][4])
-{
-    const size_t blk = S4 ? 32 : 64; /* bytes of 64 columns */
+        sv_pair(MB, S4, 0, B + k * ldb, NULL, m0, m1, codes, k, acc);
     UNROLL
     for (int i = 0; i < MB; i++)
         UNROLL
         for (int v = 0; v < 4; v++)
-            D[i][v] = D2[i][v] = _mm512_setzero_si512();
+            D[i][v] = acc[i][v];
+}
+
+#define SVB_INST(MB, S4)                                                                               \
+    static void svb_##MB##_##S4(const int16_t *const *codes, size_t kn, const int8_t *B, size_t ldb, size_t w, \
+                                __m512i D[SV_MB][4])                                                  \
+    {                                                                                                  \
+        sv_block(MB, S4, codes, kn, B, ldb, w, D);                                                     \
+    }
+SVB_INST(1, 0) SVB_INST(2, 0) SVB_INST(3, 0) SVB_INST(4, 0) SVB_INST(1, 1) SVB_INST(2, 1) SVB_INST(3, 1)
+SVB_INST(4, 1)
+typedef void (*svb_fn)(const int16_t *const *, size_t, const int8_t *, size_t, size_t, __m512i[SV_MB][4]);
+
+/* sv_block of two full 64-column blocks at once, B and the next 64 columns (D and D2), each V row
+   read in one pass; MB <= 2 (the accumulators of more rows outnumber the registers).  Local
+   accumulators, as in sv_block. */
+INLINE void sv_block2(const int MB, const int S4, const int16_t *const *codes, size_t kn, const int8_t *B,
+                      size_t ldb, __m512i D[SV_MB][4], __m512i D2[SV_MB][4])
+{
+    const size_t blk = S4 ? 32 : 64; /* bytes of 64 columns */
+    __m512i acc[SV_MB][4], acc2[SV_MB][4];
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int v = 0; v < 4; v++)
+            acc[i][v] = acc2[i][v] = _mm512_setzero_si512();
     size_t k = 0;
     for (; k + 2 <= kn; k += 2) {
         const int8_t *r0 = B + k * ldb, *r1 = r0 + ldb;
@@ -662,14 +681,31 @@ INLINE void sv_block2(const int MB, const int S4, const int16_t *const *codes, s
         _mm_prefetch((const char *)(r0 + SV_PFR * ldb) + 2 * blk - 1, _MM_HINT_T0);
         _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T0);
         _mm_prefetch((const char *)(r1 + SV_PFR * ldb) + 2 * blk - 1, _MM_HINT_T0);
-        sv_pair(MB, S4, 1, r0, r1, 0, 0, codes, k, D);
-        sv_pair(MB, S4, 1, r0 + blk, r1 + blk, 0, 0, codes, k, D2);
+        sv_pair(MB, S4, 1, r0, r1, 0, 0, codes, k, acc);
+        sv_pair(MB, S4, 1, r0 + blk, r1 + blk, 0, 0, codes, k, acc2);
     }
     if (k < kn) {
-        sv_pair(MB, S4, 1, B + k * ldb, NULL, 0, 0, codes, k, D);
-        sv_pair(MB, S4, 1, B + k * ldb + blk, NULL, 0, 0, codes, k, D2);
+        sv_pair(MB, S4, 1, B + k * ldb, NULL, 0, 0, codes, k, acc);
+        sv_pair(MB, S4, 1, B + k * ldb + blk, NULL, 0, 0, codes, k, acc2);
     }
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        UNROLL
+        for (int v = 0; v < 4; v++) {
+            D[i][v] = acc[i][v];
+            D2[i][v] = acc2[i][v];
+        }
 }
+
+#define SVB2_INST(MB, S4)                                                                              \
+    static void svb2_##MB##_##S4(const int16_t *const *codes, size_t kn, const int8_t *B, size_t ldb,        \
+                                 __m512i D[SV_MB][4], __m512i D2[SV_MB][4])                          \
+    {                                                                                                  \
+        sv_block2(MB, S4, codes, kn, B, ldb, D, D2);                                                   \
+    }
+SVB2_INST(1, 0) SVB2_INST(2, 0) SVB2_INST(1, 1) SVB2_INST(2, 1)
+typedef void (*svb2_fn)(const int16_t *const *, size_t, const int8_t *, size_t, __m512i[SV_MB][4],
+                        __m512i[SV_MB][4]);
 
 /* One row's sums D[4] back in column order: out[0..3] = columns 16 j .. 16 j + 15. */
 INLINE void sv_columns(const __m512i D[4], __m512i out[4])
@@ -703,6 +739,9 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                                    const void *B, int type, const float *s, float *C, size_t ldc,
                                    float beta)
 {
+    static const svb_fn sv_blocks[2][SV_MB + 1] = {{NULL, svb_1_0, svb_2_0, svb_3_0, svb_4_0},
+                                                   {NULL, svb_1_1, svb_2_1, svb_3_1, svb_4_1}};
+    static const svb2_fn sv_blocks2[2][3] = {{NULL, svb2_1_0, svb2_2_0}, {NULL, svb2_1_1, svb2_2_1}};
     int16_t codes[SV_MB][SV_KS + 32] __attribute__((aligned(64)));
     const int16_t *const cr[SV_MB] = {codes[0], codes[1], codes[2], codes[3]};
     const int8_t *Bb = (const int8_t *)B;
@@ -742,10 +781,7 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                 for (; n0 + 128 <= N; n0 += 128) {
                     __m512i D[SV_MB][4], D2[SV_MB][4];
                     const int8_t *Bn = Bk + gqa_row_bytes(type, n0);
-                    if (mb == 1)
-                        s4 ? sv_block2(1, 1, cr, kn, Bn, rb, D, D2) : sv_block2(1, 0, cr, kn, Bn, rb, D, D2);
-                    else
-                        s4 ? sv_block2(2, 1, cr, kn, Bn, rb, D, D2) : sv_block2(2, 0, cr, kn, Bn, rb, D, D2);
+                    sv_blocks2[s4][mb](cr, kn, Bn, rb, D, D2);
                     sv_rows_finish(D, mb, rows, corr, 64, n0, C, ldc, pc, s, sp, beta, k0 == 0);
                     sv_rows_finish(D2, mb, rows, corr, 64, n0 + 64, C, ldc, pc, s, sp, beta, k0 == 0);
                 }
@@ -753,16 +789,7 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                 const size_t w = N - n0 < 64 ? N - n0 : 64;
                 __m512i D[SV_MB][4];
                 const int8_t *Bn = Bk + gqa_row_bytes(type, n0);
-                switch (mb * 2 + s4) { /* the row count and the INT4 flag constants: D stays in registers */
-                case 2: sv_block(1, 0, cr, kn, Bn, rb, w, D); break;
-                case 3: sv_block(1, 1, cr, kn, Bn, rb, w, D); break;
-                case 4: sv_block(2, 0, cr, kn, Bn, rb, w, D); break;
-                case 5: sv_block(2, 1, cr, kn, Bn, rb, w, D); break;
-                case 6: sv_block(3, 0, cr, kn, Bn, rb, w, D); break;
-                case 7: sv_block(3, 1, cr, kn, Bn, rb, w, D); break;
-                case 8: sv_block(4, 0, cr, kn, Bn, rb, w, D); break;
-                default: sv_block(4, 1, cr, kn, Bn, rb, w, D); break;
-                }
+                sv_blocks[s4][mb](cr, kn, Bn, rb, w, D);
                 sv_rows_finish(D, mb, rows, corr, w, n0, C, ldc, pc, s, sp, beta, k0 == 0);
             }
         }
