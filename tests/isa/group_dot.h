@@ -185,6 +185,34 @@ static void check_group_dot(gqa_qk_gemm_fn qk, gqa_sv_gemm_fn sv)
                     free(A), free(got), free(want), free(B);
                 }
             }
+    /* P @ V of widths and groups that are not powers of two (a head of 96 or 160 is one group
+       with kv_quant_group_size 0): blocks of columns that end inside a group, or hold a part of
+       a group, for every row count */
+    static const size_t ODD[4][2] = {{32, 96}, {32, 160}, {96, 480}, {160, 480}}; /* (g, N) */
+    for (int ki = 0; ki < 3; ki++)
+        for (int o = 0; o < 4; o++)
+            for (size_t M = 1; M <= 4; M++) {
+                const size_t g = ODD[o][0], N = ODD[o][1], K = M % 2 ? 255 : 513;
+                const int type = gqa_group_type(kinds[ki], g, (int)(M + (size_t)o) % 2);
+                const float beta = betas[(M + (size_t)o) % 3];
+                uint8_t *B = gdot_rows(K, N, type);
+                float *A = xmalloc(M * K * 4), *got = xmalloc(M * N * 4), *want = xmalloc(M * N * 4);
+                for (size_t i = 0; i < M * K; i++)
+                    A[i] = unif() * unif();
+                for (size_t i = 0; i < M * N; i++)
+                    got[i] = want[i] = normal();
+                sv(M, N, K, A, K, B, type, NULL, got, N, beta);
+                for (size_t m = 0; m < M; m++)
+                    gsv_oracle_row(N, K, A + m * K, B, type, want + m * N, beta);
+                int bad = 0;
+                for (size_t i = 0; i < M * N; i++)
+                    bad |= !same_float(got[i], want[i]);
+                cases[1]++, fails[1] += bad;
+                if (bad && shown++ < 5)
+                    printf("  dot.group.sv mismatch: type %#x K %zu N %zu M %zu beta %g\n", type, K, N, M,
+                           (double)beta);
+                free(A), free(got), free(want), free(B);
+            }
     for (int ki = 0; ki < 3; ki++) { /* groups of 16: the exact kernels */
         const int type = gqa_group_type(kinds[ki], 16, 0);
         const size_t K = 64, N = 9, M = 3;
