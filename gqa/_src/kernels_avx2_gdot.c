@@ -533,6 +533,15 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
 
 #endif /* GDOT_GSV */
 
+/* QK's driver: gqk, or the including unit's own (GDOT_GQK, declared here; it may hand rows to
+   gqk). */
+#ifdef GDOT_GQK
+static void GDOT_GQK(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const uint8_t *B,
+                     int type, float *C, size_t ldc);
+#else
+#define GDOT_GQK gqk
+#endif
+
 void DOT_ENTRY(gqa_qk_gemm_g_dot_)(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                             int type, const float *s, float *C, size_t ldc)
 {
@@ -540,7 +549,7 @@ void DOT_ENTRY(gqa_qk_gemm_g_dot_)(size_t M, size_t N, size_t K, float alpha, co
         DOT_EXACT.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
-    gqk(M, N, K, alpha, A, lda, (const uint8_t *)B, type, C, ldc);
+    GDOT_GQK(M, N, K, alpha, A, lda, (const uint8_t *)B, type, C, ldc);
 }
 
 void DOT_ENTRY(gqa_sv_gemm_g_dot_)(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B, int type,

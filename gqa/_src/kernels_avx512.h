@@ -103,4 +103,35 @@ INLINE void transpose16(__m512 r[16])
     }
 }
 
+#if defined(__AVX512VNNI__) || defined(GQA_EMULATE_AVX512)
+/* The VNNI units' dots with a 4-byte operand at p in every lane, the broadcast folded into the
+   instruction ({1to16}: GCC 12 issues a separate vpbroadcastd for the intrinsics' form, one more
+   vector op per dot); the intrinsics under the tests' emulation build.
+   vnni_dpbusd_b: acc + u (unsigned bytes) . the 4 signed bytes at p, per dword;
+   vnni_dpwssd_b: acc + u (int16 pairs) . the int16 pair at p, per dword. */
+INLINE __m512i vnni_dpbusd_b(__m512i acc, __m512i u, const void *p)
+{
+#if defined(GQA_EMULATE_AVX512)
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(v));
+#else
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    return acc;
+#endif
+}
+
+INLINE __m512i vnni_dpwssd_b(__m512i acc, __m512i u, const void *p)
+{
+#if defined(GQA_EMULATE_AVX512)
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_dpwssd_epi32(acc, u, _mm512_set1_epi32(v));
+#else
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    return acc;
+#endif
+}
+#endif
+
 #endif

@@ -404,21 +404,6 @@ static void kl_bytes(const int16_t *c, size_t cs, int s4, int8_t *hi, int8_t *lo
     memset(lo + cs, 0, KL_QB - cs);
 }
 
-/* acc + vpdpbusd(u, the 4 query bytes at p in every lane): the broadcast folded into the
-   instruction ({1to16}; GCC 12 issues a separate vpbroadcastd for the intrinsics' form, one more
-   vector op per vpdpbusd), the intrinsics under the tests' emulation build. */
-INLINE __m512i kl_dp(__m512i acc, __m512i u, const int8_t *p)
-{
-#if defined(GQA_EMULATE_AVX512)
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(v));
-#else
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)(const void *)p));
-    return acc;
-#endif
-}
-
 /* C[mb, n .. n + 15] for rows mb < MB (byte halves qh / ql, stride KL_QB) and the N rows of B
    (stride rb), 16 keys a block (a last partial block repeats B's last row and stores only its
    own); D less corr[mb] (z sum_k code_k), times mult[mb]. */
@@ -464,17 +449,17 @@ INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t 
                     const __m512i u = _mm512_xor_si512(w, flip);
                     UNROLL
                     for (int r = 0; r < MB; r++) {
-                        ah[r] = kl_dp(ah[r], u, qh + r * KL_QB + q);
-                        al[r] = kl_dp(al[r], u, ql + r * KL_QB + q);
+                        ah[r] = vnni_dpbusd_b(ah[r], u, qh + r * KL_QB + q);
+                        al[r] = vnni_dpbusd_b(al[r], u, ql + r * KL_QB + q);
                     }
                 } else {
                     const __m512i ue = _mm512_and_si512(w, nib), uo = _mm512_and_si512(_mm512_srli_epi32(w, 4), nib);
                     UNROLL
                     for (int r = 0; r < MB; r++) {
-                        ah[r] = kl_dp(ah[r], ue, qh + r * KL_QB + q);
-                        al[r] = kl_dp(al[r], ue, ql + r * KL_QB + q);
-                        ah[r] = kl_dp(ah[r], uo, qh + r * KL_QB + q + 4);
-                        al[r] = kl_dp(al[r], uo, ql + r * KL_QB + q + 4);
+                        ah[r] = vnni_dpbusd_b(ah[r], ue, qh + r * KL_QB + q);
+                        al[r] = vnni_dpbusd_b(al[r], ue, ql + r * KL_QB + q);
+                        ah[r] = vnni_dpbusd_b(ah[r], uo, qh + r * KL_QB + q + 4);
+                        al[r] = vnni_dpbusd_b(al[r], uo, ql + r * KL_QB + q + 4);
                     }
                 }
             }

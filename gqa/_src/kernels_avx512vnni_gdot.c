@@ -1,12 +1,12 @@
 /*
  * kernels_avx512vnni_gdot.c -- accuracy level 4 on per-group codes (GQA_G8 / GQA_G4 / GQA_G2) for
  * the avx512 path's VNNI unit, the per-group contracts of kernels_s8dot_contract.h bit for bit.
- * QK: kernels_avx2_gdot.c's kernels (their layout and blocks) built with each int16 pair dot and
- * its add as one vpdpwssd (256-bit, EVEX; DOT_MADD under GQA_DOT_VNNI).  P @ V: this file's
- * 512-bit kernel (below), which reads each chunk's rows once for all the groups of a block of
- * columns; the metadata transpose, the quantization of the probabilities times scales and the
- * float finish are kernels_avx2_gdot.c's.  The avx512 path's exact kernels take the rows and
- * types the contracts leave.
+ * QK: this file's 512-bit kernel with the keys across the lanes (below) where kq_blocks has one,
+ * else kernels_avx2_gdot.c's blocks built with each int16 pair dot and its add as one vpdpwssd
+ * (256-bit, EVEX; DOT_MADD under GQA_DOT_VNNI).  P @ V: this file's 512-bit kernel, which reads
+ * each chunk's rows once for all the groups of a block of columns; the metadata transpose, the
+ * quantization of the probabilities times scales and the float finish are kernels_avx2_gdot.c's.
+ * The avx512 path's exact kernels take the rows and types the contracts leave.
  * ISA flags: the avx512 path's plus -mavx512vnni (setup.py's avx512vnni unit, whose entries
  * gqa_qk_gemm_s8_dot_avx512vnni / gqa_sv_gemm_s8_dot_avx512vnni hand group types here);
  * dispatch.c calls them only where the CPU has AVX-512 VNNI.  The emulation build of tests/isa
@@ -17,9 +17,11 @@
 #define DOT_UNIT avx512vnni
 #define DOT_EXACT gqa_kernels_avx512
 #define GDOT_GSV gsv512
+#define GDOT_GQK gqk512
 #include "kernels_avx2_gdot.c"
 
 #if defined(__x86_64__) || defined(_M_X64)
+#include "kernels_avx512.h"
 
 /* ---- sv_gemm_s8_dot on group rows, 512 bits -----------------------------------------------
  *
@@ -41,20 +43,6 @@
 
 /* Pieces per block for mb rows: 2 mb GP_NP accumulators. */
 static const int gp_np[SV_MB + 1] = {0, 8, 4, 4, 2};
-
-/* Two keys' codes x 4 for vpdpwssd: acc + the pairs of u times the pair at p in every lane (the
-   broadcast folded into the instruction, {1to16}; the intrinsics under the tests' emulation). */
-INLINE __m512i gp_dp(__m512i acc, __m512i u, const int16_t *p)
-{
-#if defined(GQA_EMULATE_AVX512)
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_dpwssd_epi32(acc, u, _mm512_set1_epi32(v));
-#else
-    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)(const void *)p));
-    return acc;
-#endif
-}
 
 /* One piece's 32 codes at p as uint16 words in the kind's order (above). */
 INLINE __m512i gp_widen(const int KIND, const uint8_t *p)
@@ -111,8 +99,8 @@ INLINE void gp_block(const int MB, const int NP, const int KIND, const int16_t *
             const __m512i ul = _mm512_unpacklo_epi16(x0, x1), uh = _mm512_unpackhi_epi16(x0, x1);
             UNROLL
             for (int i = 0; i < MB; i++) {
-                lo[i][p] = gp_dp(lo[i][p], ul, cp[i * NP + p] + k);
-                hi[i][p] = gp_dp(hi[i][p], uh, cp[i * NP + p] + k);
+                lo[i][p] = vnni_dpwssd_b(lo[i][p], ul, cp[i * NP + p] + k);
+                hi[i][p] = vnni_dpwssd_b(hi[i][p], uh, cp[i * NP + p] + k);
             }
         }
     }
@@ -224,6 +212,203 @@ static void gsv512(size_t M, size_t N, size_t K, const float *A, size_t lda, con
                 n0 += 32 * np;
             }
         }
+    }
+}
+
+/* ---- qk_gemm_s8_dot on group rows, 512 bits: the keys across the lanes ---------------------
+ *
+ * Sixteen keys at a time: their rows read 64 bytes at a time and transposed (transpose16), so
+ * that lane t of vector i holds key t's dword i of the chunk; a dword holds 4 (INT8), 8 (INT4) or
+ * 16 (INT2) codes of one group.  Each query code enters as its two signed bytes (code = 256 hi +
+ * lo, both in [-127, 127] since QK_CODE_MAX = 127 * 257), in the order the dword gives its codes
+ * (kq_bytes), against the codes as unsigned bytes: INT8 the bytes; INT4 the low nibbles (the even
+ * elements), then the high ones; INT2 bits 2 j of each byte (elements 4 b + j), j = 0 .. 3.  One
+ * vpdpbusd per byte set, row and half; at a group's last dword D_j = 256 D_hi + D_lo (the
+ * contract's exact int32: |D_hi| <= 256 * 127 * 255, 256 of it < 2^31) and
+ * S = fl(S + fl(fl(s_j D_j) + fl(z_j A_j))) for the sixteen keys, in group order, with s_j and
+ * z_j from the keys' metadata transposed the same way (fp32: dwords 2 j, 2 j + 1; fp16: the
+ * halves of dword j).  C = fl(S mult).  No horizontal sums.
+ */
+#define KQ_QB (DOT_QK_K + 64) /* query bytes per row and half: K and the pad of a last partial chunk */
+#define KQ_PF 64              /* rows ahead to prefetch (four blocks of keys) */
+
+/* The byte halves of codes c[0, K) into hi / lo [0, KQ_QB) in the order the kind's dwords
+   take them (above), 0 past K. */
+static void kq_bytes(const int16_t *c, size_t K, int kind, int8_t *hi, int8_t *lo)
+{
+    for (size_t k = 0; k < K; k++) {
+        const size_t j = kind == DOT_U8   ? k
+                         : kind == DOT_U4 ? (k & ~(size_t)7) + (k & 1) * 4 + (k & 7) / 2
+                                          : (k & ~(size_t)15) + (k & 3) * 4 + (k & 15) / 4;
+        const int h = (c[k] + 128) >> 8;
+        hi[j] = (int8_t)h;
+        lo[j] = (int8_t)(c[k] - 256 * h);
+    }
+    memset(hi + K, 0, KQ_QB - K);
+    memset(lo + K, 0, KQ_QB - K);
+}
+
+/* meta[2 j], meta[2 j + 1] = the scales and zeros of group j < J of the sixteen keys at kr (their
+   metadata at byte cb of rows of rb bytes). */
+INLINE void kq_meta(const uint8_t *const *kr, size_t cb, size_t rb, size_t J, int f16, __m512 *meta)
+{
+    const size_t bytes = J * (f16 ? 4 : 8);
+    for (size_t off = 0; off < bytes; off += 64) {
+        const __mmask64 m = mask64(bytes - off);
+        __m512 W[16];
+        UNROLL
+        for (int t = 0; t < 16; t++)
+            W[t] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, kr[t] + cb + off));
+        transpose16(W);
+        if (f16) {
+            const size_t j0 = off / 4;
+            for (size_t i = 0; i < 16 && j0 + i < J; i++) {
+                const __m512i w = _mm512_castps_si512(W[i]);
+                meta[2 * (j0 + i)] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
+                meta[2 * (j0 + i) + 1] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+            }
+        } else {
+            const size_t d0 = off / 4;
+            for (size_t i = 0; i < 16 && d0 + i < 2 * J; i++)
+                meta[d0 + i] = W[i];
+        }
+    }
+}
+
+/* C[r, n .. n + 15] for rows r < MB (byte halves qh / ql, stride KQ_QB; mult[r]; aj[r * J + j] =
+   float(A_j)) and the N rows of B (rb bytes; K codes in groups of g, metadata fp16 or fp32), 16
+   keys a block (a last partial block repeats B's last row and stores only its own). */
+INLINE void kq_block(const int MB, const int KIND, const int8_t *qh, const int8_t *ql, const uint8_t *B, size_t rb,
+                     size_t N, size_t K, size_t g, int f16, const float *mult, const float *aj, float *C, size_t ldc)
+{
+    const int per = KIND == DOT_U8 ? 1 : KIND == DOT_U4 ? 2 : 4; /* byte sets per dword */
+    const size_t cb = K * (KIND == DOT_U8 ? 8 : KIND == DOT_U4 ? 4 : 2) / 8, J = K / g;
+    const size_t gd = cb / J / 4, lines = (16 * rb + 63) / 64; /* dwords per group, lines per block */
+    const __m512i f = _mm512_set1_epi8(KIND == DOT_U4 ? 0x0F : 0x03);
+    __m512 meta[2 * (DOT_QK_K / 32)];
+    for (size_t n = 0; n < N; n += 16) {
+        const size_t nv = N - n < 16 ? N - n : 16;
+        const uint8_t *kr[16];
+        UNROLL
+        for (int t = 0; t < 16; t++)
+            kr[t] = B + (n + ((size_t)t < nv ? (size_t)t : nv - 1)) * rb;
+        kq_meta(kr, cb, rb, J, f16, meta);
+        __m512i ah[4], al[4];
+        __m512 S[4];
+        UNROLL
+        for (int r = 0; r < MB; r++) {
+            ah[r] = al[r] = _mm512_setzero_si512();
+            S[r] = _mm512_setzero_ps();
+        }
+        size_t j = 0, dw = 0; /* the group, its dwords done */
+        for (size_t off = 0; off < cb; off += 64) {
+            const size_t nd = (cb - off < 64 ? cb - off : 64) / 4;
+            __m512 W[16];
+            /* B streams from memory in decode: the block's rows KQ_PF rows ahead, a share per
+               chunk (prefetches never fault) */
+            for (size_t l = lines * off / cb; l < lines * (off + 64) / cb && l < lines; l++)
+                _mm_prefetch((const char *)(kr[0] + KQ_PF * rb) + 64 * l, _MM_HINT_T0);
+            if (nd == 16) {
+                UNROLL
+                for (int t = 0; t < 16; t++)
+                    W[t] = _mm512_castsi512_ps(_mm512_loadu_si512((const void *)(kr[t] + off)));
+            } else {
+                const __mmask64 m = mask64(4 * nd);
+                UNROLL
+                for (int t = 0; t < 16; t++)
+                    W[t] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, kr[t] + off));
+            }
+            transpose16(W);
+            UNROLL
+            for (int i = 0; i < 16; i++) {
+                if ((size_t)i >= nd)
+                    break;
+                const __m512i w = _mm512_castps_si512(W[i]);
+                const size_t q = 4 * (size_t)per * (off / 4 + (size_t)i); /* the dword's query bytes */
+                UNROLL
+                for (int b = 0; b < per; b++) {
+                    const __m512i u = KIND == DOT_U8 ? w : _mm512_and_si512(_mm512_srli_epi32(w, 8 / per * b), f);
+                    UNROLL
+                    for (int r = 0; r < MB; r++) {
+                        ah[r] = vnni_dpbusd_b(ah[r], u, qh + r * KQ_QB + q + 4 * b);
+                        al[r] = vnni_dpbusd_b(al[r], u, ql + r * KQ_QB + q + 4 * b);
+                    }
+                }
+                if (++dw == gd) { /* the group's last dword: its finish */
+                    const __m512 s = meta[2 * j], z = meta[2 * j + 1];
+                    UNROLL
+                    for (int r = 0; r < MB; r++) {
+                        const __m512i d = _mm512_add_epi32(_mm512_slli_epi32(ah[r], 8), al[r]);
+                        const __m512 t = _mm512_add_ps(_mm512_mul_ps(s, _mm512_cvtepi32_ps(d)),
+                                                       _mm512_mul_ps(z, _mm512_set1_ps(aj[r * J + j])));
+                        S[r] = _mm512_add_ps(S[r], t);
+                        ah[r] = al[r] = _mm512_setzero_si512();
+                    }
+                    j++, dw = 0;
+                }
+            }
+        }
+        UNROLL
+        for (int r = 0; r < MB; r++)
+            _mm512_mask_storeu_ps(C + r * ldc + n, mask16(nv), _mm512_mul_ps(S[r], _mm512_set1_ps(mult[r])));
+    }
+}
+
+typedef void (*kq_fn)(const int8_t *, const int8_t *, const uint8_t *, size_t, size_t, size_t, size_t, int,
+                      const float *, const float *, float *, size_t);
+#define KQ_INST(MB, KIND)                                                                              \
+    static void kq_##MB##_##KIND(const int8_t *qh, const int8_t *ql, const uint8_t *B, size_t rb, size_t N,   \
+                                 size_t K, size_t g, int f16, const float *mult, const float *aj, float *C,   \
+                                 size_t ldc)                                                          \
+    {                                                                                                  \
+        kq_block(MB, KIND, qh, ql, B, rb, N, K, g, f16, mult, aj, C, ldc);                             \
+    }
+KQ_INST(1, 1) KQ_INST(2, 1) KQ_INST(3, 1) KQ_INST(4, 1) /* DOT_U4 */
+KQ_INST(3, 2) KQ_INST(4, 2)                             /* DOT_U8 */
+KQ_INST(1, 3) KQ_INST(2, 3) KQ_INST(3, 3) KQ_INST(4, 3) /* DOT_U2 */
+/* [kind][rows]: the keys across the lanes where an entry is set, else gqk's blocks (INT8 of one
+   or two rows: there the three transposes a block of 16 keys takes at H = 128 outweigh its dots;
+   Zen 4, one thread, from memory: 0.7-0.97x) */
+static const kq_fn kq_blocks[4][5] = {{NULL, NULL, NULL, NULL, NULL},
+                                      {NULL, kq_1_1, kq_2_1, kq_3_1, kq_4_1},
+                                      {NULL, NULL, NULL, kq_3_2, kq_4_2},
+                                      {NULL, kq_1_3, kq_2_3, kq_3_3, kq_4_3}};
+
+static void gqk512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const uint8_t *B, int type,
+                   float *C, size_t ldc)
+{
+    int16_t c[DOT_QK_K] __attribute__((aligned(64)));
+    int8_t qb[2][4][KQ_QB]; /* the rows' query codes' high and low bytes */
+    float aj[4 * (DOT_QK_K / 32)];
+    const size_t g = gqa_group_cols(type), J = K / g, rb = gqa_row_bytes(type, K);
+    const int kind = gdot_kind(type), f16 = (type & GQA_META_F16) != 0;
+    const float one = 1.0f; /* the per-tensor multiplier's scale: mult = fl(alpha * sa) */
+    for (size_t m0 = 0; m0 < M;) {
+        size_t rows[4];
+        float mult[4];
+        int mb = 0;
+        for (; m0 < M && mb < 4; ++m0) {
+            if (qk_row(A + m0 * lda, K, &one, 0, alpha, c, K, &mult[mb])) {
+                for (size_t j = 0; j < J; j++)
+                    aj[mb * J + j] = (float)code_sum(c + j * g, g);
+                kq_bytes(c, K, kind, qb[0][mb], qb[1][mb]);
+                rows[mb++] = m0;
+            } else {
+                DOT_EXACT.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc);
+            }
+        }
+        if (mb == 0)
+            continue;
+        const int together = rows[mb - 1] - rows[0] == (size_t)(mb - 1);
+        if (kq_blocks[kind][together ? mb : 1] == NULL) /* gqk's blocks (taking the rows again) */
+            for (int i = 0; i < mb; i += together ? mb : 1)
+                gqk(together ? (size_t)mb : 1, N, K, alpha, A + rows[i] * lda, lda, B, type, C + rows[i] * ldc, ldc);
+        else if (together)
+            kq_blocks[kind][mb](&qb[0][0][0], &qb[1][0][0], B, rb, N, K, g, f16, mult, aj, C + rows[0] * ldc, ldc);
+        else
+            for (int i = 0; i < mb; i++)
+                kq_blocks[kind][1](qb[0][i], qb[1][i], B, rb, N, K, g, f16, mult + i, aj + i * J, C + rows[i] * ldc,
+                                   ldc);
     }
 }
 #endif

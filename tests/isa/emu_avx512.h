@@ -108,6 +108,18 @@ EMU __m512i emu_mm512_cvtepu8_epi16(__m256i a)
     return v;
 }
 
+EMU __m256i emu_mm512_cvtepi32_epi16(__m512i a) /* vpmovdw: truncation */
+{
+    int32_t x[16];
+    int16_t r[16];
+    __m256i v;
+    EMU_TO(x, a);
+    for (int i = 0; i < 16; i++)
+        r[i] = (int16_t)(uint16_t)(uint32_t)x[i];
+    EMU_FROM(v, r);
+    return v;
+}
+
 EMU void emu_mm512_mask_cvtsepi32_storeu_epi8(void *p, __mmask16 k, __m512i a)
 {
     int32_t x[16];
@@ -363,6 +375,7 @@ EMU __m512 emu_mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
 #define _mm512_cvtepi8_epi32(a) emu_mm512_cvtepi8_epi32(a)
 #define _mm512_cvtepu8_epi32(a) emu_mm512_cvtepu8_epi32(a)
 #define _mm512_cvtepu8_epi16(a) emu_mm512_cvtepu8_epi16(a)
+#define _mm512_cvtepi32_epi16(a) emu_mm512_cvtepi32_epi16(a)
 #define _mm512_mask_cvtsepi32_storeu_epi8(p, k, a) emu_mm512_mask_cvtsepi32_storeu_epi8((p), (k), (a))
 #define _mm512_mask_cvtepi64_storeu_epi8(p, k, a) emu_mm512_mask_cvtepi64_storeu_epi8((p), (k), (a))
 #define _mm512_cvtps_ph(a, r) \
