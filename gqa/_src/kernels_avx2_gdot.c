@@ -19,7 +19,7 @@
  * float32 in the contract's order (gqk_group).  P @ V: each chunk's metadata put in columns once,
  * four, two or one groups at a time by an in-register transpose (gsv_meta), the probability row
  * times each group's scales quantized per chunk of
- * SV_KG keys and group (gsv_row), against the codes by the INT8 unit's blocks over pairs of keys
+ * SV_KG keys and group (gsv_rows), against the codes by the INT8 unit's blocks over pairs of keys
  * (sv_block; INT4 of one or two rows: sv_block_eo), plus the zeros' term in float32.
  *
  * Layout: QK: A float32 [M, K] (lda), B rows [N] of gqa_row_bytes(type, K) bytes, C float32 [M, N]
@@ -379,32 +379,56 @@ static void gsv_meta(const uint8_t *B, size_t rb, size_t cb, size_t jb, int nj, 
     }
 }
 
-/* Row a's chunk (kn keys) against group j's scales sc and zeros zc: the codes of fl(a_k sc[k]) into
-   codes (padded with 0 to a multiple of 16), their sp, and the zeros' term Z (the contract's
-   eight-lane order), with w a scratch of kn rounded up to 8 floats. */
-static void gsv_row(const float *a, size_t kn, const float *sc, const float *zc, float *w, int16_t *codes, float *sp,
-                    float *Z)
+/* Rows i < MB's chunks a[i] (kn keys) against one group's scales sc and zeros zc: the codes of
+   fl(a_k sc[k]) into codes[i] (padded with 0 to a multiple of 16), their sp[i], and the zeros'
+   term Z[i] (the contract's eight-lane order), with w a scratch of MB rows of SV_KG floats.  The
+   rows' sums of the zeros' term are independent chains of adds, interleaved (one row alone was
+   bound by their latency). */
+INLINE void gsv_rows(const int MB, const float *const *a, size_t kn, const float *sc, const float *zc, float *w,
+                     int16_t *const *codes, float *sp, float *Z)
 {
-    __m256 mx = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
+    __m256 mx[SV_MB], zs[SV_MB];
+    UNROLL
+    for (int i = 0; i < MB; i++)
+        mx[i] = zs[i] = _mm256_setzero_ps();
     for (size_t k = 0; k < kn; k += 8) {
-        /* lanes past the chunk: 0 */
-        const __m256 p = kn - k >= 8 ? _mm256_loadu_ps(a + k) : _mm256_maskload_ps(a + k, lanes8(kn - k));
-        const __m256 v = _mm256_mul_ps(p, _mm256_loadu_ps(sc + k));
-        mx = _mm256_max_ps(mx, v);
-        zs = _mm256_add_ps(zs, _mm256_mul_ps(p, _mm256_loadu_ps(zc + k)));
-        _mm256_storeu_ps(w + k, v);
+        const __m256 s = _mm256_loadu_ps(sc + k), z = _mm256_loadu_ps(zc + k); /* 0 past the chunk */
+        UNROLL
+        for (int i = 0; i < MB; i++) {
+            /* lanes past the chunk: 0 */
+            const __m256 p = kn - k >= 8 ? _mm256_loadu_ps(a[i] + k) : _mm256_maskload_ps(a[i] + k, lanes8(kn - k));
+            const __m256 v = _mm256_mul_ps(p, s);
+            mx[i] = _mm256_max_ps(mx[i], v);
+            zs[i] = _mm256_add_ps(zs[i], _mm256_mul_ps(p, z));
+            _mm256_storeu_ps(w + i * SV_KG + k, v);
+        }
     }
-    /* Z = ((Z0 + Z4) + (Z2 + Z6)) + ((Z1 + Z5) + (Z3 + Z7)) */
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(zs), _mm256_extractf128_ps(zs, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    *Z = _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
-    const float wmax = hmax8(mx), inv = SV_CODE_MAX / wmax;
-    if (wmax > 0.0f && inv <= FLT_MAX) {
-        *sp = wmax / SV_CODE_MAX;
-        sv_codes(w, kn, inv, codes);
-    } else {
-        *sp = 0.0f;
-        memset(codes, 0, ((kn + 15) & ~(size_t)15) * sizeof(int16_t));
+    UNROLL
+    for (int i = 0; i < MB; i++) {
+        /* Z = ((Z0 + Z4) + (Z2 + Z6)) + ((Z1 + Z5) + (Z3 + Z7)) */
+        __m128 x = _mm_add_ps(_mm256_castps256_ps128(zs[i]), _mm256_extractf128_ps(zs[i], 1));
+        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        Z[i] = _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+        const float wmax = hmax8(mx[i]), inv = SV_CODE_MAX / wmax;
+        if (wmax > 0.0f && inv <= FLT_MAX) {
+            sp[i] = wmax / SV_CODE_MAX;
+            sv_codes(w + i * SV_KG, kn, inv, codes[i]);
+        } else {
+            sp[i] = 0.0f;
+            memset(codes[i], 0, ((kn + 15) & ~(size_t)15) * sizeof(int16_t));
+        }
+    }
+}
+
+/* gsv_rows for mb <= SV_MB rows (the row count a constant in each instance). */
+static void gsv_rows_n(int mb, const float *const *a, size_t kn, const float *sc, const float *zc, float *w,
+                       int16_t *const *codes, float *sp, float *Z)
+{
+    switch (mb) {
+    case 1: gsv_rows(1, a, kn, sc, zc, w, codes, sp, Z); break;
+    case 2: gsv_rows(2, a, kn, sc, zc, w, codes, sp, Z); break;
+    case 3: gsv_rows(3, a, kn, sc, zc, w, codes, sp, Z); break;
+    default: gsv_rows(4, a, kn, sc, zc, w, codes, sp, Z); break;
     }
 }
 
@@ -423,7 +447,7 @@ static void gsv_finish(const int32_t *d, size_t g, float sp, float Z, float beta
 }
 
 /* P @ V's driver: the one below, or the including unit's own (GDOT_GSV, declared here; it uses
-   gsv_meta, gsv_row and gsv_finish above). */
+   gsv_meta, gsv_rows_n and gsv_finish above). */
 #ifdef GDOT_GSV
 static void GDOT_GSV(size_t M, size_t N, size_t K, const float *A, size_t lda, const uint8_t *B, int type, float *C,
                      size_t ldc, float beta);
@@ -489,7 +513,8 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
 {
     int16_t codes[SV_MB][SV_KS + 16] __attribute__((aligned(32)));
     int32_t D[SV_MB * GDOT_GMAX];
-    float sc[4 * SV_KG], zc[4 * SV_KG], w[SV_KG];
+    float sc[4 * SV_KG], zc[4 * SV_KG], w[SV_MB * SV_KG];
+    int16_t *const cr[SV_MB] = {codes[0], codes[1], codes[2], codes[3]};
     const size_t g = gqa_group_cols(type), J = N / g, rb = gqa_row_bytes(type, N), bits = gqa_group_bits(type);
     const size_t cb = N * bits / 8;
     const int kind = gdot_kind(type), f16 = (type & GQA_META_F16) != 0;
@@ -506,6 +531,9 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
             const uint8_t *bk = B + k0 * rb;
+            const float *ar[SV_MB];
+            for (int r = 0; r < mb; r++)
+                ar[r] = A + rows[r] * lda + k0;
             /* the next chunk's rows, a J-th of their bytes per group (its metadata loads then hit),
                into L2: into L1 with the chunk being read (together more than L1) they evicted it
                (Zen 4, one thread, 2 x 128 INT8 g32 from memory: 1.25-1.4x) */
@@ -519,9 +547,7 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
                     float sp[SV_MB], Z[SV_MB];
                     for (size_t o = next * j / J; o < next * (j + 1) / J; o += 64)
                         _mm_prefetch((const char *)(bk + SV_KG * rb + o), _MM_HINT_T1);
-                    for (int r = 0; r < mb; r++)
-                        gsv_row(A + rows[r] * lda + k0, kn, sc + i * SV_KG, zc + i * SV_KG, w, codes[r], &sp[r],
-                                &Z[r]);
+                    gsv_rows_n(mb, ar, kn, sc + i * SV_KG, zc + i * SV_KG, w, cr, sp, Z);
                     gsv_dots(mb, kind, bits, &codes[0][0], kn, bk + j * g * bits / 8, rb, g, D);
                     for (int r = 0; r < mb; r++)
                         gsv_finish(D + r * GDOT_GMAX, g, sp[r], Z[r], beta, k0 == 0, C + rows[r] * ldc + j * g);

@@ -26,7 +26,7 @@
 /* ---- sv_gemm_s8_dot on group rows, 512 bits -----------------------------------------------
  *
  * Per chunk of SV_KG keys (the contract's) and block of columns: the block's groups' metadata in
- * columns (gsv_meta) and each row's probabilities times scales quantized per group (gsv_row),
+ * columns (gsv_meta) and each row's probabilities times scales quantized per group (gsv_rows),
  * once per chunk even where a group spans two blocks; then one pass over the chunk's rows for all
  * the block's pieces (32 columns each, inside one group since groups are multiples of 32):
  * two keys at a time, each piece's codes widened to 32 uint16 words (gp_widen: INT8 word w is
@@ -143,15 +143,22 @@ static void gp_quantize(int mb, const size_t *rows, const float *A, size_t lda, 
                         const uint8_t *bk, size_t rb, size_t cb, int f16, size_t j0, size_t j1,
                         int16_t (*codes)[GP_SLOTS][GP_CS], float (*sp)[GP_SLOTS], float (*Z)[GP_SLOTS])
 {
-    float sc[4 * SV_KG], zc[4 * SV_KG], w[SV_KG];
+    float sc[4 * SV_KG], zc[4 * SV_KG], w[SV_MB * SV_KG];
+    const float *ar[SV_MB];
+    for (int r = 0; r < mb; r++)
+        ar[r] = A + rows[r] * lda + k0;
     for (size_t jb = j0, nj; jb < j1; jb += nj) {
         nj = j1 - jb >= 4 ? 4 : j1 - jb >= 2 ? 2 : 1;
         gsv_meta(bk, rb, cb, jb, (int)nj, f16, kn, sc, zc);
         for (size_t i = 0; i < nj; i++) {
             const size_t s = (jb + i) % GP_SLOTS;
+            int16_t *cr[SV_MB];
+            float spr[SV_MB], Zr[SV_MB];
             for (int r = 0; r < mb; r++)
-                gsv_row(A + rows[r] * lda + k0, kn, sc + i * SV_KG, zc + i * SV_KG, w, codes[r][s], &sp[r][s],
-                        &Z[r][s]);
+                cr[r] = codes[r][s];
+            gsv_rows_n(mb, ar, kn, sc + i * SV_KG, zc + i * SV_KG, w, cr, spr, Zr);
+            for (int r = 0; r < mb; r++)
+                sp[r][s] = spr[r], Z[r][s] = Zr[r];
         }
     }
 }
