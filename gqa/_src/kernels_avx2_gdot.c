@@ -446,8 +446,31 @@ static void gsv_finish(const int32_t *d, size_t g, float sp, float Z, float beta
     }
 }
 
+/* From row *m0 of A on, up to SV_MB rows the per-group P @ V contract covers: their indices into
+   rows; each row it does not cover is computed by the exact sv_gemm on the spot.  *m0 moves past
+   the last row looked at; returns the count. */
+static int gsv_take_rows(size_t M, size_t *m0, size_t N, size_t K, const float *A, size_t lda, const uint8_t *B,
+                         int type, float *C, size_t ldc, float beta, size_t *rows)
+{
+    int mb = 0;
+    for (; *m0 < M && mb < SV_MB; ++*m0) {
+        float inv, sp;
+        if (sv_row(A + *m0 * lda, K, &inv, &sp))
+            rows[mb++] = *m0;
+        else
+            DOT_EXACT.sv_gemm(1, N, K, A + *m0 * lda, lda, B, type, NULL, C + *m0 * ldc, ldc, beta);
+    }
+    return mb;
+}
+
+/* Keys of the chunk after the one at k0 (0 at the last). */
+static inline size_t gsv_next_keys(size_t K, size_t k0)
+{
+    return k0 + SV_KG < K ? (K - k0 - SV_KG < SV_KG ? K - k0 - SV_KG : SV_KG) : 0;
+}
+
 /* P @ V's driver: the one below, or the including unit's own (GDOT_GSV, declared here; it uses
-   gsv_meta, gsv_rows_n and gsv_finish above). */
+   gsv_take_rows, gsv_next_keys, gsv_meta, gsv_rows_n and gsv_finish above). */
 #ifdef GDOT_GSV
 static void GDOT_GSV(size_t M, size_t N, size_t K, const float *A, size_t lda, const uint8_t *B, int type, float *C,
                      size_t ldc, float beta);
@@ -520,14 +543,7 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
     const int kind = gdot_kind(type), f16 = (type & GQA_META_F16) != 0;
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[SV_MB];
-        int mb = 0;
-        for (; m0 < M && mb < SV_MB; ++m0) {
-            float inv, sp;
-            if (sv_row(A + m0 * lda, K, &inv, &sp))
-                rows[mb++] = m0;
-            else
-                DOT_EXACT.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc, beta);
-        }
+        const int mb = gsv_take_rows(M, &m0, N, K, A, lda, B, type, C, ldc, beta, rows);
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
             const uint8_t *bk = B + k0 * rb;
@@ -537,7 +553,7 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
             /* the next chunk's rows, a J-th of their bytes per group (its metadata loads then hit),
                into L2: into L1 with the chunk being read (together more than L1) they evicted it
                (Zen 4, one thread, 2 x 128 INT8 g32 from memory: 1.25-1.4x) */
-            const size_t next = k0 + SV_KG < K ? (K - k0 - SV_KG < SV_KG ? K - k0 - SV_KG : SV_KG) * rb : 0;
+            const size_t next = gsv_next_keys(K, k0) * rb;
             for (size_t jb = 0, nj; jb < J; jb += nj) {
                 /* groups jb .. jb + nj - 1: their metadata in columns once, then each group */
                 nj = J - jb >= 4 ? 4 : J - jb >= 2 ? 2 : 1;

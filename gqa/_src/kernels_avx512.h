@@ -72,6 +72,10 @@ INLINE __m512i hsum16x16_epi32(const __m512i in[16])
     return _mm512_castps_si512(hsum16x16_tree(1, f));
 }
 
+/* The row of B that lane t of a block of 16 keys from row n reads: n + t, or in a last partial
+   block of nv < 16 rows its last row (read, never stored). */
+INLINE size_t row16(size_t n, size_t nv, int t) { return n + ((size_t)t < nv ? (size_t)t : nv - 1); }
+
 /* 16 x 16 transpose of r[0..15] in place: 4 x 4 transposes inside each 128-bit
    lane (unpack, shuffle), then a 4 x 4 transpose of the 128-bit lanes. */
 INLINE void transpose16(__m512 r[16])

@@ -417,7 +417,7 @@ INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t 
         const int8_t *kr[16];
         UNROLL
         for (int t = 0; t < 16; t++)
-            kr[t] = B + (n + ((size_t)t < nv ? (size_t)t : nv - 1)) * rb;
+            kr[t] = B + row16(n, nv, t) * rb;
         __m512i ah[4], al[4];
         UNROLL
         for (int i = 0; i < MB; i++)

@@ -177,20 +177,13 @@ static void gsv512(size_t M, size_t N, size_t K, const float *A, size_t lda, con
     gp_perm(kind, idx);
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[SV_MB];
-        int mb = 0;
-        for (; m0 < M && mb < SV_MB; ++m0) {
-            float inv, s;
-            if (sv_row(A + m0 * lda, K, &inv, &s))
-                rows[mb++] = m0;
-            else
-                DOT_EXACT.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc, beta);
-        }
+        const int mb = gsv_take_rows(M, &m0, N, K, A, lda, B, type, C, ldc, beta, rows);
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
             const uint8_t *bk = B + k0 * rb;
             /* the next chunk's rows into L2 during the first block's pass (in one burst they stalled
                it: Zen 4, 2 x 128 INT8 g32 from memory, 1.3x) */
-            const size_t nk = k0 + SV_KG < K ? (K - k0 - SV_KG < SV_KG ? K - k0 - SV_KG : SV_KG) : 0;
+            const size_t nk = gsv_next_keys(K, k0);
             size_t done = 0; /* groups [0, done) of this chunk have their codes */
             for (size_t n0 = 0; n0 < N;) {
                 const size_t np = (N - n0) / 32 < (size_t)gp_np[mb] ? (N - n0) / 32 : (size_t)gp_np[mb];
@@ -298,7 +291,7 @@ INLINE void kq_block(const int MB, const int KIND, const int8_t *qh, const int8_
         const uint8_t *kr[16];
         UNROLL
         for (int t = 0; t < 16; t++)
-            kr[t] = B + (n + ((size_t)t < nv ? (size_t)t : nv - 1)) * rb;
+            kr[t] = B + row16(n, nv, t) * rb;
         kq_meta(kr, cb, rb, J, f16, meta);
         __m512i ah[4], al[4];
         __m512 S[4];

@@ -7,6 +7,8 @@
  *                  heads 64..512, 1..37 keys;
  *   dot.group.sv   1..700 keys (across the 256-key chunks, a chunk of zero probabilities), heads
  *                  32..256, beta 0 / 1 / 0.5 (a row with a negative element: the exact kernel's);
+ *                  and 1-4 rows of heads 96..480 with groups of 32, 96 and 160 (blocks of columns
+ *                  that end inside a group);
  *   dot.group.out  groups of 16 columns (outside the contracts) as the exact kernels.
  */
 #include "kernels_group.h"
@@ -110,6 +112,31 @@ static uint8_t *gdot_rows(size_t n, size_t cols, int type)
     return q;
 }
 
+/* One P @ V case: sv on M rows of A [M, K] against B (K rows of N columns of `type`), into C
+   rows filled with normal values first (beta), against the contract's statement row by row (row
+   exact_row, if < M, against the table's own exact kernel: its elements send it there); 1 on
+   a mismatch (the first five shown). */
+static int gsv_check(gqa_sv_gemm_fn sv, size_t M, size_t N, size_t K, const float *A, const uint8_t *B, int type,
+                     float beta, size_t exact_row, int *shown)
+{
+    float *got = xmalloc(M * N * 4), *want = xmalloc(M * N * 4);
+    for (size_t i = 0; i < M * N; i++)
+        got[i] = want[i] = normal();
+    sv(M, N, K, A, K, B, type, NULL, got, N, beta);
+    for (size_t m = 0; m < M; m++)
+        if (m == exact_row)
+            T->sv_gemm(1, N, K, A + m * K, K, B, type, NULL, want + m * N, N, beta);
+        else
+            gsv_oracle_row(N, K, A + m * K, B, type, want + m * N, beta);
+    int bad = 0;
+    for (size_t i = 0; i < M * N; i++)
+        bad |= !same_float(got[i], want[i]);
+    if (bad && (*shown)++ < 5)
+        printf("  dot.group.sv mismatch: type %#x K %zu N %zu M %zu beta %g\n", type, K, N, M, (double)beta);
+    free(got), free(want);
+    return bad;
+}
+
 static void check_group_dot(gqa_qk_gemm_fn qk, gqa_sv_gemm_fn sv)
 {
     static const int kinds[3] = {GQA_G8, GQA_G4, GQA_G2};
@@ -157,7 +184,7 @@ static void check_group_dot(gqa_qk_gemm_fn qk, gqa_sv_gemm_fn sv)
                     if (N % gs[gi])
                         continue;
                     uint8_t *B = gdot_rows(K, N, type);
-                    float *A = xmalloc(M * K * 4), *got = xmalloc(M * N * 4), *want = xmalloc(M * N * 4);
+                    float *A = xmalloc(M * K * 4);
                     for (size_t i = 0; i < M * K; i++)
                         A[i] = unif() * unif();
                     for (size_t m = 0; m < M; m++)
@@ -167,22 +194,8 @@ static void check_group_dot(gqa_qk_gemm_fn qk, gqa_sv_gemm_fn sv)
                             A[k] = 0.0f;
                     if (M > 1)
                         A[K + K / 2] = -0.25f; /* the exact kernel's */
-                    for (size_t i = 0; i < M * N; i++)
-                        got[i] = want[i] = normal();
-                    sv(M, N, K, A, K, B, type, NULL, got, N, beta);
-                    for (size_t m = 0; m < M; m++)
-                        if (m == 1)
-                            T->sv_gemm(1, N, K, A + m * K, K, B, type, NULL, want + m * N, N, beta);
-                        else
-                            gsv_oracle_row(N, K, A + m * K, B, type, want + m * N, beta);
-                    int bad = 0;
-                    for (size_t i = 0; i < M * N; i++)
-                        bad |= !same_float(got[i], want[i]);
-                    cases[1]++, fails[1] += bad;
-                    if (bad && shown++ < 5)
-                        printf("  dot.group.sv mismatch: type %#x K %zu N %zu M %zu beta %g\n", type, K, N, M,
-                               (double)beta);
-                    free(A), free(got), free(want), free(B);
+                    cases[1]++, fails[1] += gsv_check(sv, M, N, K, A, B, type, beta, M > 1 ? 1 : M, &shown);
+                    free(A), free(B);
                 }
             }
     /* P @ V of widths and groups that are not powers of two (a head of 96 or 160 is one group
@@ -196,22 +209,11 @@ static void check_group_dot(gqa_qk_gemm_fn qk, gqa_sv_gemm_fn sv)
                 const int type = gqa_group_type(kinds[ki], g, (int)(M + (size_t)o) % 2);
                 const float beta = betas[(M + (size_t)o) % 3];
                 uint8_t *B = gdot_rows(K, N, type);
-                float *A = xmalloc(M * K * 4), *got = xmalloc(M * N * 4), *want = xmalloc(M * N * 4);
+                float *A = xmalloc(M * K * 4);
                 for (size_t i = 0; i < M * K; i++)
                     A[i] = unif() * unif();
-                for (size_t i = 0; i < M * N; i++)
-                    got[i] = want[i] = normal();
-                sv(M, N, K, A, K, B, type, NULL, got, N, beta);
-                for (size_t m = 0; m < M; m++)
-                    gsv_oracle_row(N, K, A + m * K, B, type, want + m * N, beta);
-                int bad = 0;
-                for (size_t i = 0; i < M * N; i++)
-                    bad |= !same_float(got[i], want[i]);
-                cases[1]++, fails[1] += bad;
-                if (bad && shown++ < 5)
-                    printf("  dot.group.sv mismatch: type %#x K %zu N %zu M %zu beta %g\n", type, K, N, M,
-                           (double)beta);
-                free(A), free(got), free(want), free(B);
+                cases[1]++, fails[1] += gsv_check(sv, M, N, K, A, B, type, beta, M, &shown);
+                free(A), free(B);
             }
     for (int ki = 0; ki < 3; ki++) { /* groups of 16: the exact kernels */
         const int type = gqa_group_type(kinds[ki], 16, 0);
