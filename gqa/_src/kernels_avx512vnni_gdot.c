@@ -41,7 +41,7 @@
 #define GP_SLOTS 8                /* groups whose codes a chunk keeps (a block spans at most 8) */
 #define GP_CS (SV_KG + 16)        /* int16 codes per (row, group) slot */
 
-/* Pieces per block for mb rows: 2 mb GP_NP accumulators. */
+/* Pieces per block for mb rows (2 mb gp_np[mb] accumulators of 32). */
 static const int gp_np[SV_MB + 1] = {0, 8, 4, 4, 2};
 
 /* One piece's 32 codes at p as uint16 words in the kind's order (above). */
