@@ -8,7 +8,9 @@
  * CPU runs them.  The avxvnni unit (kernels_avxvnni_gdot.c) and the avx512 path's VNNI unit
  * (kernels_avx512vnni_gdot.c) build this source again (DOT_UNIT, kernels_avx2_dot.h: their
  * entries, each DOT_MADD one vpdpwssd, their path's exact kernels for what the contracts
- * leave); the integer sums are exact either way, so all give the contracts' bits.
+ * leave); the latter replaces the drivers with its own 512-bit ones (GDOT_GSV, GDOT_GQK) and
+ * keeps gqk for what they leave.  The integer sums are exact either way, so all give the
+ * contracts' bits.
  *
  * QK: a step is 16 bytes of INT8 (16 codes, zero-extended), 16 of INT4 (32 codes: the low
  * nibbles the even elements, the high ones the odd), or 16 of INT2 (64 codes: element 4i + j from

@@ -72,9 +72,14 @@ INLINE __m512i hsum16x16_epi32(const __m512i in[16])
     return _mm512_castps_si512(hsum16x16_tree(1, f));
 }
 
-/* The row of B that lane t of a block of 16 keys from row n reads: n + t, or in a last partial
-   block of nv < 16 rows its last row (read, never stored). */
-INLINE size_t row16(size_t n, size_t nv, int t) { return n + ((size_t)t < nv ? (size_t)t : nv - 1); }
+/* kr[t] = row n + t of B (rows of rb bytes) for the 16 lanes of a block of keys, of which nv
+   are rows of B: a last partial block (nv < 16) repeats its last row (read, never stored). */
+INLINE void rows16(const void *B, size_t n, size_t nv, size_t rb, const char *kr[16])
+{
+    UNROLL
+    for (int t = 0; t < 16; t++)
+        kr[t] = (const char *)B + (n + ((size_t)t < nv ? (size_t)t : nv - 1)) * rb;
+}
 
 /* 16 x 16 transpose of r[0..15] in place: 4 x 4 transposes inside each 128-bit
    lane (unpack, shuffle), then a 4 x 4 transpose of the 128-bit lanes. */
@@ -107,7 +112,51 @@ INLINE void transpose16(__m512 r[16])
     }
 }
 
+/* W[i] lane t = dword i of the nb <= 64 bytes at kr[t] + off (bytes past nb read as 0, never
+   touched): sixteen rows' chunks, transposed so that each lane holds one row.  A whole chunk
+   also prefetches each row's line pf bytes ahead where pf > 0 (prefetches never fault). */
+INLINE void chunk16(const char *const *kr, size_t off, size_t nb, size_t pf, __m512 W[16])
+{
+    if (nb >= 64) {
+        UNROLL
+        for (int t = 0; t < 16; t++) {
+            if (pf)
+                _mm_prefetch(kr[t] + off + pf, _MM_HINT_T0);
+            W[t] = _mm512_castsi512_ps(_mm512_loadu_si512((const void *)(kr[t] + off)));
+        }
+    } else {
+        const __mmask64 m = mask64(nb);
+        UNROLL
+        for (int t = 0; t < 16; t++)
+            W[t] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, kr[t] + off));
+    }
+    transpose16(W);
+}
+
 #if defined(__AVX512VNNI__) || defined(GQA_EMULATE_AVX512)
+#include "kernels_s8dot_contract.h"
+
+#define VNNI_QB (DOT_QK_K + 128) /* bytes of a query row's byte halves: K codes and a chunk's pad */
+
+/* The byte halves of a query row's codes c[0, n) (n <= DOT_QK_K): code = 256 hi + lo, hi =
+   (code + 128) >> 8 (both in [-127, 127]: |code| <= QK_CODE_MAX = 127 * 257), into hi / lo
+   [0, VNNI_QB), 0 past n, each code k at the place its key codes' dword gives it: with `per`
+   codes a byte (1, 2 or 4) a dword holds 4 per codes, the byte set of bits (8 / per) j first
+   (elements per b + j of its bytes b, j < per). */
+static inline void vnni_code_bytes(const int16_t *c, size_t n, int per, int8_t *hi, int8_t *lo)
+{
+    const unsigned lp = per == 1 ? 0 : per == 2 ? 1 : 2;      /* per = 2^lp */
+    const size_t dm = ((size_t)4 << lp) - 1, pm = ((size_t)1 << lp) - 1; /* 4 per codes a dword */
+    for (size_t k = 0; k < n; k++) {
+        const size_t j = (k & ~dm) + ((k & pm) << 2) + ((k & dm) >> lp);
+        const int h = (c[k] + 128) >> 8;
+        hi[j] = (int8_t)h;
+        lo[j] = (int8_t)(c[k] - 256 * h);
+    }
+    memset(hi + n, 0, VNNI_QB - n);
+    memset(lo + n, 0, VNNI_QB - n);
+}
+
 /* The VNNI units' dots with a 4-byte operand at p in every lane, the broadcast folded into the
    instruction ({1to16}: GCC 12 issues a separate vpbroadcastd for the intrinsics' form, one more
    vector op per dot); the intrinsics under the tests' emulation build.

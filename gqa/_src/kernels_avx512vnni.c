@@ -388,23 +388,7 @@ INLINE void dot_block(const int MB, const int S4, const int16_t *c, size_t cs, c
  * int32 lanes wrap alike in every order and |D| < 2^31 (the contract), so the sums give D
  * exactly.  Bytes past a row are loaded as 0 against query bytes of 0.
  */
-#define KL_QB (DOT_QK_K + 128) /* bytes of a row's query halves: 64-byte chunks of codes, padded */
-
-/* The byte halves of codes c[0, cs) (cs a multiple of 32, padded with 0) into hi / lo [0, KL_QB),
-   INT4 (s4) in the nibbles' order above; 0 past cs. */
-static void kl_bytes(const int16_t *c, size_t cs, int s4, int8_t *hi, int8_t *lo)
-{
-    for (size_t k = 0; k < cs; k++) {
-        const size_t j = s4 ? (k & ~(size_t)7) + (k & 1) * 4 + (k & 7) / 2 : k; /* code k's place */
-        const int h = (c[k] + 128) >> 8;
-        hi[j] = (int8_t)h;
-        lo[j] = (int8_t)(c[k] - 256 * h);
-    }
-    memset(hi + cs, 0, KL_QB - cs);
-    memset(lo + cs, 0, KL_QB - cs);
-}
-
-/* C[mb, n .. n + 15] for rows mb < MB (byte halves qh / ql, stride KL_QB) and the N rows of B
+/* C[mb, n .. n + 15] for rows mb < MB (byte halves qh / ql, stride VNNI_QB) and the N rows of B
    (stride rb), 16 keys a block (a last partial block repeats B's last row and stores only its
    own); D less corr[mb] (z sum_k code_k), times mult[mb]. */
 INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t *ql, const int8_t *B, size_t rb,
@@ -414,10 +398,8 @@ INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t 
     const __m512i flip = _mm512_set1_epi8((char)0x80), nib = _mm512_set1_epi8(0x0F);
     for (size_t n = 0; n < N; n += 16) {
         const size_t nv = N - n < 16 ? N - n : 16;
-        const int8_t *kr[16];
-        UNROLL
-        for (int t = 0; t < 16; t++)
-            kr[t] = B + row16(n, nv, t) * rb;
+        const char *kr[16];
+        rows16(B, n, nv, rb, kr);
         __m512i ah[4], al[4];
         UNROLL
         for (int i = 0; i < MB; i++)
@@ -425,20 +407,9 @@ INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t 
         for (size_t c = 0; c < nch; c++) {
             const size_t off = 64 * c, nb = rb - off < 64 ? rb - off : 64, nd = (nb + 3) / 4;
             __m512 W[16];
-            if (nb == 64) {
-                UNROLL
-                for (int t = 0; t < 16; t++) {
-                    /* B streams from memory in decode: each row DOT_PF bytes ahead */
-                    _mm_prefetch((const char *)kr[t] + off + DOT_PF, _MM_HINT_T0);
-                    W[t] = _mm512_castsi512_ps(_mm512_loadu_si512((const void *)(kr[t] + off)));
-                }
-            } else {
-                const __mmask64 m = mask64(nb);
-                UNROLL
-                for (int t = 0; t < 16; t++)
-                    W[t] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, kr[t] + off));
-            }
-            transpose16(W); /* W[i] lane t: key t's dword i of the chunk */
+            /* W[i] lane t: key t's dword i of the chunk; B streams from memory in decode: each
+               row DOT_PF bytes ahead */
+            chunk16(kr, off, nb, DOT_PF, W);
             UNROLL
             for (int i = 0; i < 16; i++) {
                 if ((size_t)i >= nd)
@@ -449,17 +420,17 @@ INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t 
                     const __m512i u = _mm512_xor_si512(w, flip);
                     UNROLL
                     for (int r = 0; r < MB; r++) {
-                        ah[r] = vnni_dpbusd_b(ah[r], u, qh + r * KL_QB + q);
-                        al[r] = vnni_dpbusd_b(al[r], u, ql + r * KL_QB + q);
+                        ah[r] = vnni_dpbusd_b(ah[r], u, qh + r * VNNI_QB + q);
+                        al[r] = vnni_dpbusd_b(al[r], u, ql + r * VNNI_QB + q);
                     }
                 } else {
                     const __m512i ue = _mm512_and_si512(w, nib), uo = _mm512_and_si512(_mm512_srli_epi32(w, 4), nib);
                     UNROLL
                     for (int r = 0; r < MB; r++) {
-                        ah[r] = vnni_dpbusd_b(ah[r], ue, qh + r * KL_QB + q);
-                        al[r] = vnni_dpbusd_b(al[r], ue, ql + r * KL_QB + q);
-                        ah[r] = vnni_dpbusd_b(ah[r], uo, qh + r * KL_QB + q + 4);
-                        al[r] = vnni_dpbusd_b(al[r], uo, ql + r * KL_QB + q + 4);
+                        ah[r] = vnni_dpbusd_b(ah[r], ue, qh + r * VNNI_QB + q);
+                        al[r] = vnni_dpbusd_b(al[r], ue, ql + r * VNNI_QB + q);
+                        ah[r] = vnni_dpbusd_b(ah[r], uo, qh + r * VNNI_QB + q + 4);
+                        al[r] = vnni_dpbusd_b(al[r], uo, ql + r * VNNI_QB + q + 4);
                     }
                 }
             }
@@ -519,7 +490,7 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
     static const kl_fn kl_blocks[2][5] = {{NULL, NULL, NULL, kl_3_0, kl_4_0}, {NULL, NULL, kl_2_1, kl_3_1, kl_4_1}};
     static const dot_fn blocks[2][3] = {{NULL, dot_1_0, dot_2_0}, {NULL, dot_1_1, NULL}};
     int16_t c[4 * DOT_QK_K] __attribute__((aligned(64)));
-    int8_t qb[2][4][KL_QB]; /* the rows' query codes' high and low bytes */
+    int8_t qb[2][4][VNNI_QB]; /* the rows' query codes' high and low bytes */
     const int8_t *Bb = (const int8_t *)B;
     const int s4 = GQA_IS_S4(type);
     if (GQA_IS_GROUP(type)) {
@@ -543,7 +514,7 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
         if (together && kl_blocks[s4][mb] != NULL) {
             for (int i = 0; i < mb; i++) {
                 corr[i] = (s4 ? 8 : 128) * code_sum(c + i * cs, cs);
-                kl_bytes(c + i * cs, cs, s4, qb[0][i], qb[1][i]);
+                vnni_code_bytes(c + i * cs, cs, s4 ? 2 : 1, qb[0][i], qb[1][i]);
             }
             kl_blocks[s4][mb](&qb[0][0][0], &qb[1][0][0], Bb, rb, N, mult, corr, C + rows[0] * ldc, ldc);
             continue;

@@ -221,7 +221,7 @@ static void gsv512(size_t M, size_t N, size_t K, const float *A, size_t lda, con
  * that lane t of vector i holds key t's dword i of the chunk; a dword holds 4 (INT8), 8 (INT4) or
  * 16 (INT2) codes of one group.  Each query code enters as its two signed bytes (code = 256 hi +
  * lo, both in [-127, 127] since QK_CODE_MAX = 127 * 257), in the order the dword gives its codes
- * (kq_bytes), against the codes as unsigned bytes: INT8 the bytes; INT4 the low nibbles (the even
+ * (vnni_code_bytes), against the codes as unsigned bytes: INT8 the bytes; INT4 the low nibbles (the even
  * elements), then the high ones; INT2 bits 2 j of each byte (elements 4 b + j), j = 0 .. 3.  One
  * vpdpbusd per byte set, row and half; at a group's last dword D_j = 256 D_hi + D_lo (the
  * contract's exact int32: |D_hi| <= 256 * 127 * 255, 256 of it < 2^31) and
@@ -229,37 +229,16 @@ static void gsv512(size_t M, size_t N, size_t K, const float *A, size_t lda, con
  * z_j from the keys' metadata transposed the same way (fp32: dwords 2 j, 2 j + 1; fp16: the
  * halves of dword j).  C = fl(S mult).  No horizontal sums.
  */
-#define KQ_QB (DOT_QK_K + 64) /* query bytes per row and half: K and the pad of a last partial chunk */
-#define KQ_PF 64              /* rows ahead to prefetch (four blocks of keys) */
-
-/* The byte halves of codes c[0, K) into hi / lo [0, KQ_QB) in the order the kind's dwords
-   take them (above), 0 past K. */
-static void kq_bytes(const int16_t *c, size_t K, int kind, int8_t *hi, int8_t *lo)
-{
-    for (size_t k = 0; k < K; k++) {
-        const size_t j = kind == DOT_U8   ? k
-                         : kind == DOT_U4 ? (k & ~(size_t)7) + (k & 1) * 4 + (k & 7) / 2
-                                          : (k & ~(size_t)15) + (k & 3) * 4 + (k & 15) / 4;
-        const int h = (c[k] + 128) >> 8;
-        hi[j] = (int8_t)h;
-        lo[j] = (int8_t)(c[k] - 256 * h);
-    }
-    memset(hi + K, 0, KQ_QB - K);
-    memset(lo + K, 0, KQ_QB - K);
-}
+#define KQ_PF 64 /* rows ahead to prefetch (four blocks of keys) */
 
 /* meta[2 j], meta[2 j + 1] = the scales and zeros of group j < J of the sixteen keys at kr (their
    metadata at byte cb of rows of rb bytes). */
-INLINE void kq_meta(const uint8_t *const *kr, size_t cb, size_t rb, size_t J, int f16, __m512 *meta)
+INLINE void kq_meta(const char *const *kr, size_t cb, size_t J, int f16, __m512 *meta)
 {
     const size_t bytes = J * (f16 ? 4 : 8);
     for (size_t off = 0; off < bytes; off += 64) {
-        const __mmask64 m = mask64(bytes - off);
         __m512 W[16];
-        UNROLL
-        for (int t = 0; t < 16; t++)
-            W[t] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, kr[t] + cb + off));
-        transpose16(W);
+        chunk16(kr, cb + off, bytes - off, 0, W);
         if (f16) {
             const size_t j0 = off / 4;
             for (size_t i = 0; i < 16 && j0 + i < J; i++) {
@@ -275,7 +254,7 @@ INLINE void kq_meta(const uint8_t *const *kr, size_t cb, size_t rb, size_t J, in
     }
 }
 
-/* C[r, n .. n + 15] for rows r < MB (byte halves qh / ql, stride KQ_QB; mult[r]; aj[r * J + j] =
+/* C[r, n .. n + 15] for rows r < MB (byte halves qh / ql, stride VNNI_QB; mult[r]; aj[r * J + j] =
    float(A_j)) and the N rows of B (rb bytes; K codes in groups of g, metadata fp16 or fp32), 16
    keys a block (a last partial block repeats B's last row and stores only its own). */
 INLINE void kq_block(const int MB, const int KIND, const int8_t *qh, const int8_t *ql, const uint8_t *B, size_t rb,
@@ -288,11 +267,9 @@ INLINE void kq_block(const int MB, const int KIND, const int8_t *qh, const int8_
     __m512 meta[2 * (DOT_QK_K / 32)];
     for (size_t n = 0; n < N; n += 16) {
         const size_t nv = N - n < 16 ? N - n : 16;
-        const uint8_t *kr[16];
-        UNROLL
-        for (int t = 0; t < 16; t++)
-            kr[t] = B + row16(n, nv, t) * rb;
-        kq_meta(kr, cb, rb, J, f16, meta);
+        const char *kr[16];
+        rows16(B, n, nv, rb, kr);
+        kq_meta(kr, cb, J, f16, meta);
         __m512i ah[4], al[4];
         __m512 S[4];
         UNROLL
@@ -307,18 +284,8 @@ INLINE void kq_block(const int MB, const int KIND, const int8_t *qh, const int8_
             /* B streams from memory in decode: the block's rows KQ_PF rows ahead, a share per
                chunk (prefetches never fault) */
             for (size_t l = lines * off / cb; l < lines * (off + 64) / cb && l < lines; l++)
-                _mm_prefetch((const char *)(kr[0] + KQ_PF * rb) + 64 * l, _MM_HINT_T0);
-            if (nd == 16) {
-                UNROLL
-                for (int t = 0; t < 16; t++)
-                    W[t] = _mm512_castsi512_ps(_mm512_loadu_si512((const void *)(kr[t] + off)));
-            } else {
-                const __mmask64 m = mask64(4 * nd);
-                UNROLL
-                for (int t = 0; t < 16; t++)
-                    W[t] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, kr[t] + off));
-            }
-            transpose16(W);
+                _mm_prefetch(kr[0] + KQ_PF * rb + 64 * l, _MM_HINT_T0);
+            chunk16(kr, off, 4 * nd, 0, W);
             UNROLL
             for (int i = 0; i < 16; i++) {
                 if ((size_t)i >= nd)
@@ -330,8 +297,8 @@ INLINE void kq_block(const int MB, const int KIND, const int8_t *qh, const int8_
                     const __m512i u = KIND == DOT_U8 ? w : _mm512_and_si512(_mm512_srli_epi32(w, 8 / per * b), f);
                     UNROLL
                     for (int r = 0; r < MB; r++) {
-                        ah[r] = vnni_dpbusd_b(ah[r], u, qh + r * KQ_QB + q + 4 * b);
-                        al[r] = vnni_dpbusd_b(al[r], u, ql + r * KQ_QB + q + 4 * b);
+                        ah[r] = vnni_dpbusd_b(ah[r], u, qh + r * VNNI_QB + q + 4 * b);
+                        al[r] = vnni_dpbusd_b(al[r], u, ql + r * VNNI_QB + q + 4 * b);
                     }
                 }
                 if (++dw == gd) { /* the group's last dword: its finish */
@@ -378,11 +345,15 @@ static void gqk512(size_t M, size_t N, size_t K, float alpha, const float *A, si
                    float *C, size_t ldc)
 {
     int16_t c[DOT_QK_K] __attribute__((aligned(64)));
-    int8_t qb[2][4][KQ_QB]; /* the rows' query codes' high and low bytes */
+    int8_t qb[2][4][VNNI_QB]; /* the rows' query codes' high and low bytes */
     float aj[4 * (DOT_QK_K / 32)];
     const size_t g = gqa_group_cols(type), J = K / g, rb = gqa_row_bytes(type, K);
     const int kind = gdot_kind(type), f16 = (type & GQA_META_F16) != 0;
     const float one = 1.0f; /* the per-tensor multiplier's scale: mult = fl(alpha * sa) */
+    if (kq_blocks[kind][M < 4 ? M : 4] == NULL) { /* gqk's blocks: its own row codes, made once */
+        gqk(M, N, K, alpha, A, lda, B, type, C, ldc);
+        return;
+    }
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[4];
         float mult[4];
@@ -391,7 +362,7 @@ static void gqk512(size_t M, size_t N, size_t K, float alpha, const float *A, si
             if (qk_row(A + m0 * lda, K, &one, 0, alpha, c, K, &mult[mb])) {
                 for (size_t j = 0; j < J; j++)
                     aj[mb * J + j] = (float)code_sum(c + j * g, g);
-                kq_bytes(c, K, kind, qb[0][mb], qb[1][mb]);
+                vnni_code_bytes(c, K, kind == DOT_U8 ? 1 : kind == DOT_U4 ? 2 : 4, qb[0][mb], qb[1][mb]);
                 rows[mb++] = m0;
             } else {
                 DOT_EXACT.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc);
@@ -400,7 +371,7 @@ static void gqk512(size_t M, size_t N, size_t K, float alpha, const float *A, si
         if (mb == 0)
             continue;
         const int together = rows[mb - 1] - rows[0] == (size_t)(mb - 1);
-        if (kq_blocks[kind][together ? mb : 1] == NULL) /* gqk's blocks (taking the rows again) */
+        if (kq_blocks[kind][together ? mb : 1] == NULL) /* gqk's blocks (a remainder of 1-2 rows: its codes again) */
             for (int i = 0; i < mb; i += together ? mb : 1)
                 gqk(together ? (size_t)mb : 1, N, K, alpha, A + rows[i] * lda, lda, B, type, C + rows[i] * ldc, ldc);
         else if (together)

@@ -28,9 +28,8 @@
    empty asm, no instruction).  Without it GCC 12 gives a step's sums new registers and copies
    them back: the AVX2 INT8 qk_3x4 inner loop was 52 instructions, 16 of them vmovdqa, and is 39
    with 3; the AVX-512 VNNI QK loop of 4 rows (dot_block then) had 30 zmm copies and a spill for 16
-   vpdpwssd.  The
-   P @ V blocks keep their sums without it (there it adds copies).  None in the emulated builds
-   of tests/isa, whose vectors are SIMDe's structures. */
+   vpdpwssd.  The P @ V blocks keep their sums without it (there it adds copies).  None in the
+   emulated builds of tests/isa, whose vectors are SIMDe's structures. */
 #if defined(GQA_EMULATE_AVX512)
 #define DOT_KEEP(v) ((void)0)
 #elif defined(__AVX512F__)

@@ -1,7 +1,7 @@
 /*
  * kernels_s8dot_contract.h -- accuracy level 4's integer-dot contracts, the one statement that
  * every unit implementing them follows bit for bit: the AVX-512 VNNI unit (vpdpwssd, vpdpbusd,
- * kernels_avx512vnni.c), the AMX INT8 unit (kernels_amxint8.c), both through kernels_s8dot.h,
+ * kernels_avx512vnni.c, kernels_avx512vnni_gdot.c), the AMX INT8 unit (kernels_amxint8.c), both through kernels_s8dot.h,
  * the AVX2 unit (vpmaddwd, kernels_avx2_s8dot.c, kernels_avx2_gdot.c) and the NEON unit (sdot,
  * kernels_neon_s8dot.c, kernels_neon_gdot.c).
  * ISA-free: the statement and its limits.
