@@ -533,32 +533,44 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
 /* ---- sv_gemm_s8_dot (accuracy level 4, AVX-512 VNNI) -----------------------------------
  *
  * The contract: kernels_s8dot.h.
- * How D is formed: two keys at a time, the 32-column halves of their 64-column block are
- * widened to int16 (vpmovsxbw) and interleaved by in-lane word unpacks, so that lane t of
- * vector v holds the two keys' codes of column 32 (v / 2) + 8 (t / 4) + 4 (v % 2) + t % 4;
- * one vpdpwssd per vector and row adds the two products with the row's two codes
- * (broadcast).  |one vpdpwssd| <= 2 * 32767 * 128, 256 of them (SV_KS keys) < 2^31.
- * The sums return to column order by two vpermt2d per vector pair.  Blocks go one pass over
- * the chunk's keys each, two at a time for one or two rows (each V row then read once).
+ * How D is formed: two keys at a time, each key's 64-column block becomes two vectors of 32
+ * int16 codes -- INT8 its 32-column halves (vpmovsxbw; half h holds column 32 h + e in word e),
+ * INT4 its 32 bytes zero-extended (vpmovzxbw) and split into the low nibbles (half 0: column 2 e
+ * in word e) and the high ones (half 1: column 2 e + 1), the unsigned nibbles u = q + 8 --, the
+ * two keys' halves interleaved by in-lane word unpacks, so that lane t of vector v holds the two
+ * keys' codes of word e = 8 (t / 4) + 4 (v % 2) + t % 4 of half v / 2; one vpdpwssd per vector
+ * and row adds the two products with the row's two codes (broadcast).  |one vpdpwssd| <= 2 *
+ * 32767 * 128, 256 of them (SV_KS keys) < 2^31.  The sums return to column order by vpermt2d
+ * (sv_columns).  Blocks go one pass over the chunk's keys each, two at a time for one or two
+ * rows (each V row then read once).
  */
 #define SV_PFR 64
 #define SV_MB 4
 
-/* Two keys' 64-column blocks (rows r0, r1 of codes; INT4: their nibbles u; w columns, byte masks
-   m0 / m1 of the two 32-column halves) -> o[v] in the order above; then
-   D[i][v] += (codes_i[k], codes_i[k+1]) . o[v] for rows i < MB. */
+/* One key's 64-column block at r as the two halves of the order above, the bytes under masks m0 /
+   m1 (INT8: of the two 32-column halves; INT4: m0 of the block's 32 bytes). */
+INLINE void sv_halves(const int S4, const int full, const int8_t *r, __mmask32 m0, __mmask32 m1, __m512i *h0,
+                      __m512i *h1)
+{
+    if (!S4) {
+        *h0 = widen32(0, full ? (__mmask32)~0u : m0, r);
+        *h1 = widen32(0, full ? (__mmask32)~0u : m1, r + 32);
+        return;
+    }
+    const __m512i x = _mm512_cvtepu8_epi16(full ? _mm256_loadu_si256((const __m256i *)r) : load32_epi8(m0, r));
+    *h0 = _mm512_and_si512(x, _mm512_set1_epi16(0x0F));
+    *h1 = _mm512_srli_epi16(x, 4);
+}
+
+/* Two keys' 64-column blocks (rows r0, r1 of codes; w columns: byte masks m0 / m1 of sv_halves)
+   -> o[v] in the order above; then D[i][v] += (codes_i[k], codes_i[k+1]) . o[v] for rows i < MB. */
 INLINE void sv_pair(const int MB, const int S4, const int full, const int8_t *r0, const int8_t *r1, __mmask32 m0,
                     __mmask32 m1, const int16_t *const *codes, size_t k, __m512i D[SV_MB][4])
 {
-    const size_t half = S4 ? 16 : 32; /* bytes of 32 columns */
-    const __mmask32 f0 = full ? (__mmask32)~0u : m0, f1 = full ? (__mmask32)~0u : m1;
     __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
-    a0 = widen32(S4, f0, r0);
-    a1 = widen32(S4, f1, r0 + half);
-    if (r1) {
-        b0 = widen32(S4, f0, r1);
-        b1 = widen32(S4, f1, r1 + half);
-    }
+    sv_halves(S4, full, r0, m0, m1, &a0, &a1);
+    if (r1)
+        sv_halves(S4, full, r1, m0, m1, &b0, &b1);
     const __m512i o[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
                           _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
     UNROLL
@@ -579,8 +591,9 @@ INLINE void sv_pair(const int MB, const int S4, const int full, const int8_t *r0
 INLINE void sv_block(const int MB, const int S4, const int16_t *const *codes, size_t kn, const int8_t *B,
                      size_t ldb, size_t w, __m512i D[SV_MB][4])
 {
-    const size_t w0 = w < 32 ? w : 32, w1 = w > 32 ? w - 32 : 0;
-    const __mmask32 m0 = (__mmask32)mask64(S4 ? (w0 + 1) / 2 : w0), m1 = (__mmask32)mask64(S4 ? (w1 + 1) / 2 : w1);
+    /* INT8: each 32-column half's bytes below w; INT4: the block's (w + 1) / 2 bytes */
+    const __mmask32 m0 = (__mmask32)mask64(S4 ? (w + 1) / 2 : w < 32 ? w : 32),
+                    m1 = (__mmask32)mask64(S4 || w <= 32 ? 0 : w - 32);
     __m512i acc[SV_MB][4];
     UNROLL
     for (int i = 0; i < MB; i++)
@@ -664,27 +677,39 @@ typedef void (*svb2_fn)(const int16_t *const *, size_t, const int8_t *, size_t, 
                         __m512i[SV_MB][4]);
 
 /* One row's sums D[4] back in column order: out[0..3] = columns 16 j .. 16 j + 15. */
-INLINE void sv_columns(const __m512i D[4], __m512i out[4])
+INLINE void sv_columns(const int S4, const __m512i D[4], __m512i out[4])
 {
-    /* D[2h] lane group g (4 dwords): columns 32 h + 8 g + 0..3; D[2h+1]: + 4 */
+    /* D[2h] lane group g (4 dwords): words 8 g + 0..3 of half h; D[2h+1]: + 4 */
     const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-    out[0] = _mm512_permutex2var_epi32(D[0], lo, D[1]);
-    out[1] = _mm512_permutex2var_epi32(D[0], hi, D[1]);
-    out[2] = _mm512_permutex2var_epi32(D[2], lo, D[3]);
-    out[3] = _mm512_permutex2var_epi32(D[2], hi, D[3]);
+    /* h[2h + i]: words 16 i .. 16 i + 15 of half h, which are INT8's columns */
+    const __m512i h[4] = {_mm512_permutex2var_epi32(D[0], lo, D[1]), _mm512_permutex2var_epi32(D[0], hi, D[1]),
+                          _mm512_permutex2var_epi32(D[2], lo, D[3]), _mm512_permutex2var_epi32(D[2], hi, D[3])};
+    if (!S4) {
+        UNROLL
+        for (int j = 0; j < 4; j++)
+            out[j] = h[j];
+        return;
+    }
+    /* INT4: word e of half 0 is column 2 e, of half 1 column 2 e + 1 */
+    const __m512i e0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i e1 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    out[0] = _mm512_permutex2var_epi32(h[0], e0, h[2]);
+    out[1] = _mm512_permutex2var_epi32(h[0], e1, h[2]);
+    out[2] = _mm512_permutex2var_epi32(h[1], e0, h[3]);
+    out[3] = _mm512_permutex2var_epi32(h[1], e1, h[3]);
 }
 
-/* One chunk's sums D of rows i < mb (block at column n0, w columns), less corr[i] (INT4), into
+/* One chunk's sums D of rows i < mb (block at column n0, w columns), less corr[i] (INT4: S4), into
    their rows of C. */
-INLINE void sv_rows_finish(const __m512i D[SV_MB][4], int mb, const size_t *rows, const int32_t *corr, size_t w,
+INLINE void sv_rows_finish(const int S4, const __m512i D[SV_MB][4], int mb, const size_t *rows, const int32_t *corr, size_t w,
                            size_t n0, float *C, size_t ldc, int pc, const float *s, const float *sp, float beta,
                            int first)
 {
     for (int i = 0; i < mb; i++) {
         __m512i d[4];
-        sv_columns(D[i], d);
-        if (corr[i]) /* INT4 only */
+        sv_columns(S4, D[i], d);
+        if (S4)
             for (int j = 0; j < 4; j++)
                 d[j] = _mm512_sub_epi32(d[j], _mm512_set1_epi32(corr[i]));
         sv_finish(d, w, n0, C + rows[i] * ldc + n0, pc, s, sp[i], beta, first);
@@ -738,15 +763,15 @@ void gqa_sv_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, const float *A,
                     __m512i D[SV_MB][4], D2[SV_MB][4];
                     const int8_t *Bn = Bk + gqa_row_bytes(type, n0);
                     sv_blocks2[s4][mb](cr, kn, Bn, rb, D, D2);
-                    sv_rows_finish(D, mb, rows, corr, 64, n0, C, ldc, pc, s, sp, beta, k0 == 0);
-                    sv_rows_finish(D2, mb, rows, corr, 64, n0 + 64, C, ldc, pc, s, sp, beta, k0 == 0);
+                    sv_rows_finish(s4, D, mb, rows, corr, 64, n0, C, ldc, pc, s, sp, beta, k0 == 0);
+                    sv_rows_finish(s4, D2, mb, rows, corr, 64, n0 + 64, C, ldc, pc, s, sp, beta, k0 == 0);
                 }
             for (; n0 < N; n0 += 64) {
                 const size_t w = N - n0 < 64 ? N - n0 : 64;
                 __m512i D[SV_MB][4];
                 const int8_t *Bn = Bk + gqa_row_bytes(type, n0);
                 sv_blocks[s4][mb](cr, kn, Bn, rb, w, D);
-                sv_rows_finish(D, mb, rows, corr, w, n0, C, ldc, pc, s, sp, beta, k0 == 0);
+                sv_rows_finish(s4, D, mb, rows, corr, w, n0, C, ldc, pc, s, sp, beta, k0 == 0);
             }
         }
     }
