@@ -128,11 +128,11 @@ INLINE void chunk16_le16(const char *const *kr, size_t off, size_t nb, __m512 W[
 {
     __m512i x[4], y[4];
     UNROLL
-    for (int q = 0; q < 4; q++) { /* x[q] 128-bit lane L: row 4 L + q */
+    for (int q = 0; q < 4; q++) { /* x[q] 128-bit lane L: row 4 L + q (immediate lanes: -O0 builds) */
         x[q] = _mm512_castsi128_si512(load_upto16(kr[q] + off, nb));
-        UNROLL
-        for (int L = 1; L < 4; L++)
-            x[q] = _mm512_inserti32x4(x[q], load_upto16(kr[4 * L + q] + off, nb), L);
+        x[q] = _mm512_inserti32x4(x[q], load_upto16(kr[4 + q] + off, nb), 1);
+        x[q] = _mm512_inserti32x4(x[q], load_upto16(kr[8 + q] + off, nb), 2);
+        x[q] = _mm512_inserti32x4(x[q], load_upto16(kr[12 + q] + off, nb), 3);
     }
     y[0] = _mm512_unpacklo_epi32(x[0], x[1]);
     y[1] = _mm512_unpackhi_epi32(x[0], x[1]);
