@@ -202,36 +202,33 @@ EMU void emu_mm512_mask_storeu_epi16(void *p, __mmask32 k, __m512i a) { emu_mask
 
 EMU void emu_mm512_mask_storeu_epi32(void *p, __mmask16 k, __m512i a) { emu_mask_store(p, k, &a, 16, 4); }
 
+/* the n bytes of x whose mask bit k is set copied from p, the others 0 (only selected bytes read) */
+EMU void emu_maskz_bytes(void *x, uint64_t k, const void *p, int n)
+{
+    memset(x, 0, (size_t)n);
+    for (int i = 0; i < n; i++)
+        if (k >> i & 1)
+            ((uint8_t *)x)[i] = ((const uint8_t *)p)[i];
+}
+
 EMU __m128i emu_mm_maskz_loadu_epi8(__mmask16 k, const void *p)
 {
-    uint8_t r[16] = {0};
     __m128i v;
-    for (int i = 0; i < 16; i++)
-        if (k >> i & 1)
-            r[i] = ((const uint8_t *)p)[i];
-    EMU_FROM(v, r);
+    emu_maskz_bytes(&v, k, p, 16);
     return v;
 }
 
 EMU __m256i emu_mm256_maskz_loadu_epi8(__mmask32 k, const void *p)
 {
-    uint8_t r[32] = {0};
     __m256i v;
-    for (int i = 0; i < 32; i++)
-        if (k >> i & 1)
-            r[i] = ((const uint8_t *)p)[i];
-    EMU_FROM(v, r);
+    emu_maskz_bytes(&v, k, p, 32);
     return v;
 }
 
 EMU __m512i emu_mm512_maskz_loadu_epi8(__mmask64 k, const void *p)
 {
-    uint8_t r[64] = {0};
     __m512i v;
-    for (int i = 0; i < 64; i++)
-        if (k >> i & 1)
-            r[i] = ((const uint8_t *)p)[i];
-    EMU_FROM(v, r);
+    emu_maskz_bytes(&v, k, p, 64);
     return v;
 }
 
