@@ -232,13 +232,16 @@ static void gsv512(size_t M, size_t N, size_t K, const float *A, size_t lda, con
 #define KQ_PF 64 /* rows ahead to prefetch (four blocks of keys) */
 
 /* meta[2 j], meta[2 j + 1] = the scales and zeros of group j < J of the sixteen keys at kr (their
-   metadata at byte cb of rows of rb bytes). */
-INLINE void kq_meta(const char *const *kr, size_t cb, size_t J, int f16, __m512 *meta)
+   metadata at byte cb of rows of rb bytes); SM: through chunk16's small paths (kq_block's). */
+INLINE void kq_meta(const int SM, const char *const *kr, size_t cb, size_t J, int f16, __m512 *meta)
 {
     const size_t bytes = J * (f16 ? 4 : 8);
     for (size_t off = 0; off < bytes; off += 64) {
         __m512 W[16];
-        chunk16_rows(kr, cb + off, bytes - off, 0, W);
+        if (SM)
+            chunk16(kr, cb + off, bytes - off, 0, W);
+        else
+            chunk16_rows(kr, cb + off, bytes - off, 0, W);
         if (f16) {
             const size_t j0 = off / 4;
             for (size_t i = 0; i < 16 && j0 + i < J; i++) {
@@ -256,8 +259,9 @@ INLINE void kq_meta(const char *const *kr, size_t cb, size_t J, int f16, __m512 
 
 /* C[r, n .. n + 15] for rows r < MB (byte halves qh / ql, stride VNNI_QB; mult[r]; aj[r * J + j] =
    float(A_j)) and the N rows of B (rb bytes; K codes in groups of g, metadata fp16 or fp32), 16
-   keys a block (a last partial block repeats B's last row and stores only its own). */
-INLINE void kq_block(const int MB, const int KIND, const int8_t *qh, const int8_t *ql, const uint8_t *B, size_t rb,
+   keys a block (a last partial block repeats B's last row and stores only its own).  SM: rows of at
+   most 32 code bytes, through chunk16's small paths (the others: chunk16_rows). */
+INLINE void kq_block(const int MB, const int KIND, const int SM, const int8_t *qh, const int8_t *ql, const uint8_t *B, size_t rb,
                      size_t N, size_t K, size_t g, int f16, const float *mult, const float *aj, float *C, size_t ldc)
 {
     const int per = KIND == DOT_U8 ? 1 : KIND == DOT_U4 ? 2 : 4; /* byte sets per dword */
@@ -269,7 +273,7 @@ INLINE void kq_block(const int MB, const int KIND, const int8_t *qh, const int8_
         const size_t nv = N - n < 16 ? N - n : 16;
         const char *kr[16];
         rows16(B, n, nv, rb, kr);
-        kq_meta(kr, cb, J, f16, meta);
+        kq_meta(SM, kr, cb, J, f16, meta);
         __m512i ah[4], al[4];
         __m512 S[4];
         UNROLL
@@ -285,10 +289,10 @@ INLINE void kq_block(const int MB, const int KIND, const int8_t *qh, const int8_
                chunk (prefetches never fault) */
             for (size_t l = lines * off / cb; l < lines * (off + 64) / cb && l < lines; l++)
                 _mm_prefetch(kr[0] + KQ_PF * rb + 64 * l, _MM_HINT_T0);
-            /* chunk16_rows, not chunk16's small paths: here (INT4 H = 64, INT2 H = 128) they
-               measured within what the function's address alone moves this kernel (Zen 4, the
-               same instructions at another address: 0.92-1.0x) */
-            chunk16_rows(kr, off, 4 * nd, 0, W);
+            if (SM)
+                chunk16(kr, off, 4 * nd, 0, W);
+            else
+                chunk16_rows(kr, off, 4 * nd, 0, W);
             UNROLL
             for (int i = 0; i < 16; i++) {
                 if ((size_t)i >= nd)
@@ -326,23 +330,30 @@ INLINE void kq_block(const int MB, const int KIND, const int8_t *qh, const int8_
 
 typedef void (*kq_fn)(const int8_t *, const int8_t *, const uint8_t *, size_t, size_t, size_t, size_t, int,
                       const float *, const float *, float *, size_t);
-#define KQ_INST(MB, KIND)                                                                              \
-    static void kq_##MB##_##KIND(const int8_t *qh, const int8_t *ql, const uint8_t *B, size_t rb, size_t N,   \
-                                 size_t K, size_t g, int f16, const float *mult, const float *aj, float *C,   \
-                                 size_t ldc)                                                          \
+#define KQ_INST(MB, KIND, SM)                                                                          \
+    static void kq_##MB##_##KIND##_##SM(const int8_t *qh, const int8_t *ql, const uint8_t *B, size_t rb,       \
+                                        size_t N, size_t K, size_t g, int f16, const float *mult,             \
+                                        const float *aj, float *C, size_t ldc)                                \
     {                                                                                                  \
-        kq_block(MB, KIND, qh, ql, B, rb, N, K, g, f16, mult, aj, C, ldc);                             \
+        kq_block(MB, KIND, SM, qh, ql, B, rb, N, K, g, f16, mult, aj, C, ldc);                         \
     }
-KQ_INST(1, 1) KQ_INST(2, 1) KQ_INST(3, 1) KQ_INST(4, 1) /* DOT_U4 */
-KQ_INST(3, 2) KQ_INST(4, 2)                             /* DOT_U8 */
-KQ_INST(1, 3) KQ_INST(2, 3) KQ_INST(3, 3) KQ_INST(4, 3) /* DOT_U2 */
-/* [kind][rows]: the keys across the lanes where an entry is set, else gqk's blocks (INT8 of one
-   or two rows: there the three transposes a block of 16 keys takes at H = 128 outweigh its dots;
-   Zen 4, one thread, from memory: 0.7-0.97x) */
-static const kq_fn kq_blocks[4][5] = {{NULL, NULL, NULL, NULL, NULL},
-                                      {NULL, kq_1_1, kq_2_1, kq_3_1, kq_4_1},
-                                      {NULL, NULL, NULL, kq_3_2, kq_4_2},
-                                      {NULL, kq_1_3, kq_2_3, kq_3_3, kq_4_3}};
+#define KQ_INSTS(SM)                                                                                   \
+    KQ_INST(1, 1, SM) KQ_INST(2, 1, SM) KQ_INST(3, 1, SM) KQ_INST(4, 1, SM) /* DOT_U4 */              \
+    KQ_INST(3, 2, SM) KQ_INST(4, 2, SM)                                     /* DOT_U8 */              \
+    KQ_INST(1, 3, SM) KQ_INST(2, 3, SM) KQ_INST(3, 3, SM) KQ_INST(4, 3, SM) /* DOT_U2 */
+KQ_INSTS(0)
+KQ_INSTS(1)
+/* [small][kind][rows]: the keys across the lanes where an entry is set, else gqk's blocks (INT8 of
+   one or two rows: there the three transposes a block of 16 keys takes at H = 128 outweigh its
+   dots; Zen 4, one thread, from memory: 0.7-0.97x); small: rows of at most 32 code bytes */
+static const kq_fn kq_blocks[2][4][5] = {{{NULL, NULL, NULL, NULL, NULL},
+                                          {NULL, kq_1_1_0, kq_2_1_0, kq_3_1_0, kq_4_1_0},
+                                          {NULL, NULL, NULL, kq_3_2_0, kq_4_2_0},
+                                          {NULL, kq_1_3_0, kq_2_3_0, kq_3_3_0, kq_4_3_0}},
+                                         {{NULL, NULL, NULL, NULL, NULL},
+                                          {NULL, kq_1_1_1, kq_2_1_1, kq_3_1_1, kq_4_1_1},
+                                          {NULL, NULL, NULL, kq_3_2_1, kq_4_2_1},
+                                          {NULL, kq_1_3_1, kq_2_3_1, kq_3_3_1, kq_4_3_1}}};
 
 static void gqk512(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const uint8_t *B, int type,
                    float *C, size_t ldc)
@@ -352,8 +363,10 @@ static void gqk512(size_t M, size_t N, size_t K, float alpha, const float *A, si
     float aj[4 * (DOT_QK_K / 32)];
     const size_t g = gqa_group_cols(type), J = K / g, rb = gqa_row_bytes(type, K);
     const int kind = gdot_kind(type), f16 = (type & GQA_META_F16) != 0;
+    const int sm = K * (kind == DOT_U8 ? 8 : kind == DOT_U4 ? 4 : 2) / 8 <= 32; /* kq_block's cb <= 32 */
+    const kq_fn(*const blocks)[5] = kq_blocks[sm];
     const float one = 1.0f; /* the per-tensor multiplier's scale: mult = fl(alpha * sa) */
-    if (kq_blocks[kind][M < 4 ? M : 4] == NULL) { /* gqk's blocks: its own row codes, made once */
+    if (blocks[kind][M < 4 ? M : 4] == NULL) { /* gqk's blocks: its own row codes, made once */
         gqk(M, N, K, alpha, A, lda, B, type, C, ldc);
         return;
     }
@@ -374,14 +387,14 @@ static void gqk512(size_t M, size_t N, size_t K, float alpha, const float *A, si
         if (mb == 0)
             continue;
         const int together = rows[mb - 1] - rows[0] == (size_t)(mb - 1);
-        if (kq_blocks[kind][together ? mb : 1] == NULL) /* gqk's blocks (a remainder of 1-2 rows: its codes again) */
+        if (blocks[kind][together ? mb : 1] == NULL) /* gqk's blocks (a remainder of 1-2 rows: its codes again) */
             for (int i = 0; i < mb; i += together ? mb : 1)
                 gqk(together ? (size_t)mb : 1, N, K, alpha, A + rows[i] * lda, lda, B, type, C + rows[i] * ldc, ldc);
         else if (together)
-            kq_blocks[kind][mb](&qb[0][0][0], &qb[1][0][0], B, rb, N, K, g, f16, mult, aj, C + rows[0] * ldc, ldc);
+            blocks[kind][mb](&qb[0][0][0], &qb[1][0][0], B, rb, N, K, g, f16, mult, aj, C + rows[0] * ldc, ldc);
         else
             for (int i = 0; i < mb; i++)
-                kq_blocks[kind][1](qb[0][i], qb[1][i], B, rb, N, K, g, f16, mult + i, aj + i * J, C + rows[i] * ldc,
+                blocks[kind][1](qb[0][i], qb[1][i], B, rb, N, K, g, f16, mult + i, aj + i * J, C + rows[i] * ldc,
                                    ldc);
     }
 }
