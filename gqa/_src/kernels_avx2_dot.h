@@ -211,9 +211,20 @@ static inline int qk_row(const float *a, size_t K, const float *s, int pc, float
 static inline int sv_row(const float *a, size_t K, float *inv, float *sp)
 {
     const __m256 zero = _mm256_setzero_ps();
-    __m256 mx = zero, bad = zero;
+    __m256 mx = zero, bad = zero, m4[4] = {zero, zero, zero, zero}, b4[4] = {zero, zero, zero, zero};
     size_t k = 0;
-    /* not (v >= 0): negative or NaN; an infinite element becomes the maximum */
+    /* not (v >= 0): negative or NaN; an infinite element becomes the maximum.  Four chains
+       (max and or are exact in any order; one chain was bound by vmaxps' latency) */
+    for (; k + 32 <= K; k += 32) {
+        UNROLL
+        for (int j = 0; j < 4; j++) {
+            const __m256 v = _mm256_loadu_ps(a + k + 8 * j);
+            b4[j] = _mm256_or_ps(b4[j], _mm256_cmp_ps(v, zero, _CMP_NGE_UQ));
+            m4[j] = _mm256_max_ps(m4[j], v);
+        }
+    }
+    mx = _mm256_max_ps(_mm256_max_ps(m4[0], m4[1]), _mm256_max_ps(m4[2], m4[3]));
+    bad = _mm256_or_ps(_mm256_or_ps(b4[0], b4[1]), _mm256_or_ps(b4[2], b4[3]));
     for (; k + 8 <= K; k += 8) {
         const __m256 v = _mm256_loadu_ps(a + k);
         bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, zero, _CMP_NGE_UQ));

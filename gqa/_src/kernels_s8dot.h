@@ -73,10 +73,26 @@ static inline int qk_take_rows(size_t M, size_t *m0, int max, size_t N, size_t K
    contract). */
 static inline int sv_row_params(const float *a, size_t K, float *inv, float *sp)
 {
-    __m512 mx = _mm512_setzero_ps();
-    __mmask16 bad = 0;
+    __m512 mx = _mm512_setzero_ps(), m4[4];
+    __mmask16 bad = 0, b4[4] = {0, 0, 0, 0};
     const __m512 big = _mm512_set1_ps(FLT_MAX);
-    for (size_t k = 0; k < K; k += 16) {
+    size_t k = 0;
+    /* four chains over whole blocks of 64 (max and or are exact in any order; one chain was
+       bound by vmaxps' latency), then the rest */
+    UNROLL
+    for (int j = 0; j < 4; j++)
+        m4[j] = _mm512_setzero_ps();
+    for (; k + 64 <= K; k += 64) {
+        UNROLL
+        for (int j = 0; j < 4; j++) {
+            const __m512 v = _mm512_loadu_ps(a + k + 16 * j);
+            b4[j] |= _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NGE_UQ) | _mm512_cmp_ps_mask(v, big, _CMP_NLE_UQ);
+            m4[j] = _mm512_max_ps(m4[j], v);
+        }
+    }
+    mx = _mm512_max_ps(_mm512_max_ps(m4[0], m4[1]), _mm512_max_ps(m4[2], m4[3]));
+    bad = (__mmask16)(b4[0] | b4[1] | b4[2] | b4[3]);
+    for (; k < K; k += 16) {
         const __mmask16 m = mask16(K - k < 16 ? K - k : 16);
         __m512 v = _mm512_maskz_loadu_ps(m, a + k);
         /* not (0 <= v <= FLT_MAX): negative, NaN or infinite (lanes past the row: 0) */
