@@ -390,32 +390,38 @@ INLINE void dot_block(const int MB, const int S4, const int16_t *c, size_t cs, c
  */
 /* C[mb, n .. n + 15] for rows mb < MB (byte halves qh / ql, stride VNNI_QB) and the N rows of B
    (stride rb), 16 keys a block (a last partial block repeats B's last row and stores only its
-   own); D less corr[mb] (z sum_k code_k), times mult[mb]. */
+   own); D less corr[mb] (z sum_k code_k), times mult[mb].  Up to 4 rows the chunks are 64 bytes;
+   5-8 rows take 32-byte chunks (chunk16_le32: 8 vectors, leaving registers for 16 sums), so
+   that 8 rows go one pass over the keys. */
 INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t *ql, const int8_t *B, size_t rb,
                      size_t N, const float *mult, const int32_t *corr, float *C, size_t ldc)
 {
-    const size_t nch = (rb + 63) / 64;
+    const size_t cw = MB > 4 ? 32 : 64, nch = (rb + cw - 1) / cw; /* chunk bytes, chunks a row */
     const __m512i flip = _mm512_set1_epi8((char)0x80), nib = _mm512_set1_epi8(0x0F);
     for (size_t n = 0; n < N; n += 16) {
         const size_t nv = N - n < 16 ? N - n : 16;
         const char *kr[16];
         rows16(B, n, nv, rb, kr);
-        __m512i ah[4], al[4];
+        __m512i ah[8], al[8];
         UNROLL
         for (int i = 0; i < MB; i++)
             ah[i] = al[i] = _mm512_setzero_si512();
         for (size_t c = 0; c < nch; c++) {
-            const size_t off = 64 * c, nb = rb - off < 64 ? rb - off : 64, nd = (nb + 3) / 4;
+            const size_t off = cw * c, nb = rb - off < cw ? rb - off : cw, nd = (nb + 3) / 4;
             __m512 W[16];
             /* W[i] lane t: key t's dword i of the chunk; B streams from memory in decode: each
-               row DOT_PF bytes ahead */
+               row DOT_PF bytes ahead (32-byte chunks: at each line's first) */
+            if (cw == 32 && (c & 1) == 0)
+                UNROLL
+                for (int t = 0; t < 16; t++)
+                    _mm_prefetch(kr[t] + off + DOT_PF, _MM_HINT_T0);
             chunk16(kr, off, nb, DOT_PF, W);
             UNROLL
             for (int i = 0; i < 16; i++) {
                 if ((size_t)i >= nd)
                     break;
                 const __m512i w = _mm512_castps_si512(W[i]);
-                const size_t q = 4 * (16 * c + (size_t)i) * (S4 ? 2 : 1); /* the dword's query bytes */
+                const size_t q = 4 * (off / 4 + (size_t)i) * (S4 ? 2 : 1); /* the dword's query bytes */
                 if (!S4) {
                     const __m512i u = _mm512_xor_si512(w, flip);
                     UNROLL
@@ -456,7 +462,7 @@ INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t 
     {                                                                                                  \
         kl_block(MB, S4, qh, ql, B, rb, N, mult, corr, C, ldc);                                        \
     }
-KL_INST(3, 0) KL_INST(4, 0) KL_INST(2, 1) KL_INST(3, 1) KL_INST(4, 1)
+KL_INST(3, 0) KL_INST(4, 0) KL_INST(8, 0) KL_INST(2, 1) KL_INST(3, 1) KL_INST(4, 1) KL_INST(8, 1)
 typedef void (*kl_fn)(const int8_t *, const int8_t *, const int8_t *, size_t, size_t, const float *, const int32_t *,
                       float *, size_t);
 
@@ -480,19 +486,49 @@ static int32_t code_sum(const int16_t *c, size_t n)
 }
 
 
+/* The QK of mb <= 8 taken rows (indices rows, codes c of stride cs, multipliers mult) against B:
+   8 consecutive rows in one pass (kl_8_*), else blocks of at most 4 -- keys across the lanes where
+   kl_blocks has them (3-4 rows, and 2 of INT4; Zen 4, one thread, 8192 keys, against dot_block:
+   INT8 3-8 rows 1.16-1.34x at H = 64-128, 1.00-1.04x at 256, 2 rows 0.83-1.04x; INT4 2 rows
+   1.08-1.51x, 4 rows 1.06-1.42x), else dot_block, one row at a time where rows are apart. */
+static void qk_rows(int mb, const size_t *rows, const int16_t *c, size_t cs, const float *mult, const int8_t *B,
+                    size_t rb, size_t N, size_t K, int s4, float *C, size_t ldc)
+{
+    static const kl_fn kl_blocks[2][5] = {{NULL, NULL, NULL, kl_3_0, kl_4_0}, {NULL, NULL, kl_2_1, kl_3_1, kl_4_1}};
+    static const kl_fn kl_eight[2] = {kl_8_0, kl_8_1};
+    static const dot_fn blocks[2][3] = {{NULL, dot_1_0, dot_2_0}, {NULL, dot_1_1, NULL}};
+    int8_t qb[2][8][VNNI_QB]; /* the rows' query codes' high and low bytes */
+    int32_t corr[8];
+    for (int b0 = 0; b0 < mb;) {
+        const int together8 = b0 == 0 && mb == 8 && rows[7] - rows[0] == 7;
+        const int nb = together8 ? 8 : mb - b0 < 4 ? mb - b0 : 4;
+        const size_t *r = rows + b0;
+        const int16_t *cb = c + (size_t)b0 * cs;
+        const int together = r[nb - 1] - r[0] == (size_t)(nb - 1); /* consecutive rows: one block */
+        const kl_fn kl = together8 ? kl_eight[s4] : together ? kl_blocks[s4][nb] : NULL;
+        if (kl != NULL) {
+            for (int i = 0; i < nb; i++) {
+                corr[i] = (s4 ? 8 : 128) * code_sum(cb + i * cs, cs);
+                vnni_code_bytes(cb + i * cs, cs, s4 ? 2 : 1, qb[0][i], qb[1][i]);
+            }
+            kl(&qb[0][0][0], &qb[1][0][0], B, rb, N, mult + b0, corr, C + r[0] * ldc, ldc);
+        } else {
+            for (int i = 0; i < nb; i++)
+                corr[i] = s4 ? 8 * code_sum(cb + i * cs, cs) : 0;
+            if (together)
+                blocks[s4][nb](cb, cs, B, rb, N, K, mult + b0, corr, C + r[0] * ldc, ldc);
+            else /* a row left: one row at a time */
+                for (int i = 0; i < nb; i++)
+                    blocks[s4][1](cb + i * cs, cs, B, rb, N, K, mult + b0 + i, corr + i, C + r[i] * ldc, ldc);
+        }
+        b0 += nb;
+    }
+}
+
 void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                                    const void *B, int type, const float *s, float *C, size_t ldc)
 {
-    /* consecutive rows: keys across the lanes where kl_blocks has them -- 3-4 rows, and 2 of INT4
-       (Zen 4, one thread, 8192 keys, against dot_block: INT8 3-8 rows 1.16-1.34x at H = 64-128,
-       1.00-1.04x at 256, 2 rows 0.83-1.04x; INT4 2 rows 1.08-1.51x, 4 rows 1.06-1.42x) --, else
-       dot_block */
-    static const kl_fn kl_blocks[2][5] = {{NULL, NULL, NULL, kl_3_0, kl_4_0}, {NULL, NULL, kl_2_1, kl_3_1, kl_4_1}};
-    static const dot_fn blocks[2][3] = {{NULL, dot_1_0, dot_2_0}, {NULL, dot_1_1, NULL}};
-    int16_t c[4 * DOT_QK_K] __attribute__((aligned(64)));
-    int8_t qb[2][4][VNNI_QB]; /* the rows' query codes' high and low bytes */
-    const int8_t *Bb = (const int8_t *)B;
-    const int s4 = GQA_IS_S4(type);
+    int16_t c[8 * DOT_QK_K] __attribute__((aligned(64)));
     if (GQA_IS_GROUP(type)) {
         gqa_qk_gemm_g_dot_avx512vnni(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
@@ -503,30 +539,10 @@ void gqa_qk_gemm_s8_dot_avx512vnni(size_t M, size_t N, size_t K, float alpha, co
     }
     const size_t cs = (K + 31) & ~(size_t)31, rb = gqa_row_bytes(type, K);
     for (size_t m0 = 0; m0 < M;) {
-        /* blocks of at most 4 rows (8 as 4 + 4: faster than 8 x 2, as in the exact kernel) */
-        size_t rows[4];
-        float mult[4];
-        int32_t corr[4] = {0, 0, 0, 0};
-        const int mb = qk_take_rows(M, &m0, 4, N, K, alpha, A, lda, B, type, s, C, ldc, c, cs, rows, mult);
-        if (mb == 0)
-            continue;
-        const int together = rows[mb - 1] - rows[0] == (size_t)(mb - 1); /* consecutive rows: one block */
-        if (together && kl_blocks[s4][mb] != NULL) {
-            for (int i = 0; i < mb; i++) {
-                corr[i] = (s4 ? 8 : 128) * code_sum(c + i * cs, cs);
-                vnni_code_bytes(c + i * cs, cs, s4 ? 2 : 1, qb[0][i], qb[1][i]);
-            }
-            kl_blocks[s4][mb](&qb[0][0][0], &qb[1][0][0], Bb, rb, N, mult, corr, C + rows[0] * ldc, ldc);
-            continue;
-        }
-        if (s4)
-            for (int i = 0; i < mb; i++)
-                corr[i] = 8 * code_sum(c + i * cs, cs);
-        if (together)
-            blocks[s4][mb](c, cs, Bb, rb, N, K, mult, corr, C + rows[0] * ldc, ldc);
-        else /* a row left: one row at a time */
-            for (int i = 0; i < mb; i++)
-                blocks[s4][1](c + i * cs, cs, Bb, rb, N, K, mult + i, corr + i, C + rows[i] * ldc, ldc);
+        size_t rows[8];
+        float mult[8];
+        const int mb = qk_take_rows(M, &m0, 8, N, K, alpha, A, lda, B, type, s, C, ldc, c, cs, rows, mult);
+        qk_rows(mb, rows, c, cs, mult, (const int8_t *)B, rb, N, K, GQA_IS_S4(type), C, ldc);
     }
 }
 
@@ -574,14 +590,10 @@ INLINE void sv_pair(const int MB, const int S4, const int full, const int8_t *r0
     const __m512i o[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
                           _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
     UNROLL
-    for (int i = 0; i < MB; i++) {
-        int32_t pair;
-        memcpy(&pair, codes[i] + k, 4);
-        const __m512i p = _mm512_set1_epi32(pair);
+    for (int i = 0; i < MB; i++)
         UNROLL
-        for (int v = 0; v < 4; v++)
-            D[i][v] = _mm512_dpwssd_epi32(D[i][v], p, o[v]);
-    }
+        for (int v = 0; v < 4; v++) /* the row's code pair broadcast within the instruction */
+            D[i][v] = vnni_dpwssd_b(D[i][v], o[v], codes[i] + k);
 }
 
 /* D[i][v] = the int32 dots of rows i < MB (codes, kn keys, padded with 0 to a multiple of

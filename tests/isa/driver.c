@@ -972,10 +972,13 @@ static void check_dot_qk(gqa_qk_gemm_fn dot, int with_s4)
                 for (size_t i = 0; i < N * K; i++)
                     B[i] = s4 ? (int8_t)((int)(rnd() % 16) - 8) : (int8_t)rnd();
                 B[0] = s4 ? -8 : -128;
-                if (M > 2) { /* rows the contract leaves: zeros, a NaN, an inf */
+                /* rows the contract leaves (zeros, a NaN, an inf): 1 and 2, or the last two of 16
+                   rows, whose first 8 then go one pass (kl_8_*) */
+                const size_t e1 = M >= 16 ? M - 2 : 1, e2 = M >= 16 ? M - 1 : 2;
+                if (M > 2) {
                     for (size_t k = 0; k < K; k++)
-                        A[1 * K + k] = 0.0f;
-                    A[2 * K + K / 2] = (mi & 1) ? NAN : INFINITY;
+                        A[e1 * K + k] = 0.0f;
+                    A[e2 * K + K / 2] = (mi & 1) ? NAN : INFINITY;
                 }
                 for (size_t i = 0; i < M * ldc; i++)
                     got[i] = want[i] = exact[i] = GUARD_F;
@@ -988,7 +991,7 @@ static void check_dot_qk(gqa_qk_gemm_fn dot, int with_s4)
                     free((void *)Bk);
                 int bad_c = 0, bad_b = 0, bad_e = 0;
                 for (size_t m = 0; m < M; m++) {
-                    const int edge = M > 2 && (m == 1 || m == 2);
+                    const int edge = M > 2 && (m == e1 || m == e2);
                     float sa = 0.0f;
                     if (!edge && K <= 512)
                         sa = qk_dot_oracle_row(N, K, alpha, A + m * K, B, pc, s, want + m * ldc);
