@@ -228,16 +228,25 @@ INLINE void chunk16(const char *const *kr, size_t off, size_t nb, size_t pf, __m
    (elements per b + j of its bytes b, j < per). */
 static inline void vnni_code_bytes(const int16_t *c, size_t n, int per, int8_t *hi, int8_t *lo)
 {
-    const unsigned lp = per == 1 ? 0 : per == 2 ? 1 : 2;      /* per = 2^lp */
-    const size_t dm = ((size_t)4 << lp) - 1, pm = ((size_t)1 << lp) - 1; /* 4 per codes a dword */
-    for (size_t k = 0; k < n; k++) {
-        const size_t j = (k & ~dm) + ((k & pm) << 2) + ((k & dm) >> lp);
-        const int h = (c[k] + 128) >> 8;
-        hi[j] = (int8_t)h;
-        lo[j] = (int8_t)(c[k] - 256 * h);
+    /* 32 codes a step (the dword sets lie within 8 / 16 codes): the byte halves in code order,
+       then per 2 / 4 reordered within each 16 bytes: out[j] = in[pattern[j]] */
+    const __m256i order = per == 1 ? _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3,
+                                                      4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                          : per == 2 ? _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15, 0, 2, 4,
+                                                        6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15)
+                                     : _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8,
+                                                        12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (size_t k = 0; k < n; k += 32) {
+        const __mmask32 m = (__mmask32)mask64(n - k); /* n past a multiple of 32: 0 codes past it */
+        const __m512i v = _mm512_maskz_loadu_epi16(m, c + k);
+        const __m512i h = _mm512_srai_epi16(_mm512_add_epi16(v, _mm512_set1_epi16(128)), 8);
+        const __m512i l = _mm512_sub_epi16(v, _mm512_slli_epi16(h, 8));
+        _mm256_storeu_si256((__m256i *)(hi + k), _mm256_shuffle_epi8(_mm512_cvtepi16_epi8(h), order));
+        _mm256_storeu_si256((__m256i *)(lo + k), _mm256_shuffle_epi8(_mm512_cvtepi16_epi8(l), order));
     }
-    memset(hi + n, 0, VNNI_QB - n);
-    memset(lo + n, 0, VNNI_QB - n);
+    const size_t n32 = (n + 31) & ~(size_t)31;
+    memset(hi + n32, 0, VNNI_QB - n32);
+    memset(lo + n32, 0, VNNI_QB - n32);
 }
 
 /* The VNNI units' dots with a 4-byte operand at p in every lane, the broadcast folded into the

@@ -225,6 +225,17 @@ EMU __m256i emu_mm256_maskz_loadu_epi8(__mmask32 k, const void *p)
     return v;
 }
 
+EMU __m512i emu_mm512_maskz_loadu_epi16(__mmask32 k, const void *p)
+{
+    uint64_t kb = 0; /* each selected int16: its two bytes */
+    for (int i = 0; i < 32; i++)
+        if (k >> i & 1)
+            kb |= (uint64_t)3 << (2 * i);
+    __m512i v;
+    emu_maskz_bytes(&v, kb, p, 64);
+    return v;
+}
+
 EMU __m512i emu_mm512_maskz_loadu_epi8(__mmask64 k, const void *p)
 {
     __m512i v;
@@ -362,6 +373,7 @@ EMU __m512 emu_mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
 #undef _mm256_mask_storeu_epi16
 #undef _mm_maskz_loadu_epi8
 #undef _mm256_maskz_loadu_epi8
+#undef _mm512_maskz_loadu_epi16
 #undef _mm512_maskz_loadu_epi8
 #undef _mm512_reduce_max_ps
 #undef _mm512_reduce_add_epi32
@@ -398,6 +410,7 @@ EMU __m512 emu_mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
 #define _mm512_mask_storeu_epi32(p, k, a) emu_mm512_mask_storeu_epi32((p), (k), (a))
 #define _mm_maskz_loadu_epi8(k, p) emu_mm_maskz_loadu_epi8((k), (p))
 #define _mm256_maskz_loadu_epi8(k, p) emu_mm256_maskz_loadu_epi8((k), (p))
+#define _mm512_maskz_loadu_epi16(k, p) emu_mm512_maskz_loadu_epi16((k), (p))
 #define _mm512_maskz_loadu_epi8(k, p) emu_mm512_maskz_loadu_epi8((k), (p))
 #define _mm512_reduce_max_ps(a) emu_mm512_reduce_max_ps(a)
 #define _mm512_reduce_add_epi32(a) emu_mm512_reduce_add_epi32(a)
