@@ -231,6 +231,12 @@ static void gsv512(size_t M, size_t N, size_t K, const float *A, size_t lda, con
  */
 #define KQ_PF 64 /* rows ahead to prefetch (four blocks of keys) */
 
+/* The code bytes of a row of K codes of kind (DOT_U8, _U4, _U2). */
+static inline size_t kq_code_bytes(int kind, size_t K)
+{
+    return K * (kind == DOT_U8 ? 8 : kind == DOT_U4 ? 4 : 2) / 8;
+}
+
 /* meta[2 j], meta[2 j + 1] = the scales and zeros of group j < J of the sixteen keys at kr (their
    metadata at byte cb of rows of rb bytes); SM: through chunk16's small paths (kq_block's). */
 INLINE void kq_meta(const int SM, const char *const *kr, size_t cb, size_t J, int f16, __m512 *meta)
@@ -265,7 +271,7 @@ INLINE void kq_block(const int MB, const int KIND, const int SM, const int8_t *q
                      size_t N, size_t K, size_t g, int f16, const float *mult, const float *aj, float *C, size_t ldc)
 {
     const int per = KIND == DOT_U8 ? 1 : KIND == DOT_U4 ? 2 : 4; /* byte sets per dword */
-    const size_t cb = K * (KIND == DOT_U8 ? 8 : KIND == DOT_U4 ? 4 : 2) / 8, J = K / g;
+    const size_t cb = kq_code_bytes(KIND, K), J = K / g;
     const size_t gd = cb / J / 4, lines = (16 * rb + 63) / 64; /* dwords per group, lines per block */
     const __m512i f = _mm512_set1_epi8(KIND == DOT_U4 ? 0x0F : 0x03);
     __m512 meta[2 * (DOT_QK_K / 32)];
@@ -363,7 +369,7 @@ static void gqk512(size_t M, size_t N, size_t K, float alpha, const float *A, si
     float aj[4 * (DOT_QK_K / 32)];
     const size_t g = gqa_group_cols(type), J = K / g, rb = gqa_row_bytes(type, K);
     const int kind = gdot_kind(type), f16 = (type & GQA_META_F16) != 0;
-    const int sm = K * (kind == DOT_U8 ? 8 : kind == DOT_U4 ? 4 : 2) / 8 <= 32; /* kq_block's cb <= 32 */
+    const int sm = kq_code_bytes(kind, K) <= 32; /* kq_block's small instances */
     const kq_fn(*const blocks)[5] = kq_blocks[sm];
     const float one = 1.0f; /* the per-tensor multiplier's scale: mult = fl(alpha * sa) */
     if (blocks[kind][M < 4 ? M : 4] == NULL) { /* gqk's blocks: its own row codes, made once */
