@@ -185,17 +185,6 @@ EMU void emu_mask_store(void *p, uint64_t k, const void *x, int n, size_t w)
 
 EMU void emu_mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 a) { emu_mask_store(p, k, &a, 16, 4); }
 
-EMU __m256i emu_mm256_maskz_loadu_epi16(__mmask16 k, const void *p)
-{
-    uint16_t r[16] = {0};
-    __m256i v;
-    for (int i = 0; i < 16; i++)
-        if (k >> i & 1)
-            memcpy(r + i, (const char *)p + 2 * i, 2);
-    EMU_FROM(v, r);
-    return v;
-}
-
 EMU void emu_mm256_mask_storeu_epi16(void *p, __mmask16 k, __m256i a) { emu_mask_store(p, k, &a, 16, 2); }
 
 EMU void emu_mm512_mask_storeu_epi16(void *p, __mmask32 k, __m512i a) { emu_mask_store(p, k, &a, 32, 2); }
@@ -225,14 +214,27 @@ EMU __m256i emu_mm256_maskz_loadu_epi8(__mmask32 k, const void *p)
     return v;
 }
 
-EMU __m512i emu_mm512_maskz_loadu_epi16(__mmask32 k, const void *p)
+/* the n int16 of x whose mask bit k is set copied from p, the others 0 */
+EMU void emu_maskz_words(void *x, uint32_t k, const void *p, int n)
 {
     uint64_t kb = 0; /* each selected int16: its two bytes */
-    for (int i = 0; i < 32; i++)
+    for (int i = 0; i < n; i++)
         if (k >> i & 1)
             kb |= (uint64_t)3 << (2 * i);
+    emu_maskz_bytes(x, kb, p, 2 * n);
+}
+
+EMU __m256i emu_mm256_maskz_loadu_epi16(__mmask16 k, const void *p)
+{
+    __m256i v;
+    emu_maskz_words(&v, k, p, 16);
+    return v;
+}
+
+EMU __m512i emu_mm512_maskz_loadu_epi16(__mmask32 k, const void *p)
+{
     __m512i v;
-    emu_maskz_bytes(&v, kb, p, 64);
+    emu_maskz_words(&v, k, p, 32);
     return v;
 }
 
