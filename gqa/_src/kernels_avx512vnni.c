@@ -266,9 +266,10 @@ void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha,
 
 /* ---- qk_gemm_s8_dot (accuracy level 4, AVX-512 VNNI) -----------------------------------
  *
- * The contract: kernels_s8dot.h.  How D is formed: 32 codes of a B row widened to int16
- * (vpmovsxbw), one vpdpwssd per row of the block; |lane| <= K / 32 * 2 * 32639 * 128 and the
- * sum of the 16 lanes <= 512 * 32639 * 128 < 2^31.  Padding codes are 0.
+ * The contract: kernels_s8dot.h.  How D is formed, two ways (qk_block picks): INT8 with 1-2
+ * rows, 32 codes of a B row widened to int16 (vpmovsxbw), one vpdpwssd per row of the block;
+ * |lane| <= K / 32 * 2 * 32639 * 128 and the sum of the 16 lanes <= 512 * 32639 * 128 < 2^31,
+ * padding codes 0.  The other rows and INT4: the keys across the lanes (kl_block, below).
  */
 #define DOT_PF 4096
 
@@ -278,38 +279,23 @@ INLINE __m256i load32_epi8(__mmask32 m, const void *p)
     return _mm512_castsi512_si256(_mm512_maskz_loadu_epi8((__mmask64)m, p));
 }
 
-/* 32 codes as int16 from the bytes at p under byte mask m (32 bytes at most): INT8 (S4 = 0) the
-   bytes sign-extended; INT4 (S4 = 1) 16 bytes of nibbles (element 2i the low nibble of byte i), as
-   the unsigned nibbles u = q + 8 in element order (kernels_s8dot_contract.h: the dots are then
-   corrected by 8 sum_k c_k). */
-INLINE __m512i widen32(const int S4, __mmask32 m, const int8_t *p)
+/* 32 INT8 codes as int16 (sign-extended) from the bytes at p under byte mask m (32 bytes at most). */
+INLINE __m512i widen32(__mmask32 m, const int8_t *p)
 {
-    if (!S4)
-        return _mm512_cvtepi8_epi16(m == (__mmask32)~0u ? _mm256_loadu_si256((const __m256i *)p) : load32_epi8(m, p));
-    const __m128i x = m == (__mmask32)~0u ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8((__mmask16)m, p);
-    const __m128i f = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(x, f), hi = _mm_and_si128(_mm_srli_epi16(x, 4), f);
-    /* nibbles are below 128: sign extension is zero extension */
-    return _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi)));
+    return _mm512_cvtepi8_epi16(m == (__mmask32)~0u ? _mm256_loadu_si256((const __m256i *)p) : load32_epi8(m, p));
 }
 
-/* C[mb, n] for rows mb < MB of c (stride cs) and the N rows of B (stride rb), NB = 16 / MB
-   rows of B at a time (a last partial block repeats B's last row and stores only its own); INT4
-   (S4) sums less corr[mb]. */
-INLINE void dot_block(const int MB, const int S4, const int16_t *c, size_t cs, const int8_t *B, size_t rb,
-                      size_t N, size_t K, const float *mult, const int32_t *corr, float *C, size_t ldc)
+/* C[mb, n] for rows mb < MB of c (stride cs) and the N INT8 rows of B (stride rb), NB = 16 / MB
+   rows of B at a time (a last partial block repeats B's last row and stores only its own). */
+INLINE void dot_block(const int MB, const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N, size_t K,
+                      const float *mult, float *C, size_t ldc)
 {
     const int NB = 16 / MB;
-    const size_t step = S4 ? 16 : 32; /* bytes of 32 codes */
     float mu[16];
-    int32_t cq[16];
     UNROLL
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < 16; i++)
         mu[i] = i < MB * NB ? mult[i / NB] : 0.0f;
-        cq[i] = S4 && i < MB * NB ? corr[i / NB] : 0;
-    }
     const __m512 vmu = _mm512_loadu_ps(mu);
-    const __m512i vcq = _mm512_loadu_si512((const void *)cq);
     for (size_t n = 0; n < N; n += (size_t)NB) {
         const size_t nv = N - n < (size_t)NB ? N - n : (size_t)NB;
         __m512i acc[16];
@@ -325,15 +311,15 @@ INLINE void dot_block(const int MB, const int S4, const int16_t *c, size_t cs, c
             /* B streams from memory in decode: the block's rows DOT_PF bytes ahead (rows of a
                block are contiguous), one prefetch per line spread over the steps */
             UNROLL
-            for (int j = 0; j < ((int)step * NB + 63) / 64; j++)
-                _mm_prefetch((const char *)b[0] + DOT_PF + k / 32 * step * NB + 64 * j, _MM_HINT_T0);
+            for (int j = 0; j < (32 * NB + 63) / 64; j++)
+                _mm_prefetch((const char *)b[0] + DOT_PF + k * NB + 64 * j, _MM_HINT_T0);
             __m512i a[4];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
                 a[mb] = _mm512_load_si512((const void *)(c + mb * cs + k));
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
-                const __m512i bv = widen32(S4, (__mmask32)~0u, b[nb] + k / 32 * step);
+                const __m512i bv = widen32((__mmask32)~0u, b[nb] + k);
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
                     acc[mb * NB + nb] = _mm512_dpwssd_epi32(acc[mb * NB + nb], a[mb], bv);
@@ -343,20 +329,20 @@ INLINE void dot_block(const int MB, const int S4, const int16_t *c, size_t cs, c
                 DOT_KEEP(acc[i]);
         }
         if (k < K) { /* B read only up to the row's end */
-            const __mmask32 m = (__mmask32)mask64(rb - k / 32 * step);
+            const __mmask32 m = (__mmask32)mask64(rb - k);
             __m512i a[4];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
                 a[mb] = _mm512_load_si512((const void *)(c + mb * cs + k));
             UNROLL
             for (int nb = 0; nb < NB; nb++) {
-                const __m512i bv = widen32(S4, m, b[nb] + k / 32 * step);
+                const __m512i bv = widen32(m, b[nb] + k);
                 UNROLL
                 for (int mb = 0; mb < MB; mb++)
                     acc[mb * NB + nb] = _mm512_dpwssd_epi32(acc[mb * NB + nb], a[mb], bv);
             }
         }
-        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hsum16x16_epi32(acc), vcq)), vmu);
+        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(hsum16x16_epi32(acc)), vmu);
         /* lanes mb NB .. mb NB + nv - 1 -> C[mb, n ..]: a full block of 2 rows as 256-bit halves,
            the others permuted (with vcompressps here and without DOT_KEEP, Zen 4's INT8 QK of 4
            rows, H = 64, ran 1.13x slower, before those rows moved to kl_block) */
@@ -374,7 +360,7 @@ INLINE void dot_block(const int MB, const int S4, const int16_t *c, size_t cs, c
     }
 }
 
-/* ---- QK of 2-4 rows with the keys across the lanes (vpdpbusd on the query codes' bytes) ----
+/* ---- QK with the keys across the lanes (vpdpbusd on the query codes' bytes) ----
  *
  * The same D as dot_block.  Each query code as two signed bytes, code = 256 hi + lo (hi =
  * (code + 128) >> 8 in [-127, 127], lo in [-128, 127]), and each key code as an unsigned byte u
@@ -459,19 +445,19 @@ INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t 
     {                                                                                                  \
         kl_block(MB, S4, qh, ql, B, rb, N, mult, corr, C, ldc);                                        \
     }
-KL_INST(3, 0) KL_INST(4, 0) KL_INST(8, 0) KL_INST(2, 1) KL_INST(3, 1) KL_INST(4, 1) KL_INST(8, 1)
+KL_INST(3, 0) KL_INST(4, 0) KL_INST(8, 0) KL_INST(1, 1) KL_INST(2, 1) KL_INST(3, 1) KL_INST(4, 1) KL_INST(8, 1)
 typedef void (*kl_fn)(const int8_t *, const int8_t *, const int8_t *, size_t, size_t, const float *, const int32_t *,
                       float *, size_t);
 
-#define DOT_INST(MB, S4)                                                                               \
-    static void dot_##MB##_##S4(const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N, size_t K, \
-                                const float *mult, const int32_t *corr, float *C, size_t ldc)              \
+#define DOT_INST(MB)                                                                                   \
+    static void dot_##MB(const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N, size_t K,        \
+                         const float *mult, float *C, size_t ldc)                                           \
     {                                                                                                  \
-        dot_block(MB, S4, c, cs, B, rb, N, K, mult, corr, C, ldc);                                     \
+        dot_block(MB, c, cs, B, rb, N, K, mult, C, ldc);                                               \
     }
-DOT_INST(1, 0) DOT_INST(2, 0) DOT_INST(1, 1) /* the rows kl_block leaves */
-typedef void (*dot_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, size_t, const float *,
-                       const int32_t *, float *, size_t);
+DOT_INST(1) DOT_INST(2) /* the INT8 rows kl_block leaves */
+typedef void (*dot_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, size_t, const float *, float *,
+                       size_t);
 
 /* The sum of n int16 codes c[0, n) (n a multiple of 32), exact. */
 static int32_t code_sum(const int16_t *c, size_t n)
@@ -483,41 +469,47 @@ static int32_t code_sum(const int16_t *c, size_t n)
 }
 
 
+/* The QK of nb <= 8 consecutive rows (codes c of stride cs, multipliers mult) against B into C
+   (the first row's): keys across the lanes where kl_blocks has them (3-4 rows of INT8, 1-4 of INT4;
+   8 consecutive rows through kl_8_*), else dot_block.  Zen 4, one thread, 8192 keys, against
+   dot_block: INT8 3-8 rows 1.16-1.34x at H = 64-128, 1.00-1.04x at 256, 1-2 rows 0.72-0.98x (so
+   they stay there); INT4 1 row 1.28-1.32x at H = 64-256, 2 rows 1.08-1.51x, 4 rows 1.06-1.42x. */
+static void qk_block(int nb, const int16_t *c, size_t cs, const float *mult, const int8_t *B, size_t rb, size_t N,
+                     size_t K, int s4, float *C, size_t ldc)
+{
+    static const kl_fn kl_blocks[2][5] = {{NULL, NULL, NULL, kl_3_0, kl_4_0}, {NULL, kl_1_1, kl_2_1, kl_3_1, kl_4_1}};
+    static const kl_fn kl_eight[2] = {kl_8_0, kl_8_1};
+    static const dot_fn blocks[3] = {NULL, dot_1, dot_2};
+    int8_t qb[2][8][VNNI_QB]; /* the rows' query codes' high and low bytes */
+    int32_t corr[8];
+    const kl_fn kl = nb == 8 ? kl_eight[s4] : kl_blocks[s4][nb];
+    if (kl != NULL) {
+        for (int i = 0; i < nb; i++) {
+            corr[i] = (s4 ? 8 : 128) * code_sum(c + i * cs, cs);
+            vnni_code_bytes(c + i * cs, cs, s4 ? 2 : 1, qb[0][i], qb[1][i]);
+        }
+        kl(&qb[0][0][0], &qb[1][0][0], B, rb, N, mult, corr, C, ldc);
+    } else {
+        blocks[nb](c, cs, B, rb, N, K, mult, C, ldc);
+    }
+}
+
 /* The QK of mb <= 8 taken rows (indices rows, codes c of stride cs, multipliers mult) against B:
-   8 consecutive rows in one pass (kl_8_*), else blocks of at most 4 -- keys across the lanes where
-   kl_blocks has them (3-4 rows, and 2 of INT4; Zen 4, one thread, 8192 keys, against dot_block:
-   INT8 3-8 rows 1.16-1.34x at H = 64-128, 1.00-1.04x at 256, 2 rows 0.83-1.04x; INT4 2 rows
-   1.08-1.51x, 4 rows 1.06-1.42x), else dot_block, one row at a time where rows are apart. */
+   8 consecutive rows in one pass, else blocks of at most 4 consecutive ones, one row at a time
+   where rows are apart (a row the contract leaves lies between them). */
 static void qk_rows(int mb, const size_t *rows, const int16_t *c, size_t cs, const float *mult, const int8_t *B,
                     size_t rb, size_t N, size_t K, int s4, float *C, size_t ldc)
 {
-    static const kl_fn kl_blocks[2][5] = {{NULL, NULL, NULL, kl_3_0, kl_4_0}, {NULL, NULL, kl_2_1, kl_3_1, kl_4_1}};
-    static const kl_fn kl_eight[2] = {kl_8_0, kl_8_1};
-    static const dot_fn blocks[2][3] = {{NULL, dot_1_0, dot_2_0}, {NULL, dot_1_1, NULL}};
-    int8_t qb[2][8][VNNI_QB]; /* the rows' query codes' high and low bytes */
-    int32_t corr[8];
     for (int b0 = 0; b0 < mb;) {
         const int together8 = b0 == 0 && mb == 8 && rows[7] - rows[0] == 7;
         const int nb = together8 ? 8 : mb - b0 < 4 ? mb - b0 : 4;
         const size_t *r = rows + b0;
         const int16_t *cb = c + (size_t)b0 * cs;
-        const int together = r[nb - 1] - r[0] == (size_t)(nb - 1); /* consecutive rows: one block */
-        const kl_fn kl = together8 ? kl_eight[s4] : together ? kl_blocks[s4][nb] : NULL;
-        if (kl != NULL) {
-            for (int i = 0; i < nb; i++) {
-                corr[i] = (s4 ? 8 : 128) * code_sum(cb + i * cs, cs);
-                vnni_code_bytes(cb + i * cs, cs, s4 ? 2 : 1, qb[0][i], qb[1][i]);
-            }
-            kl(&qb[0][0][0], &qb[1][0][0], B, rb, N, mult + b0, corr, C + r[0] * ldc, ldc);
-        } else {
+        if (r[nb - 1] - r[0] == (size_t)(nb - 1))
+            qk_block(nb, cb, cs, mult + b0, B, rb, N, K, s4, C + r[0] * ldc, ldc);
+        else
             for (int i = 0; i < nb; i++)
-                corr[i] = s4 ? 8 * code_sum(cb + i * cs, cs) : 0;
-            if (together)
-                blocks[s4][nb](cb, cs, B, rb, N, K, mult + b0, corr, C + r[0] * ldc, ldc);
-            else /* a row left: one row at a time */
-                for (int i = 0; i < nb; i++)
-                    blocks[s4][1](cb + i * cs, cs, B, rb, N, K, mult + b0 + i, corr + i, C + r[i] * ldc, ldc);
-        }
+                qk_block(1, cb + i * cs, cs, mult + b0 + i, B, rb, N, K, s4, C + r[i] * ldc, ldc);
         b0 += nb;
     }
 }
@@ -566,8 +558,8 @@ INLINE void sv_halves(const int S4, const int full, const int8_t *r, __mmask32 m
                       __m512i *h1)
 {
     if (!S4) {
-        *h0 = widen32(0, full ? (__mmask32)~0u : m0, r);
-        *h1 = widen32(0, full ? (__mmask32)~0u : m1, r + 32);
+        *h0 = widen32(full ? (__mmask32)~0u : m0, r);
+        *h1 = widen32(full ? (__mmask32)~0u : m1, r + 32);
         return;
     }
     const __m512i x = _mm512_cvtepu8_epi16(full ? _mm256_loadu_si256((const __m256i *)r) : load32_epi8(m0, r));
