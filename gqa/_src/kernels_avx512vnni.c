@@ -312,7 +312,7 @@ INLINE void dot_block(const int MB, const int16_t *c, size_t cs, const int8_t *B
                block are contiguous), one prefetch per line spread over the steps */
             UNROLL
             for (int j = 0; j < (32 * NB + 63) / 64; j++)
-                _mm_prefetch((const char *)b[0] + DOT_PF + k * NB + 64 * j, _MM_HINT_T0);
+                _mm_prefetch((const char *)b[0] + DOT_PF + k * NB + 64 * j, STREAM_HINT);
             __m512i a[4];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
@@ -396,9 +396,9 @@ INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t 
             const size_t off = cw * c, nb = rb - off < cw ? rb - off : cw, nd = (nb + 3) / 4;
             __m512 W[16];
             /* W[i] lane t: key t's dword i of the chunk; B streams from memory in decode: each
-               row DOT_PF bytes ahead, rows of a line or more (shorter ones, INT4 H = 64, ran
-               0.97x with it, 4 rows hot; 8 rows x 256 1.05x faster with it) */
-            chunk16(kr, off, nb, rb >= 64 ? DOT_PF : 0, W);
+               row DOT_PF bytes ahead into L2, every row width (INT4 at H = 64, 32-byte rows:
+               from DRAM 1.05-1.1x with it, from L3 level; into L1 it had cost 0.97x there) */
+            chunk16(kr, off, nb, DOT_PF, W);
             UNROLL
             for (int i = 0; i < 16; i++) {
                 if ((size_t)i >= nd)
@@ -605,8 +605,8 @@ INLINE void sv_block(const int MB, const int S4, const int16_t *const *codes, si
     if (w == 64)
         for (; k + 2 <= kn; k += 2) {
             /* the rows SV_PFR ahead (decode streams the cache; prefetches never fault) */
-            _mm_prefetch((const char *)(B + (k + SV_PFR) * ldb), _MM_HINT_T0);
-            _mm_prefetch((const char *)(B + (k + SV_PFR + 1) * ldb) + (S4 ? 31 : 63), _MM_HINT_T0);
+            _mm_prefetch((const char *)(B + (k + SV_PFR) * ldb), STREAM_HINT);
+            _mm_prefetch((const char *)(B + (k + SV_PFR + 1) * ldb) + (S4 ? 31 : 63), STREAM_HINT);
             sv_pair(MB, S4, 1, B + k * ldb, B + (k + 1) * ldb, m0, m1, codes, k, acc);
         }
     else
@@ -647,10 +647,10 @@ INLINE void sv_block2(const int MB, const int S4, const int16_t *const *codes, s
     size_t k = 0;
     for (; k + 2 <= kn; k += 2) {
         const int8_t *r0 = B + k * ldb, *r1 = r0 + ldb;
-        _mm_prefetch((const char *)(r0 + SV_PFR * ldb), _MM_HINT_T0);
-        _mm_prefetch((const char *)(r0 + SV_PFR * ldb) + 2 * blk - 1, _MM_HINT_T0);
-        _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T0);
-        _mm_prefetch((const char *)(r1 + SV_PFR * ldb) + 2 * blk - 1, _MM_HINT_T0);
+        _mm_prefetch((const char *)(r0 + SV_PFR * ldb), STREAM_HINT);
+        _mm_prefetch((const char *)(r0 + SV_PFR * ldb) + 2 * blk - 1, STREAM_HINT);
+        _mm_prefetch((const char *)(r1 + SV_PFR * ldb), STREAM_HINT);
+        _mm_prefetch((const char *)(r1 + SV_PFR * ldb) + 2 * blk - 1, STREAM_HINT);
         sv_pair(MB, S4, 1, r0, r1, 0, 0, codes, k, acc);
         sv_pair(MB, S4, 1, r0 + blk, r1 + blk, 0, 0, codes, k, acc2);
     }
