@@ -472,7 +472,7 @@ static int32_t code_sum(const int16_t *c, size_t n)
 /* The QK of nb <= 8 consecutive rows (codes c of stride cs, multipliers mult) against B into C
    (the first row's): keys across the lanes where kl_blocks has them (3-4 rows of INT8, 1-4 of INT4;
    8 consecutive rows through kl_8_*), else dot_block.  Zen 4, one thread, 8192 keys, against
-   dot_block: INT8 3-8 rows 1.16-1.34x at H = 64-128, 1.00-1.04x at 256, 1-2 rows 0.72-0.98x (so
+   dot_block: INT8 3-8 rows 1.16-1.34x at H = 64-128, 1.00-1.04x at 256, 1-2 rows 0.61-0.98x (so
    they stay there); INT4 1 row 1.28-1.32x at H = 64-256, 2 rows 1.08-1.51x, 4 rows 1.06-1.42x. */
 static void qk_block(int nb, const int16_t *c, size_t cs, const float *mult, const int8_t *B, size_t rb, size_t N,
                      size_t K, int s4, float *C, size_t ldc)
