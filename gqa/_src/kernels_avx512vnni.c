@@ -271,7 +271,11 @@ void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha,
  * |lane| <= K / 32 * 2 * 32639 * 128 and the sum of the 16 lanes <= 512 * 32639 * 128 < 2^31,
  * padding codes 0.  The other rows and INT4: the keys across the lanes (kl_block, below).
  */
-#define DOT_PF 4096
+/* The QK kernels' prefetch distance (bytes of B ahead).  From DRAM the QK is bound by the lines in
+   flight, about DOT_PF / latency: Zen 4, one thread, 64 buffers in turn, 2 rows x 128 INT8 74-75
+   -> 60-67 µs at 8192 against 4096 (1 row level, 3 x 64 1.07x); decode steps from DRAM (2
+   threads, 32 layers in turn) seed INT8 1.14-1.36x, the other shapes 1.0-1.05x; from L3 level. */
+#define DOT_PF 8192
 
 /* The bytes of mask m at p (32 at most), as a 256-bit vector. */
 INLINE __m256i load32_epi8(__mmask32 m, const void *p)
