@@ -211,7 +211,7 @@ static inline int qk_row(const float *a, size_t K, const float *s, int pc, float
 static inline int sv_row(const float *a, size_t K, float *inv, float *sp)
 {
     const __m256 zero = _mm256_setzero_ps();
-    __m256 mx = zero, bad = zero, m4[4] = {zero, zero, zero, zero}, b4[4] = {zero, zero, zero, zero};
+    __m256 mx, bad, m4[4] = {zero, zero, zero, zero}, b4[4] = {zero, zero, zero, zero};
     size_t k = 0;
     /* not (v >= 0): negative or NaN; an infinite element becomes the maximum.  Four chains
        (max and or are exact in any order; one chain was bound by vmaxps' latency) */

@@ -277,16 +277,10 @@ void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha,
    threads, 32 layers in turn) seed INT8 1.14-1.36x, the other shapes 1.0-1.05x; from L3 level. */
 #define DOT_PF 8192
 
-/* The bytes of mask m at p (32 at most), as a 256-bit vector. */
-INLINE __m256i load32_epi8(__mmask32 m, const void *p)
-{
-    return _mm512_castsi512_si256(_mm512_maskz_loadu_epi8((__mmask64)m, p));
-}
-
 /* 32 INT8 codes as int16 (sign-extended) from the bytes at p under byte mask m (32 bytes at most). */
 INLINE __m512i widen32(__mmask32 m, const int8_t *p)
 {
-    return _mm512_cvtepi8_epi16(m == (__mmask32)~0u ? _mm256_loadu_si256((const __m256i *)p) : load32_epi8(m, p));
+    return _mm512_cvtepi8_epi16(load32_masked(m, p));
 }
 
 /* C[mb, n] for rows mb < MB of c (stride cs) and the N INT8 rows of B (stride rb), NB = 16 / MB
@@ -566,7 +560,7 @@ INLINE void sv_halves(const int S4, const int full, const int8_t *r, __mmask32 m
         *h1 = widen32(full ? (__mmask32)~0u : m1, r + 32);
         return;
     }
-    const __m512i x = _mm512_cvtepu8_epi16(full ? _mm256_loadu_si256((const __m256i *)r) : load32_epi8(m0, r));
+    const __m512i x = _mm512_cvtepu8_epi16(load32_masked(full ? (__mmask32)~0u : m0, r));
     *h0 = _mm512_and_si512(x, _mm512_set1_epi16(0x0F));
     *h1 = _mm512_srli_epi16(x, 4);
 }

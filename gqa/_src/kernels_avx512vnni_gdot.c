@@ -237,6 +237,16 @@ static inline size_t kq_code_bytes(int kind, size_t K)
     return K * (kind == DOT_U8 ? 8 : kind == DOT_U4 ? 4 : 2) / 8;
 }
 
+/* chunk16 without its prefetch: SM (rows of at most 32 code bytes) through its small paths, the
+   others through chunk16_rows (the instances kept at their code: see kq_blocks). */
+INLINE void kq_chunk(const int SM, const char *const *kr, size_t off, size_t nb, __m512 W[16])
+{
+    if (SM)
+        chunk16(kr, off, nb, 0, W);
+    else
+        chunk16_rows(kr, off, nb, 0, W);
+}
+
 /* meta[2 j], meta[2 j + 1] = the scales and zeros of group j < J of the sixteen keys at kr (their
    metadata at byte cb of rows of rb bytes); SM: through chunk16's small paths (kq_block's). */
 INLINE void kq_meta(const int SM, const char *const *kr, size_t cb, size_t J, int f16, __m512 *meta)
@@ -244,10 +254,7 @@ INLINE void kq_meta(const int SM, const char *const *kr, size_t cb, size_t J, in
     const size_t bytes = J * (f16 ? 4 : 8);
     for (size_t off = 0; off < bytes; off += 64) {
         __m512 W[16];
-        if (SM)
-            chunk16(kr, cb + off, bytes - off, 0, W);
-        else
-            chunk16_rows(kr, cb + off, bytes - off, 0, W);
+        kq_chunk(SM, kr, cb + off, bytes - off, W);
         if (f16) {
             const size_t j0 = off / 4;
             for (size_t i = 0; i < 16 && j0 + i < J; i++) {
@@ -295,10 +302,7 @@ INLINE void kq_block(const int MB, const int KIND, const int SM, const int8_t *q
                chunk (prefetches never fault) */
             for (size_t l = lines * off / cb; l < lines * (off + 64) / cb && l < lines; l++)
                 _mm_prefetch(kr[0] + KQ_PF * rb + 64 * l, _MM_HINT_T0);
-            if (SM)
-                chunk16(kr, off, 4 * nd, 0, W);
-            else
-                chunk16_rows(kr, off, 4 * nd, 0, W);
+            kq_chunk(SM, kr, off, 4 * nd, W);
             UNROLL
             for (int i = 0; i < 16; i++) {
                 if ((size_t)i >= nd)

@@ -73,8 +73,8 @@ static inline int qk_take_rows(size_t M, size_t *m0, int max, size_t N, size_t K
    contract). */
 static inline int sv_row_params(const float *a, size_t K, float *inv, float *sp)
 {
-    __m512 mx = _mm512_setzero_ps(), m4[4];
-    __mmask16 bad = 0, b4[4] = {0, 0, 0, 0};
+    __m512 mx, m4[4];
+    __mmask16 bad, b4[4] = {0, 0, 0, 0};
     const __m512 big = _mm512_set1_ps(FLT_MAX);
     size_t k = 0;
     /* four chains over whole blocks of 64 (max and or are exact in any order; one chain was
