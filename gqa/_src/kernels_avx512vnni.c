@@ -267,7 +267,8 @@ void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha,
 /* ---- qk_gemm_s8_dot (accuracy level 4, AVX-512 VNNI) -----------------------------------
  *
  * The contract: kernels_s8dot.h.  How D is formed, two ways (qk_block picks): INT8 with 1-2
- * rows, 32 codes of a B row widened to int16 (vpmovsxbw), one vpdpwssd per row of the block;
+ * rows, 32 codes of a B row widened to int16 (vpmovsxbw), one vpdpwssd per row of the block
+ * (dot_block; one row of K <= DOT_SEQ_K: dot_seq, each key's codes read in order);
  * |lane| <= K / 32 * 2 * 32639 * 128 and the sum of the 16 lanes <= 512 * 32639 * 128 < 2^31,
  * padding codes 0.  The other rows and INT4: the keys across the lanes (kl_block, below).
  */
@@ -437,6 +438,49 @@ INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t 
     }
 }
 
+/* The widest row dot_seq takes (32 KS codes, KS <= 8: its query codes stay in registers). */
+#define DOT_SEQ_K 256
+
+/* C[0, n] for one row of c (K <= 32 KS codes) and the N INT8 rows of B (stride rb): 16 keys a
+   block, each key's row read in order from its first byte to its last (a last partial block
+   repeats B's last row and stores only its own), one prefetch of STREAM_HINT per 256 bytes of B,
+   DOT_PF ahead.  Against dot_block's 32-byte steps across the block's 16 rows, Zen 4, one thread,
+   8192 keys, 64 buffers in turn from DRAM: 84-91 -> 47-59 µs at K = 128, 140-158 -> 88-94 at
+   256, level at 64; from L3 1.02-1.05x.  (A prefetch per line measured 1.15-1.3x slower at 256.) */
+INLINE void dot_seq(const int KS, const int16_t *c, const int8_t *B, size_t rb, size_t N, float mult, float *C)
+{
+    const int every = KS >= 8 ? 1 : 8 / KS; /* keys per prefetch: 256 bytes at K = 32 KS */
+    __m512i a[8];
+    UNROLL
+    for (int s = 0; s < KS; s++)
+        a[s] = _mm512_load_si512((const void *)(c + 32 * s));
+    const __mmask32 mt = (__mmask32)mask64(rb - 32 * (size_t)(KS - 1)); /* the last step's bytes */
+    const __m512 vmu = _mm512_set1_ps(mult);
+    for (size_t n = 0; n < N; n += 16) {
+        const size_t nv = N - n < 16 ? N - n : 16;
+        __m512i acc[16];
+        UNROLL
+        for (int nb = 0; nb < 16; nb++) {
+            const int8_t *r = B + (n + ((size_t)nb < nv ? (size_t)nb : nv - 1)) * rb;
+            if (nb % every == 0)
+                _mm_prefetch((const char *)r + DOT_PF, STREAM_HINT);
+            acc[nb] = _mm512_setzero_si512();
+            UNROLL
+            for (int s = 0; s < KS; s++)
+                acc[nb] = _mm512_dpwssd_epi32(acc[nb], a[s], widen32(s == KS - 1 ? mt : (__mmask32)~0u, r + 32 * s));
+        }
+        _mm512_mask_storeu_ps(C + n, mask16(nv), _mm512_mul_ps(_mm512_cvtepi32_ps(hsum16x16_epi32(acc)), vmu));
+    }
+}
+
+#define SEQ_INST(KS)                                                                                   \
+    static void dot_seq_##KS(const int16_t *c, const int8_t *B, size_t rb, size_t N, float mult, float *C) \
+    {                                                                                                  \
+        dot_seq(KS, c, B, rb, N, mult, C);                                                             \
+    }
+SEQ_INST(1) SEQ_INST(2) SEQ_INST(3) SEQ_INST(4) SEQ_INST(5) SEQ_INST(6) SEQ_INST(7) SEQ_INST(8)
+typedef void (*seq_fn)(const int16_t *, const int8_t *, size_t, size_t, float, float *);
+
 #define KL_INST(MB, S4)                                                                                \
     static void kl_##MB##_##S4(const int8_t *qh, const int8_t *ql, const int8_t *B, size_t rb, size_t N,    \
                                const float *mult, const int32_t *corr, float *C, size_t ldc)                \
@@ -469,7 +513,7 @@ static int32_t code_sum(const int16_t *c, size_t n)
 
 /* The QK of nb <= 8 consecutive rows (codes c of stride cs, multipliers mult) against B into C
    (the first row's): keys across the lanes where kl_blocks has them (3-4 rows of INT8, 1-4 of INT4;
-   8 consecutive rows through kl_8_*), else dot_block.  Zen 4, one thread, 8192 keys, against
+   8 consecutive rows through kl_8_*), else dot_seq (one row, K <= DOT_SEQ_K) or dot_block.  Zen 4, one thread, 8192 keys, against
    dot_block: INT8 3-8 rows 1.16-1.34x at H = 64-128, 1.00-1.04x at 256, 1-2 rows 0.61-0.98x (so
    they stay there); INT4 1 row 1.28-1.32x at H = 64-256, 2 rows 1.08-1.51x, 4 rows 1.06-1.42x. */
 static void qk_block(int nb, const int16_t *c, size_t cs, const float *mult, const int8_t *B, size_t rb, size_t N,
@@ -478,6 +522,8 @@ static void qk_block(int nb, const int16_t *c, size_t cs, const float *mult, con
     static const kl_fn kl_blocks[2][5] = {{NULL, NULL, NULL, kl_3_0, kl_4_0}, {NULL, kl_1_1, kl_2_1, kl_3_1, kl_4_1}};
     static const kl_fn kl_eight[2] = {kl_8_0, kl_8_1};
     static const dot_fn blocks[3] = {NULL, dot_1, dot_2};
+    static const seq_fn seqs[DOT_SEQ_K / 32 + 1] = {NULL,          dot_seq_1, dot_seq_2, dot_seq_3, dot_seq_4,
+                                                   dot_seq_5,     dot_seq_6, dot_seq_7, dot_seq_8};
     int8_t qb[2][8][VNNI_QB]; /* the rows' query codes' high and low bytes */
     int32_t corr[8];
     const kl_fn kl = nb == 8 ? kl_eight[s4] : kl_blocks[s4][nb];
@@ -487,6 +533,8 @@ static void qk_block(int nb, const int16_t *c, size_t cs, const float *mult, con
             vnni_code_bytes(c + i * cs, cs, s4 ? 2 : 1, qb[0][i], qb[1][i]);
         }
         kl(&qb[0][0][0], &qb[1][0][0], B, rb, N, mult, corr, C, ldc);
+    } else if (nb == 1 && K <= DOT_SEQ_K) {
+        seqs[(K + 31) / 32](c, B, rb, N, mult[0], C);
     } else {
         blocks[nb](c, cs, B, rb, N, K, mult, C, ldc);
     }
@@ -645,10 +693,15 @@ INLINE void sv_block2(const int MB, const int S4, const int16_t *const *codes, s
     size_t k = 0;
     for (; k + 2 <= kn; k += 2) {
         const int8_t *r0 = B + k * ldb, *r1 = r0 + ldb;
+        /* the rows SV_PFR ahead: INT8 one prefetch a key pair, INT4 one a line.  Zen 4, one row
+           and two, 128 columns, 8192 keys from DRAM (64 buffers in turn): INT8 1.16-1.3x faster
+           than one a line, INT4 0.82-0.9x (the hardware prefetcher fills the other lines) */
         _mm_prefetch((const char *)(r0 + SV_PFR * ldb), STREAM_HINT);
-        _mm_prefetch((const char *)(r0 + SV_PFR * ldb) + 2 * blk - 1, STREAM_HINT);
-        _mm_prefetch((const char *)(r1 + SV_PFR * ldb), STREAM_HINT);
-        _mm_prefetch((const char *)(r1 + SV_PFR * ldb) + 2 * blk - 1, STREAM_HINT);
+        if (S4) {
+            _mm_prefetch((const char *)(r0 + SV_PFR * ldb) + 2 * blk - 1, STREAM_HINT);
+            _mm_prefetch((const char *)(r1 + SV_PFR * ldb), STREAM_HINT);
+            _mm_prefetch((const char *)(r1 + SV_PFR * ldb) + 2 * blk - 1, STREAM_HINT);
+        }
         sv_pair(MB, S4, 1, r0, r1, 0, 0, codes, k, acc);
         sv_pair(MB, S4, 1, r0 + blk, r1 + blk, 0, 0, codes, k, acc2);
     }
