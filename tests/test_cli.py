@@ -118,17 +118,19 @@ def test_bench_per_group_and_mixed_modes(tmp_path):
 
 def test_bench_vs_level(tmp_path):
     """--vs-level L: gqa's operator with its own accuracy_level L timed in the same alternation,
-    a column gqa@L with its ratio to the run's level; the peer targets leave it out."""
+    a column gqa@L with its ratio to the run's level, in the layer loop too (--layers); the
+    peer targets leave it out."""
     path = tmp_path / "b.json"
     out = _run(["bench"] + TINY + ["--decode-T", "16", "--prefill-S", "", "--modes", "int8-pt",
                                    "--peers", "none", "--accuracy-level", "4", "--vs-level", "1",
-                                   "--json", str(path)], tmp_path)
+                                   "--layers", "2", "--json", str(path)], tmp_path)
     assert "gqa@1      gqa's kept operator with its own accuracy_level=1" in out
     doc = json.loads(path.read_text())
     assert doc["columns"] == ["gqa@1"]
-    (r,) = doc["results"]
-    at1 = r["peers"]["gqa@1"]
-    assert at1["median_us"] > 0 and at1["ratio"] == pytest.approx(at1["median_us"] / r["gqa"]["median_us"])
+    assert [r["phase"] for r in doc["results"]] == ["decode", "layers"]
+    for r in doc["results"]:
+        at1 = r["peers"]["gqa@1"]
+        assert at1["median_us"] > 0 and at1["ratio"] == pytest.approx(at1["median_us"] / r["gqa"]["median_us"])
     assert "decode faster than every peer" not in out
     with pytest.raises(SystemExit):
         _bench.main(["--vs-level", "0"])

@@ -59,14 +59,15 @@ def _run(args, out, argv):
     columns = [c for p in peer_names for c in PEER_COLUMNS[p]]
     own = [Local("gqa", ours), Local("gqa-fn", ours_function)]
     shown = list(columns)     # the table's columns: the peers', then --vs-level's gqa@L
+    from .layers import LayerSide
+    in_loop = [LayerSide("gqa", ours), LayerSide("gqa-fn", ours_function)]
     if args.vs_level is not None:
         name = f"gqa@{args.vs_level}"
         own.append(Local(name, ours_at(args.vs_level)))
+        in_loop.append(LayerSide(name, ours_at(args.vs_level)))
         status[name] = (f"gqa's kept operator with its own accuracy_level={args.vs_level}, "
                         "in the same alternation (ratio gqa@L / gqa: > 1, the run's level is faster)")
         shown.append(name)
-    from .layers import LayerSide
-    in_loop = [LayerSide("gqa", ours), LayerSide("gqa-fn", ours_function)]
     if "ort" in peer_names and status.get("ort", "").startswith("ok"):
         in_loop.append(LayerSide("ort", ort_side))
     rounds_dec = args.repeats if args.repeats else (5 if args.quick else 15)
@@ -195,7 +196,8 @@ def add_arguments(p):
                        " ".join("/".join(map(str, x)) for x in REAL_SHAPES), ",".join(map(str, SEED_SHAPE))))
     p.add_argument("--layers", type=int, default=0, metavar="L",
                    help="also time decode inside a loop over L layers, each with its own cache, a NumPy "
-                        "projection before every call (gqa, gqa-fn and ort in the same loop shape)")
+                        "projection before every call (gqa, gqa-fn, --vs-level's gqa@L and ort in the "
+                        "same loop shape)")
     p.add_argument("--quick", action="store_true",
                    help=f"a short run: threads {QUICK['threads']}, decode T {QUICK['decode_T']}, "
                         f"prefill S {QUICK['prefill_S']}, fewer rounds (explicit options still win)")

@@ -9,7 +9,8 @@ the caches of the other layers and the wake-up of gqa's own threads cost it -- t
 beside the same call back to back (the row's ``decode`` figure in the same run).
 
 Sides: ``gqa`` (a kept GroupQueryAttention per layer), ``gqa-fn`` (gqa.group_query_attention
-per call) and ``ort`` (one onnxruntime session shared by the layers, one IOBinding per layer
+per call), ``gqa@L`` (with ``--vs-level L``: a kept operator per layer with its own
+accuracy_level L) and ``ort`` (one onnxruntime session shared by the layers, one IOBinding per layer
 on its own buffers, in place; onnxruntime's default thread pool, as a user gets it).
 """
 import time
