@@ -513,9 +513,10 @@ static int32_t code_sum(const int16_t *c, size_t n)
 
 /* The QK of nb <= 8 consecutive rows (codes c of stride cs, multipliers mult) against B into C
    (the first row's): keys across the lanes where kl_blocks has them (3-4 rows of INT8, 1-4 of INT4;
-   8 consecutive rows through kl_8_*), else dot_seq (one row, K <= DOT_SEQ_K) or dot_block.  Zen 4, one thread, 8192 keys, against
-   dot_block: INT8 3-8 rows 1.16-1.34x at H = 64-128, 1.00-1.04x at 256, 1-2 rows 0.61-0.98x (so
-   they stay there); INT4 1 row 1.28-1.32x at H = 64-256, 2 rows 1.08-1.51x, 4 rows 1.06-1.42x. */
+   8 consecutive rows through kl_8_*), else dot_seq (one row, K <= DOT_SEQ_K) or dot_block.  The
+   keys across the lanes against dot_block, Zen 4, one thread, 8192 keys: INT8 3-8 rows
+   1.16-1.34x at H = 64-128, 1.00-1.04x at 256, 1-2 rows 0.61-0.98x (so they stay off them); INT4
+   1 row 1.28-1.32x at H = 64-256, 2 rows 1.08-1.51x, 4 rows 1.06-1.42x. */
 static void qk_block(int nb, const int16_t *c, size_t cs, const float *mult, const int8_t *B, size_t rb, size_t N,
                      size_t K, int s4, float *C, size_t ldc)
 {
@@ -694,8 +695,9 @@ INLINE void sv_block2(const int MB, const int S4, const int16_t *const *codes, s
     for (; k + 2 <= kn; k += 2) {
         const int8_t *r0 = B + k * ldb, *r1 = r0 + ldb;
         /* the rows SV_PFR ahead: INT8 one prefetch a key pair, INT4 one a line.  Zen 4, one row
-           and two, 128 columns, 8192 keys from DRAM (64 buffers in turn): INT8 1.16-1.3x faster
-           than one a line, INT4 0.82-0.9x (the hardware prefetcher fills the other lines) */
+           and two, 128 columns, 8192 keys from DRAM (64 buffers in turn): for INT8 one a pair ran
+           1.16-1.3x faster than one a line (the hardware prefetcher fills the other lines), for
+           INT4 0.82-0.9x */
         _mm_prefetch((const char *)(r0 + SV_PFR * ldb), STREAM_HINT);
         if (S4) {
             _mm_prefetch((const char *)(r0 + SV_PFR * ldb) + 2 * blk - 1, STREAM_HINT);
