@@ -173,7 +173,8 @@ def _qk_ref(a, b, s, pc, alpha):
 @pytest.mark.parametrize("M,Ncol,K,pc", [(3, 50, 64, True), (8, 33, 64, False), (1, 7, 100, True),
                                          (5, 130, 128, False), (9, 17, 512, True), (2, 3, 1, False),
                                          (4, 48, 320, False), (16, 31, 256, True), (3, 9, 33, True),
-                                         (1, 33, 256, False), (1, 40, 200, True), (1, 21, 257, True)])
+                                         (1, 33, 256, False), (1, 40, 200, True), (1, 21, 257, True),
+                                         (1, 19, 512, False)])
 def test_int8_qk_contract(M, Ncol, K, pc, bits, dot_unit):
     """Q K^T at level 4: query rows (times the per-channel scales) quantized to 15 bits
     against their absolute maximum, exact integer dots, bit for bit (INT8 and INT4 codes);

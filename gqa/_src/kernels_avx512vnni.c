@@ -268,7 +268,7 @@ void gqa_qk_gemm_s8_approx_avx512vnni(size_t M, size_t N, size_t K, float alpha,
  *
  * The contract: kernels_s8dot.h.  How D is formed, two ways (qk_block picks): INT8 with 1-2
  * rows, 32 codes of a B row widened to int16 (vpmovsxbw), one vpdpwssd per row of the block
- * (dot_block; one row of K <= DOT_SEQ_K: dot_seq, each key's codes read in order);
+ * (two rows: dot_block; one row: dot_seq, each key's codes read in order);
  * |lane| <= K / 32 * 2 * 32639 * 128 and the sum of the 16 lanes <= 512 * 32639 * 128 < 2^31,
  * padding codes 0.  The other rows and INT4: the keys across the lanes (kl_block, below).
  */
@@ -438,21 +438,19 @@ INLINE void kl_block(const int MB, const int S4, const int8_t *qh, const int8_t 
     }
 }
 
-/* The widest row dot_seq takes (32 KS codes, KS <= 8: its query codes stay in registers). */
-#define DOT_SEQ_K 256
-
-/* C[0, n] for one row of c (K <= 32 KS codes) and the N INT8 rows of B (stride rb): 16 keys a
-   block, each key's row read in order from its first byte to its last (a last partial block
-   repeats B's last row and stores only its own), one prefetch of STREAM_HINT per 256 bytes of B,
-   DOT_PF ahead.  Against dot_block's 32-byte steps across the block's 16 rows, Zen 4, one thread,
-   8192 keys, 64 buffers in turn from DRAM: 84-91 -> 47-59 µs at K = 128, 140-158 -> 88-94 at
-   256, level at 64; from L3 1.02-1.05x.  (A prefetch per line measured 1.15-1.3x slower at 256.) */
+/* C[0, n] for one row of c (K <= 32 KS codes, KS <= DOT_QK_K / 32) and the N INT8 rows of B
+   (stride rb): 16 keys a block, each key's row read in order from its first byte to its last (a
+   last partial block repeats B's last row and stores only its own), one prefetch of STREAM_HINT
+   per 256 bytes of B, DOT_PF ahead.  Against dot_block's 32-byte steps across the block's 16
+   rows, Zen 4, one thread, 8192 keys, 64 buffers in turn from DRAM: 84-91 -> 47-59 µs at K =
+   128, 140-158 -> 88-94 at 256, 1.2-1.3x at 320 and 512, level at 64; from L3 1.02-1.05x at
+   K <= 256, level at 320-512.  (A prefetch per line measured 1.15-1.3x slower at 256.) */
 INLINE void dot_seq(const int KS, const int16_t *c, const int8_t *B, size_t rb, size_t N, float mult, float *C)
 {
     const int every = KS >= 8 ? 1 : 8 / KS; /* keys per prefetch: 256 bytes at K = 32 KS */
-    __m512i a[8];
+    __m512i a[8]; /* the first 8 code vectors in registers, the others read where used */
     UNROLL
-    for (int s = 0; s < KS; s++)
+    for (int s = 0; s < KS && s < 8; s++)
         a[s] = _mm512_load_si512((const void *)(c + 32 * s));
     const __mmask32 mt = (__mmask32)mask64(rb - 32 * (size_t)(KS - 1)); /* the last step's bytes */
     const __m512 vmu = _mm512_set1_ps(mult);
@@ -467,7 +465,8 @@ INLINE void dot_seq(const int KS, const int16_t *c, const int8_t *B, size_t rb, 
             acc[nb] = _mm512_setzero_si512();
             UNROLL
             for (int s = 0; s < KS; s++)
-                acc[nb] = _mm512_dpwssd_epi32(acc[nb], a[s], widen32(s == KS - 1 ? mt : (__mmask32)~0u, r + 32 * s));
+                acc[nb] = _mm512_dpwssd_epi32(acc[nb], s < 8 ? a[s] : _mm512_load_si512((const void *)(c + 32 * s)),
+                                              widen32(s == KS - 1 ? mt : (__mmask32)~0u, r + 32 * s));
         }
         _mm512_mask_storeu_ps(C + n, mask16(nv), _mm512_mul_ps(_mm512_cvtepi32_ps(hsum16x16_epi32(acc)), vmu));
     }
@@ -479,6 +478,7 @@ INLINE void dot_seq(const int KS, const int16_t *c, const int8_t *B, size_t rb, 
         dot_seq(KS, c, B, rb, N, mult, C);                                                             \
     }
 SEQ_INST(1) SEQ_INST(2) SEQ_INST(3) SEQ_INST(4) SEQ_INST(5) SEQ_INST(6) SEQ_INST(7) SEQ_INST(8)
+SEQ_INST(9) SEQ_INST(10) SEQ_INST(11) SEQ_INST(12) SEQ_INST(13) SEQ_INST(14) SEQ_INST(15) SEQ_INST(16)
 typedef void (*seq_fn)(const int16_t *, const int8_t *, size_t, size_t, float, float *);
 
 #define KL_INST(MB, S4)                                                                                \
@@ -491,15 +491,12 @@ KL_INST(3, 0) KL_INST(4, 0) KL_INST(8, 0) KL_INST(1, 1) KL_INST(2, 1) KL_INST(3,
 typedef void (*kl_fn)(const int8_t *, const int8_t *, const int8_t *, size_t, size_t, const float *, const int32_t *,
                       float *, size_t);
 
-#define DOT_INST(MB)                                                                                   \
-    static void dot_##MB(const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N, size_t K,        \
-                         const float *mult, float *C, size_t ldc)                                           \
-    {                                                                                                  \
-        dot_block(MB, c, cs, B, rb, N, K, mult, C, ldc);                                               \
-    }
-DOT_INST(1) DOT_INST(2) /* the INT8 rows kl_block leaves */
-typedef void (*dot_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, size_t, const float *, float *,
-                       size_t);
+/* Two INT8 rows (one: dot_seq). */
+static void dot_2(const int16_t *c, size_t cs, const int8_t *B, size_t rb, size_t N, size_t K, const float *mult,
+                  float *C, size_t ldc)
+{
+    dot_block(2, c, cs, B, rb, N, K, mult, C, ldc);
+}
 
 /* The sum of n int16 codes c[0, n) (n a multiple of 32), exact. */
 static int32_t code_sum(const int16_t *c, size_t n)
@@ -513,7 +510,7 @@ static int32_t code_sum(const int16_t *c, size_t n)
 
 /* The QK of nb <= 8 consecutive rows (codes c of stride cs, multipliers mult) against B into C
    (the first row's): keys across the lanes where kl_blocks has them (3-4 rows of INT8, 1-4 of INT4;
-   8 consecutive rows through kl_8_*), else dot_seq (one row, K <= DOT_SEQ_K) or dot_block.  The
+   8 consecutive rows through kl_8_*), else dot_seq (one row) or dot_2 (two).  The
    keys across the lanes against dot_block, Zen 4, one thread, 8192 keys: INT8 3-8 rows
    1.16-1.34x at H = 64-128, 1.00-1.04x at 256, 1-2 rows 0.61-0.98x (so they stay off them); INT4
    1 row 1.28-1.32x at H = 64-256, 2 rows 1.08-1.51x, 4 rows 1.06-1.42x. */
@@ -522,9 +519,10 @@ static void qk_block(int nb, const int16_t *c, size_t cs, const float *mult, con
 {
     static const kl_fn kl_blocks[2][5] = {{NULL, NULL, NULL, kl_3_0, kl_4_0}, {NULL, kl_1_1, kl_2_1, kl_3_1, kl_4_1}};
     static const kl_fn kl_eight[2] = {kl_8_0, kl_8_1};
-    static const dot_fn blocks[3] = {NULL, dot_1, dot_2};
-    static const seq_fn seqs[DOT_SEQ_K / 32 + 1] = {NULL,          dot_seq_1, dot_seq_2, dot_seq_3, dot_seq_4,
-                                                   dot_seq_5,     dot_seq_6, dot_seq_7, dot_seq_8};
+    static const seq_fn seqs[DOT_QK_K / 32 + 1] = {NULL,       dot_seq_1,  dot_seq_2,  dot_seq_3,  dot_seq_4,
+                                                  dot_seq_5,  dot_seq_6,  dot_seq_7,  dot_seq_8,  dot_seq_9,
+                                                  dot_seq_10, dot_seq_11, dot_seq_12, dot_seq_13, dot_seq_14,
+                                                  dot_seq_15, dot_seq_16};
     int8_t qb[2][8][VNNI_QB]; /* the rows' query codes' high and low bytes */
     int32_t corr[8];
     const kl_fn kl = nb == 8 ? kl_eight[s4] : kl_blocks[s4][nb];
@@ -534,10 +532,10 @@ static void qk_block(int nb, const int16_t *c, size_t cs, const float *mult, con
             vnni_code_bytes(c + i * cs, cs, s4 ? 2 : 1, qb[0][i], qb[1][i]);
         }
         kl(&qb[0][0][0], &qb[1][0][0], B, rb, N, mult, corr, C, ldc);
-    } else if (nb == 1 && K <= DOT_SEQ_K) {
+    } else if (nb == 1) {
         seqs[(K + 31) / 32](c, B, rb, N, mult[0], C);
     } else {
-        blocks[nb](c, cs, B, rb, N, K, mult, C, ldc);
+        dot_2(c, cs, B, rb, N, K, mult, C, ldc);
     }
 }
 
