@@ -683,6 +683,13 @@ static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float 
 
 /* ---- sv_gemm ------------------------------------------------------------ */
 
+/* P @ V's prefetch of the next key chunk goes into L1 (T0) while the chunk is at most
+   SV_L1_CHUNK bytes, else into L2 (T1), where it cannot evict the chunk that every column block
+   (32 columns or fewer) reads again.  Zen 4 running this path, 2 threads, T = 8192, 16 layers'
+   caches in turn from DRAM (the shapes of bench --shape real): INT8 H = 128 and 256 (16 and 32
+   KiB chunks) 1.12-1.22x faster into L2; H = 64 (8 KiB) and INT4 within 0.95-1.06x. */
+#define SV_L1_CHUNK 8192
+
 /* Columns n0 .. n0 + 8 NV of C[mb, .] += scale[col] * sum_{k0 <= k < k1} A[mb, k] * B[k, col]
    for MB rows.  Pairs of vectors come from dec16 (INT4: the even columns of 16,
    then the odd ones; put back in order before the store).  `part` (NV == 1):
@@ -697,10 +704,16 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int part,
     UNROLL
     for (int i = 0; i < MB * NV; i++)
         acc[i] = _mm256_setzero_ps();
+    size_t pf0 = 0;
+    const int npf = pf ? gqa_block_lines(elem == GQA_EL_S4 ? 4 : 8, n0, part ? np : 8 * (size_t)NV, &pf0) : 0;
+    pf0 += pf;
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
-        if (pf) /* this block's bytes of the same row of the next key chunk (one line) */
-            _mm_prefetch((const char *)row + pf, _MM_HINT_T0);
+        for (int j = 0; j < npf; j++) /* the block's lines of the same row of the next key chunk */
+            if (pf > SV_L1_CHUNK)
+                _mm_prefetch((const char *)row + pf0 + 64 * j, _MM_HINT_T1);
+            else
+                _mm_prefetch((const char *)row + pf0 + 64 * j, _MM_HINT_T0);
         __m256 b[8];
         if (part) {
             b[0] = dec_tail(row, n0, np, type);
@@ -823,10 +836,11 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             const float *a = A + m0 * lda;
             float *c = C + m0 * ldc;
             const size_t step = 8 * (size_t)sv_nvw[elem][mb];
-            /* codes, first block of rows: each column block (<= 32 bytes of a row) that
-               starts a 64-byte line prefetches that line of the next chunk's rows */
+            /* codes, first block of rows: each column block (<= 32 bytes of a row)
+               prefetches the line of the next chunk's rows that starts in its bytes, if one
+               does (gqa_block_lines) */
             const int pfc = m0 == 0 && k1 < K && elem <= GQA_EL_S4;
-#define SV_PF(n) (pfc && gqa_row_bytes(type, n) % 64 == 0 ? kc * rb + gqa_row_bytes(type, n) : 0)
+#define SV_PF(n) (pfc ? kc * rb : 0)
             /* INT4 blocks of 2+ vectors decode 16-column pairs: they stop at n16; the other
                kinds take 16-column blocks too before single vectors (more accumulators in
                flight: a 64-column head at MB = 3 is 24 + 24 + 16, not 24 + 24 + 8 + 8) */

@@ -24,7 +24,9 @@
    L1's few miss buffers until its line arrives (Zen 4, perf: the time sat on the prefetcht0s).
    Zen 4, 2 threads, T = 8192, 48 layers' caches in turn, the shapes of bench --shape real:
    decode steps with it 1.13-1.36x faster on INT8 per tensor, 1.0-1.15x on INT4; from L3 level.
-   Level 0's float kernels, bound by their arithmetic, measured 0.9-1.1x with it and keep L1. */
+   Level 0's float kernels, bound by their arithmetic, measured 0.9-1.1x with it and keep L1,
+   except P @ V's prefetch of a key chunk too large for L1 beside the one being read
+   (SV_L1_CHUNK in kernels_avx512.c). */
 #define STREAM_HINT _MM_HINT_T1
 
 /* Lanes [0, n) set, n <= 16 / n <= 64. */

@@ -51,6 +51,18 @@ static inline float gqa_post_scale(int type, const float *s)
     return (type == GQA_S8_PT || type == GQA_S4_PT) ? s[0] : 1.0f;
 }
 
+/* P @ V's prefetch of the next key chunk (decode streams V from memory) for rows of packed
+   `bits`-bit codes (8 or 4): the block of columns [n0, n0 + w) of a row prefetches the 64-byte
+   lines of the row (counted from its first byte) that start inside the block's bytes, so that
+   blocks of any widths together prefetch each line of the row once.  -> the number of those
+   lines; *first: the offset of the first in the row. */
+static inline int gqa_block_lines(size_t bits, size_t n0, size_t w, size_t *first)
+{
+    const size_t b0 = (n0 * bits + 7) / 8, b1 = ((n0 + w) * bits + 7) / 8;
+    *first = (b0 + 63) & ~(size_t)63;
+    return *first < b1 ? (int)((b1 - *first + 63) / 64) : 0;
+}
+
 /* The element of a static or float row as the SIMD GEMMs read it, unscaled (gqa_element):
    int8 codes, +8-biased nibbles, float32 or binary16.  (GQA_KIND is the group kind.) */
 #define GQA_EL_S8 0
