@@ -265,18 +265,23 @@ static inline void sv_codes(const float *a, size_t n, float inv, int16_t *c)
 
 #define SV_MB 4
 #define SV_PFR 64
+#ifndef SV_ROWS_IN_L2
+#define SV_ROWS_IN_L2 0
+#endif
 
 /* The step of keys k, k + 1 (rows r0, r1 of ldb bytes): their rows SV_PFR keys ahead prefetched
    (decode streams V from memory; prefetches never fault), and p[i] = the pair (codes_i[k],
    codes_i[k + 1]) of rows i < MB of codes (stride SV_KS + 16) in every int32 lane.  Rows longer
-   than a line are prefetched into L2, the others into L1.  Zen 4 running the avx2 path, 8192
+   than a line are prefetched into L2, the others into L1; where the driver brings each chunk of
+   rows into L2 ahead (SV_ROWS_IN_L2: kernels_avx2_gdot.c's gsv), into L1 (per-group INT8 g32
+   16/8/128, decode steps from DRAM: into L2 0.92-0.95x).  Zen 4 running the avx2 path, 8192
    keys from DRAM: into L2, P @ V alone (one thread) ran 1.3-1.9x faster at INT8 H = 128 and 256,
    and decode steps (2 threads, 16 layers' caches in turn) 1.03-1.35x at INT8 16/8/128, 8/1/256
    and 4/1/256; INT4 H = 256 level; at H = 64 INT8 was level and INT4 (32-byte rows) 0.92-0.95x. */
 INLINE void sv_step(const int MB, const int16_t *codes, size_t k, const int8_t *r0, const int8_t *r1, size_t ldb,
                     __m256i *p)
 {
-    if (ldb > 64) {
+    if (!SV_ROWS_IN_L2 && ldb > 64) {
         _mm_prefetch((const char *)(r0 + SV_PFR * ldb), _MM_HINT_T1);
         _mm_prefetch((const char *)(r1 + SV_PFR * ldb), _MM_HINT_T1);
     } else {

@@ -29,6 +29,7 @@
  * float32 [M, N] (ldc), C = beta C + A @ deq(B).  Neither reads B past its last byte.
  */
 #if defined(__x86_64__) || defined(_M_X64)
+#define SV_ROWS_IN_L2 1 /* gsv prefetches each next chunk of V rows into L2 (sv_step) */
 #include "kernels_avx2_dot.h"
 
 
