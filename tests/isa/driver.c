@@ -562,6 +562,37 @@ static void check_exp(void)
 /* row_max(x, n) == the largest non-NaN x[i] (-inf when there is none), by value
    (+0 and -0 compare equal); x is not written.  The maximum is placed at every
    position class (first, last, in the vector tail, in each of the unrolled lanes). */
+/* gqa_block_lines: blocks of columns of any widths (multiples of 8, the last partial), laid end
+   to end over a row, name each 64-byte line of the row once, each inside its block's bytes. */
+static void check_block_lines(void)
+{
+    static const size_t NS[] = {1, 7, 8, 24, 32, 63, 64, 65, 96, 128, 200, 256, 512, 1000};
+    begin("block_lines");
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (size_t ni = 0; ni < sizeof(NS) / sizeof(NS[0]); ni++)
+            for (int rep = 0; rep < 20; rep++) {
+                const size_t n = NS[ni], rb = (n * bits + 7) / 8, lines = (rb + 63) / 64;
+                int seen[32] = {0}, ok = 1;
+                for (size_t n0 = 0; n0 < n;) {
+                    const size_t w0 = 8 * (1 + rnd() % 16), w = n - n0 < w0 ? n - n0 : w0;
+                    size_t first;
+                    const int cnt = gqa_block_lines((size_t)bits, n0, w, &first);
+                    for (int j = 0; j < cnt; j++) {
+                        const size_t off = first + 64 * (size_t)j;
+                        ok &= off % 64 == 0 && off < rb && off >= (n0 * bits + 7) / 8 &&
+                              off < ((n0 + w) * bits + 7) / 8;
+                        if (off / 64 < 32)
+                            seen[off / 64]++;
+                    }
+                    n0 += w;
+                }
+                for (size_t l = 0; l < lines; l++)
+                    ok &= seen[l] == 1;
+                expect(ok, "bits %d n %zu rep %d", bits, n, rep);
+            }
+    end();
+}
+
 static void check_row_max(void)
 {
     static const size_t NS[] = {0,  1,  2,  3,  4,  5,  7,  8,  9,  15, 16, 17, 31,  32,  33,
@@ -1357,6 +1388,7 @@ int main(int argc, char **argv)
         check_group();
         check_exp();
         check_row_max();
+        check_block_lines();
     }
     if (approx) {
         if (T->qk_gemm_s8_approx == NULL) {
