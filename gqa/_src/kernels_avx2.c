@@ -697,8 +697,8 @@ static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float 
 /* P @ V's prefetch of the next key chunk goes into L1 (T0) while the chunk is at most
    SV_L1_CHUNK bytes, else into L2 (T1), where it cannot evict the chunk that every column block
    (32 columns or fewer) reads again.  Zen 4 running this path, 2 threads, T = 8192, 16 layers'
-   caches in turn from DRAM (the shapes of bench --shape real): INT8 H = 128 and 256 (16 and 32
-   KiB chunks) 1.12-1.22x faster into L2; H = 64 (8 KiB) and INT4 within 0.95-1.06x. */
+   caches in turn from DRAM: decode steps into L2 1.12-1.48x faster at INT8 H = 128 and 256 (16
+   and 32 KiB chunks: 16/8/128, 8/1/256, 4/1/256), INT4 level (0.98-1.04x). */
 #define SV_L1_CHUNK 8192
 
 /* Columns n0 .. n0 + 8 NV of C[mb, .] += scale[col] * sum_{k0 <= k < k1} A[mb, k] * B[k, col]

@@ -557,11 +557,8 @@ static void check_exp(void)
     end();
 }
 
-/* ---- row_max ------------------------------------------------------------------- */
+/* ---- block_lines --------------------------------------------------------------- */
 
-/* row_max(x, n) == the largest non-NaN x[i] (-inf when there is none), by value
-   (+0 and -0 compare equal); x is not written.  The maximum is placed at every
-   position class (first, last, in the vector tail, in each of the unrolled lanes). */
 /* gqa_block_lines: blocks of columns of any widths (multiples of 8, the last partial), laid end
    to end over a row, name each 64-byte line of the row once, each inside its block's bytes. */
 static void check_block_lines(void)
@@ -593,6 +590,11 @@ static void check_block_lines(void)
     end();
 }
 
+/* ---- row_max ------------------------------------------------------------------- */
+
+/* row_max(x, n) == the largest non-NaN x[i] (-inf when there is none), by value
+   (+0 and -0 compare equal); x is not written.  The maximum is placed at every
+   position class (first, last, in the vector tail, in each of the unrolled lanes). */
 static void check_row_max(void)
 {
     static const size_t NS[] = {0,  1,  2,  3,  4,  5,  7,  8,  9,  15, 16, 17, 31,  32,  33,
