@@ -718,10 +718,11 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int part,
     size_t pf0 = 0;
     const int npf = pf ? gqa_block_lines(elem == GQA_EL_S4 ? 4 : 8, n0, part ? np : 8 * (size_t)NV, &pf0) : 0;
     pf0 += pf;
+    const int to_l2 = pf > SV_L1_CHUNK;
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
         for (int j = 0; j < npf; j++) /* the block's lines of the same row of the next key chunk */
-            if (pf > SV_L1_CHUNK)
+            if (to_l2)
                 _mm_prefetch((const char *)row + pf0 + 64 * j, _MM_HINT_T1);
             else
                 _mm_prefetch((const char *)row + pf0 + 64 * j, _MM_HINT_T0);
@@ -850,22 +851,20 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             /* codes, first block of rows: each column block (<= 32 bytes of a row)
                prefetches the line of the next chunk's rows that starts in its bytes, if one
                does (gqa_block_lines) */
-            const int pfc = m0 == 0 && k1 < K && elem <= GQA_EL_S4;
-#define SV_PF(n) (pfc ? kc * rb : 0)
+            const size_t pf = m0 == 0 && k1 < K && elem <= GQA_EL_S4 ? kc * rb : 0;
             /* INT4 blocks of 2+ vectors decode 16-column pairs: they stop at n16; the other
                kinds take 16-column blocks too before single vectors (more accumulators in
                flight: a 64-column head at MB = 3 is 24 + 24 + 16, not 24 + 24 + 8 + 8) */
             const size_t wide_end = elem == GQA_EL_S4 ? n16 : n8;
             size_t n = 0;
             for (; n + step <= wide_end; n += step)
-                f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
+                f[0](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
             for (; n + 16 <= wide_end; n += 16)
-                f[1](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
+                f[1](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
             for (; n < n8; n += 8)
-                f[2](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
+                f[2](8, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
             if (n < N)
-                f[3](N - n, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, SV_PF(n));
-#undef SV_PF
+                f[3](N - n, k0, k1, a, lda, Bb, rb, n, type, spc, vs, c, ldc, pf);
         }
     }
 }

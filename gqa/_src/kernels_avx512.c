@@ -949,10 +949,11 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int maske
     size_t pf0 = 0;
     const int npf = pf ? gqa_block_lines(elem == GQA_EL_S4 ? 4 : 8, n0, masked ? np : 16 * (size_t)NV, &pf0) : 0;
     pf0 += pf;
+    const int to_l2 = pf > SV_L1_CHUNK;
     for (size_t k = k0; k < k1; k++) {
         const uint8_t *row = B + k * rb;
         for (int j = 0; j < npf; j++) /* the block's lines of the same row of the next key chunk */
-            if (pf > SV_L1_CHUNK)
+            if (to_l2)
                 _mm_prefetch((const char *)row + pf0 + 64 * j, STREAM_HINT);
             else
                 _mm_prefetch((const char *)row + pf0 + 64 * j, _MM_HINT_T0);
@@ -1082,22 +1083,20 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
             const size_t step = 16 * (size_t)sv_nvw[mb];
             /* codes, first block of rows: each column block prefetches the lines of the next
                chunk's rows that start in its bytes (gqa_block_lines) */
-            const int pfc = m0 == 0 && k1 < K && elem <= GQA_EL_S4;
-#define SV_PF(n) (pfc ? kc * rb : 0)
+            const size_t pf = m0 == 0 && k1 < K && elem <= GQA_EL_S4 ? kc * rb : 0;
             /* INT4 blocks of 2+ vectors decode 32-column pairs: they stop at n32 */
             const size_t wide_end = elem == GQA_EL_S4 ? n32 : n16;
             size_t n = 0;
             for (; n + step <= wide_end; n += step)
-                f[0](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
+                f[0](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
             for (; f[1] && n + 64 <= wide_end; n += 64)
-                f[1](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
+                f[1](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
             for (; n + 32 <= wide_end; n += 32)
-                f[2](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
+                f[2](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
             for (; n < n16; n += 16)
-                f[3](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
+                f[3](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
             if (n < N)
-                f[4](N - n, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, SV_PF(n));
-#undef SV_PF
+                f[4](N - n, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
         }
     }
 }
