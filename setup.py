@@ -59,7 +59,7 @@ X86_UNITS = {"avx2_s8dot": (("kernels_avx2_s8dot.c", "kernels_avx2_gdot.c"), "av
             "avx512vnni": (("kernels_avx512vnni.c", "kernels_avx512vnni_gdot.c"), "avx512", ["-mavx512vnni"], "GQA_HAVE_AVX512VNNI",
                             "#include <immintrin.h>\nint main(void){__m512i a=_mm512_set1_epi32(1);"
                             "a=_mm512_dpbusd_epi32(a,a,a);return 0;}"),
-            "avx512bf16": ("kernels_avx512bf16.c", "avx512", ["-mavx512bf16"], "GQA_HAVE_AVX512BF16",
+            "avx512bf16": (("kernels_avx512bf16.c", "kernels_avx512bf16_dot.c"), "avx512", ["-mavx512bf16"], "GQA_HAVE_AVX512BF16",
                            "#include <immintrin.h>\nint main(void){__m512 a=_mm512_set1_ps(1.f);"
                            "a=_mm512_dpbf16_ps(a,(__m512bh)a,(__m512bh)a);return 0;}"),
             # the AMX unit uses the avx512bf16 unit's packing: its probe needs -mavx512bf16 too

@@ -1155,8 +1155,9 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     # path's on the active tiles where they have them (AMX INT8), each thread's calls
     # bracketed by the tiles' begin / end below; the flash tiles' P @ V on VNNI (INT8; sv_kernel);
     # per-group codes: the decode steps' and the naive path's, on the group-dot unit (qk_kernel)
-    qk = qk_kernel(t, p.ktype, accuracy, mode != 1 or p.direct)
-    p.sv = sv_kernel(t, p.vtype, accuracy, mode != 1 or p.direct)
+    # (the calls' query rows: a KV head's G, S x G in a direct step)
+    qk = qk_kernel(t, p.ktype, accuracy, mode != 1 or p.direct, G * S if p.direct else G)
+    p.sv = sv_kernel(t, p.vtype, accuracy, mode != 1 or p.direct, G * S if p.direct else G)
     if mode != 1 or p.direct:
         dt = dot_tiles(p.ktype, accuracy)
         if dt == NULL:

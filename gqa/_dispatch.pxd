@@ -42,6 +42,8 @@ cdef extern from "gqa_kernels.h" nogil:
                      size_t ldb, float *C, size_t ldc, int acc) noexcept nogil
         gqa_qk_gemm_fn qk_s8
         gqa_sv_gemm_fn sv_s8
+        gqa_qk_gemm_fn qk_f
+        gqa_sv_gemm_fn sv_f
     ctypedef struct gqa_kernels:
         const char *name
         gqa_quantize_fn quantize
@@ -64,13 +66,18 @@ cdef const gqa_kernels *active_table() noexcept nogil
 # level-4 integer-dot kernels (with `tiles` -- decode steps, the naive path, the standalone
 # kernels -- the active tiles' where they have them, called between dot_tiles' begin and end;
 # without -- the flash prompt's float32 tiles -- SV's only on avx512, where it beats float32
-# products on a V tile dequantized once); else, for QK of per-tensor INT8 with the approximate
-# VNNI switch on, onnxruntime's approximate kernel; else the exact kernels.
-cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil
-cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil
+# products on a V tile dequantized once); with `tiles`, level >= 3 on float32 rows and calls of
+# `rows` query rows or more (float_tiles), the active tiles' bfloat16 kernels where they have
+# them; else, for QK of per-tensor INT8 with the approximate VNNI switch on, onnxruntime's
+# approximate kernel; else the exact kernels.  `rows`: the rows of A in each call.
+cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles, int rows) noexcept nogil
+cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles, int rows) noexcept nogil
 # The active tiles whose integer kernels qk_kernel / sv_kernel give for `type` at `level` with
 # `tiles` (a caller brackets their calls on each thread by its begin / end), else NULL.
 cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil
+# The active tiles whose bfloat16 kernels of float rows (qk_f / sv_f: no begin / end) qk_kernel /
+# sv_kernel give for `type` at `level` with `tiles` and `rows` rows per call, else NULL.
+cdef const gqa_tiles *float_tiles(int type, int level, int rows) noexcept nogil
 # The active path's matrix tiles for flash tiles of heads of H columns at accuracy `level`:
 # where this CPU runs them, level >= 3 and H a multiple of 16; else NULL.
 cdef const gqa_tiles *tile_kernels(int level, int H) noexcept nogil

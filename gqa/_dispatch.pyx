@@ -70,9 +70,25 @@ cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil:
     return NULL
 
 
-cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
+# The fewest query rows per call (a KV head's G, or a step's S x G) that take the bfloat16
+# kernels of float rows (gqa_tiles.qk_f / sv_f): with fewer, the step reads its cache faster in
+# float32 (Zen 4, T = 8192, 2 threads: the seed shape's 2 rows from DRAM 0.79x; 3-8 rows
+# 1.05-1.53x).
+cdef enum: FLOAT_TILE_ROWS = 3
+
+
+cdef const gqa_tiles *float_tiles(int type, int level, int rows) noexcept nogil:
+    if (level >= 3 and type == GQA_F32 and rows >= FLOAT_TILE_ROWS and _tiles != NULL
+            and _tiles.qk_f != NULL):
+        return _tiles
+    return NULL
+
+
+cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles, int rows) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.qk_s8
+    if tiles and float_tiles(type, level, rows) != NULL:
+        return _tiles.qk_f
     if gqa_is_group(type):
         return _gdot.qk_gemm_s8_dot if level >= 4 and tiles and _gdot != NULL else t.qk_gemm
     if not gqa_dot_codes(type):
@@ -98,9 +114,11 @@ cdef int tile_steps(int level, int H) noexcept nogil:
     return 0 if x == NULL else (2 if x.steps_direct else 1)
 
 
-cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles) noexcept nogil:
+cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles, int rows) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.sv_s8
+    if tiles and float_tiles(type, level, rows) != NULL:
+        return _tiles.sv_f
     if gqa_is_group(type):
         return _gdot.sv_gemm_s8_dot if level >= 4 and tiles and _gdot != NULL else t.sv_gemm
     if _dotk != NULL and level >= 4 and gqa_dot_codes(type) and (

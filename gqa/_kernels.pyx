@@ -58,8 +58,8 @@ cdef _gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out, siz
     """qk_gemm (v = alpha) or sv_gemm (v = beta) of a [M, K] and b, into out [M, N]."""
     cdef const gqa_kernels *t = active_table()
     cdef int level = _config._settings["accuracy_level"]
-    cdef gqa_qk_gemm_fn qk = qk_kernel(t, type, level, True)
-    cdef gqa_sv_gemm_fn svk = sv_kernel(t, type, level, True)
+    cdef gqa_qk_gemm_fn qk = qk_kernel(t, type, level, True, M)
+    cdef gqa_sv_gemm_fn svk = sv_kernel(t, type, level, True, M)
     cdef const gqa_tiles *x = dot_tiles(type, level)
     cdef const float *pa = <const float *>data(a)
     cdef const void *pb = data(b)

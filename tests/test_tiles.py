@@ -269,8 +269,9 @@ def test_steps_of_few_rows(tiles, mode):
     """A step of 2 tokens (6 rows per KV head, within level 3's limits: 8 rows for per-group
     codes, 16 for float rows, 24 for INT8 per tensor at these heads and units):
     AVX-512 BF16 leaves it to the decode kernels -- level 3 gives level 1's bits, level 4 those
-    of level 4 without tiles --, AMX and BFDOT run it on their tiles (not level 1's bits).  A
-    step of 30 tokens (90 rows) runs on the tiles everywhere."""
+    of level 4 without tiles; float rows the tiles' bfloat16 decode kernels at levels 3 and 4
+    alike --, AMX and BFDOT run it on their tiles (not level 1's bits).  A step of 30 tokens
+    (90 rows) runs on the tiles everywhere."""
     H, past = 64, 60
     rng = np.random.default_rng(19)
     x = lambda n, w: rng.uniform(-1, 1, (1, n, w * H)).astype(F32)  # noqa: E731
@@ -284,6 +285,10 @@ def test_steps_of_few_rows(tiles, mode):
                 c.attend(0, *prompt)
                 outs[level, name] = c.attend(0, *step)
         direct = S == 2 and tiles == "avx512bf16"
+        if direct and mode == "float":   # 6 rows of float32 K / V: the bfloat16 decode kernels
+            assert not np.array_equal(outs[3, tiles], outs[1, tiles])
+            assert np.array_equal(outs[4, tiles], outs[3, tiles])
+            continue
         assert np.array_equal(outs[3, tiles], outs[1, tiles]) == direct
         if direct:
             assert np.array_equal(outs[4, tiles], outs[4, False])
@@ -332,3 +337,46 @@ def test_inf_value_left_behind_by_the_window():
     assert np.isfinite(outs[3][0, 5 + W + 1:]).all()
     np.testing.assert_allclose(outs[3][0, 5 + W + 1:], outs[-3][0, 5 + W + 1:], rtol=0, atol=0.05)
     assert np.array_equal(outs[3][0, 32:], outs[-3][0, 32:])   # rows 32-: key tiles from 24 on, all on tiles
+
+
+@pytest.mark.parametrize("heads", [(6, 2), (16, 2), (4, 2)], ids=["G3", "G8", "G2"])
+@pytest.mark.parametrize("level", [3, 4])
+def test_float_decode_within_the_bound(tiles, heads, level):
+    """Decode steps over a float32 cache at levels 3-4: where the tiles have bfloat16 decode
+    kernels of float rows (AVX-512 BF16's, gqa_tiles.qk_f / sv_f) and a KV head has 3 query rows
+    or more, each output row within the tiles' bound of float64 over the cache's values (the
+    same roundings: the query times alpha, K and V values and the probabilities to bfloat16,
+    float32 sums), and not level 0's bits; elsewhere (G = 2, the other tiles) level 0's bits."""
+    n, nkv = heads
+    H, past, steps = 64, 2100, 3     # 2 threads, each step in key chunks (flash decoding)
+    rng = np.random.default_rng(21)
+    x = lambda s, w: rng.uniform(-1, 1, (1, s, w * H)).astype(F32)  # noqa: E731
+    prompt = (x(past, n), x(past, nkv), x(past, nkv))
+    seq = [(x(1, n) * 4, x(1, nkv), x(1, nkv)) for _ in range(steps)]
+    outs = {}
+    for lv in (0, level):
+        c = gqa.KVCache(num_layers=1, num_heads=n, kv_num_heads=nkv, head_size=H,
+                        max_length=past + steps, mode="float", accuracy_level=lv)
+        c.attend(0, *prompt)
+        outs[lv] = [c.attend(0, *st) for st in seq]
+    bf16 = tiles == "avx512bf16" and n // nkv >= 3
+    for o0, o in zip(outs[0], outs[level]):
+        assert np.array_equal(o0, o) != bf16
+    if not bf16:
+        return
+    g = n // nkv
+    alpha = F32(1.0 / np.sqrt(H))
+    K = np.concatenate([prompt[1]] + [st[1] for st in seq], axis=1).reshape(-1, nkv, H).astype(np.float64)
+    V = np.concatenate([prompt[2]] + [st[2] for st in seq], axis=1).reshape(-1, nkv, H).astype(np.float64)
+    for i, (q, _, _) in enumerate(seq):
+        T = past + i + 1
+        for h in range(n):
+            j = h // g
+            qa = (q.reshape(n, H)[h] * alpha).astype(np.float64)       # float32 q * alpha
+            sc = K[:T, j] @ q.reshape(n, H)[h].astype(np.float64) * float(alpha)
+            p = np.exp(sc - sc.max())
+            w = p / p.sum()
+            ref = w @ V[:T, j]
+            bound = _bound(np.abs(K[:T, j]) @ np.abs(qa), w, np.abs(V[:T, j]), H, T)
+            err = np.abs(outs[level][i][0, 0, h * H:(h + 1) * H] - ref)
+            assert (err <= bound).all(), (i, h, err.max(), bound.min())

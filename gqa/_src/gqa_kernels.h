@@ -152,6 +152,12 @@ typedef struct gqa_tiles {
        results of the VNNI unit's, kernels_s8dot_contract.h), or NULL; called between begin and end. */
     gqa_qk_gemm_fn qk_s8;
     gqa_sv_gemm_fn sv_s8;
+    /* Levels 3-4's qk_gemm / sv_gemm on float32 rows (GQA_F32; other types: the path's
+       kernels) as the decode kernels read them, with these tiles' roundings: each operand to
+       bfloat16 (qk: the query times alpha, then rounded), exact products summed in float32
+       (kernels_avx512bf16_dot.c states it), or NULL (float32 products); no begin / end. */
+    gqa_qk_gemm_fn qk_f;
+    gqa_sv_gemm_fn sv_f;
 } gqa_tiles;
 typedef float (*gqa_row_max_fn)(const float *x, size_t n);
 

@@ -195,6 +195,12 @@ static void gemm_avx512bf16(size_t M, size_t N, size_t K, const uint16_t *A, siz
             block_bf16(K, A + m * lda, lda, B + n, ldb, C + m * ldc + n, ldc, acc, 1);
 }
 
+/* kernels_avx512bf16_dot.c: levels 3-4's decode kernels of float rows */
+void gqa_qk_gemm_f_avx512bf16(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
+                              const void *B, int type, const float *s, float *C, size_t ldc);
+void gqa_sv_gemm_f_avx512bf16(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *B,
+                              int type, const float *s, float *C, size_t ldc, float beta);
+
 static int permit_none(void) { return 1; } /* no state to grant, load or release */
 static void nothing(void) {}
 
@@ -212,4 +218,6 @@ const gqa_tiles gqa_tiles_avx512bf16 = {"avx512bf16",
                                         gqa_exp_pack_avx512bf16,
                                         gemm_avx512bf16,
                                         NULL, /* level 4's integer dots: the VNNI unit's */
-                                        NULL};
+                                        NULL,
+                                        gqa_qk_gemm_f_avx512bf16, /* kernels_avx512bf16_dot.c */
+                                        gqa_sv_gemm_f_avx512bf16};

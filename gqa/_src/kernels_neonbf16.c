@@ -253,5 +253,7 @@ const gqa_tiles gqa_tiles_neonbf16 = {"neonbf16",
                                       exp_pack_neonbf16,
                                       gemm_neonbf16,
                                       NULL, /* level 4's integer dots: the sdot unit's */
+                                      NULL,
+                                      NULL, /* float rows' decode: float32 */
                                       NULL};
 #endif

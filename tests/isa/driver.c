@@ -1361,6 +1361,107 @@ static void check_tiles(const gqa_tiles *x)
     end();
 }
 
+/* qk_f / sv_f (levels 3-4's decode kernels of float32 rows): against float64 over the operands
+   as the contract rounds them (bf16_ref; QK's query times alpha in float32 first), within
+   float32 summation of K terms ((K + 2) 2^-24 of the sum of |products|; sv adds beta C); small
+   integers exactly (exact in bfloat16, sums below 2^24); beta == 0 ignores NaN in C; columns
+   past N untouched; other types give the avx512 path's float32 kernels' bits. */
+static void check_float_dot(const gqa_tiles *x)
+{
+    static const size_t FM[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17}, FN[] = {1, 5, 16, 17, 33, 100},
+                        FK[] = {1, 16, 31, 32, 33, 64, 100, 256, 513};
+    long cases[4] = {0}, fails[4] = {0};
+    for (size_t mi = 0; mi < sizeof FM / sizeof FM[0]; mi++)
+        for (size_t ni = 0; ni < sizeof FN / sizeof FN[0]; ni++)
+            for (size_t ki = 0; ki < sizeof FK / sizeof FK[0]; ki++)
+                for (int pass = 0; pass < 3; pass++) {
+                    const size_t M = FM[mi], N = FN[ni], K = FK[ki], lda = K + 3, ldc = N + 5;
+                    const int ints = pass == 0;
+                    const float alpha = ints ? 1.0f : 0.37f, beta = pass == 0 ? 0.0f : pass == 1 ? 1.0f : 0.5f;
+                    float *A = xmalloc(M * lda * 4), *Bq = xmalloc(N * K * 4), *Bs = xmalloc(K * N * 4);
+                    float *P = xmalloc(M * lda * 4), *C = xmalloc(M * ldc * 4), *C0 = xmalloc(M * ldc * 4);
+                    for (size_t i = 0; i < M * lda; i++) {
+                        A[i] = ints ? (float)((int)(rnd() % 17) - 8) : normal();
+                        P[i] = ints ? (float)(rnd() % 9) : unif();
+                    }
+                    for (size_t i = 0; i < N * K; i++) {
+                        Bq[i] = ints ? (float)((int)(rnd() % 17) - 8) : normal();
+                        Bs[i] = ints ? (float)((int)(rnd() % 17) - 8) : normal();
+                    }
+                    int bad_qk = 0, bad_sv = 0;
+                    /* qk: C[m, n] = sum_k bf16(alpha A[m, k]) bf16(Bq[n, k]) */
+                    for (size_t i = 0; i < M * ldc; i++)
+                        C[i] = (i % ldc) < N ? NAN : GUARD_F;
+                    x->qk_f(M, N, K, alpha, A, lda, Bq, GQA_F32, NULL, C, ldc);
+                    for (size_t m = 0; m < M; m++)
+                        for (size_t n = 0; n < ldc; n++) {
+                            const float got = C[m * ldc + n];
+                            if (n >= N) {
+                                bad_qk |= !same_float(got, GUARD_F);
+                                continue;
+                            }
+                            double sum = 0, mag = 0;
+                            for (size_t k = 0; k < K; k++) {
+                                const double p = (double)bf16_value(bf16_ref(alpha * A[m * lda + k])) *
+                                                 bf16_value(bf16_ref(Bq[n * K + k]));
+                                sum += p, mag += fabs(p);
+                            }
+                            bad_qk |= ints ? got != (float)sum : !(fabs(got - sum) <= (K + 2) * mag / 16777216.0 + 1e-30);
+                        }
+                    /* sv: C[m, n] = beta C0[m, n] + sum_k bf16(P[m, k]) bf16(Bs[k, n]) */
+                    for (size_t i = 0; i < M * ldc; i++)
+                        C[i] = C0[i] = (i % ldc) >= N ? GUARD_F : beta == 0.0f ? NAN : (float)((int)(rnd() % 101) - 50);
+                    x->sv_f(M, N, K, P, lda, Bs, GQA_F32, NULL, C, ldc, beta);
+                    for (size_t m = 0; m < M; m++)
+                        for (size_t n = 0; n < ldc; n++) {
+                            const float got = C[m * ldc + n];
+                            if (n >= N) {
+                                bad_sv |= !same_float(got, GUARD_F);
+                                continue;
+                            }
+                            double sum = beta == 0.0f ? 0.0 : (double)beta * C0[m * ldc + n], mag = fabs(sum);
+                            for (size_t k = 0; k < K; k++) {
+                                const double p = (double)bf16_value(bf16_ref(P[m * lda + k])) *
+                                                 bf16_value(bf16_ref(Bs[k * N + n]));
+                                sum += p, mag += fabs(p);
+                            }
+                            bad_sv |= ints ? got != (float)sum : !(fabs(got - sum) <= (K + 4) * mag / 16777216.0 + 1e-30);
+                        }
+                    if (bad_qk || bad_sv)
+                        printf("  tiles.float mismatch: M=%zu N=%zu K=%zu pass %d: qk %d sv %d\n", M, N, K, pass,
+                               bad_qk, bad_sv);
+                    cases[ints ? 0 : 1]++, fails[ints ? 0 : 1] += bad_qk;
+                    cases[ints ? 2 : 3]++, fails[ints ? 2 : 3] += bad_sv;
+                    free(A), free(Bq), free(Bs), free(P), free(C), free(C0);
+                }
+    static const char *const names[4] = {"tiles.float.qk.exact", "tiles.float.qk.bound", "tiles.float.sv.exact",
+                                         "tiles.float.sv.bound"};
+    for (int i = 0; i < 4; i++) {
+        begin(names[i]);
+        check_cases = cases[i], check_fails = fails[i];
+        end();
+    }
+    /* other types: the avx512 path's float32 kernels, bit for bit */
+    begin("tiles.float.other_types");
+    {
+        const size_t M = 4, N = 37, K = 64;
+        float A[4 * 64], C1[4 * 64], C2[4 * 64], S[1] = {0.05f};
+        int8_t Bc[64 * 64];
+        for (size_t i = 0; i < M * K; i++)
+            A[i] = unif();
+        for (size_t i = 0; i < sizeof Bc; i++)
+            Bc[i] = (int8_t)((int)(rnd() % 255) - 127);
+        x->qk_f(M, N, K, 0.3f, A, K, Bc, GQA_S8_PT, S, C1, N);
+        T->qk_gemm(M, N, K, 0.3f, A, K, Bc, GQA_S8_PT, S, C2, N);
+        check_cases++, check_fails += memcmp(C1, C2, M * N * 4) != 0;
+        memset(C1, 0, sizeof C1), memset(C2, 0, sizeof C2);
+        x->sv_f(M, K, N, A, K, Bc, GQA_S8_PT, S, C1, K, 0.0f);
+        T->sv_gemm(M, K, N, A, K, Bc, GQA_S8_PT, S, C2, K, 0.0f);
+        check_cases++, check_fails += memcmp(C1, C2, M * K * 4) != 0;
+    }
+    end();
+}
+
 #include "group_dot.h" /* check_group_dot: the per-group contracts of level 4 */
 
 int main(int argc, char **argv)
@@ -1423,6 +1524,8 @@ int main(int argc, char **argv)
             n_checks++, n_failed++;
         } else {
             check_tiles(x);
+            if (x->qk_f != NULL)
+                check_float_dot(x);
             if (x->qk_s8 != NULL) { /* level 4's integer dots on these tiles: the same contracts */
                 x->begin();
                 check_dot_qk(x->qk_s8, 0); /* INT8 only: INT4 calls take the VNNI unit */
