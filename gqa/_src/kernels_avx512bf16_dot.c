@@ -53,15 +53,26 @@ static void bf16_row(const float *x, size_t K, size_t Kp, float alpha, uint16_t 
     }
 }
 
+/* Bytes of A's bfloat16 rows kept on the stack (larger calls allocate). */
+#define A_STACK_BYTES 32768
+
+/* The M rows of A as bfloat16 (bf16_row, times alpha) in `stack` (A_STACK_BYTES) or, past it,
+   in an allocation the caller frees (!= stack); NULL when that fails. */
+static uint16_t *bf16_rows(size_t M, size_t K, size_t Kp, float alpha, const float *A, size_t lda, uint16_t *stack)
+{
+    uint16_t *Ab = M * Kp * 2 > A_STACK_BYTES ? (uint16_t *)malloc(M * Kp * 2) : stack;
+    if (Ab != NULL)
+        for (size_t m = 0; m < M; m++)
+            bf16_row(A + m * lda, K, Kp, alpha, Ab + m * Kp);
+    return Ab;
+}
+
 /* Rows of A per block, at most maxb, as even as possible. */
 static inline size_t row_block(size_t M, size_t maxb)
 {
     const size_t nblk = (M + maxb - 1) / maxb;
     return (M + nblk - 1) / nblk;
 }
-
-/* Bytes of A's bfloat16 rows kept on the stack (larger calls allocate). */
-#define A_STACK_BYTES 32768
 
 /* ---- qk ------------------------------------------------------------------------------------ */
 
@@ -153,13 +164,11 @@ void gqa_qk_gemm_f_avx512bf16(size_t M, size_t N, size_t K, float alpha, const f
     }
     const size_t Kp = (K + 31) & ~(size_t)31;
     uint16_t stack_buf[A_STACK_BYTES / 2];
-    uint16_t *Ab = stack_buf;
-    if (M * Kp * 2 > sizeof stack_buf && (Ab = (uint16_t *)malloc(M * Kp * 2)) == NULL) {
+    uint16_t *Ab = bf16_rows(M, K, Kp, alpha, A, lda, stack_buf);
+    if (Ab == NULL) {
         gqa_kernels_avx512.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc); /* out of memory */
         return;
     }
-    for (size_t m = 0; m < M; m++)
-        bf16_row(A + m * lda, K, Kp, alpha, Ab + m * Kp);
     const size_t bm = row_block(M, 8);
     size_t pass = (QKF_PASS_BYTES / (4 * K)) & ~(size_t)15;
     pass = bm >= M ? N : pass < 16 ? 16 : pass; /* one block of rows: one pass */
@@ -269,8 +278,8 @@ void gqa_sv_gemm_f_avx512bf16(size_t M, size_t N, size_t K, const float *A, size
     /* the rows of A as bfloat16 in order: 32-bit element p is the pair of keys (2p, 2p + 1) */
     const size_t Kp = (K + 31) & ~(size_t)31;
     uint16_t stack_buf[A_STACK_BYTES / 2];
-    uint16_t *Ab = stack_buf;
-    if (M * Kp * 2 > sizeof stack_buf && (Ab = (uint16_t *)malloc(M * Kp * 2)) == NULL) {
+    uint16_t *Ab = bf16_rows(M, K, Kp, 1.0f, A, lda, stack_buf);
+    if (Ab == NULL) {
         gqa_kernels_avx512.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta); /* out of memory */
         return;
     }
@@ -284,7 +293,6 @@ void gqa_sv_gemm_f_avx512bf16(size_t M, size_t N, size_t K, const float *A, size
                 const __mmask16 mk = mask16(N - n < 16 ? N - n : 16);
                 _mm512_mask_storeu_ps(c + n, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, c + n), vb));
             }
-        bf16_row(A + m * lda, K, Kp, 1.0f, Ab + m * Kp);
     }
     const size_t bm = row_block(M, 8), n16 = N & ~(size_t)15;
     for (size_t k0 = 0; k0 < K; k0 += SVF_KC) {
