@@ -194,10 +194,15 @@ void gqa_qk_gemm_f_avx512bf16(size_t M, size_t N, size_t K, float alpha, const f
    Ab[m, k] B[k, col]: per pair of keys, each vector of 16 columns converted once
    (vcvtne2ps2bf16, then vpermw puts key 2p's and 2p + 1's values of a column in one 32-bit
    lane) and one vdpbf16ps per row with the row's pair of probabilities broadcast.  `masked`
-   (NV == 1): only np < 16 columns. */
+   (NV == 1): only np < 16 columns.  `pf`: the bytes from a row to the same row of the next
+   chunk, whose lines in the block's columns (gqa_block_lines) are prefetched into L2, or 0. */
 INLINE void svf_block(const int MB, const int NV, const int masked, size_t np, size_t k0, size_t k1,
-                      const uint16_t *Ab, size_t Kp, const float *B, size_t N, size_t n0, float *C, size_t ldc)
+                      const uint16_t *Ab, size_t Kp, const float *B, size_t N, size_t n0, float *C, size_t ldc,
+                      size_t pf)
 {
+    size_t pf0 = 0;
+    const int npf = pf ? gqa_block_lines(32, n0, masked ? np : 16 * (size_t)NV, &pf0) : 0;
+    pf0 += pf;
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                            23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512 acc[16];
@@ -207,6 +212,10 @@ INLINE void svf_block(const int MB, const int NV, const int masked, size_t np, s
     for (size_t k = k0; k < k1; k += 2) {
         const float *r0 = B + k * N;
         const int two = k + 1 < k1;
+        for (int j = 0; j < npf; j++) {
+            _mm_prefetch((const char *)r0 + pf0 + 64 * j, STREAM_HINT);
+            _mm_prefetch((const char *)(r0 + N) + pf0 + 64 * j, STREAM_HINT);
+        }
         __m512bh b[8];
         UNROLL
         for (int v = 0; v < NV; v++) {
@@ -239,18 +248,18 @@ INLINE void svf_block(const int MB, const int NV, const int masked, size_t np, s
 
 #define SVF_INST(MB, NV)                                                                              \
     static void svf_##MB##x##NV(size_t np, size_t k0, size_t k1, const uint16_t *Ab, size_t Kp,        \
-                                const float *B, size_t N, size_t n0, float *C, size_t ldc)            \
+                                const float *B, size_t N, size_t n0, float *C, size_t ldc, size_t pf) \
     {                                                                                                 \
-        svf_block(MB, NV, 0, np, k0, k1, Ab, Kp, B, N, n0, C, ldc);                                   \
+        svf_block(MB, NV, 0, np, k0, k1, Ab, Kp, B, N, n0, C, ldc, pf);                               \
     }
 #define SVF_MASKED(MB)                                                                                \
     static void svfm_##MB(size_t np, size_t k0, size_t k1, const uint16_t *Ab, size_t Kp, const float *B, \
-                          size_t N, size_t n0, float *C, size_t ldc)                                  \
+                          size_t N, size_t n0, float *C, size_t ldc, size_t pf)                       \
     {                                                                                                 \
-        svf_block(MB, 1, 1, np, k0, k1, Ab, Kp, B, N, n0, C, ldc);                                    \
+        svf_block(MB, 1, 1, np, k0, k1, Ab, Kp, B, N, n0, C, ldc, pf);                                \
     }
 typedef void (*svf_fn)(size_t, size_t, size_t, const uint16_t *, size_t, const float *, size_t, size_t,
-                       float *, size_t);
+                       float *, size_t, size_t);
 /* Per row count MB: blocks of {8, 4, 2, 1} vectors of 16 columns (those with MB x NV <= 16
    accumulators, NULL for the others) and the masked block.  Columns go to the widest block that
    fits them; a column's value never depends on its block. */
@@ -302,14 +311,18 @@ void gqa_sv_gemm_f_avx512bf16(size_t M, size_t N, size_t K, const float *A, size
             const svf_fn *f = svf_fns[mb];
             const uint16_t *a = Ab + m0 * Kp;
             float *c = C + m0 * ldc;
+            /* the first block of rows prefetches the next chunk where a row takes several
+               blocks, which read it in strided passes (as the float32 kernel, kernels_avx512.c;
+               Zen 4, one thread, 8192 keys from DRAM: 8 x 256 2.2x) */
+            const size_t pf = m0 == 0 && k1 < K && N > ((size_t)16 << (f[0] ? 3 : f[1] ? 2 : 1)) ? SVF_KC * N * 4 : 0;
             size_t n = 0;
             for (int w = 0; w < 4; w++) {
                 const size_t step = (size_t)16 << (3 - w);
                 for (; f[w] && n + step <= n16; n += step)
-                    f[w](16, k0, k1, a, Kp, (const float *)B, N, n, c, ldc);
+                    f[w](16, k0, k1, a, Kp, (const float *)B, N, n, c, ldc, pf);
             }
             if (n < N)
-                f[4](N - n, k0, k1, a, Kp, (const float *)B, N, n, c, ldc);
+                f[4](N - n, k0, k1, a, Kp, (const float *)B, N, n, c, ldc, pf);
         }
     }
     if (Ab != stack_buf)
