@@ -431,9 +431,9 @@ INLINE void qk_block(const int MB, const int NB, const int elem, size_t n0, size
         for (int i = 0; i < 16; i++)
             acc[i] = _mm512_setzero_ps();
         size_t k = 0;
-        /* B streams from memory in decode: the block's rows QK_PF bytes ahead, one
-           prefetch per line spread over the steps (hardware prefetchers stop at page
-           boundaries; prefetches never fault) */
+        /* B streams from memory in decode: the block's rows QK_PF bytes ahead (float32
+           rows: FLOAT_QK_PF, into L2), one prefetch per line spread over the steps (hardware
+           prefetchers stop at page boundaries; prefetches never fault) */
         for (; k < K32; k += 32) {
             UNROLL
             for (int j = 0; j < (16 * NB + 63) / 64; j++)
@@ -454,7 +454,10 @@ INLINE void qk_block(const int MB, const int NB, const int elem, size_t n0, size
             const int bpe = elem == GQA_EL_S8 ? 1 : elem == GQA_EL_F32 ? 4 : elem == GQA_EL_F16 ? 2 : 0; /* S4: tail only */
             UNROLL
             for (int j = 0; j < (16 * NB * bpe + 63) / 64; j++)
-                _mm_prefetch((const char *)Bn + QK_PF + k * NB * bpe + 64 * j, _MM_HINT_T0);
+                if (elem == GQA_EL_F32)
+                    _mm_prefetch((const char *)Bn + FLOAT_QK_PF + k * NB * bpe + 64 * j, STREAM_HINT);
+                else
+                    _mm_prefetch((const char *)Bn + QK_PF + k * NB * bpe + 64 * j, _MM_HINT_T0);
             __m512 a[8];
             UNROLL
             for (int mb = 0; mb < MB; mb++)

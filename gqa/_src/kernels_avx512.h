@@ -24,10 +24,18 @@
    L1's few miss buffers until its line arrives (Zen 4, perf: the time sat on the prefetcht0s).
    Zen 4, 2 threads, T = 8192, 48 layers' caches in turn, the shapes of bench --shape real:
    decode steps with it 1.13-1.36x faster on INT8 per tensor, 1.0-1.15x on INT4; from L3 level.
-   Level 0's float kernels, bound by their arithmetic, measured 0.9-1.1x with it and keep L1,
-   except P @ V's prefetch of a key chunk too large for L1 beside the one being read
-   (SV_L1_CHUNK in kernels_avx512.c). */
+   Level 0's float kernels, bound by their arithmetic, measured 0.9-1.1x with it on codes and
+   keep L1, except P @ V's prefetch of a key chunk too large for L1 beside the one being read
+   (SV_L1_CHUNK in kernels_avx512.c) and the QK of float32 rows (FLOAT_QK_PF). */
 #define STREAM_HINT _MM_HINT_T1
+
+/* The QK kernels of float32 rows (level 0's in kernels_avx512.c, the bfloat16 ones in
+   kernels_avx512bf16_dot.c) prefetch a block's rows this many bytes ahead, with STREAM_HINT: a
+   decode step's float cache comes from DRAM (4 bytes an element), where a stream's rate is about
+   the bytes in flight over the latency.  Zen 4, one thread, 8192 keys alone from DRAM (64 buffers
+   in turn), against 4 KB into L1: level 0 at 2-8 rows 1.1-1.35x (1 row 1.0-1.15x), the bfloat16
+   kernel 1.07-1.22x; from L3 1-2 rows 0.9-0.95x, the others level. */
+#define FLOAT_QK_PF 8192
 
 /* Lanes [0, n) set, n <= 16 / n <= 64. */
 static inline __mmask16 mask16(size_t n) { return (__mmask16)((1u << n) - 1u); }

@@ -76,11 +76,8 @@ static inline size_t row_block(size_t M, size_t maxb)
 
 /* ---- qk ------------------------------------------------------------------------------------ */
 
-/* B's rows stream from memory in decode: the block's rows QKF_PF bytes ahead, one prefetch per
-   line spread over the steps (the float32 kernel's scheme, kernels_avx512.c's QK_PF), into L2
-   (STREAM_HINT: Zen 4, 16 layers' caches in turn from DRAM, 3-4 rows x 64: 0.96-0.98x level 0
-   against 0.88-0.94x into L1). */
-#define QKF_PF 4096
+/* B's rows stream from memory in decode: the block's rows FLOAT_QK_PF bytes ahead into L2
+   (kernels_avx512.h), one prefetch per line spread over the steps. */
 /* Keys per pass of the row blocks: about this many bytes of B, which the next block of rows
    then reads from L1 / L2. */
 #define QKF_PASS_BYTES 16384
@@ -101,7 +98,7 @@ INLINE void qkf_block(const int MB, const int NB, size_t n0, size_t n1, size_t K
         size_t k = 0;
         for (; k < K32; k += 32) {
             for (int j = 0; j < (128 * NB + 63) / 64; j++)
-                _mm_prefetch((const char *)Bn + QKF_PF + k * NB * 4 + 64 * j, STREAM_HINT);
+                _mm_prefetch((const char *)Bn + FLOAT_QK_PF + k * NB * 4 + 64 * j, STREAM_HINT);
             __m512bh a[8];
             UNROLL
             for (int mb = 0; mb < MB; mb++)
