@@ -716,7 +716,8 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int part,
     for (int i = 0; i < MB * NV; i++)
         acc[i] = _mm256_setzero_ps();
     size_t pf0 = 0;
-    const int npf = pf ? gqa_block_lines(elem == GQA_EL_S4 ? 4 : 8, n0, part ? np : 8 * (size_t)NV, &pf0) : 0;
+    const int npf = pf ? gqa_block_lines(elem == GQA_EL_S4 ? 4 : elem == GQA_EL_F32 ? 32 : 8, n0,
+                                         part ? np : 8 * (size_t)NV, &pf0) : 0;
     pf0 += pf;
     const int to_l2 = pf > SV_L1_CHUNK;
     for (size_t k = k0; k < k1; k++) {
@@ -835,9 +836,10 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
                 c[n] *= beta;
     }
     /* Codes: chunks of keys (16 KiB of rows at H = 128) stay in L1 while every
-       column block reads them; float rows (flash tiles, already cache-resident): one
-       pass.  The chunk depends on the type only, so C[m, n] does not depend on N. */
-    const size_t kc = elem == GQA_EL_S8 ? 128 : elem == GQA_EL_S4 ? 256 : (K ? K : 1);
+       column block reads them; float32 rows: 256 keys (a flash tile is one pass; a decode
+       step's float cache gets a next chunk to prefetch); float16 rows: one pass.  The chunk
+       depends on the type only, so C[m, n] does not depend on N. */
+    const size_t kc = elem == GQA_EL_S8 ? 128 : elem == GQA_EL_S4 || elem == GQA_EL_F32 ? 256 : (K ? K : 1);
     const size_t n16 = elem == GQA_EL_S4 ? N & ~(size_t)15 : 0, n8 = N & ~(size_t)7;
     const size_t bm = row_block(M, sv_maxmb[elem]);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
@@ -848,10 +850,12 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             const float *a = A + m0 * lda;
             float *c = C + m0 * ldc;
             const size_t step = 8 * (size_t)sv_nvw[elem][mb];
-            /* codes, first block of rows: each column block (<= 32 bytes of a row)
-               prefetches the line of the next chunk's rows that starts in its bytes, if one
-               does (gqa_block_lines) */
-            const size_t pf = m0 == 0 && k1 < K && elem <= GQA_EL_S4 ? kc * rb : 0;
+            /* first block of rows: each column block prefetches the lines of the next chunk's
+               rows that start in its bytes (gqa_block_lines); codes always, float32 rows when
+               a row takes several blocks, which read it in strided passes (as the avx512
+               path's, kernels_avx512.c) */
+            const size_t pf = m0 == 0 && k1 < K && (elem <= GQA_EL_S4 || (elem == GQA_EL_F32 && N > step))
+                                  ? kc * rb : 0;
             /* INT4 blocks of 2+ vectors decode 16-column pairs: they stop at n16; the other
                kinds take 16-column blocks too before single vectors (more accumulators in
                flight: a 64-column head at MB = 3 is 24 + 24 + 16, not 24 + 24 + 8 + 8) */
