@@ -716,8 +716,7 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int part,
     for (int i = 0; i < MB * NV; i++)
         acc[i] = _mm256_setzero_ps();
     size_t pf0 = 0;
-    const int npf = pf ? gqa_block_lines(elem == GQA_EL_S4 ? 4 : elem == GQA_EL_F32 ? 32 : 8, n0,
-                                         part ? np : 8 * (size_t)NV, &pf0) : 0;
+    const int npf = pf ? gqa_block_lines(gqa_element_bits(elem), n0, part ? np : 8 * (size_t)NV, &pf0) : 0;
     pf0 += pf;
     const int to_l2 = pf > SV_L1_CHUNK;
     for (size_t k = k0; k < k1; k++) {
@@ -851,11 +850,8 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
             float *c = C + m0 * ldc;
             const size_t step = 8 * (size_t)sv_nvw[elem][mb];
             /* first block of rows: each column block prefetches the lines of the next chunk's
-               rows that start in its bytes (gqa_block_lines); codes always, float32 rows when
-               a row takes several blocks, which read it in strided passes (as the avx512
-               path's, kernels_avx512.c) */
-            const size_t pf = m0 == 0 && k1 < K && (elem <= GQA_EL_S4 || (elem == GQA_EL_F32 && N > step))
-                                  ? kc * rb : 0;
+               rows that start in its bytes (gqa_block_lines; gqa_sv_prefetches says where) */
+            const size_t pf = m0 == 0 && k1 < K && gqa_sv_prefetches(elem, N, step) ? kc * rb : 0;
             /* INT4 blocks of 2+ vectors decode 16-column pairs: they stop at n16; the other
                kinds take 16-column blocks too before single vectors (more accumulators in
                flight: a 64-column head at MB = 3 is 24 + 24 + 16, not 24 + 24 + 8 + 8) */

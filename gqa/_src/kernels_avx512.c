@@ -950,7 +950,7 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int maske
     for (int i = 0; i < MB * NV; i++)
         acc[i] = _mm512_setzero_ps();
     size_t pf0 = 0;
-    const int npf = pf ? gqa_block_lines(elem == GQA_EL_S4 ? 4 : elem == GQA_EL_F32 ? 32 : 8, n0, masked ? np : 16 * (size_t)NV, &pf0) : 0;
+    const int npf = pf ? gqa_block_lines(gqa_element_bits(elem), n0, masked ? np : 16 * (size_t)NV, &pf0) : 0;
     pf0 += pf;
     const int to_l2 = pf > SV_L1_CHUNK;
     for (size_t k = k0; k < k1; k++) {
@@ -1085,12 +1085,8 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
             float *c = C + m0 * ldc;
             const size_t step = 16 * (size_t)sv_nvw[mb];
             /* first block of rows: each column block prefetches the lines of the next chunk's
-               rows that start in its bytes (gqa_block_lines); codes always, float32 rows when
-               a row takes several blocks, which read it in strided passes (Zen 4, one thread,
-               8192 keys from DRAM: 8 x 256 2.6-3.2x; one block per row, 2 x 128 and 3 x 64,
-               0.8-0.9x, where the hardware's stream prefetch already runs ahead) */
-            const size_t pf = m0 == 0 && k1 < K && (elem <= GQA_EL_S4 || (elem == GQA_EL_F32 && N > step))
-                                  ? kc * rb : 0;
+               rows that start in its bytes (gqa_block_lines; gqa_sv_prefetches says where) */
+            const size_t pf = m0 == 0 && k1 < K && gqa_sv_prefetches(elem, N, step) ? kc * rb : 0;
             /* INT4 blocks of 2+ vectors decode 32-column pairs: they stop at n32 */
             const size_t wide_end = elem == GQA_EL_S4 ? n32 : n16;
             size_t n = 0;

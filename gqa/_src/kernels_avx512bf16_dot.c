@@ -198,7 +198,7 @@ INLINE void svf_block(const int MB, const int NV, const int masked, size_t np, s
                       size_t pf)
 {
     size_t pf0 = 0;
-    const int npf = pf ? gqa_block_lines(32, n0, masked ? np : 16 * (size_t)NV, &pf0) : 0;
+    const int npf = pf ? gqa_block_lines(gqa_element_bits(GQA_EL_F32), n0, masked ? np : 16 * (size_t)NV, &pf0) : 0;
     pf0 += pf;
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                            23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -308,10 +308,9 @@ void gqa_sv_gemm_f_avx512bf16(size_t M, size_t N, size_t K, const float *A, size
             const svf_fn *f = svf_fns[mb];
             const uint16_t *a = Ab + m0 * Kp;
             float *c = C + m0 * ldc;
-            /* the first block of rows prefetches the next chunk where a row takes several
-               blocks, which read it in strided passes (as the float32 kernel, kernels_avx512.c;
-               Zen 4, one thread, 8192 keys from DRAM: 8 x 256 2.2x) */
-            const size_t pf = m0 == 0 && k1 < K && N > ((size_t)16 << (f[0] ? 3 : f[1] ? 2 : 1)) ? SVF_KC * N * 4 : 0;
+            /* the first block of rows prefetches the next chunk (gqa_sv_prefetches says where) */
+            const size_t widest = (size_t)16 << (f[0] ? 3 : f[1] ? 2 : 1);
+            const size_t pf = m0 == 0 && k1 < K && gqa_sv_prefetches(GQA_EL_F32, N, widest) ? SVF_KC * N * 4 : 0;
             size_t n = 0;
             for (int w = 0; w < 4; w++) {
                 const size_t step = (size_t)16 << (3 - w);

@@ -52,7 +52,7 @@ static inline float gqa_post_scale(int type, const float *s)
 }
 
 /* P @ V's prefetch of the next key chunk (decode streams V from memory) for rows of packed
-   `bits`-bit codes (8 or 4): the block of columns [n0, n0 + w) of a row prefetches the 64-byte
+   `bits`-bit elements (codes 8 or 4, float32 32): the block of columns [n0, n0 + w) of a row prefetches the 64-byte
    lines of the row (counted from its first byte) that start inside the block's bytes, so that
    blocks of any widths together prefetch each line of the row once.  -> the number of those
    lines; *first: the offset of the first in the row. */
@@ -69,6 +69,22 @@ static inline int gqa_block_lines(size_t bits, size_t n0, size_t w, size_t *firs
 #define GQA_EL_S4 1
 #define GQA_EL_F32 2
 #define GQA_EL_F16 3
+
+/* Bits of an element (gqa_block_lines' `bits`). */
+static inline size_t gqa_element_bits(int elem)
+{
+    return elem == GQA_EL_S4 ? 4 : elem == GQA_EL_F32 ? 32 : elem == GQA_EL_F16 ? 16 : 8;
+}
+
+/* Whether P @ V's blocks of columns prefetch the next key chunk (gqa_block_lines) in a call of
+   N columns whose widest block is `widest` columns: codes always; float32 rows when a row takes
+   several blocks, which read it in strided passes, not where one block reads each row whole and
+   the hardware's stream prefetch already runs ahead (Zen 4, one thread, 8192 keys from DRAM:
+   8 x 256 2.2-3.2x, 1-4 x 256 1.6-2.4x; 2 x 128 and 3 x 64 with it 0.8-0.9x). */
+static inline int gqa_sv_prefetches(int elem, size_t N, size_t widest)
+{
+    return elem <= GQA_EL_S4 || (elem == GQA_EL_F32 && N > widest);
+}
 
 /* max(m, x[0], ..., x[n-1]) with x > m ? x : m, so NaN is skipped: the scalar statement of
    row_max, and every path's tail. */
