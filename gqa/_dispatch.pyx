@@ -72,8 +72,8 @@ cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil:
 
 # The fewest query rows per call (a KV head's G, or a step's S x G) that take the bfloat16
 # kernels of float rows (gqa_tiles.qk_f / sv_f): with fewer, the step reads its cache faster in
-# float32 (Zen 4, T = 8192, 2 threads: the seed shape's 2 rows from DRAM 0.79x; 3-8 rows
-# 1.05-1.53x).
+# float32 (Zen 4, T = 8192, 2 threads: the seed shape's 2 rows 0.79x; 3 and 8 rows hot
+# 1.3-1.5x, from DRAM 0.96-1.0x at 3-4 rows and 1.2x at 8).
 cdef enum: FLOAT_TILE_ROWS = 3
 
 
