@@ -455,13 +455,6 @@ static const int qk_nbs[9] = {0, 8, 6, 4, 3, 2, 2, 1, 1};
    ~20% here), INT4 up to 8 (its decode is the larger cost, shared by more rows). */
 static const size_t qk_maxmb[4] = {4, 8, 4, 4};
 
-/* Rows of A per block: at most 8, as even as possible (M = 9 -> 5 + 4). */
-static inline size_t row_block(size_t M, size_t maxb)
-{
-    size_t nblk = (M + maxb - 1) / maxb;
-    return (M + nblk - 1) / nblk;
-}
-
 /* Prepared rows of A live on the stack up to this many floats (32 KiB). */
 #define QK_STACK_FLOATS 8192
 
@@ -670,7 +663,7 @@ static void qk_gemm_avx2(size_t M, size_t N, size_t K, float alpha, const float 
     const uint8_t *Bb = (const uint8_t *)B;
     float stack_buf[QK_STACK_FLOATS], tail[8 * 8];
     float *buf = stack_buf;
-    size_t bm = row_block(M, qk_maxmb[elem]);
+    size_t bm = gqa_row_block(M, qk_maxmb[elem]);
     if (prep && bm * K > QK_STACK_FLOATS) {
         if (K <= QK_STACK_FLOATS) {
             bm = QK_STACK_FLOATS / K; /* fewer rows per block: the same values */
@@ -840,7 +833,7 @@ static void sv_gemm_avx2(size_t M, size_t N, size_t K, const float *A, size_t ld
        depends on the type only, so C[m, n] does not depend on N. */
     const size_t kc = elem == GQA_EL_S8 ? 128 : elem == GQA_EL_S4 || elem == GQA_EL_F32 ? 256 : (K ? K : 1);
     const size_t n16 = elem == GQA_EL_S4 ? N & ~(size_t)15 : 0, n8 = N & ~(size_t)7;
-    const size_t bm = row_block(M, sv_maxmb[elem]);
+    const size_t bm = gqa_row_block(M, sv_maxmb[elem]);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
         const size_t k1 = K - k0 < kc ? K : k0 + kc;
         for (size_t m0 = 0; m0 < M; m0 += bm) {

@@ -505,13 +505,6 @@ static const qk_fn *const qk_wide[4] = {qk_wide_0, qk_wide_1, qk_wide_2, qk_wide
 static const qk_fn *const qk_narrow[4] = {qk_narrow_0, qk_narrow_1, qk_narrow_2, qk_narrow_3};
 static const int qk_nbs[5] = {0, 16, 8, 5, 4};
 
-/* Rows of A per block: at most maxb, as even as possible (M = 9 -> 5 + 4). */
-static inline size_t row_block(size_t M, size_t maxb)
-{
-    size_t nblk = (M + maxb - 1) / maxb;
-    return (M + nblk - 1) / nblk;
-}
-
 /* Prepared rows of A live on the stack up to this many floats (32 KiB). */
 #define QK_STACK_FLOATS 8192
 
@@ -902,7 +895,7 @@ static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const floa
     const uint8_t *Bb = (const uint8_t *)B;
     float stack_buf[QK_STACK_FLOATS];
     float *buf = stack_buf;
-    size_t bm = row_block(M, 4);
+    size_t bm = gqa_row_block(M, 4);
     if (prep && bm * K > QK_STACK_FLOATS) {
         if (K <= QK_STACK_FLOATS) {
             bm = QK_STACK_FLOATS / K; /* fewer rows per block: the same values */
@@ -1059,23 +1052,12 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
     const uint8_t *Bb = (const uint8_t *)B;
     const float *spc = GQA_IS_PC(type) ? s : NULL;
     const __m512 vs = _mm512_set1_ps(gqa_post_scale(type, s));
-    const __m512 vb = _mm512_set1_ps(beta);
-    for (size_t m = 0; m < M; m++) {
-        float *c = C + m * ldc;
-        if (beta == 0.0f) {
-            memset(c, 0, N * sizeof(float));
-        } else if (beta != 1.0f) {
-            for (size_t n = 0; n < N; n += 16) {
-                __mmask16 mk = mask16(N - n < 16 ? N - n : 16);
-                _mm512_mask_storeu_ps(c + n, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, c + n), vb));
-            }
-        }
-    }
+    sv_scale_rows(M, N, C, ldc, beta);
     const size_t kc = sv_kc[type];
     const size_t n32 = elem == GQA_EL_S4 ? N & ~(size_t)31 : 0, n16 = N & ~(size_t)15;
     /* float32 tiles with many rows (flash): 6 x 64-column blocks, 24 accumulators for
        10 loads per key (8 x 32 columns: 16 for 10), ~10% faster measured here */
-    const size_t bm = row_block(M, elem == GQA_EL_F32 && M >= 16 ? 6 : 8);
+    const size_t bm = gqa_row_block(M, elem == GQA_EL_F32 && M >= 16 ? 6 : 8);
     for (size_t k0 = 0; k0 < K; k0 += kc) {
         const size_t k1 = K - k0 < kc ? K : k0 + kc;
         for (size_t m0 = 0; m0 < M; m0 += bm) {

@@ -41,6 +41,23 @@
 static inline __mmask16 mask16(size_t n) { return (__mmask16)((1u << n) - 1u); }
 static inline __mmask64 mask64(size_t n) { return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1); }
 
+/* sv_gemm's C[m, 0:N] = beta C[m, 0:N] for the M rows (row stride ldc) before the sums are
+   added: beta == 0 writes zeros (NaN in C is ignored), beta == 1 leaves C. */
+static inline void sv_scale_rows(size_t M, size_t N, float *C, size_t ldc, float beta)
+{
+    const __m512 vb = _mm512_set1_ps(beta);
+    for (size_t m = 0; m < M; m++) {
+        float *c = C + m * ldc;
+        if (beta == 0.0f)
+            memset(c, 0, N * sizeof(float));
+        else if (beta != 1.0f)
+            for (size_t n = 0; n < N; n += 16) {
+                const __mmask16 mk = mask16(N - n < 16 ? N - n : 16);
+                _mm512_mask_storeu_ps(c + n, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, c + n), vb));
+            }
+    }
+}
+
 /* Lane i of the result = horizontal sum of v[i] (i < 16), by the same tree for every
    slot: 128-bit quarters (Q0 + Q2) + (Q1 + Q3), then the 4 lanes (e0 + e1) + (e2 + e3).
    Each step merges two vectors a, b into one with one permute, one blend and one add

@@ -67,17 +67,8 @@ static uint16_t *bf16_rows(size_t M, size_t K, size_t Kp, float alpha, const flo
     return Ab;
 }
 
-/* Rows of A per block, at most maxb, as even as possible. */
-static inline size_t row_block(size_t M, size_t maxb)
-{
-    const size_t nblk = (M + maxb - 1) / maxb;
-    return (M + nblk - 1) / nblk;
-}
-
 /* ---- qk ------------------------------------------------------------------------------------ */
 
-/* B's rows stream from memory in decode: the block's rows FLOAT_QK_PF bytes ahead into L2
-   (kernels_avx512.h), one prefetch per line spread over the steps. */
 /* Keys per pass of the row blocks: about this many bytes of B, which the next block of rows
    then reads from L1 / L2. */
 #define QKF_PASS_BYTES 16384
@@ -97,6 +88,8 @@ INLINE void qkf_block(const int MB, const int NB, size_t n0, size_t n1, size_t K
             acc[i] = _mm512_setzero_ps();
         size_t k = 0;
         for (; k < K32; k += 32) {
+            /* B streams from memory in decode: the block's rows FLOAT_QK_PF bytes ahead into L2
+               (kernels_avx512.h), one prefetch per line spread over the steps */
             for (int j = 0; j < (128 * NB + 63) / 64; j++)
                 _mm_prefetch((const char *)Bn + FLOAT_QK_PF + k * NB * 4 + 64 * j, STREAM_HINT);
             __m512bh a[8];
@@ -166,7 +159,7 @@ void gqa_qk_gemm_f_avx512bf16(size_t M, size_t N, size_t K, float alpha, const f
         gqa_kernels_avx512.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc); /* out of memory */
         return;
     }
-    const size_t bm = row_block(M, 8);
+    const size_t bm = gqa_row_block(M, 8);
     size_t pass = (QKF_PASS_BYTES / (4 * K)) & ~(size_t)15;
     pass = bm >= M ? N : pass < 16 ? 16 : pass; /* one block of rows: one pass */
     for (size_t n0 = 0; n0 < N; n0 += pass) {
@@ -289,18 +282,8 @@ void gqa_sv_gemm_f_avx512bf16(size_t M, size_t N, size_t K, const float *A, size
         gqa_kernels_avx512.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta); /* out of memory */
         return;
     }
-    const __m512 vb = _mm512_set1_ps(beta);
-    for (size_t m = 0; m < M; m++) {
-        float *c = C + m * ldc;
-        if (beta == 0.0f)
-            memset(c, 0, N * sizeof(float));
-        else if (beta != 1.0f)
-            for (size_t n = 0; n < N; n += 16) {
-                const __mmask16 mk = mask16(N - n < 16 ? N - n : 16);
-                _mm512_mask_storeu_ps(c + n, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, c + n), vb));
-            }
-    }
-    const size_t bm = row_block(M, 8), n16 = N & ~(size_t)15;
+    sv_scale_rows(M, N, C, ldc, beta);
+    const size_t bm = gqa_row_block(M, 8), n16 = N & ~(size_t)15;
     for (size_t k0 = 0; k0 < K; k0 += SVF_KC) {
         const size_t k1 = K - k0 < SVF_KC ? K : k0 + SVF_KC;
         for (size_t m0 = 0; m0 < M; m0 += bm) {

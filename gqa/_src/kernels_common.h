@@ -70,6 +70,13 @@ static inline int gqa_block_lines(size_t bits, size_t n0, size_t w, size_t *firs
 #define GQA_EL_F32 2
 #define GQA_EL_F16 3
 
+/* Rows of A per block of a GEMM: at most maxb, as even as possible (M = 9, maxb 8 -> 5 + 4). */
+static inline size_t gqa_row_block(size_t M, size_t maxb)
+{
+    const size_t nblk = (M + maxb - 1) / maxb;
+    return (M + nblk - 1) / nblk;
+}
+
 /* Bits of an element (gqa_block_lines' `bits`). */
 static inline size_t gqa_element_bits(int elem)
 {
