@@ -180,8 +180,9 @@ def test_sv_rows_split_bit_identical(kernel_path, rng):
 
 def test_sv_columns_split_bit_identical(kernel_path, rng):
     """gqa_kernels.h: a column of C never depends on N or on the column block it falls in, so
-    the column ranges of one SV GEMM (blocks of 64, 32, 16 columns and a masked tail here)
-    give bit-identical columns; every row count up to a block's limit."""
+    the column ranges of one SV GEMM (blocks of 64, 32, 16 columns and a masked tail here; on
+    avx512 float32 tails of several blocks in one masked wide block) give bit-identical
+    columns; every row count up to a block's limit."""
     cuts = (0, 64, 96, 112, 150)     # even: INT4 rows split on whole bytes
     for mode in MODE_IDS:
         bits, pc = MODES[mode]

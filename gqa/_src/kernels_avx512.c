@@ -929,9 +929,9 @@ static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const floa
 
 /* Columns n0 .. n0 + 16 NV of C[mb, .] += scale[col] * sum_{k0 <= k < k1} A[mb, k] * B[k, col]
    for MB rows.  INT4 vectors come in pairs from dec32_s4 (the even columns of 32,
-   then the odd ones; put back in order before the store).  `masked` (NV == 1):
-   only the first np < 16 columns exist (masked loads and stores, the same lane
-   arithmetic).  Scale per column: `spc` (per channel) or `vs` (per tensor, 1 for
+   then the odd ones; put back in order before the store).  `masked`: only the
+   first np < 16 NV columns exist; vector v holds min(16, np - 16 v) of them or
+   none (masked loads and stores, the same lane arithmetic).  Scale per column: `spc` (per channel) or `vs` (per tensor, 1 for
    float rows), applied once per key chunk.  `pf`: prefetch distance (bytes) for
    the rows of the next key chunk, 0 for none. */
 INLINE void sv_block(const int MB, const int NV, const int elem, const int masked, size_t np, size_t k0,
@@ -942,6 +942,10 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int maske
     UNROLL
     for (int i = 0; i < MB * NV; i++)
         acc[i] = _mm512_setzero_ps();
+    size_t nv[8]; /* columns of each vector */
+    UNROLL
+    for (int v = 0; v < NV; v++)
+        nv[v] = !masked ? 16 : np <= 16 * (size_t)v ? 0 : np - 16 * (size_t)v < 16 ? np - 16 * (size_t)v : 16;
     size_t pf0 = 0;
     const int npf = pf ? gqa_block_lines(gqa_element_bits(elem), n0, masked ? np : 16 * (size_t)NV, &pf0) : 0;
     pf0 += pf;
@@ -961,7 +965,7 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int maske
         } else {
             UNROLL
             for (int v = 0; v < NV; v++)
-                b[v] = dec16(elem, row, n0 + 16 * v, masked, np);
+                b[v] = dec16(elem, row, n0 + 16 * v, masked, nv[v]);
         }
         UNROLL
         for (int mb = 0; mb < MB; mb++) {
@@ -973,7 +977,6 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int maske
     }
     const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i hi_idx = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-    const __mmask16 m = masked ? mask16(np) : (__mmask16)0xFFFF;
     UNROLL
     for (int mb = 0; mb < MB; mb++) {
         if (elem == GQA_EL_S4 && !masked && NV % 2 == 0)
@@ -988,8 +991,9 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int maske
         for (int v = 0; v < NV; v++) {
             float *c = C + mb * ldc + n0 + 16 * v;
             if (masked) {
-                __m512 sc = spc ? _mm512_maskz_loadu_ps(m, spc + n0) : vs;
-                _mm512_mask_storeu_ps(c, m, _mm512_fmadd_ps(acc[mb], sc, _mm512_maskz_loadu_ps(m, c)));
+                const __mmask16 m = mask16(nv[v]);
+                __m512 sc = spc ? _mm512_maskz_loadu_ps(m, spc + n0 + 16 * v) : vs;
+                _mm512_mask_storeu_ps(c, m, _mm512_fmadd_ps(acc[mb * NV + v], sc, _mm512_maskz_loadu_ps(m, c)));
             } else {
                 __m512 sc = spc ? _mm512_loadu_ps(spc + n0 + 16 * v) : vs;
                 _mm512_storeu_ps(c, _mm512_fmadd_ps(acc[mb * NV + v], sc, _mm512_loadu_ps(c)));
@@ -1005,37 +1009,57 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int maske
     {                                                                                               \
         sv_block(MB, NV, T, 0, np, k0, k1, A, lda, B, rb, n0, spc, vs, C, ldc, pf);                 \
     }
-#define SV_MASKED(T, MB)                                                                            \
+#define SV_MASKED(T, MB, NVW)                                                                       \
     static void svm_##T##_##MB(size_t np, size_t k0, size_t k1, const float *A, size_t lda,          \
                                const uint8_t *B, size_t rb, size_t n0, const float *spc, __m512 vs,  \
                                float *C, size_t ldc, size_t pf)                                     \
     {                                                                                               \
         sv_block(MB, 1, T, 1, np, k0, k1, A, lda, B, rb, n0, spc, vs, C, ldc, pf);                  \
+    }                                                                                               \
+    static void svw_##T##_##MB(size_t np, size_t k0, size_t k1, const float *A, size_t lda,          \
+                               const uint8_t *B, size_t rb, size_t n0, const float *spc, __m512 vs,  \
+                               float *C, size_t ldc, size_t pf)                                     \
+    {                                                                                               \
+        sv_block(MB, NVW, T, 1, np, k0, k1, A, lda, B, rb, n0, spc, vs, C, ldc, pf);                \
     }
 typedef void (*sv_fn)(size_t, size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t,
                       const float *, __m512, float *, size_t, size_t);
 /* Per row count MB: {wide block, 64-column block (none for MB > 6: 28+ accumulators
-   would not fit the 32 registers), 32-column block, 16-column block, masked block}.
+   would not fit the 32 registers), 32-column block, 16-column block, masked block,
+   masked wide block}.
    Wide shapes (rows x 16-column vectors, accumulators <= 24): 1x8 2x8 3x6 4x4 5x4
    6x4 7x2 8x2.  Columns go to the widest block that fits them, so a head of 64 columns
    is one pass of MB x 4 accumulators, not four of MB x 1 (latency-bound on the FMA
    chains); a column's value never depends on the block it is in. */
 #define SV_SET(T, MB, NVW, X4) \
-    {sv_##T##_##MB##x##NVW, X4, sv_##T##_##MB##x2, sv_##T##_##MB##x1, svm_##T##_##MB}
+    {sv_##T##_##MB##x##NVW, X4, sv_##T##_##MB##x2, sv_##T##_##MB##x1, svm_##T##_##MB, svw_##T##_##MB}
 #define SV_KIND(T)                                                                                  \
     SV_INST(T, 1, 8) SV_INST(T, 2, 8) SV_INST(T, 3, 6) SV_INST(T, 4, 4) SV_INST(T, 5, 4)            \
     SV_INST(T, 6, 4) SV_INST(T, 1, 4) SV_INST(T, 2, 4) SV_INST(T, 3, 4)                             \
     SV_INST(T, 1, 2) SV_INST(T, 2, 2) SV_INST(T, 3, 2) SV_INST(T, 4, 2)                             \
     SV_INST(T, 5, 2) SV_INST(T, 6, 2) SV_INST(T, 7, 2) SV_INST(T, 8, 2) SV_INST(T, 1, 1)            \
     SV_INST(T, 2, 1) SV_INST(T, 3, 1) SV_INST(T, 4, 1) SV_INST(T, 5, 1) SV_INST(T, 6, 1)            \
-    SV_INST(T, 7, 1) SV_INST(T, 8, 1) SV_MASKED(T, 1) SV_MASKED(T, 2) SV_MASKED(T, 3)               \
-    SV_MASKED(T, 4) SV_MASKED(T, 5) SV_MASKED(T, 6) SV_MASKED(T, 7) SV_MASKED(T, 8)                 \
-    static const sv_fn sv_fns_##T[9][5] = {{0}, SV_SET(T, 1, 8, sv_##T##_1x4),                      \
+    SV_INST(T, 7, 1) SV_INST(T, 8, 1) SV_MASKED(T, 1, 8) SV_MASKED(T, 2, 8) SV_MASKED(T, 3, 6)      \
+    SV_MASKED(T, 4, 4) SV_MASKED(T, 5, 4) SV_MASKED(T, 6, 4) SV_MASKED(T, 7, 2) SV_MASKED(T, 8, 2)  \
+    static const sv_fn sv_fns_##T[9][6] = {{0}, SV_SET(T, 1, 8, sv_##T##_1x4),                      \
         SV_SET(T, 2, 8, sv_##T##_2x4), SV_SET(T, 3, 6, sv_##T##_3x4), SV_SET(T, 4, 4, sv_##T##_4x4),  \
         SV_SET(T, 5, 4, sv_##T##_5x4), SV_SET(T, 6, 4, sv_##T##_6x4), SV_SET(T, 7, 2, 0),             \
         SV_SET(T, 8, 2, 0)};
 SV_KIND(0) SV_KIND(1) SV_KIND(2) SV_KIND(3)
-static const sv_fn (*const sv_fns[4])[5] = {sv_fns_0, sv_fns_1, sv_fns_2, sv_fns_3};
+/* Passes over each key chunk of sv_gemm_avx512's narrow blocks from column n on: the same
+   walk as its blocks. */
+static inline int sv_narrow_passes(size_t n, size_t wide_end, size_t n16, size_t N, int has64)
+{
+    int p = 0;
+    for (; has64 && n + 64 <= wide_end; n += 64)
+        p++;
+    for (; n + 32 <= wide_end; n += 32)
+        p++;
+    for (; n < n16; n += 16)
+        p++;
+    return p + (n < N);
+}
+static const sv_fn (*const sv_fns[4])[6] = {sv_fns_0, sv_fns_1, sv_fns_2, sv_fns_3};
 static const int sv_nvw[9] = {0, 8, 8, 6, 4, 4, 4, 2, 2};
 /* Keys per chunk, fixed per type so that the chunk boundaries (where partial sums
    meet C) never depend on M or N.  Codes: 16 KiB of B at N = 128.  float32 rows
@@ -1074,6 +1098,15 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
             size_t n = 0;
             for (; n + step <= wide_end; n += step)
                 f[0](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
+            if (elem == GQA_EL_F32 && N - n <= step && sv_narrow_passes(n, wide_end, n16, N, f[1] != 0) > 1) {
+                /* float32 rows whose last columns would take several narrow blocks (heads of 80,
+                   96, 112 columns): one pass of the masked wide block, so each row is read once
+                   (Zen 4, one thread, 8192 keys: 1 x 96 from DRAM 1.24x, from L3 1.28x; 2 x 80
+                   1.1-1.2x).  Codes, whose chunks stay in L1 for every pass, measured 0.45-0.8x
+                   with it. */
+                f[5](N - n, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
+                continue;
+            }
             for (; f[1] && n + 64 <= wide_end; n += 64)
                 f[1](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
             for (; n + 32 <= wide_end; n += 32)
