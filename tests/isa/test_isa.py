@@ -17,6 +17,7 @@ reason, on CPUs without AMX: nothing emulates AMX; avx512bf16-native skips witho
 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; libsimde-dev).
 """
 import ast
+import concurrent.futures
 import os
 import platform
 import re
@@ -89,6 +90,21 @@ def _compile(cmd):
     assert rc == 0, "build failed:\n" + " ".join(cmd) + "\n" + out
 
 
+def _compile_all(cmds):
+    """Independent compile commands side by side, one per CPU this process may use."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, cpus)) as pool:
+        results = list(pool.map(_run, cmds))
+    for cmd, (rc, out) in zip(cmds, results):
+        assert rc == 0, "build failed:\n" + " ".join(cmd) + "\n" + out
+
+
+def _objects(d, cmd, sources, suffix=".o"):
+    """(compile commands, objects): each source compiled by `cmd` into d."""
+    objs = [os.path.join(d, os.path.basename(src).replace(".c", suffix)) for src in sources]
+    return [cmd + ["-c", src, "-o", obj] for src, obj in zip(sources, objs)], objs
+
+
 def _evex_lines(obj):
     """Disassembly lines of `obj` that are AVX-512 (EVEX-encoded: first opcode
     byte 0x62 in 64-bit mode, or zmm / opmask registers)."""
@@ -144,11 +160,11 @@ def _builds(cc, flags, snippet):
 
 
 def _units(d, path, flags, cc=None, swap=None):
-    """Objects of the path's extra units (setup.py's X86_UNITS / ARM_UNITS) that `cc` can build,
-    built with `flags` plus their own, and the defines that put them in the path's table.  swap:
-    {own flag: flags}: a unit with that flag is built with these in its place (the tests'
-    emulation of its ISA; no compiler probe)."""
-    objs, defines = [], []
+    """(compile commands, objects) of the path's extra units (setup.py's X86_UNITS / ARM_UNITS)
+    that `cc` can build, with `flags` plus their own, and the defines that put them in the
+    path's table.  swap: {own flag: flags}: a unit with that flag is built with these in its
+    place (the tests' emulation of its ISA; no compiler probe)."""
+    cmds, objs, defines = [], [], []
     swap = swap or {}
     for srcs, uflags, define, snippet in UNITS.get(path, []):
         emulated = any(f in swap for f in uflags)
@@ -156,34 +172,47 @@ def _units(d, path, flags, cc=None, swap=None):
             uflags = [g for f in uflags for g in swap.get(f, [f])]
         elif not _builds(cc or CC, flags + uflags, snippet):
             continue
-        for src in srcs:
-            obj = os.path.join(d, src.replace(".c", ".o"))
-            _compile((cc or CC) + flags + uflags + ["-c", os.path.join(SRC, src), "-o", obj])
-            objs.append(obj)
+        c, o = _objects(d, (cc or CC) + flags + uflags, [os.path.join(SRC, src) for src in srcs])
+        cmds += c
+        objs += o
         defines.append("-D" + define)
-    return objs, defines
+    return cmds, objs, defines
+
+
+def _driver(d, cc, flags, table, defines, sources, units, link=(), check=None):
+    """`d`/driver: driver.c, kernels_scalar.c and `sources` compiled with `flags`, `defines` and
+    the table under test (gqa_kernels_<table>), side by side with the units' compile commands
+    (`units`: commands, objects); `check(unit objects)` before the link (`link`: its own flags)."""
+    exe = os.path.join(d, "driver")
+    cmds, objs = _objects(d, cc + flags + defines + ["-DGQA_TEST_TABLE=gqa_kernels_" + table],
+                          [DRIVER, os.path.join(SRC, "kernels_scalar.c")] + sources)
+    _compile_all(units[0] + cmds)
+    if check:
+        check(units[1])
+    _compile(cc + flags + list(link) + objs + units[1] + ["-o", exe, "-lm"])
+    return exe
 
 
 def _native_driver(d, path):
     src, flags = PATHS[path]
-    exe = os.path.join(d, "driver")
-    objs, defines = _units(d, path, CFLAGS + flags)
-    _compile(CC + CFLAGS + flags + defines + ["-DGQA_TEST_TABLE=gqa_kernels_" + path, DRIVER,
-                                                 os.path.join(SRC, "kernels_scalar.c"), os.path.join(SRC, src),
-                                                 "-o", exe, "-lm"] + objs)
-    return [exe]
+    cmds, objs, defines = _units(d, path, CFLAGS + flags)
+    return [_driver(d, CC, CFLAGS + flags, path, defines, [os.path.join(SRC, src)], (cmds, objs))]
 
 
 def _neon_qemu_driver(d, flags=CFLAGS, static=True):
     """The neon path and its units (sdot and BFDOT: qemu's default CPU has both), built with
     `flags`; static, or dynamic against the cross sysroot (what the sanitizers' runtime needs)."""
-    exe = os.path.join(d, "driver")
     gcc = ["aarch64-linux-gnu-gcc"]
-    objs, defines = _units(d, "neon", flags, gcc)
-    _compile(gcc + flags + defines + (["-static"] if static else []) +
-             ["-DGQA_TEST_TABLE=gqa_kernels_neon", DRIVER, os.path.join(SRC, "kernels_scalar.c"),
-              os.path.join(SRC, "kernels_neon.c"), "-o", exe, "-lm"] + objs)
+    cmds, objs, defines = _units(d, "neon", flags, gcc)
+    exe = _driver(d, gcc, flags, "neon", defines, [os.path.join(SRC, "kernels_neon.c")], (cmds, objs),
+                  link=["-static"] if static else [])
     return ["qemu-aarch64"] + ([] if static else ["-L", SYSROOT]) + [exe]
+
+
+def _no_vpdpwssd(objs):
+    for obj in (o for o in objs if os.path.basename(o).startswith("kernels_avxvnni")):
+        rc, out = _run(["objdump", "-d", obj])
+        assert rc == 0 and "vpdpwssd" not in out, f"the emulated unit {obj} issues vpdpwssd"
 
 
 def _avxvnni_driver(d, emulated):
@@ -191,48 +220,39 @@ def _avxvnni_driver(d, emulated):
     built with AVX-VNNI's vpdpwssd); emulated: the avxvnni unit without -mavxvnni, its vpdpwssd
     stated lane by lane (emu_avxvnni.h), checked by objdump to issue none."""
     src, flags = PATHS["avx2"]
-    exe = os.path.join(d, "driver")
     swap = {"-mavxvnni": ["-DGQA_EMULATE_AVXVNNI", "-I" + HERE]} if emulated else None
-    objs, defines = _units(d, "avx2", CFLAGS + flags, swap=swap)
+    cmds, objs, defines = _units(d, "avx2", CFLAGS + flags, swap=swap)
     if "-DGQA_HAVE_AVXVNNI" not in defines:
         pytest.skip("the compiler cannot build the avxvnni unit (-mavxvnni: GCC 11, Clang 12)")
-    if emulated and shutil.which("objdump"):
-        for obj in (o for o in objs if os.path.basename(o).startswith("kernels_avxvnni")):
-            rc, out = _run(["objdump", "-d", obj])
-            assert rc == 0 and "vpdpwssd" not in out, f"the emulated unit {obj} issues vpdpwssd"
-    _compile(CC + CFLAGS + flags + defines + ["-DGQA_TEST_TABLE=gqa_kernels_avxvnni", DRIVER,
-                                                 os.path.join(SRC, "kernels_scalar.c"), os.path.join(SRC, src),
-                                                 "-o", exe, "-lm"] + objs)
-    return [exe]
+    check = _no_vpdpwssd if emulated and shutil.which("objdump") else None
+    return [_driver(d, CC, CFLAGS + flags, "avxvnni", defines, [os.path.join(SRC, src)], (cmds, objs),
+                    check=check)]
+
+
+def _no_evex(objs):
+    for o in objs:
+        bad = _evex_lines(o)
+        assert not bad, f"the emulated unit {o} contains AVX-512 instructions:\n" + "\n".join(bad[:10])
 
 
 def _avx512_emulated_driver(d):
     """kernels_avx512.c on SIMDe: AVX2/FMA/F16C only, like AMD Zen 3."""
-    obj = os.path.join(d, "kernels_avx512_emu.o")
-    exe = os.path.join(d, "driver")
     # -O1: SIMDe's inlined code makes -O2 three times slower to build.
     flags = [f for f in CFLAGS if f != "-O2"] + ["-O1", "-mavx2", "-mfma", "-mf16c",
                                                  "-DGQA_EMULATE_AVX512", "-I" + HERE]
     assert not any(f.startswith("-mavx512") for f in flags)
     # the VNNI unit on SIMDe too: its own -mavx512vnni left out, the define kept; nothing
     # emulates AMX, so its unit is left out (its tests run natively on AMX hosts)
-    objs, defines = [], []
-    for srcs, own, define, _snippet in UNITS.get("avx512", []):
+    srcs, defines = [], []
+    for usrcs, own, define, _snippet in UNITS.get("avx512", []):
         if any(f.startswith("-mamx") for f in own):
             continue
-        for src in srcs:
-            uobj = os.path.join(d, src.replace(".c", "_emu.o"))
-            _compile(CC + flags + ["-c", os.path.join(SRC, src), "-o", uobj])
-            objs.append(uobj)
+        srcs += [os.path.join(SRC, src) for src in usrcs]
         defines.append("-D" + define)
-    _compile(CC + flags + defines + ["-c", os.path.join(SRC, "kernels_avx512.c"), "-o", obj])
-    if shutil.which("objdump"):
-        for o in [obj] + objs:
-            bad = _evex_lines(o)
-            assert not bad, f"the emulated unit {o} contains AVX-512 instructions:\n" + "\n".join(bad[:10])
-    _compile(CC + CFLAGS + ["-DGQA_TEST_TABLE=gqa_kernels_avx512", DRIVER,
-                                os.path.join(SRC, "kernels_scalar.c"), obj, "-o", exe, "-lm"] + objs)
-    return [exe]
+    cmds, objs = _objects(d, CC + flags, srcs, "_emu.o")
+    main, obj = _objects(d, CC + flags + defines, [os.path.join(SRC, "kernels_avx512.c")], "_emu.o")
+    return [_driver(d, CC, CFLAGS, "avx512", [], [], (cmds + main, objs + obj),
+                    check=_no_evex if shutil.which("objdump") else None)]
 
 
 def _need(*tools):
