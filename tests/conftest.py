@@ -115,6 +115,28 @@ def simd_path(request):
         yield request.param
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct through gqa.apps.llama, read once per session (tests/test_model.py,
+    and the tokenizer of tests/test_transformers_model.py); skips where it is not installed."""
+    from gqa.apps import gguf
+    if not gguf.available():
+        pytest.skip(gguf.unavailable_reason())
+    from gqa.apps.llama import Llama
+    return Llama.load()
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """Gemma 3 270M through gqa.apps.gemma, read once per session (tests/test_gemma.py, and the
+    tokenizer of tests/test_transformers_model.py): reading its GGUF file (262,144 tokens of
+    vocabulary) takes 10-20 s.  Skips where the package or the readers are missing."""
+    from gqa.apps import gemma, gguf
+    if gguf.readers_missing() or gemma.model_path() is None:
+        pytest.skip(f"needs {gemma.MODEL_PACKAGE} and the demo extra's readers")
+    return gemma.Gemma3.load(gemma.model_path())
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded from the test id: reproducible, different per test."""

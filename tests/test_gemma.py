@@ -13,8 +13,8 @@ pytestmark = pytest.mark.skipif(_gguf.readers_missing() != [] or _gemma.model_pa
 
 
 @pytest.fixture(scope="module")
-def model():
-    return _gemma.Gemma3.load(_gemma.model_path())
+def model(gemma3):
+    return gemma3
 
 
 def test_tokenizer_round_trips_and_splits_digits(model):

@@ -22,9 +22,8 @@ PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(gqa.__file__)))
 
 
 @pytest.fixture(scope="module")
-def model():
-    from gqa.apps.llama import Llama
-    return Llama.load()
+def model(smollm2):
+    return smollm2
 
 
 def _prompt_and_tail(model):
