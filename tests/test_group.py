@@ -133,6 +133,7 @@ def _decode_bound(a, b, bits, g, k, metadata, alpha):
 def test_qk_gemm_matches_oracle(kernel_path, bits, m, rng):
     for n, k, g in ((1, 64, 64), (7, 64, 16), (33, 128, 32), (130, 128, 8), (40, 256, 64),
                     (19, 96, 48), (21, 96, 24),      # groups that straddle 32- and 64-column blocks
+                    (23, 96, 32), (5, 96, 96),       # rows of 64 k + 32 columns in whole blocks
                     (70, 128, 64), (9, 64, 64)):     # fp16 pairs converted 4 rows at a time + the rest
         for metadata in META:
             a = rng.standard_normal((m, k)).astype(F32)
@@ -148,7 +149,8 @@ def test_qk_gemm_matches_oracle(kernel_path, bits, m, rng):
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 17])
 def test_sv_gemm_matches_oracle(kernel_path, bits, m, rng):
     for k, n, g in ((1, 64, 64), (7, 64, 16), (33, 128, 32), (300, 128, 8), (70, 256, 64), (0, 64, 32),
-                    (45, 96, 48), (38, 96, 24), (71, 128, 64), (9, 64, 64)):
+                    (45, 96, 48), (38, 96, 24), (71, 128, 64), (9, 64, 64), (29, 96, 32), (66, 96, 96),
+                    (40, 160, 32)):
         for beta, metadata in ((0.0, "fp32"), (1.0, "fp32"), (0.5, "fp32"), (0.0, "fp16"), (1.0, "fp16")):
             f16 = metadata == "fp16"
             a = np.abs(rng.standard_normal((m, k))).astype(F32)

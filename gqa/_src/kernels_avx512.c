@@ -612,7 +612,8 @@ static int group_fast_avx512(int type, size_t cols)
 {
     const unsigned b = gqa_group_bits(type);
     const size_t g = gqa_group_cols(type), blk = group_block(b, 0);
-    return cols % 64 == 0 && (g % blk == 0 || (b == 2 && g == 32));
+    /* whole blocks in every group (so in every row), and rows of whole 32-column blocks of P @ V */
+    return cols % 32 == 0 && (g % blk == 0 || (b == 2 && g == 32));
 }
 
 /* The decoded vectors of one block (x[0 .. blk/16), in lookup order) from its code bytes q8 and
@@ -850,13 +851,17 @@ typedef void (*gsv_fn)(size_t, size_t, const float *, size_t, const uint8_t *, i
     GSV_INST(MB, CB, 2, 1, F)
 #define GSV_SHAPE(MB, CB) GSV_KINDS(MB, CB, 0) GSV_KINDS(MB, CB, 1)
 GSV_SHAPE(1, 8) GSV_SHAPE(2, 8) GSV_SHAPE(1, 4) GSV_SHAPE(2, 4) GSV_SHAPE(3, 4) GSV_SHAPE(4, 4)
+GSV_SHAPE(1, 2) GSV_SHAPE(2, 2) GSV_SHAPE(3, 2) GSV_SHAPE(4, 2)
 #define GSV_ROW(MB, CB, F)                                                                           \
     {gsv_##MB##x##CB##_8_0_##F, gsv_##MB##x##CB##_4_0_##F, gsv_##MB##x##CB##_2_0_##F, gsv_##MB##x##CB##_2_1_##F}
-/* [shape: 1x8 2x8 1x4 2x4 3x4 4x4][fp16 metadata][variant] */
-static const gsv_fn gsv_fns[6][2][4] = {
+/* [shape: 1x8 2x8 1x4 2x4 3x4 4x4 1x2 2x2 3x2 4x2][fp16 metadata][variant] (x2: the last 32
+   columns of rows of 64 k + 32; never INT2 in groups of 64 or more, whose blocks are 64 wide) */
+static const gsv_fn gsv_fns[10][2][4] = {
     {GSV_ROW(1, 8, 0), GSV_ROW(1, 8, 1)}, {GSV_ROW(2, 8, 0), GSV_ROW(2, 8, 1)},
     {GSV_ROW(1, 4, 0), GSV_ROW(1, 4, 1)}, {GSV_ROW(2, 4, 0), GSV_ROW(2, 4, 1)},
-    {GSV_ROW(3, 4, 0), GSV_ROW(3, 4, 1)}, {GSV_ROW(4, 4, 0), GSV_ROW(4, 4, 1)}};
+    {GSV_ROW(3, 4, 0), GSV_ROW(3, 4, 1)}, {GSV_ROW(4, 4, 0), GSV_ROW(4, 4, 1)},
+    {GSV_ROW(1, 2, 0), GSV_ROW(1, 2, 1)}, {GSV_ROW(2, 2, 0), GSV_ROW(2, 2, 1)},
+    {GSV_ROW(3, 2, 0), GSV_ROW(3, 2, 1)}, {GSV_ROW(4, 2, 0), GSV_ROW(4, 2, 1)}};
 #undef GSV_INST
 #undef GSV_KINDS
 #undef GSV_SHAPE
@@ -868,13 +873,16 @@ static void group_sv_fast_avx512(size_t M, size_t N, size_t K, const float *A, s
     const int variant = group_variant(type), f16 = (type & GQA_META_F16) != 0;
     const uint8_t *Bb = (const uint8_t *)B;
     size_t m0 = 0;
-    while (m0 < M) {   /* blocks of rows: up to 2 over 128-column blocks, or up to 4 over 64 */
+    while (m0 < M) {   /* blocks of rows: up to 2 over 128-column blocks, or up to 4 over 64 (and 32) */
         const size_t left = M - m0;
         const int cb8 = N % 128 == 0 && left <= 2;
         const size_t mb = left >= 4 ? 4 : left;
-        const int shape = cb8 ? (int)mb - 1 : 1 + (int)mb;
-        for (size_t c0 = 0; c0 < N; c0 += cb8 ? 128 : 64)
+        for (size_t c0 = 0; c0 < N;) {
+            const size_t w = cb8 ? 128 : N - c0 >= 64 ? 64 : 32;
+            const int shape = w == 128 ? (int)mb - 1 : w == 64 ? 1 + (int)mb : 5 + (int)mb;
             gsv_fns[shape][f16][variant](N, K, A + m0 * lda, lda, Bb, type, C + m0 * ldc, ldc, beta, c0);
+            c0 += w;
+        }
         m0 += mb;
     }
 }
