@@ -987,7 +987,7 @@ static float qk_dot_oracle_row(size_t N, size_t K, float alpha, const float *a, 
 static void check_dot_qk(gqa_qk_gemm_fn dot, int with_s4)
 { /* bit for bit against the contract; the bound against the exact scalar kernel; rows of
      zeros / NaN / inf and heads wider than 512 as the path's exact kernel */
-    static const size_t KA[] = {1, 5, 16, 31, 32, 33, 64, 100, 128, 200, 256, 257, 512, 513};
+    static const size_t KA[] = {1, 5, 16, 31, 32, 33, 64, 80, 88, 100, 128, 200, 256, 257, 512, 513};
     const double u = 1.0 / 16777216.0;
     long cases[3] = {0}, fails[3] = {0};
     for (int s4 = 0; s4 <= with_s4; s4++)
