@@ -939,8 +939,8 @@ static void qk_gemm_avx512(size_t M, size_t N, size_t K, float alpha, const floa
    for MB rows.  INT4 vectors come in pairs from dec32_s4 (the even columns of 32,
    then the odd ones; put back in order before the store).  `masked`: only the
    first np < 16 NV columns exist; vector v holds min(16, np - 16 v) of them or
-   none (masked loads and stores, the same lane arithmetic).  Scale per column: `spc` (per channel) or `vs` (per tensor, 1 for
-   float rows), applied once per key chunk.  `pf`: prefetch distance (bytes) for
+   none (masked loads and stores, the same lane arithmetic).  Scale per column:
+   `spc` (per channel) or `vs` (per tensor, 1 for float rows), applied once per key chunk.  `pf`: prefetch distance (bytes) for
    the rows of the next key chunk, 0 for none. */
 INLINE void sv_block(const int MB, const int NV, const int elem, const int masked, size_t np, size_t k0,
                      size_t k1, const float *A, size_t lda, const uint8_t *B, size_t rb, size_t n0,
@@ -1017,43 +1017,46 @@ INLINE void sv_block(const int MB, const int NV, const int elem, const int maske
     {                                                                                               \
         sv_block(MB, NV, T, 0, np, k0, k1, A, lda, B, rb, n0, spc, vs, C, ldc, pf);                 \
     }
-#define SV_MASKED(T, MB, NVW)                                                                       \
+#define SV_MASKED(T, MB)                                                                            \
     static void svm_##T##_##MB(size_t np, size_t k0, size_t k1, const float *A, size_t lda,          \
                                const uint8_t *B, size_t rb, size_t n0, const float *spc, __m512 vs,  \
                                float *C, size_t ldc, size_t pf)                                     \
     {                                                                                               \
         sv_block(MB, 1, T, 1, np, k0, k1, A, lda, B, rb, n0, spc, vs, C, ldc, pf);                  \
-    }                                                                                               \
-    static void svw_##T##_##MB(size_t np, size_t k0, size_t k1, const float *A, size_t lda,          \
-                               const uint8_t *B, size_t rb, size_t n0, const float *spc, __m512 vs,  \
-                               float *C, size_t ldc, size_t pf)                                     \
+    }
+/* The masked wide block of MB rows over float32 rows (GQA_EL_F32). */
+#define SVW_F32(MB, NVW)                                                                            \
+    static void svw_##MB(size_t np, size_t k0, size_t k1, const float *A, size_t lda, const uint8_t *B, \
+                         size_t rb, size_t n0, const float *spc, __m512 vs, float *C, size_t ldc,      \
+                         size_t pf)                                                                 \
     {                                                                                               \
-        sv_block(MB, NVW, T, 1, np, k0, k1, A, lda, B, rb, n0, spc, vs, C, ldc, pf);                \
+        sv_block(MB, NVW, GQA_EL_F32, 1, np, k0, k1, A, lda, B, rb, n0, spc, vs, C, ldc, pf);       \
     }
 typedef void (*sv_fn)(size_t, size_t, size_t, const float *, size_t, const uint8_t *, size_t, size_t,
                       const float *, __m512, float *, size_t, size_t);
 /* Per row count MB: {wide block, 64-column block (none for MB > 6: 28+ accumulators
-   would not fit the 32 registers), 32-column block, 16-column block, masked block,
-   masked wide block}.
+   would not fit the 32 registers), 32-column block, 16-column block, masked block}.
    Wide shapes (rows x 16-column vectors, accumulators <= 24): 1x8 2x8 3x6 4x4 5x4
    6x4 7x2 8x2.  Columns go to the widest block that fits them, so a head of 64 columns
    is one pass of MB x 4 accumulators, not four of MB x 1 (latency-bound on the FMA
    chains); a column's value never depends on the block it is in. */
 #define SV_SET(T, MB, NVW, X4) \
-    {sv_##T##_##MB##x##NVW, X4, sv_##T##_##MB##x2, sv_##T##_##MB##x1, svm_##T##_##MB, svw_##T##_##MB}
+    {sv_##T##_##MB##x##NVW, X4, sv_##T##_##MB##x2, sv_##T##_##MB##x1, svm_##T##_##MB}
 #define SV_KIND(T)                                                                                  \
     SV_INST(T, 1, 8) SV_INST(T, 2, 8) SV_INST(T, 3, 6) SV_INST(T, 4, 4) SV_INST(T, 5, 4)            \
     SV_INST(T, 6, 4) SV_INST(T, 1, 4) SV_INST(T, 2, 4) SV_INST(T, 3, 4)                             \
     SV_INST(T, 1, 2) SV_INST(T, 2, 2) SV_INST(T, 3, 2) SV_INST(T, 4, 2)                             \
     SV_INST(T, 5, 2) SV_INST(T, 6, 2) SV_INST(T, 7, 2) SV_INST(T, 8, 2) SV_INST(T, 1, 1)            \
     SV_INST(T, 2, 1) SV_INST(T, 3, 1) SV_INST(T, 4, 1) SV_INST(T, 5, 1) SV_INST(T, 6, 1)            \
-    SV_INST(T, 7, 1) SV_INST(T, 8, 1) SV_MASKED(T, 1, 8) SV_MASKED(T, 2, 8) SV_MASKED(T, 3, 6)      \
-    SV_MASKED(T, 4, 4) SV_MASKED(T, 5, 4) SV_MASKED(T, 6, 4) SV_MASKED(T, 7, 2) SV_MASKED(T, 8, 2)  \
-    static const sv_fn sv_fns_##T[9][6] = {{0}, SV_SET(T, 1, 8, sv_##T##_1x4),                      \
+    SV_INST(T, 7, 1) SV_INST(T, 8, 1) SV_MASKED(T, 1) SV_MASKED(T, 2) SV_MASKED(T, 3)               \
+    SV_MASKED(T, 4) SV_MASKED(T, 5) SV_MASKED(T, 6) SV_MASKED(T, 7) SV_MASKED(T, 8)                 \
+    static const sv_fn sv_fns_##T[9][5] = {{0}, SV_SET(T, 1, 8, sv_##T##_1x4),                      \
         SV_SET(T, 2, 8, sv_##T##_2x4), SV_SET(T, 3, 6, sv_##T##_3x4), SV_SET(T, 4, 4, sv_##T##_4x4),  \
         SV_SET(T, 5, 4, sv_##T##_5x4), SV_SET(T, 6, 4, sv_##T##_6x4), SV_SET(T, 7, 2, 0),             \
         SV_SET(T, 8, 2, 0)};
 SV_KIND(0) SV_KIND(1) SV_KIND(2) SV_KIND(3)
+SVW_F32(1, 8) SVW_F32(2, 8) SVW_F32(3, 6) SVW_F32(4, 4) SVW_F32(5, 4) SVW_F32(6, 4) SVW_F32(7, 2) SVW_F32(8, 2)
+static const sv_fn sv_wide_masked_f32[9] = {0, svw_1, svw_2, svw_3, svw_4, svw_5, svw_6, svw_7, svw_8};
 /* Passes over each key chunk of sv_gemm_avx512's narrow blocks from column n on: the same
    walk as its blocks. */
 static inline int sv_narrow_passes(size_t n, size_t wide_end, size_t n16, size_t N, int has64)
@@ -1067,7 +1070,7 @@ static inline int sv_narrow_passes(size_t n, size_t wide_end, size_t n16, size_t
         p++;
     return p + (n < N);
 }
-static const sv_fn (*const sv_fns[4])[6] = {sv_fns_0, sv_fns_1, sv_fns_2, sv_fns_3};
+static const sv_fn (*const sv_fns[4])[5] = {sv_fns_0, sv_fns_1, sv_fns_2, sv_fns_3};
 static const int sv_nvw[9] = {0, 8, 8, 6, 4, 4, 4, 2, 2};
 /* Keys per chunk, fixed per type so that the chunk boundaries (where partial sums
    meet C) never depend on M or N.  Codes: 16 KiB of B at N = 128.  float32 rows
@@ -1112,7 +1115,7 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
                    (Zen 4, one thread, 8192 keys: 1 x 96 from DRAM 1.24x, from L3 1.28x; 2 x 80
                    1.1-1.2x).  Codes, whose chunks stay in L1 for every pass, measured 0.45-0.8x
                    with it. */
-                f[5](N - n, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
+                sv_wide_masked_f32[mb](N - n, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
                 continue;
             }
             for (; f[1] && n + 64 <= wide_end; n += 64)
