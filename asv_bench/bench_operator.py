@@ -386,3 +386,26 @@ class GroupDecodeAccuracy(GroupDecode):
 
     def time_decode(self, level, mode, T, extras):
         self.op(*self.args, **self.kw)
+
+
+class HeadWidths:
+    """One decode step (S = 1, T = 4096) of a multi-head layer (32 heads, 32 KV heads) at head
+    sizes 80 (Phi-2's), 96 (Phi-3's) and 128, through the kept operator `python -m gqa bench`
+    builds, on the automatic path at accuracy levels 0 and 4: widths whose last columns took
+    slower kernels until a later session (AVX-512's float P @ V and per-group table kernels, the
+    AVX2 unit's INT4 QK)."""
+    params = ([0, 4], ["float", "int4-pt", "int4-g32"], [80, 96, 128])
+    param_names = ["level", "mode", "H"]
+    timer = timeit.default_timer
+
+    def setup(self, level, mode, H):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        if mode == "int4-g32" and H % 32:
+            raise NotImplementedError(f"groups of 32 columns do not divide a head of {H}")
+        from gqa.apps.bench.cases import ours
+        self.step = ours(dict(B=1, N=32, Nkv=32, H=H, S=1, T=4096, mode=mode, threads=None,
+                              phase="decode"), level=level)
+
+    def time_decode(self, level, mode, H):
+        self.step()
