@@ -622,7 +622,9 @@ static int group_fast_avx512(int type, size_t cols)
 INLINE void group_lookup(const uint8_t *q8, const unsigned b, const int G32, const __m512 *t, __m512 *x)
 {
     if (G32) {
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_castpd_si128(_mm_loaddup_pd((const double *)(const void *)q8)));
+        uint64_t w; /* rows of 96 columns with fp16 metadata leave q8 unaligned */
+        memcpy(&w, q8, 8);
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_set1_epi64x((long long)w));
         x[0] = _mm512_permutexvar_ps(
             _mm512_srlv_epi32(q, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2)), t[0]);
         x[1] = _mm512_permutexvar_ps(
