@@ -1059,18 +1059,12 @@ typedef void (*sv_fn)(size_t, size_t, size_t, const float *, size_t, const uint8
 SV_KIND(0) SV_KIND(1) SV_KIND(2) SV_KIND(3)
 SVW_F32(1, 8) SVW_F32(2, 8) SVW_F32(3, 6) SVW_F32(4, 4) SVW_F32(5, 4) SVW_F32(6, 4) SVW_F32(7, 2) SVW_F32(8, 2)
 static const sv_fn sv_wide_masked_f32[9] = {0, svw_1, svw_2, svw_3, svw_4, svw_5, svw_6, svw_7, svw_8};
-/* Passes over each key chunk of sv_gemm_avx512's narrow blocks from column n on: the same
-   walk as its blocks. */
-static inline int sv_narrow_passes(size_t n, size_t wide_end, size_t n16, size_t N, int has64)
+/* Whether the last `tail` columns of float32 rows (after the wide blocks; tail < the wide
+   block's width) take several of sv_gemm_avx512's narrow blocks: all but a tail of one 64- (MB
+   <= 6), 32- or 16-column block or of one masked one. */
+static inline int sv_tail_splits(size_t tail, int has64)
 {
-    int p = 0;
-    for (; has64 && n + 64 <= wide_end; n += 64)
-        p++;
-    for (; n + 32 <= wide_end; n += 32)
-        p++;
-    for (; n < n16; n += 16)
-        p++;
-    return p + (n < N);
+    return !(tail <= 16 || tail == 32 || (has64 && tail == 64));
 }
 static const sv_fn (*const sv_fns[4])[5] = {sv_fns_0, sv_fns_1, sv_fns_2, sv_fns_3};
 static const int sv_nvw[9] = {0, 8, 8, 6, 4, 4, 4, 2, 2};
@@ -1111,7 +1105,7 @@ static void sv_gemm_avx512(size_t M, size_t N, size_t K, const float *A, size_t 
             size_t n = 0;
             for (; n + step <= wide_end; n += step)
                 f[0](16, k0, k1, a, lda, Bb, rb, n, spc, vs, c, ldc, pf);
-            if (elem == GQA_EL_F32 && N - n <= step && sv_narrow_passes(n, wide_end, n16, N, f[1] != 0) > 1) {
+            if (elem == GQA_EL_F32 && sv_tail_splits(N - n, f[1] != 0)) {
                 /* float32 rows whose last columns would take several narrow blocks (heads of 80,
                    96, 112 columns): one pass of the masked wide block, so each row is read once
                    (Zen 4, one thread, 8192 keys: 1 x 96 from DRAM 1.24x, from L3 1.28x; 2 x 80
