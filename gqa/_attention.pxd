@@ -66,6 +66,8 @@ cdef struct Params:
     int *items            # decode work item -> unit * (chunks + 1) + chunk + 1 (0: whole unit)
     int *split            # unit -> its index among the split units, or -1
     int *merged           # unit -> chunks finished so far
+    int turn_rows         # rows write_cache and unrotate turn by a rotation at once: their
+                          # scratch holds 2 x turn_rows x H floats
     int k_finite          # every dequantized K value is finite (static codes, moderate scales,
                           # no float windows); likewise V:
     int v_finite

@@ -239,27 +239,39 @@ cdef void move_runs(float *dst, float *src, int a, int z) noexcept nogil:
         memcpy(dst + a, src + a, (z - a) * sizeof(float))
 
 
+cdef void split_runs(uint16_t *src, uint16_t *dst, int a, int z) noexcept nogil:
+    """dst[a:z] = src[a:z], then src[a:z] = 0 (nothing when z <= a)."""
+    if z > a:
+        memcpy(dst + a, src + a, (z - a) * sizeof(uint16_t))
+        memset(src + a, 0, (z - a) * sizeof(uint16_t))
+
+
 cdef void stage_tile(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb,
-                     int lo, int hi, float *Kt, float *Vt) noexcept nogil:
+                     int lo, int hi, bint k_rows, float *Kt, float *Vt) noexcept nogil:
     """Positions [lo, hi) of key tile [k0, k0 + nb) from the staged float rows (they follow
-    positions), into Kt [H, nb] (transposed) and Vt [nb, H]."""
+    positions), into Kt [H, nb] (transposed; with k_rows K's rows [nb, H]) and Vt [nb, H]."""
     cdef int hrow
     if hi <= lo:
         return
     hrow = float_row(p, b, lo)
-    t.dequantize_t(p.fk + hp_at(p, p.fcap, b, j, hrow), Kt + (lo - k0), nb, hi - lo, p.H,
-                   p.hp_type, NULL)
+    if k_rows:
+        t.dequantize(p.fk + hp_at(p, p.fcap, b, j, hrow), Kt + <size_t>(lo - k0) * p.H, p.H,
+                     hi - lo, p.H, p.hp_type, NULL)
+    else:
+        t.dequantize_t(p.fk + hp_at(p, p.fcap, b, j, hrow), Kt + (lo - k0), nb, hi - lo, p.H,
+                       p.hp_type, NULL)
     t.dequantize(p.fv + hp_at(p, p.fcap, b, j, hrow), Vt + <size_t>(lo - k0) * p.H, p.H,
                  hi - lo, p.H, p.hp_type, NULL)
 
 
 cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb, int R,
-                      const int *rlo, const int *rhi, const int *rns, const int *rrl,
+                      const int *rlo, const int *rhi, const int *rns, const int *rrl, bint k_rows,
                       float *Kt, float *Vt, float *Kf, float *Vf) noexcept nogil:
     """The tiles of keys [k0, k0 + nb) for R query rows with causal float windows: 1 when
     every row reads them as codes (Kt / Vt from the codes), 2 as floats (Kt / Vt from the
-    staged rows), 3 mixed (Kt / Vt from the codes, Kf / Vf from the staged rows, zero where
-    no row reads a float)."""
+    staged rows; zero where no row reads them), 3 mixed (Kt / Vt from the codes, Kf / Vf from
+    the staged rows, zero where no row reads a float).  K's tiles are transposed [H, nb], or
+    with k_rows (matrix tiles) K's rows [nb, H]."""
     cdef int i, a0, z0, f1, q0, q1, f2, fs_hi = k0, fr_lo = k0 + nb, fr_hi = k0
     cdef bint codes = False, floats = False
     for i in range(R):
@@ -280,7 +292,10 @@ cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k
         fs_hi = fs_hi if fs_hi > fr_hi else fr_hi
         fr_hi = k0
     if codes:
-        t.dequantize_t(k_row(p, b, j, k0), Kt, nb, nb, p.H, p.ktype, k_scales(p, j))
+        if k_rows:
+            t.dequantize(k_row(p, b, j, k0), Kt, p.H, nb, p.H, p.ktype, k_scales(p, j))
+        else:
+            t.dequantize_t(k_row(p, b, j, k0), Kt, nb, nb, p.H, p.ktype, k_scales(p, j))
         t.dequantize(v_row(p, b, j, k0), Vt, p.H, nb, p.H, p.vtype, v_scales(p, j))
         if not floats:
             return 1
@@ -291,9 +306,22 @@ cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k
     else:
         memset(Kt, 0, <size_t>p.H * nb * sizeof(float))
         memset(Vt, 0, <size_t>nb * p.H * sizeof(float))
-    stage_tile(p, t, b, j, k0, nb, k0, fs_hi, Kt, Vt)
-    stage_tile(p, t, b, j, k0, nb, fr_lo, fr_hi, Kt, Vt)
+    stage_tile(p, t, b, j, k0, nb, k0, fs_hi, k_rows, Kt, Vt)
+    stage_tile(p, t, b, j, k0, nb, fr_lo, fr_hi, k_rows, Kt, Vt)
     return 3 if codes else 2
+
+
+cdef void runs_pv(const gqa_kernels *t, int H, const float *x, int nx, int a0, int f1, int q0,
+                  int q1, int f2, int z0, const float *Vt, const float *Vf, float *o) noexcept nogil:
+    """o [H] += one row's probabilities x [nx] over its float runs [a0, f1), [f2, z0) with the
+    staged rows Vf and its code run [q0, q1) with Vt (float32; each run empty where its end
+    <= its start), reading no other key: a NaN / inf value stays out of the rows that mask it."""
+    if f1 > a0:
+        t.sv_gemm(1, H, f1 - a0, x + a0, nx, Vf + <size_t>a0 * H, GQA_F32, NULL, o, H, 1.0)
+    if q1 > q0:
+        t.sv_gemm(1, H, q1 - q0, x + q0, nx, Vt + <size_t>q0 * H, GQA_F32, NULL, o, H, 1.0)
+    if z0 > f2:
+        t.sv_gemm(1, H, z0 - f2, x + f2, nx, Vf + <size_t>f2 * H, GQA_F32, NULL, o, H, 1.0)
 
 
 cdef void mixed_pv(const Params *p, const gqa_kernels *t, int k0, int nb, int M,
@@ -318,15 +346,7 @@ cdef void mixed_pv(const Params *p, const gqa_kernels *t, int k0, int nb, int M,
             continue
         float_runs(rns[i], rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
         if not finite:
-            if f1 > a0:
-                t.sv_gemm(1, H, f1 - a0, x + a0, nb, Vf + <size_t>a0 * H, GQA_F32, NULL,
-                          O + <size_t>r * H, H, 1.0)
-            if q1 > q0:
-                t.sv_gemm(1, H, q1 - q0, x + q0, nb, Vt + <size_t>q0 * H, GQA_F32, NULL,
-                          O + <size_t>r * H, H, 1.0)
-            if z0 > f2:
-                t.sv_gemm(1, H, z0 - f2, x + f2, nb, Vf + <size_t>f2 * H, GQA_F32, NULL,
-                          O + <size_t>r * H, H, 1.0)
+            runs_pv(t, H, x, nb, a0, f1, q0, q1, f2, z0, Vt, Vf, O + <size_t>r * H)
             continue
         memset(f, 0, nb * sizeof(float))
         move_runs(f, x, a0, f1)
@@ -357,14 +377,17 @@ cdef struct Tiled:
     int *rhi
     int *rns            # [Br] p.hstage: a row's float sinks [0, ns) and recent [rl, end)
     int *rrl
-    float *Sf           # p.hstage: [Mmax, Bc] the staged floats' scores, and their tiles
-    float *Kf           #   [H, Bc]
+    float *Sf           # p.hstage: [Mmax, Bc] the staged floats' scores ([Mx, Bx] with
+    float *Kf           #   p.tiles), and their tiles [H, Bc] (K's rows [Bc, H] with p.tiles)
     float *Vf           #   [Bc, H]
     uint16_t *Qb        # p.tiles: [Mx, Hk] the query rows in bfloat16
     uint16_t *Pb        #   [Mx, Bx] the probabilities in bfloat16
     uint32_t *Kp        #   [Hk / 2, Bx] the K tile as row pairs
     uint32_t *Vp        #   [Bx / 2, H] the V tile as row pairs
     float *one          #   [H] ones: the scales that dequantize static codes to themselves
+    uint16_t *Pf        # p.hstage and p.tiles: [TILE_STRIP, Bx] a strip's float-run probabilities
+    uint32_t *Kfp       #   [Hk / 2, Bx] and the staged floats' K and V tiles as pairs
+    uint32_t *Vfp       #   [Bx / 2, H]
     int Mx, Bx, Hk      # rows, keys and head padded for p.tiles (16, 32, 32), else Mmax, Bc, H
 
 
@@ -380,7 +403,7 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     (pointers into base, which starts on a 64-byte line; NULL: the length only)."""
     cdef size_t H = p.H, Br = p.Br, Mmax = Br * p.G, Bc = p.Bc, at = 0
     cdef size_t Mx = Mmax, Bx = Bc, Hk = H
-    cdef size_t o[16]
+    cdef size_t o[19]
     cdef int i
     if p.tiles != NULL:
         Mx = (Mmax + 15) & ~(<size_t>15)
@@ -394,10 +417,10 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     o[5] = take(&at, 0 if p.direct else H * Bc)      # attend_direct reads no float tiles
     o[6] = take(&at, 0 if p.direct else Bc * H)
     o[7] = take(&at, 4 * Br)
-    for i in range(8, 16):
+    for i in range(8, 19):
         o[i] = 0
     if p.hstage:
-        o[8] = take(&at, Mmax * Bc)
+        o[8] = take(&at, Mx * Bx if p.tiles != NULL else Mmax * Bc)
         o[9] = take(&at, H * Bc)
         o[10] = take(&at, Bc * H)
     if p.tiles != NULL:
@@ -406,6 +429,10 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
         o[13] = take(&at, Hk // 2 * Bx)
         o[14] = take(&at, Bx // 2 * H)
         o[15] = take(&at, H)
+        if p.hstage:
+            o[16] = take(&at, (TILE_STRIP * Bx + 1) // 2)
+            o[17] = take(&at, Hk // 2 * Bx)
+            o[18] = take(&at, Bx // 2 * H)
     if base != NULL:
         s.Qt = base + o[0]
         s.Sx = base + o[1]
@@ -426,6 +453,9 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
         s.Kp = <uint32_t *>(base + o[13])
         s.Vp = <uint32_t *>(base + o[14])
         s.one = base + o[15]
+        s.Pf = <uint16_t *>(base + o[16])
+        s.Kfp = <uint32_t *>(base + o[17])
+        s.Vfp = <uint32_t *>(base + o[18])
         s.Mx = <int>Mx
         s.Bx = <int>Bx
         s.Hk = <int>Hk
@@ -515,29 +545,111 @@ cdef void tile_strips(const Params *p, const gqa_tiles *x, const Tiled *sc, int 
         r0 = r0 + n
 
 
-cdef void tile_queries(const Params *p, int b, int j, int s0, int s1, float *Qt, const float *ks,
-                       float *mrow, float *lrow, bint sink) noexcept nogil:
+cdef void mixed_strips(const Params *p, const gqa_kernels *t, const gqa_tiles *x,
+                       const Tiled *sc, int M, int G, const int *rlo, const int *rhi,
+                       const int *rns, const int *rrl, int k0, int nb, int b, int j,
+                       int s0) noexcept nogil:
+    """A mixed key tile [k0, k0 + nb) of causal float windows (staged_tiles' kind 3) on matrix
+    tiles, strip by strip as tile_strips: the codes' K and V packed in sc.Kp / sc.Vp, the
+    staged floats' in sc.Kfp / sc.Vfp.  A strip's scores come from the codes over the keys its
+    rows read as codes (sc.Sx) and from the floats over those they read as floats (sc.Sf),
+    each GEMM over its keys' span rounded out to 32, each row's score from the run it reads;
+    its probabilities split the same way (sc.Pb: the code runs', sc.Pf: the float runs') for
+    the two P @ V.  Where V's tiles (sc.Vt / sc.Vf) hold a NaN / inf, each row's P @ V runs
+    in float32 over its own runs (runs_pv), so 0 * inf reaches no row that masks it."""
+    cdef int H = p.H, nbx = (nb + 31) & ~31, r0 = 0, n, r, i, a0, z0, f1, q0, q1, f2
+    cdef int c0, c1, g0, g1     # the strip's keys read as codes [c0, c1), as floats [g0, g1)
+    cdef float *row
+    cdef float *frow
+    cdef uint16_t *prow
+    cdef uint16_t *pf
+    cdef bint finite = (all_finite(sc.Vt, <size_t>nb * H) and
+                        all_finite(sc.Vf, <size_t>nb * H))
+    while r0 < sc.Mx:
+        n = TILE_STRIP if sc.Mx - r0 >= TILE_STRIP else sc.Mx - r0
+        c0 = g0 = nbx
+        c1 = g1 = 0
+        for i in range(r0 // G, ((r0 + n if r0 + n < M else M) + G - 1) // G):
+            tile_keys(rlo[i], rhi[i], k0, nb, &a0, &z0)
+            float_runs(rns[i], rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
+            if q1 > q0:
+                c0 = q0 if q0 < c0 else c0
+                c1 = q1 if q1 > c1 else c1
+            if f1 > a0:
+                g0 = a0 if a0 < g0 else g0
+                g1 = f1 if f1 > g1 else g1
+            if z0 > f2:
+                g0 = f2 if f2 < g0 else g0
+                g1 = z0 if z0 > g1 else g1
+        c0 = c0 & ~31
+        c1 = (c1 + 31) & ~31
+        g0 = g0 & ~31
+        g1 = (g1 + 31) & ~31
+        if c1 > c0:
+            x.gemm(n, c1 - c0, sc.Hk, sc.Qb + <size_t>r0 * sc.Hk, sc.Hk, sc.Kp + c0, nbx,
+                   sc.Sx + c0, nbx, 0)
+        if g1 > g0:
+            x.gemm(n, g1 - g0, sc.Hk, sc.Qb + <size_t>r0 * sc.Hk, sc.Hk, sc.Kfp + g0, nbx,
+                   sc.Sf + g0, nbx, 0)
+        for r in range(r0, r0 + n):
+            row = sc.Sx + <size_t>(r - r0) * nbx
+            frow = sc.Sf + <size_t>(r - r0) * nbx
+            prow = sc.Pb + <size_t>(r - r0) * sc.Bx
+            pf = sc.Pf + <size_t>(r - r0) * sc.Bx
+            memset(pf, 0, nbx * sizeof(uint16_t))
+            if r >= M:
+                memset(prow, 0, nbx * sizeof(uint16_t))
+                continue
+            i = r // G
+            tile_keys(rlo[i], rhi[i], k0, nb, &a0, &z0)
+            float_runs(rns[i], rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
+            move_runs(row, frow, a0, f1)
+            move_runs(row, frow, f2, z0)
+            online_row(p, x, row, prow, sc.O + <size_t>r * H, &sc.mrow[r], &sc.lrow[r], a0, z0,
+                       nb, nbx, b, j * G + r % G, s0 + i, k0)
+            if not finite:
+                runs_pv(t, H, row, nbx, a0, f1, q0, q1, f2, z0, sc.Vt, sc.Vf,
+                        sc.O + <size_t>r * H)
+                continue
+            split_runs(prow, pf, a0, f1)
+            split_runs(prow, pf, f2, z0)
+        if finite and c1 > c0:
+            x.gemm(n, H, c1 - c0, sc.Pb + c0, sc.Bx, sc.Vp + <size_t>(c0 // 2) * H, H,
+                   sc.O + <size_t>r0 * H, H, 1)
+        if finite and g1 > g0:
+            x.gemm(n, H, g1 - g0, sc.Pf + g0, sc.Bx, sc.Vfp + <size_t>(g0 // 2) * H, H,
+                   sc.O + <size_t>r0 * H, H, 1)
+        r0 = r0 + n
+
+
+cdef void tile_queries(const Params *p, int b, int j, int s0, int s1, float *Qt, float *tmp,
+                       const float *ks, float *mrow, float *lrow, bint sink) noexcept nogil:
     """The query rows of positions [s0, s1) of the G heads of KV head j, as a tile reads them:
-    row r = (s - s0) * G + g of Qt [., H] is head j * G + g's row prepared (prep_row) times
-    alpha, and times K's scales ks (per channel or per tensor) where ks != NULL; the online
-    softmax starts at mrow[r] = the sink's logit, lrow[r] = 1 where `sink`, else -inf and 0."""
-    cdef int G = p.G, H = p.H, s, g, r, i
+    row r = (s - s0) * G + g of Qt [., H] is head j * G + g's row prepared (prep_row; K's
+    rotation turns all the rows at once, through tmp [., H]) times alpha, and times K's
+    scales ks (per channel or per tensor) where ks != NULL; the online softmax starts at
+    mrow[r] = the sink's logit, lrow[r] = 1 where `sink`, else -inf and 0."""
+    cdef int G = p.G, H = p.H, M = (s1 - s0) * G, s, g, r, i
+    cdef const float *R = rotation(p.rk, p, j)
     cdef const float *src
     cdef float *q
     for s in range(s0, s1):
         for g in range(G):
             r = (s - s0) * G + g
-            q = Qt + <size_t>r * H
             src = p.q + (<size_t>b * p.S + s) * p.q_tok + (<size_t>j * G + g) * H
-            prep_row(p, src, q, p.qn, position(p, b, s), rotation(p.rk, p, j))
-            if ks != NULL:
-                for i in range(H):
-                    q[i] = q[i] * (p.alpha * ks[i if p.k_pc else 0])
-            else:
-                for i in range(H):
-                    q[i] = q[i] * p.alpha
-            mrow[r] = sink_logit(p, j * G + g) if sink else -INFINITY
-            lrow[r] = 1.0 if sink else 0.0
+            prep_plain(p, src, (tmp if R != NULL else Qt) + <size_t>r * H, p.qn, position(p, b, s))
+    if R != NULL:
+        turn_rows(p, tmp, H, Qt, R, M)
+    for r in range(M):
+        q = Qt + <size_t>r * H
+        if ks != NULL:
+            for i in range(H):
+                q[i] = q[i] * (p.alpha * ks[i if p.k_pc else 0])
+        else:
+            for i in range(H):
+                q[i] = q[i] * p.alpha
+        mrow[r] = sink_logit(p, j * G + r % G) if sink else -INFINITY
+        lrow[r] = 1.0 if sink else 0.0
 
 
 cdef void tile_out(const Params *p, int b, int j, int s0, int M, const float *O, const float *lrow,
@@ -605,7 +717,7 @@ cdef void attend_direct(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk
     if chunked:
         lo = c * p.chunk_len if c * p.chunk_len > lo else lo
         hi = (c + 1) * p.chunk_len if (c + 1) * p.chunk_len < hi else hi
-    tile_queries(p, b, j, 0, p.S, sc.Qt, NULL, sc.mrow, sc.lrow,
+    tile_queries(p, b, j, 0, p.S, sc.Qt, sc.O, NULL, sc.mrow, sc.lrow,
                  (p.smooth or p.sink != NULL) and not chunked)
     memset(sc.O, 0, <size_t>M * H * sizeof(float))
     k0 = lo
@@ -640,11 +752,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     [rl, end) of its own end as floats, the rest as codes, so a tile that some row reads both
     ways gets two tile pairs (codes: Kt / Vt, staged floats: Kf / Vf), both score GEMMs, each
     row's scores taken from the pair it reads, and P split between the two P @ V GEMMs.
-    p.tiles (accuracy level >= 3, no float windows): both GEMMs on matrix tiles in bfloat16
-    (scores in rows of ls = nb padded to 32), softmax in float32: K's tile made as rows [nb, H]
-    (a float32 cache's own rows, no copy) and packed into K^T's pairs, V's into pairs of keys;
-    static INT8 / INT4 codes enter the tiles as they are (K's scales in the query rows, V's on
-    the output); each 32-row strip takes its scores, softmax and P @ V in turn (tile_strips);
+    p.tiles (accuracy level >= 3): both GEMMs on matrix tiles in bfloat16 (scores in rows of
+    ls = nb padded to 32), softmax in float32: K's tile made as rows [nb, H] (a float32 cache's
+    own rows, no copy) and packed into K^T's pairs, V's into pairs of keys; static INT8 / INT4
+    codes without float windows enter the tiles as they are (K's scales in the query rows,
+    V's on the output); with causal float windows, K's tiles as rows too, a mixed tile's two
+    pairs strip by strip (mixed_strips); each 32-row strip takes its scores, softmax and P @ V in turn (tile_strips);
     a tile whose masked keys have NaN / inf values (nan_values) takes its scores on the tiles
     strip by strip, and the float32 P @ V per row as below."""
     cdef Tiled sc
@@ -709,7 +822,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 cut[0] = rns[s - s0] if rns[s - s0] > cut[0] else cut[0]
                 cut[1] = rrl[s - s0] if rrl[s - s0] < cut[1] else cut[1]
                 cut[2] = rrl[s - s0] if rrl[s - s0] > cut[2] else cut[2]
-    tile_queries(p, b, j, s0, s1, Qt, ks if kcodes else NULL, mrow, lrow, smooth)
+    tile_queries(p, b, j, s0, s1, Qt, O, ks if kcodes else NULL, mrow, lrow, smooth)
     memset(O, 0, <size_t>sc.Mx * H * sizeof(float))
     # accuracy level 4 on INT8 / INT4 V codes (finite, no float windows): P @ V by the integer-dot
     # kernel on the codes themselves, and no V tile
@@ -727,7 +840,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             for i in range(3):
                 if k0 < cut[i] < k0 + nb:
                     nb = cut[i] - k0
-            kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, Kt, Vt, Kf, Vf)
+            kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, x != NULL, Kt, Vt, Kf,
+                                Vf)
         else:
             # a float32 cache's rows (no windows) are the tiles' rows as they are
             Kr = <const float *>k_row(p, b, j, k0) if kdirect else Kt
@@ -741,6 +855,13 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             nbx = (nb + 31) & ~31
             ls = nbx
             x.pack_pairs_t(Kr, H, nb, H, nbx, sc.Hk, sc.Kp)
+            if kind == 3:       # mixed: both pairs of tiles, strip by strip
+                x.pack_pairs_t(Kf, H, nb, H, nbx, sc.Hk, sc.Kfp)
+                x.pack_pairs(Vt, H, nb, H, nbx, H, sc.Vp)
+                x.pack_pairs(Vf, H, nb, H, nbx, H, sc.Vfp)
+                mixed_strips(p, t, x, &sc, M, G, rlo, rhi, rns, rrl, k0, nb, b, j, s0)
+                k0 = k0 + nb
+                continue
         nanv = kind != 3 and nan_values(p, Vr, R, rlo, rhi, k0, nb)   # kind 3: mixed_pv
         if x != NULL:
             if not nanv:
@@ -767,7 +888,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 z = strip_keys(r, i, M, G, rlo, rhi, k0, nb, nbx)
                 if z > 0:   # scores past z are never read (set to -inf below)
                     x.gemm(i, z, sc.Hk, sc.Qb + <size_t>r * sc.Hk, sc.Hk, sc.Kp, nbx,
-                           Sx + <size_t>r * ls, ls, 0)
+                            Sx + <size_t>r * ls, ls, 0)
             tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
             online_row(p, x, Sx + <size_t>r * ls, sc.Pb + <size_t>r * sc.Bx, O + <size_t>r * H,
                        &mrow[r], &lrow[r], a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0)
@@ -916,13 +1037,29 @@ cdef void decode_item(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, 
         decode_merge(p, b, j, parts)
 
 
+cdef inline int turn_positions(const Params *p) noexcept nogil:
+    """Positions of the G output rows each that unrotate turns at once (turn_rows >= G)."""
+    return p.turn_rows // p.G
+
+
 cdef void unrotate(const Params *p, const gqa_kernels *t, int u, float *tmp) noexcept nogil:
-    """Output rows of the G heads of (b, s, j), u = (b * S + s) * Nkv + j, turned back from
-    V's rotated basis: o = o' R_V[j]^T (the QK kernel: o[n] = sum_k o'[k] R_V[j][n, k])."""
-    cdef int j = u % p.Nkv, bs = u // p.Nkv
-    cdef float *o = p.out + (<size_t>bs * p.N + <size_t>j * p.G) * p.H
-    memcpy(tmp, o, <size_t>p.G * p.H * sizeof(float))
-    t.qk_gemm(p.G, p.H, p.H, 1.0, tmp, p.H, rotation(p.rv, p, j), GQA_F32, NULL, o, p.H)
+    """The output rows of the G heads of KV head j at positions [s0, s0 + cs) of batch b
+    (u = (b * Nkv + j) * chunks + c, s0 = c * cs, cs = turn_positions), turned back from V's
+    rotated basis: o = o' R_V[j]^T (the QK kernel: o[n] = sum_k o'[k] R_V[j][n, k], summed in
+    order for any number of rows), through tmp [2, turn_rows, H]."""
+    cdef int cs = turn_positions(p), nc = (p.S + cs - 1) // cs
+    cdef int c = u % nc, j = (u // nc) % p.Nkv, b = u // nc // p.Nkv, s
+    cdef int s0 = c * cs, s1 = s0 + cs if s0 + cs < p.S else p.S
+    cdef size_t gh = <size_t>p.G * p.H
+    cdef float *rows = tmp + <size_t>p.turn_rows * p.H
+    for s in range(s0, s1):
+        memcpy(rows + (s - s0) * gh, p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * p.G) * p.H,
+               gh * sizeof(float))
+    t.qk_gemm((s1 - s0) * p.G, p.H, p.H, 1.0, rows, p.H, rotation(p.rv, p, j), GQA_F32, NULL,
+              tmp, p.H)
+    for s in range(s0, s1):
+        memcpy(p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * p.G) * p.H, tmp + (s - s0) * gh,
+               gh * sizeof(float))
 
 
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil:
@@ -1044,7 +1181,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     cdef float *scratch
     cdef void *scratch_raw
     cdef size_t scratch_len
-    cdef int mode = 0, work_units = units, nq = 0, nsplit = 0, i, r
+    cdef int mode = 0, work_units = units, nq = 0, nsplit = 0, i, r, nturn
     cdef void *items_raw = NULL
     cdef bint item_write = True
     cdef uint64_t taken = 0
@@ -1122,9 +1259,8 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     if flash and not p.qk_mode:
         if S > 1:
             mode = 1
-            # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has
-            # them (not with causal float windows' staged tiles)
-            p.tiles = tile_kernels(accuracy, H) if not p.hstage else NULL
+            # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has them
+            p.tiles = tile_kernels(accuracy, H)
             p.direct = direct and p.fk == NULL and p.Br == S
             if p.direct:        # the plan left these rows to the decode kernels (step_rows)
                 p.tiles = NULL
@@ -1177,6 +1313,14 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         num_threads = 1
     if num_threads > work_units:
         num_threads = work_units if work_units > 0 else 1
+    # rotations turn rows in groups (write_cache, unrotate): tmp [2, turn_rows, H] with
+    # G <= turn_rows <= max(G, 64), 64 rows keeping R's reuse high and the items many
+    if scratch_len < 2 * <size_t>G * H:
+        scratch_len = 2 * <size_t>G * H
+    p.turn_rows = <int>(scratch_len // (2 * <size_t>H)) if H > 0 else 1
+    p.turn_rows = 64 if p.turn_rows > 64 else p.turn_rows
+    p.turn_rows = G if p.turn_rows < G else p.turn_rows
+    p.turn_rows = 1 if p.turn_rows < 1 else p.turn_rows
     # each thread's scratch starts on a 64-byte line (whole-line vector loads and stores)
     scratch_len = (scratch_len + 15) & ~(<size_t>15)
     scratch_raw = malloc(scratch_len * num_threads * sizeof(float) + 64)
@@ -1292,13 +1436,14 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
                     dt.end()
         # end: parallel
     if p.rv != NULL:       # outputs back from V's rotated basis: o = o' R_V^T
+        nturn = B * Nkv * ((S + turn_positions(&p) - 1) // turn_positions(&p))
         if num_threads == 1:
             with nogil:
-                for u in range(B * S * Nkv):
+                for u in range(nturn):
                     unrotate(&p, t, u, scratch)
         else:
             with nogil, parallel(num_threads=num_threads):
-                for u in prange(B * S * Nkv, schedule='static'):
+                for u in prange(nturn, schedule='static'):
                     unrotate(&p, t, u, scratch + threadid() * scratch_len)
     free(stage_raw)
     free(scratch_raw)

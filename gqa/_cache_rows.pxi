@@ -199,14 +199,17 @@ cdef void hp_settle(const Params *p, uint8_t *w, const uint8_t *stage, int b, in
 cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float *tmp) noexcept nogil:
     """present[b, j]: zero-fill and copy past rows unless sharing the past buffer, then
     quantize the L new rows at row past_len(b) (K after its QK norm and rotary; K and V turned
-    by their rotations); the float windows rolled forward and given the new rows they keep."""
-    cdef int s, pb = past_len(p, b)
-    cdef size_t slot = <size_t>b * p.Nkv + j
+    by their rotations, p.turn_rows rows at a time through tmp [2, turn_rows, H]); the float
+    windows rolled forward and given the new rows they keep."""
+    cdef int s, n, i, pb = past_len(p, b), H = p.H, c = p.turn_rows
+    cdef size_t slot = <size_t>b * p.Nkv + j, ld
     cdef uint8_t *kd = k_row(p, b, j, 0)
     cdef uint8_t *vd = v_row(p, b, j, 0)
     cdef const float *src
     cdef const float *rk = rotation(p.rk, p, j)
     cdef const float *rv = rotation(p.rv, p, j)
+    cdef float *plain = tmp + <size_t>c * H if rk != NULL else tmp    # rows before K's turn
+    cdef bint kplain = p.do_rotary or p.kn != NULL
     cdef uint8_t *sk = <uint8_t *>p.fk if p.hstage else NULL
     cdef uint8_t *sv = <uint8_t *>p.fv if p.hstage else NULL
     if not p.shared:
@@ -220,28 +223,43 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
         hp_move(p, p.hv, p.phv, sv, b, j, pb)
     if p.L == 0:
         return
-    for s in range(p.L):
-        src = p.k + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * p.H
-        if prepared(p, p.kn, rk):
-            prep_row(p, src, tmp, p.kn, position(p, b, s), rk)
+    s = 0
+    while s < p.L:
+        n = c if p.L - s > c else p.L - s
+        src = p.k + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * H
+        ld = p.kv_tok
+        if kplain:
+            for i in range(n):
+                prep_plain(p, src + i * ld, plain + <size_t>i * H, p.kn, position(p, b, s + i))
+            src = plain
+            ld = H
+        if rk != NULL:
+            turn_rows(p, src, ld, tmp, rk, n)
             src = tmp
-        t.quantize(src, p.H, k_row(p, b, j, pb + s), 1, p.H, p.ktype, k_scales(p, j))
+            ld = H
+        t.quantize(src, ld, k_row(p, b, j, pb + s), n, H, p.ktype, k_scales(p, j))
         if p.hk != NULL:
-            hp_put(p, t, p.fk, b, j, pb + s, src)
+            for i in range(n):
+                hp_put(p, t, p.fk, b, j, pb + s + i, src + i * ld)
+        s = s + n
     if rv == NULL and p.hv == NULL:
-        t.quantize(p.v + <size_t>b * p.L * p.kv_tok + <size_t>j * p.H, p.kv_tok,
-                   v_row(p, b, j, pb), p.L, p.H, p.vtype, v_scales(p, j))
+        t.quantize(p.v + <size_t>b * p.L * p.kv_tok + <size_t>j * H, p.kv_tok,
+                   v_row(p, b, j, pb), p.L, H, p.vtype, v_scales(p, j))
         return
-    for s in range(p.L):
-        src = p.v + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * p.H
+    s = 0
+    while s < p.L:
+        n = c if p.L - s > c else p.L - s
+        src = p.v + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * H
+        ld = p.kv_tok
         if rv != NULL:
-            rotate(src, tmp, rv, p.H)
-            if p.round_half:
-                round_to_half(tmp, p.H)
+            turn_rows(p, src, ld, tmp, rv, n)
             src = tmp
-        t.quantize(src, p.H, v_row(p, b, j, pb + s), 1, p.H, p.vtype, v_scales(p, j))
+            ld = H
+        t.quantize(src, ld, v_row(p, b, j, pb + s), n, H, p.vtype, v_scales(p, j))
         if p.hv != NULL:
-            hp_put(p, t, p.fv, b, j, pb + s, src)
+            for i in range(n):
+                hp_put(p, t, p.fv, b, j, pb + s + i, src + i * ld)
+        s = s + n
     if p.hstage:
         hp_settle(p, p.hk, sk, b, j)
         hp_settle(p, p.hv, sv, b, j)

@@ -86,10 +86,17 @@ cdef inline const float *rotation(const float *R, const Params *p, int j) noexce
     return R + <size_t>j * p.H * p.H if R != NULL else NULL
 
 
-cdef void rotate(const float *x, float *o, const float *R, int H) noexcept nogil:
-    """o = x R for one head row (R [H, H] row-major: o[e] = sum_d x[d] R[d, e]), with the
-    active path's float32 SV kernel; o must not overlap x."""
-    active_table().sv_gemm(1, H, H, x, H, R, GQA_F32, NULL, o, H, 0.0)
+cdef void turn_rows(const Params *p, const float *x, size_t ldx, float *o, const float *R,
+                    int n) noexcept nogil:
+    """o [n, H] = x R for n head rows x (ldx floats apart; R [H, H] row-major: o[e] = sum_d
+    x[d] R[d, e]) by the active path's float32 SV kernel, whose sums run over d in order for
+    any number of rows (a row's bits do not depend on n), rounded to half on float16 calls;
+    o must not overlap x."""
+    cdef int r
+    active_table().sv_gemm(n, p.H, p.H, x, ldx, R, GQA_F32, NULL, o, p.H, 0.0)
+    if p.round_half:
+        for r in range(n):
+            round_to_half(o + <size_t>r * p.H, p.H)
 
 
 cdef void prep_row(const Params *p, const float *x, float *o, const float *w, int pos,
@@ -102,11 +109,9 @@ cdef void prep_row(const Params *p, const float *x, float *o, const float *w, in
         prep_plain(p, x, o, w, pos)
     elif w != NULL or p.do_rotary:
         prep_plain(p, x, buf, w, pos)
-        rotate(buf, o, R, p.H)
+        turn_rows(p, buf, p.H, o, R, 1)
     else:
-        rotate(x, o, R, p.H)
-    if R != NULL and p.round_half:
-        round_to_half(o, p.H)
+        turn_rows(p, x, p.H, o, R, 1)
 
 
 cdef void prep_plain(const Params *p, const float *x, float *o, const float *w, int pos) noexcept nogil:

@@ -7,8 +7,9 @@ Every test on tiles runs once per kind of tiles (the `tiles` fixture: gqa.config
 skipping with the reason those this CPU, OS or build does not run.  Against float64 over the
 values the cache holds, every cache format, within the bound the roundings give (derived in
 _bound).  Where the tiles do not run -- another path, a head that is not a multiple of 16
-columns, gqa.config(tiles=False), a causal multi-token step with float windows -- levels 3 and
-4 are level 0's float32 contract (or level 4's VNNI kernels), checked bit for bit.
+columns, gqa.config(tiles=False) -- levels 3 and 4 are level 0's float32 contract (or level 4's
+VNNI kernels), checked bit for bit.  With causal float windows, a multi-token step's tiles of
+codes or of the windows' floats run on the tiles, those some rows read both ways in float32.
 tests/isa/test_isa.py[amx-native, avx512bf16-*, neonbf16-*] checks the kernels' contracts."""
 import numpy as np
 import pytest
@@ -101,21 +102,34 @@ def _attend(mode, H, S, level, blocks, rng, q_scale=1.0):
     return c, f, q, out
 
 
-def _check_against_float64(c, f, q, out, H, S):
+def _check_against_float64(c, f, q, out, H, S, windows=None):
+    """The S query rows q (the cache's last S positions, causal) against float64 over the
+    values each row reads: the cache's codes, or with windows = (floats [2, Nkv, T, H], sink,
+    recent) the floats at its causal windows' positions (the first sink, the last recent of
+    its own keys)."""
     KV = _values(c, f, H)
+    T = KV.shape[2]
     alpha = F32(1.0 / np.sqrt(H))
     qh = q.reshape(S, N, H).astype(np.float64)
     worst = 0.0
     for h in range(N):
         j = h // G
-        K, V = KV[0, j], KV[1, j]
         qa = (q.reshape(S, N, H)[:, h] * alpha).astype(np.float64)   # float32 q * alpha
         for s in range(S):
-            sc = K[:s + 1] @ qh[s, h] * float(alpha)
+            end = T - S + s + 1
+            K, V = KV[0, j, :end], KV[1, j, :end]
+            if windows is not None:
+                fl, sink, recent = windows
+                ns = min(sink, end)
+                nr = min(recent, end - ns)
+                flo = np.zeros((end, 1), bool)
+                flo[:ns] = flo[end - nr:] = True
+                K, V = np.where(flo, fl[0, j, :end], K), np.where(flo, fl[1, j, :end], V)
+            sc = K @ qh[s, h] * float(alpha)
             p = np.exp(sc - sc.max())
             w = p / p.sum()
-            ref = w @ V[:s + 1]
-            bound = _bound(np.abs(K[:s + 1]) @ np.abs(qa[s]), w, np.abs(V[:s + 1]), H, s + 1)
+            ref = w @ V
+            bound = _bound(np.abs(K) @ np.abs(qa[s]), w, np.abs(V), H, end)
             err = np.abs(out[0, s, h * H:(h + 1) * H] - ref)
             assert (err <= bound).all(), (h, s, err.max(), bound.min())
             worst = max(worst, (err / bound).max())
@@ -177,22 +191,33 @@ def test_level_3_without_tiles_is_level_0(case, mode):
     assert np.array_equal(outs[0], outs[1])
 
 
-def test_causal_float_windows_stay_float32():
-    """A multi-token step with causal float windows (staged tiles) runs the float32 tiles at
-    level 3: the same bits as level 0."""
-    if "avx512" not in gqa.available_paths():
-        pytest.skip("this CPU cannot run the avx512 path (the only one with tiles)")
-    outs = []
-    H, S = 64, 30
-    for level in (0, 3):
-        rng = np.random.default_rng(15)
-        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=2 * S,
-                        mode="int4-g16", sink_size=2, recent_size=5, accuracy_level=level)
-        x = lambda n, w: rng.uniform(-1, 1, (1, n, w * H)).astype(F32)  # noqa: E731
-        with gqa.config(path="avx512", flash_blocks=(4, 8)):
-            c.attend(0, x(S, N), x(S, NKV), x(S, NKV))
-            outs.append(c.attend(0, x(7, N), x(7, NKV), x(7, NKV)))
-    assert np.array_equal(outs[0], outs[1])
+@needs_tiles
+@pytest.mark.parametrize("mode", ["int4-g16+s2r5", "int8-pc+s3r4", "int2-g16+s0r6", "int8-g32+s4r0"])
+@pytest.mark.parametrize("blocks", [None, (4, 8), (16, 7)])
+def test_causal_float_windows_within_the_bound(mode, blocks):
+    """A prompt, then a multi-token step, with causal float windows (staged tiles: those of
+    codes only or of the windows' floats only on the tiles, mixed ones in float32): every
+    output row within the bound of float64 over the values it reads, and the prompt not level
+    0's bits (the tiles ran)."""
+    H, S1, S2 = 64, 40, 13
+    rng = np.random.default_rng(15)
+    x = lambda n, w: rng.uniform(-1, 1, (1, n, w * H)).astype(F32)  # noqa: E731
+    steps = [(x(n, N), x(n, NKV), x(n, NKV)) for n in (S1, S2)]
+    # the rows the windows hold: [2, Nkv, T, H]
+    fl = np.stack([np.concatenate([st[i] for st in steps], 1)[0].reshape(-1, NKV, H)
+                   .transpose(1, 0, 2) for i in (1, 2)]).astype(np.float64)
+    prompts = []
+    for level in (3, 0):
+        c, f = _cache(mode, H, S1 + S2, level, np.random.default_rng(16))
+        for n, (q, k, v) in zip((S1, S2), steps):
+            with gqa.config(path="avx512", flash_blocks=blocks):
+                out = c.attend(0, q, k, v)
+            if level == 3:
+                T = c.length
+                _check_against_float64(c, f, q, out, H, n,
+                                       (fl[:, :, :T], c.sink_size, c.recent_size))
+            prompts.append(out) if n == S1 else None
+    assert not np.array_equal(prompts[0], prompts[1])
 
 
 @needs_tiles
