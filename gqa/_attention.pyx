@@ -565,7 +565,7 @@ cdef void mixed_strips(const Params *p, const gqa_kernels *t, const gqa_tiles *x
     cdef uint16_t *pf
     cdef bint finite = (all_finite(sc.Vt, <size_t>nb * H) and
                         all_finite(sc.Vf, <size_t>nb * H))
-    while r0 < sc.Mx:
+    while r0 < M:       # strips past M: no rows, no GEMMs (tile_strips: z = 0)
         n = TILE_STRIP if sc.Mx - r0 >= TILE_STRIP else sc.Mx - r0
         c0 = g0 = nbx
         c1 = g1 = 0
