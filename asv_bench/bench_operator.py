@@ -151,6 +151,31 @@ class PrefillTiles(PrefillAccuracy):
         self.op, self.args, self.kw = _case(mode, S, S, S)
 
 
+class WindowedPrefill:
+    """A first prompt S = T (causal) into a gqa.KVCache with float windows (sink 4, recent 64:
+    the staged tiles, each row's windows its own), with and without Hadamard rotations, at
+    accuracy_level 0 and 3 (level 3 where the CPU has bfloat16 tiles: codes and floats on
+    them, the tiles that some rows read both ways strip by strip; level 0 elsewhere).  Each
+    call starts a new sequence (KVCache.reset)."""
+    params = ([0, 3], ["int4-g32+s4r64+had", "int8-g32+s4r64"], [2048])
+    param_names = ["level", "mode", "S"]
+    timer = timeit.default_timer
+    timeout = 300
+
+    def setup(self, level, mode, S):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        rng = np.random.default_rng(0)
+        u = lambda w: rng.uniform(-0.5, 0.5, (1, S, w * H)).astype(np.float32)  # noqa: E731
+        self.q, self.k, self.v = u(N), u(NKV), u(NKV)
+        self.cache = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H,
+                                 max_length=S, mode=mode, accuracy_level=level)
+
+    def time_prefill(self, level, mode, S):
+        self.cache.reset()
+        self.cache.attend(0, self.q, self.k, self.v)
+
+
 class CallOverhead:
     """A decode step at T = 16 (the attention itself is ~1 us): what a call costs beyond the
     kernels -- a repeat on a kept signature (gqa/_signature.pyx, "short"), the signature checks
