@@ -264,6 +264,34 @@ cdef void stage_tile(const Params *p, const gqa_kernels *t, int b, int j, int k0
                  hi - lo, p.H, p.hp_type, NULL)
 
 
+cdef int tile_reads(int k0, int nb, int R, const int *rlo, const int *rhi, const int *rns,
+                    const int *rrl, int *fs_hi, int *fr_lo, int *fr_hi) noexcept nogil:
+    """How R query rows with float windows read keys [k0, k0 + nb): 1 when every row that
+    reads one reads codes, 2 floats, 3 both ways (a row's float runs: float_runs of its rns,
+    rrl); the floats read span sinks [k0, fs_hi) and recent [fr_lo, fr_hi) (empty where the
+    end <= the start)."""
+    cdef int i, a0, z0, f1, q0, q1, f2
+    cdef bint codes = False, floats = False
+    fs_hi[0] = k0
+    fr_lo[0] = k0 + nb
+    fr_hi[0] = k0
+    for i in range(R):
+        tile_keys(rlo[i], rhi[i], k0, nb, &a0, &z0)
+        if z0 <= a0:
+            continue
+        float_runs(rns[i], rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
+        if f1 > a0:
+            floats = True
+            fs_hi[0] = k0 + f1 if k0 + f1 > fs_hi[0] else fs_hi[0]
+        if q1 > q0:
+            codes = True
+        if z0 > f2:
+            floats = True
+            fr_lo[0] = k0 + f2 if k0 + f2 < fr_lo[0] else fr_lo[0]
+            fr_hi[0] = k0 + z0 if k0 + z0 > fr_hi[0] else fr_hi[0]
+    return 3 if codes and floats else (2 if floats else 1)
+
+
 cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb, int R,
                       const int *rlo, const int *rhi, const int *rns, const int *rrl, bint k_rows,
                       float *Kt, float *Vt, float *Kf, float *Vf) noexcept nogil:
@@ -272,22 +300,9 @@ cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k
     staged rows; zero where no row reads them), 3 mixed (Kt / Vt from the codes, Kf / Vf from
     the staged rows, zero where no row reads a float).  K's tiles are transposed [H, nb], or
     with k_rows (matrix tiles) K's rows [nb, H]."""
-    cdef int i, a0, z0, f1, q0, q1, f2, fs_hi = k0, fr_lo = k0 + nb, fr_hi = k0
-    cdef bint codes = False, floats = False
-    for i in range(R):
-        tile_keys(rlo[i], rhi[i], k0, nb, &a0, &z0)
-        if z0 <= a0:
-            continue
-        float_runs(rns[i], rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
-        if f1 > a0:
-            floats = True
-            fs_hi = k0 + f1 if k0 + f1 > fs_hi else fs_hi
-        if q1 > q0:
-            codes = True
-        if z0 > f2:
-            floats = True
-            fr_lo = k0 + f2 if k0 + f2 < fr_lo else fr_lo
-            fr_hi = k0 + z0 if k0 + z0 > fr_hi else fr_hi
+    cdef int fs_hi, fr_lo, fr_hi
+    cdef int kind = tile_reads(k0, nb, R, rlo, rhi, rns, rrl, &fs_hi, &fr_lo, &fr_hi)
+    cdef bint codes = kind != 2, floats = kind != 1
     if fr_lo <= fs_hi:      # the runs meet: one run [k0, max end)
         fs_hi = fs_hi if fs_hi > fr_hi else fr_hi
         fr_hi = k0
@@ -670,11 +685,20 @@ cdef void tile_out(const Params *p, int b, int j, int s0, int M, const float *O,
                 row[i] = O[<size_t>r * H + i] * inv
 
 
-cdef void direct_pv(const Params *p, int b, int j, int k0, int nb, int M, const int *rlo,
-                    const int *rhi, const float *P, float *O) noexcept nogil:
-    """O [M, H] += P [M, nb] @ V over keys [k0, k0 + nb) by p.sv on V's rows as stored: one call
-    for all M rows, or, where V's values may be NaN / inf (not p.v_finite) and some row masks
-    keys of the block, each row over its own keys (0 * inf would be NaN)."""
+cdef inline const uint8_t *float_keys(const Params *p, const uint8_t *f, int b, int j,
+                                      int pos) noexcept nogil:
+    """The readers' float rows f (p.fk or p.fv) from position pos on (rows follow positions
+    within a window run)."""
+    return f + hp_at(p, p.fcap, b, j, float_row(p, b, pos))
+
+
+cdef void direct_pv(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb, int M,
+                    const int *rlo, const int *rhi, const float *P, float *O,
+                    bint floats) noexcept nogil:
+    """O [M, H] += P [M, nb] @ V over keys [k0, k0 + nb) by p.sv on V's rows as stored (with
+    `floats` by the float32 kernel on the float windows' rows): one call for all M rows, or,
+    where V's values may be NaN / inf (not p.v_finite) and some row masks keys of the block,
+    each row over its own keys (0 * inf would be NaN)."""
     cdef int G = p.G, H = p.H, r, a0, z0
     cdef bint masked = False
     if not p.v_finite:
@@ -683,37 +707,100 @@ cdef void direct_pv(const Params *p, int b, int j, int k0, int nb, int M, const 
             if a0 > 0 or z0 < nb:
                 masked = True
                 break
-    if not masked:
-        p.sv(M, H, nb, P, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
-        return
-    for r in range(M):
+    for r in range(0 if masked else M, M):
         tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
-        if z0 > a0:
+        if z0 <= a0:
+            continue
+        if floats:
+            t.sv_gemm(1, H, z0 - a0, P + <size_t>r * nb + a0, nb,
+                      float_keys(p, p.fv, b, j, k0 + a0), p.hp_type, NULL, O + <size_t>r * H, H,
+                      1.0)
+        else:
             p.sv(1, H, z0 - a0, P + <size_t>r * nb + a0, nb, v_row(p, b, j, k0 + a0), p.vtype,
                  v_scales(p, j), O + <size_t>r * H, H, 1.0)
+    if masked:
+        return
+    if floats:
+        t.sv_gemm(M, H, nb, P, nb, float_keys(p, p.fv, b, j, k0), p.hp_type, NULL, O, H, 1.0)
+    else:
+        p.sv(M, H, nb, P, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
+
+
+cdef void direct_mixed(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j,
+                       int k0, int nb, int M, const Tiled *sc) noexcept nogil:
+    """Keys [k0, k0 + nb) that the rows of a direct step read both ways (float windows: at
+    most S - 1 keys, where the rows' recent windows start): row by row and run by run, its
+    float runs on the windows' rows by the float32 kernels, its code run on the codes by qk
+    and p.sv, with the online softmax between scores and P @ V."""
+    cdef int G = p.G, H = p.H, r, i, a0, z0, f1, q0, q1, f2
+    cdef float *row
+    cdef const float *q
+    cdef float *o
+    for r in range(M):
+        i = r // G
+        row = sc.Sx + <size_t>r * nb
+        q = sc.Qt + <size_t>r * H
+        o = sc.O + <size_t>r * H
+        tile_keys(sc.rlo[i], sc.rhi[i], k0, nb, &a0, &z0)
+        float_runs(sc.rns[i], sc.rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
+        if f1 > a0:
+            t.qk_gemm(1, f1 - a0, H, 1.0, q, H, float_keys(p, p.fk, b, j, k0 + a0), p.hp_type,
+                      NULL, row + a0, nb)
+        if q1 > q0:
+            qk(1, q1 - q0, H, 1.0, q, H, k_row(p, b, j, k0 + q0), p.ktype, k_scales(p, j),
+               row + q0, nb)
+        if z0 > f2:
+            t.qk_gemm(1, z0 - f2, H, 1.0, q, H, float_keys(p, p.fk, b, j, k0 + f2), p.hp_type,
+                      NULL, row + f2, nb)
+        online_row(p, NULL, row, NULL, o, &sc.mrow[r], &sc.lrow[r], a0, z0, nb, 0, b,
+                   j * G + r % G, i, k0)
+        if f1 > a0:
+            t.sv_gemm(1, H, f1 - a0, row + a0, nb, float_keys(p, p.fv, b, j, k0 + a0), p.hp_type,
+                      NULL, o, H, 1.0)
+        if q1 > q0:
+            p.sv(1, H, q1 - q0, row + q0, nb, v_row(p, b, j, k0 + q0), p.vtype, v_scales(p, j), o,
+                 H, 1.0)
+        if z0 > f2:
+            t.sv_gemm(1, H, z0 - f2, row + f2, nb, float_keys(p, p.fv, b, j, k0 + f2), p.hp_type,
+                      NULL, o, H, 1.0)
 
 
 cdef void attend_direct(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk, int b, int j,
                         int c, float *scratch) noexcept nogil:
-    """A multi-token step of few rows (p.direct: no matrix tiles, no float windows): the S x G
-    query rows of KV head j, batch b, read the cache through the decode kernels -- qk on K's
-    rows and p.sv on V's, as stored, Bc keys at a time -- with attend_tiled's online softmax
-    and no float tiles, so each K / V row is read once for all rows and never dequantized
-    into a tile.  With key chunks (p.chunks > 1) only keys [c * chunk_len, (c + 1) * chunk_len)
-    of the rows' range, as (m, l, unnormalised P @ V) per row into the unit's partials; the
-    item that finishes the unit's last chunk merges them (decode_merge adds the sink)."""
+    """A multi-token step of few rows (p.direct: no matrix tiles): the S x G query rows of KV
+    head j, batch b, read the cache through the decode kernels -- qk on K's rows and p.sv on
+    V's, as stored, Bc keys at a time -- with attend_tiled's online softmax and no float
+    tiles, so each K / V row is read once for all rows and never dequantized into a tile.
+    With float windows the key blocks end where the rows' float runs do (as attend_tiled's):
+    a block every row reads as codes goes as above, one read as floats the same way on the
+    windows' rows (float32 kernels), one read both ways row by row (direct_mixed).  With key
+    chunks (p.chunks > 1) only keys [c * chunk_len, (c + 1) * chunk_len) of the rows' range,
+    as (m, l, unnormalised P @ V) per row into the unit's partials; the item that finishes
+    the unit's last chunk merges them (decode_merge adds the sink)."""
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
     cdef int G = p.G, H = p.H, M = p.S * G, s, r, k0, nb, a0, z0, lo = 1 << 30, hi = 0
-    cdef int u = b * p.Nkv + j
+    cdef int u = b * p.Nkv + j, i, nr, kind, e0, e1, e2
+    cdef int cut[3]
     cdef bint chunked = p.chunks > 1
     cdef float *parts
     cdef float *pr
+    cut[0] = 0
+    cut[1] = 1 << 30
+    cut[2] = 0
     for s in range(p.S):
         key_range(p, b, s, &sc.rlo[s], &sc.rhi[s])
+        if p.fk != NULL:    # a row's float runs: of its own end (causal) or of the call's
+            i = sc.rhi[s] if p.hcausal else p.seqlens[b] + 1
+            hp_counts(p, i, &sc.rns[s], &nr)
+            sc.rrl[s] = i - nr
         if sc.rhi[s] > sc.rlo[s]:
             lo = sc.rlo[s] if sc.rlo[s] < lo else lo
             hi = sc.rhi[s] if sc.rhi[s] > hi else hi
+            if p.fk != NULL:
+                cut[0] = sc.rns[s] if sc.rns[s] > cut[0] else cut[0]
+                cut[1] = sc.rrl[s] if sc.rrl[s] < cut[1] else cut[1]
+                cut[2] = sc.rrl[s] if sc.rrl[s] > cut[2] else cut[2]
     if chunked:
         lo = c * p.chunk_len if c * p.chunk_len > lo else lo
         hi = (c + 1) * p.chunk_len if (c + 1) * p.chunk_len < hi else hi
@@ -723,12 +810,26 @@ cdef void attend_direct(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk
     k0 = lo
     while k0 < hi:
         nb = hi - k0 if hi - k0 < p.Bc else p.Bc
-        qk(M, nb, H, 1.0, sc.Qt, H, k_row(p, b, j, k0), p.ktype, k_scales(p, j), sc.Sx, nb)
+        kind = 1
+        if p.fk != NULL:
+            for i in range(3):
+                if k0 < cut[i] < k0 + nb:
+                    nb = cut[i] - k0
+            kind = tile_reads(k0, nb, p.S, sc.rlo, sc.rhi, sc.rns, sc.rrl, &e0, &e1, &e2)
+        if kind == 3:
+            direct_mixed(p, t, qk, b, j, k0, nb, M, &sc)
+            k0 = k0 + nb
+            continue
+        if kind == 2:
+            t.qk_gemm(M, nb, H, 1.0, sc.Qt, H, float_keys(p, p.fk, b, j, k0), p.hp_type, NULL,
+                      sc.Sx, nb)
+        else:
+            qk(M, nb, H, 1.0, sc.Qt, H, k_row(p, b, j, k0), p.ktype, k_scales(p, j), sc.Sx, nb)
         for r in range(M):
             tile_keys(sc.rlo[r // G], sc.rhi[r // G], k0, nb, &a0, &z0)
             online_row(p, NULL, sc.Sx + <size_t>r * nb, NULL, sc.O + <size_t>r * H, &sc.mrow[r],
                        &sc.lrow[r], a0, z0, nb, 0, b, j * G + r % G, r // G, k0)
-        direct_pv(p, b, j, k0, nb, M, sc.rlo, sc.rhi, sc.Sx, sc.O)
+        direct_pv(p, t, b, j, k0, nb, M, sc.rlo, sc.rhi, sc.Sx, sc.O, kind == 2)
         k0 = k0 + nb
     if not chunked:
         tile_out(p, b, j, 0, M, sc.O, sc.lrow, NULL)
@@ -1261,7 +1362,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
             mode = 1
             # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has them
             p.tiles = tile_kernels(accuracy, H)
-            p.direct = direct and p.fk == NULL and p.Br == S
+            p.direct = direct and p.Br == S
             if p.direct:        # the plan left these rows to the decode kernels (step_rows)
                 p.tiles = NULL
             nq = (S + p.Br - 1) // p.Br

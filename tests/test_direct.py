@@ -103,10 +103,12 @@ def _cache_pair(mode, rng, T, S, dtype=F32, level=0):
 
 
 @pytest.mark.parametrize("mode", ["int8-g32", "int4-g32", "int2-g32", "int4-g64+had", "int8-g32/int4-pt",
-                                  "float16"])
+                                  "float16", "int4-g32+s3r5", "int8-g32+s4r64+had", "int8-pt+s2r7"])
 def test_direct_step_on_every_format(kernel_path, mode):
-    """Per-group caches (rotations too), mixed K / V formats and float16 rows: a step of 2
-    tokens (6 rows) over 700 keys on the decode kernels against the naive path."""
+    """Per-group caches (rotations too), mixed K / V formats, float16 rows and float windows
+    (causal: blocks of codes, of the windows' floats, and the key where the rows' recent
+    windows start, row by row): a step of 2 tokens (6 rows) over 700 keys on the decode
+    kernels against the naive path."""
     rng = np.random.default_rng(5)
     dtype = np.float16 if mode == "float16" else F32
     (c0, c1), step = _cache_pair("float" if mode == "float16" else mode, rng, 700, 2, dtype)
@@ -117,6 +119,29 @@ def test_direct_step_on_every_format(kernel_path, mode):
     assert np.array_equal(c0.key[0], c1.key[0]) and np.array_equal(c0.value[0], c1.value[0])
     tol = 2e-3 if dtype == np.float16 else 2e-5
     np.testing.assert_allclose(direct.astype(np.float64), naive.astype(np.float64), atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("partition", ["causal", "per_call"])
+@pytest.mark.parametrize("splits", [None, 3])
+def test_direct_step_with_float_windows(kernel_path, partition, splits):
+    """A step of 2 tokens (6 rows) over a per-group INT4 cache of 300 positions with float
+    windows (sink 3, recent 5) of either partition, in key chunks or not: the plan takes it to
+    the decode kernels, and it equals the naive path (each row over its own floats and codes)
+    within float32 summation orders."""
+    rng = np.random.default_rng(8)
+    N, Nkv, H, S, T = 6, 2, 64, 2, 300
+    g4 = 7 | (32 << 8)       # INT4 in groups of 32 (gqa_kernels.h)
+    assert flash_plan(1, S, Nkv, N // Nkv, H, T, 0, direct_row_limit(g4, g4, 0, H, Nkv))[4]
+    x = lambda *shape: rng.uniform(-1, 1, shape).astype(F32)  # noqa: E731
+    past = [gqa.quantize(x(1, Nkv, T - S, H), bits=4, group_size=32) for _ in range(2)]
+    a = dict(num_heads=N, kv_num_heads=Nkv, k_quant_type="PER_GROUP", v_quant_type="PER_GROUP",
+             kv_cache_bit_width=4, kv_quant_group_size=32, sink_size=3, recent_size=5,
+             window_partition=partition)
+    inp = dict(query=x(1, S, N * H), key=x(1, S, Nkv * H), value=x(1, S, Nkv * H),
+               past_key=past[0], past_value=past[1], seqlens_k=np.array([T - 1], np.int32),
+               total_sequence_length=T, past_hp_key=x(1, Nkv, 8, H), past_hp_value=x(1, Nkv, 8, H))
+    with gqa.config(path=kernel_path):
+        flash_vs_naive(inp, a, 2e-5, splits=splits)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
