@@ -151,16 +151,13 @@ class PrefillTiles(PrefillAccuracy):
         self.op, self.args, self.kw = _case(mode, S, S, S)
 
 
-class WindowedPrefill:
+class WindowedPrefill(PrefillAccuracy):
     """A first prompt S = T (causal) into a gqa.KVCache with float windows (sink 4, recent 64:
     the staged tiles, each row's windows its own), with and without Hadamard rotations, at
     accuracy_level 0 and 3 (level 3 where the CPU has bfloat16 tiles: codes and floats on
     them, the tiles that some rows read both ways strip by strip; level 0 elsewhere).  Each
-    call starts a new sequence (KVCache.reset)."""
+    call starts a new sequence (KVCache.reset).  Parameter names and limits: PrefillAccuracy's."""
     params = ([0, 3], ["int4-g32+s4r64+had", "int8-g32+s4r64"], [2048])
-    param_names = ["level", "mode", "S"]
-    timer = timeit.default_timer
-    timeout = 300
 
     def setup(self, level, mode, S):
         if gqa is None:
