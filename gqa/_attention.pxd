@@ -3,7 +3,7 @@ from libc.stdint cimport uint8_t, int64_t
 from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn, gqa_sv_gemm_fn, gqa_tiles
 
 cdef enum:
-    ROT_MAX = 1024       # the widest head a rotation takes (a stack row of _prepare.pxi)
+    ROT_MAX = 1024       # the widest head a rotation takes (R: H x H floats per KV head)
 
 
 cdef struct Params:

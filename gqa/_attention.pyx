@@ -143,8 +143,7 @@ cdef void attend_naive(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
         n = c - start if c > start else 0
         a = p.q + (<size_t>b * p.S + s) * p.q_tok + <size_t>j * G * H
         if prepared(p, p.qn, rk):
-            for g in range(G):
-                prep_row(p, a + <size_t>g * H, qbuf + <size_t>g * H, p.qn, position(p, b, s), rk)
+            prep_heads(p, a, qbuf, sc, position(p, b, s), rk)    # sc: free until qk_keys
             a = qbuf
         elif (<size_t>a) & 63:    # whole-line loads of the rows the QK kernel reads for every key
             memcpy(qbuf, a, <size_t>G * H * sizeof(float))
@@ -640,8 +639,8 @@ cdef void mixed_strips(const Params *p, const gqa_kernels *t, const gqa_tiles *x
 cdef void tile_queries(const Params *p, int b, int j, int s0, int s1, float *Qt, float *tmp,
                        const float *ks, float *mrow, float *lrow, bint sink) noexcept nogil:
     """The query rows of positions [s0, s1) of the G heads of KV head j, as a tile reads them:
-    row r = (s - s0) * G + g of Qt [., H] is head j * G + g's row prepared (prep_row; K's
-    rotation turns all the rows at once, through tmp [., H]) times alpha, and times K's
+    row r = (s - s0) * G + g of Qt [., H] is head j * G + g's row prepared (prep_plain, then
+    K's rotation turning all the rows at once, through tmp [., H]) times alpha, and times K's
     scales ks (per channel or per tensor) where ks != NULL; the online softmax starts at
     mrow[r] = the sink's logit, lrow[r] = 1 where `sink`, else -inf and 0."""
     cdef int G = p.G, H = p.H, M = (s1 - s0) * G, s, g, r, i
@@ -1059,10 +1058,10 @@ cdef void decode_chunk(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
     sv_keys(p, t, b, j, end, a0, n, sc, n, part + 2, H + 2)
 
 
-cdef void split_queries(const Params *p) noexcept nogil:
-    """The query rows of every split decode unit as attention reads them (prep_row), into
-    p.qprep: once per call instead of once per key chunk."""
-    cdef int u, g, b, j
+cdef void split_queries(const Params *p, float *tmp) noexcept nogil:
+    """The query rows of every split decode unit as attention reads them (prep_heads, through
+    tmp [G, H]), into p.qprep: once per call instead of once per key chunk."""
+    cdef int u, b, j
     cdef const float *a
     for u in range(p.B * p.Nkv):
         if p.split[u] < 0:
@@ -1070,9 +1069,8 @@ cdef void split_queries(const Params *p) noexcept nogil:
         b = u // p.Nkv
         j = u % p.Nkv
         a = p.q + <size_t>b * p.q_tok + <size_t>j * p.G * p.H
-        for g in range(p.G):
-            prep_row(p, a + <size_t>g * p.H, p.qprep + (<size_t>p.split[u] * p.G + g) * p.H, p.qn,
-                     position(p, b, 0), rotation(p.rk, p, j))
+        prep_heads(p, a, p.qprep + <size_t>p.split[u] * p.G * p.H, tmp, position(p, b, 0),
+                   rotation(p.rk, p, j))
 
 
 cdef void decode_merge(const Params *p, int b, int j, const float *parts) noexcept nogil:
@@ -1472,7 +1470,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         if prepared(&p, p.qn, p.rk):
             p.qprep = p.partials + <size_t>nsplit * p.chunks * G * (H + 2)
             with nogil:
-                split_queries(&p)
+                split_queries(&p, scratch)     # no thread's scratch is in use yet
     if ranges != NULL:
         gqa_work_ranges_init(ranges, work_units, num_threads)
     # Decode items (mode 0 / 2) read only cache rows that they write themselves or that no

@@ -99,23 +99,29 @@ cdef void turn_rows(const Params *p, const float *x, size_t ldx, float *o, const
             round_to_half(o + <size_t>r * p.H, p.H)
 
 
-cdef void prep_row(const Params *p, const float *x, float *o, const float *w, int pos,
-                   const float *R) noexcept nogil:
-    """o = head row x as attention reads it: RMS-normed with weight w (when w != NULL), then
-    rotated at position pos (when p.do_rotary), then turned by R (when R != NULL: o = x R, the
-    OSCAR rotation of post-rotary Q and K), in that order; a copy when none applies."""
-    cdef float buf[ROT_MAX]
+cdef void prep_heads(const Params *p, const float *x, float *o, float *tmp, int pos,
+                     const float *R) noexcept nogil:
+    """o [G, H] = the G query rows x [G, H] of one position as attention reads them: prep_plain
+    with p.qn, then o = x R where R != NULL (the OSCAR rotation of post-rotary Q), turning the
+    G rows at once (through tmp [G, H] where a norm or rotary comes first; neither x nor tmp
+    may overlap o)."""
+    cdef int g
+    cdef size_t H = p.H
     if R == NULL:
-        prep_plain(p, x, o, w, pos)
-    elif w != NULL or p.do_rotary:
-        prep_plain(p, x, buf, w, pos)
-        turn_rows(p, buf, p.H, o, R, 1)
-    else:
-        turn_rows(p, x, p.H, o, R, 1)
+        for g in range(p.G):
+            prep_plain(p, x + g * H, o + g * H, p.qn, pos)
+        return
+    if p.qn != NULL or p.do_rotary:
+        for g in range(p.G):
+            prep_plain(p, x + g * H, tmp + g * H, p.qn, pos)
+        x = tmp
+    turn_rows(p, x, H, o, R, p.G)
 
 
 cdef void prep_plain(const Params *p, const float *x, float *o, const float *w, int pos) noexcept nogil:
-    """prep_row without a rotation."""
+    """o = head row x as attention reads it before a rotation (turn_rows): RMS-normed with
+    weight w (when w != NULL), then rotated at position pos (when p.do_rotary), in that order;
+    a copy when neither applies."""
     if w != NULL:
         rms_norm(p, x, o, w)
         if p.do_rotary:

@@ -116,6 +116,28 @@ def test_bench_per_group_and_mixed_modes(tmp_path):
     assert _cases.cache_bytes(dict(spec, mode="int8-pt/int4-pt")) == 16 * 2 * (16 + 8)
 
 
+def test_bench_configurations(tmp_path):
+    """--modes takes KVCache's configurations: float windows (in place, as KVCache passes them),
+    Hadamard rotations and rho, timed by gqa alone; their decode bytes count the windows' float32
+    rows; calibrated rotations (+rot) are refused with the reason."""
+    path = tmp_path / "b.json"
+    modes = "int4-g16+s2r5+had,int8-pt+s3r4,int2-g16+s0r6+rho0.9"
+    _run(["bench"] + TINY + ["--decode-T", "16", "--prefill-S", "24", "--modes", modes,
+                             "--peers", "torch", "--json", str(path)], tmp_path)
+    res = json.loads(path.read_text())["results"]
+    assert sorted({r["mode"] for r in res}) == sorted(modes.split(","))
+    assert all(r["gqa"]["median_us"] > 0 for r in res)
+    spec = dict(B=1, Nkv=2, H=16, T=16)
+    row = 2 * gqa.group_row_bytes(16, 4, 16, "fp32")
+    assert _cases.cache_bytes(dict(spec, mode="int4-g16+s2r5+had")) == 2 * (9 * row + 7 * 2 * 4 * 16)
+    assert _cases.cache_bytes(dict(spec, mode="int4-g16+had")) == 2 * 16 * row
+    inp, attrs = _cases.build_inputs(dict(spec, mode="int4-g16+s2r5+had", N=4, S=1))
+    assert attrs["sink_size"] == 2 and attrs["recent_size"] == 5
+    assert inp["past_hp_key"].shape == (1, 2, 7, 16) and inp["oscar_rotation_k"].shape == (2, 16, 16)
+    with pytest.raises(SystemExit, match=r"\+rot"):
+        _bench.main(["--modes", "int4-g32+s4r64+rot"])
+
+
 def test_bench_vs_level(tmp_path):
     """--vs-level L: gqa's operator with its own accuracy_level L timed in the same alternation,
     a column gqa@L with its ratio to the run's level, in the layer loop too (--layers); the

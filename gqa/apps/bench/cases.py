@@ -49,12 +49,22 @@ def _side_cache(rng, mode, B, Nkv, T, H):
     return cache, np.full(n, 0.5 / f.top_code, np.float32) * rng.uniform(0.9, 1.1, n).astype(np.float32)
 
 
+def window_rows(spec):
+    """Rows of each float window buffer of a case ([B, Nkv, rows, H], float32): the
+    configuration's sink + recent positions, at most T (0: no windows)."""
+    o = gqa.cache_options(spec["mode"])
+    return min(o.get("sink_size", 0) + o.get("recent_size", 0), spec["T"])
+
+
 def build_inputs(spec):
     """Deterministic inputs of one case: query/key/value of the new rows, caches of capacity T
     already holding T - S rows (in-place mode: seqlens_k = T - 1), and the operator's
-    attributes (gqa.parse_mode's mode names: K's and V's caches may differ)."""
+    attributes.  The mode is a configuration (gqa.cache_options: K's and V's caches may
+    differ; +s<sink>r<recent> float windows, updated in place like KVCache's; +had the
+    Hadamard rotations; +rho)."""
     B, N, Nkv, H, S, T = (spec[k] for k in ("B", "N", "Nkv", "H", "S", "T"))
-    k_mode, v_mode = (f.name for f in gqa.parse_mode(spec["mode"]))
+    opts = gqa.cache_options(spec["mode"])
+    k_mode, v_mode = (f.name for f in gqa.parse_mode(opts["mode"]))
     rng = np.random.default_rng(spec.get("seed", 0))
     u = lambda *shape: rng.uniform(-0.5, 0.5, shape).astype(np.float32)  # noqa: E731
     inp = dict(query=u(B, S, N * H), key=u(B, S, Nkv * H), value=u(B, S, Nkv * H))
@@ -65,7 +75,15 @@ def build_inputs(spec):
     if vs is not None:
         inp["v_scale"] = vs
     inp.update(past_key=kc, past_value=vc, seqlens_k=np.full(B, T - 1, np.int32), total_sequence_length=T)
-    return inp, dict(num_heads=N, kv_num_heads=Nkv, **gqa.operator_attributes(spec["mode"]))
+    attrs = dict(num_heads=N, kv_num_heads=Nkv,
+                 **gqa.operator_attributes(opts["mode"], opts.get("k_rho", 1.0), opts.get("v_rho", 1.0)))
+    rows = window_rows(spec)
+    if rows:
+        attrs.update(sink_size=opts["sink_size"], recent_size=opts["recent_size"])
+        inp.update(past_hp_key=u(B, Nkv, rows, H), past_hp_value=u(B, Nkv, rows, H))
+    if opts.get("rotations") == "hadamard":
+        inp["oscar_rotation_k"] = inp["oscar_rotation_v"] = gqa.oscar_rotation(None, H, Nkv)
+    return inp, attrs
 
 
 def ours(spec, function=False, level=None):
@@ -77,13 +95,18 @@ def ours(spec, function=False, level=None):
     kc, vc = inp["past_key"], inp["past_value"]
     q, k, v, sl, T = (inp[n] for n in ("query", "key", "value", "seqlens_k", "total_sequence_length"))
     ks, vs, nt = inp.get("k_scale"), inp.get("v_scale"), spec["threads"]
+    # windows and rotations: the windows in place (past = present), as KVCache passes them
+    ext = {n: inp[n] for n in ("past_hp_key", "past_hp_value", "oscar_rotation_k", "oscar_rotation_v")
+           if n in inp}
+    if "past_hp_key" in inp:
+        ext.update(present_hp_key=inp["past_hp_key"], present_hp_value=inp["past_hp_value"])
     if function:
         f = gqa.group_query_attention
         return lambda: f(q, k, v, kc, vc, sl, T, k_scale=ks, v_scale=vs, present_key=kc,
-                         present_value=vc, num_threads=nt, **attrs)
+                         present_value=vc, num_threads=nt, **ext, **attrs)
     op = gqa.GroupQueryAttention(**attrs)
     return lambda: op(q, k, v, kc, vc, sl, T, k_scale=ks, v_scale=vs, present_key=kc,
-                      present_value=vc, num_threads=nt)
+                      present_value=vc, num_threads=nt, **ext)
 
 
 def ours_function(spec):
@@ -96,9 +119,11 @@ def ours_at(level):
 
 
 def cache_bytes(spec):
-    """Bytes of K and V cache one decode call reads (T rows of every KV head)."""
+    """Bytes of K and V cache one decode call reads (T positions of every KV head: the float
+    windows' rows, float32, and the other positions' codes)."""
     row = 0
-    for f in gqa.parse_mode(spec["mode"]):
+    for f in gqa.parse_mode(gqa.cache_options(spec["mode"])["mode"]):
         width, dtype = f.layout(spec["H"])
         row += width * dtype.itemsize
-    return spec["B"] * spec["Nkv"] * spec["T"] * row
+    rows = window_rows(spec)
+    return spec["B"] * spec["Nkv"] * ((spec["T"] - rows) * row + rows * 2 * 4 * spec["H"])

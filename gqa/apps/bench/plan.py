@@ -33,11 +33,15 @@ def _modes(s):
             continue
         m = LEGACY_NAMES.get(m, m)
         try:
-            gqa.parse_mode(m)
+            opts = gqa.cache_options(m)
         except ValueError:
             raise SystemExit(f"gqa bench: unknown mode {m!r}; valid: float, int8-pt, int8-pc, "
                              "int4-pt, int4-pc, per group int8/int4/int2-g<group>[-fp16], or K's "
-                             "mode / V's mode (int4-pc/int2-g64)") from None
+                             "mode / V's mode (int4-pc/int2-g64), each with +s<sink>r<recent>, "
+                             "+had and +rho<k>[/<v>] (int4-g32+s4r64+had)") from None
+        if opts.get("rotations") == "calibrated":
+            raise SystemExit(f"gqa bench: {m!r}: +rot rotations are calibrated on a text (python "
+                             "-m gqa eval --speed-modes takes them); bench takes +had")
         out.append(m)
     return out
 
