@@ -245,22 +245,27 @@ cdef void split_runs(uint16_t *src, uint16_t *dst, int a, int z) noexcept nogil:
         memset(src + a, 0, (z - a) * sizeof(uint16_t))
 
 
+cdef inline const uint8_t *float_keys(const Params *p, const uint8_t *f, int b, int j,
+                                      int pos) noexcept nogil:
+    """The readers' float rows f (p.fk or p.fv) from position pos on (rows follow positions
+    within a window run)."""
+    return f + hp_at(p, p.fcap, b, j, float_row(p, b, pos))
+
+
 cdef void stage_tile(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb,
                      int lo, int hi, bint k_rows, float *Kt, float *Vt) noexcept nogil:
     """Positions [lo, hi) of key tile [k0, k0 + nb) from the staged float rows (they follow
     positions), into Kt [H, nb] (transposed; with k_rows K's rows [nb, H]) and Vt [nb, H]."""
-    cdef int hrow
     if hi <= lo:
         return
-    hrow = float_row(p, b, lo)
     if k_rows:
-        t.dequantize(p.fk + hp_at(p, p.fcap, b, j, hrow), Kt + <size_t>(lo - k0) * p.H, p.H,
-                     hi - lo, p.H, p.hp_type, NULL)
+        t.dequantize(float_keys(p, p.fk, b, j, lo), Kt + <size_t>(lo - k0) * p.H, p.H, hi - lo,
+                     p.H, p.hp_type, NULL)
     else:
-        t.dequantize_t(p.fk + hp_at(p, p.fcap, b, j, hrow), Kt + (lo - k0), nb, hi - lo, p.H,
+        t.dequantize_t(float_keys(p, p.fk, b, j, lo), Kt + (lo - k0), nb, hi - lo, p.H,
                        p.hp_type, NULL)
-    t.dequantize(p.fv + hp_at(p, p.fcap, b, j, hrow), Vt + <size_t>(lo - k0) * p.H, p.H,
-                 hi - lo, p.H, p.hp_type, NULL)
+    t.dequantize(float_keys(p, p.fv, b, j, lo), Vt + <size_t>(lo - k0) * p.H, p.H, hi - lo, p.H,
+                 p.hp_type, NULL)
 
 
 cdef int tile_reads(int k0, int nb, int R, const int *rlo, const int *rhi, const int *rns,
@@ -326,7 +331,8 @@ cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k
 
 
 cdef void runs_pv(const gqa_kernels *t, int H, const float *x, int nx, int a0, int f1, int q0,
-                  int q1, int f2, int z0, const float *Vt, const float *Vf, float *o) noexcept nogil:
+                  int q1, int f2, int z0, const float *Vt, const float *Vf,
+                  float *o) noexcept nogil:
     """o [H] += one row's probabilities x [nx] over its float runs [a0, f1), [f2, z0) with the
     staged rows Vf and its code run [q0, q1) with Vt (float32; each run empty where its end
     <= its start), reading no other key: a NaN / inf value stays out of the rows that mask it."""
@@ -684,13 +690,6 @@ cdef void tile_out(const Params *p, int b, int j, int s0, int M, const float *O,
                 row[i] = O[<size_t>r * H + i] * inv
 
 
-cdef inline const uint8_t *float_keys(const Params *p, const uint8_t *f, int b, int j,
-                                      int pos) noexcept nogil:
-    """The readers' float rows f (p.fk or p.fv) from position pos on (rows follow positions
-    within a window run)."""
-    return f + hp_at(p, p.fcap, b, j, float_row(p, b, pos))
-
-
 cdef void direct_pv(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb, int M,
                     const int *rlo, const int *rhi, const float *P, float *O,
                     bint floats) noexcept nogil:
@@ -857,9 +856,9 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     own rows, no copy) and packed into K^T's pairs, V's into pairs of keys; static INT8 / INT4
     codes without float windows enter the tiles as they are (K's scales in the query rows,
     V's on the output); with causal float windows, K's tiles as rows too, a mixed tile's two
-    pairs strip by strip (mixed_strips); each 32-row strip takes its scores, softmax and P @ V in turn (tile_strips);
-    a tile whose masked keys have NaN / inf values (nan_values) takes its scores on the tiles
-    strip by strip, and the float32 P @ V per row as below."""
+    pairs strip by strip (mixed_strips); each 32-row strip takes its scores, softmax and P @ V
+    in turn (tile_strips); a tile whose masked keys have NaN / inf values (nan_values) takes
+    its scores on the tiles strip by strip, and the float32 P @ V per row as below."""
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
     cdef int G = p.G, H = p.H, Bc = p.Bc
@@ -988,7 +987,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 z = strip_keys(r, i, M, G, rlo, rhi, k0, nb, nbx)
                 if z > 0:   # scores past z are never read (set to -inf below)
                     x.gemm(i, z, sc.Hk, sc.Qb + <size_t>r * sc.Hk, sc.Hk, sc.Kp, nbx,
-                            Sx + <size_t>r * ls, ls, 0)
+                           Sx + <size_t>r * ls, ls, 0)
             tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
             online_row(p, x, Sx + <size_t>r * ls, sc.Pb + <size_t>r * sc.Bx, O + <size_t>r * H,
                        &mrow[r], &lrow[r], a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0)
@@ -1416,8 +1415,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     # G <= turn_rows <= max(G, 64), 64 rows keeping R's reuse high and the items many
     if scratch_len < 2 * <size_t>G * H:
         scratch_len = 2 * <size_t>G * H
-    p.turn_rows = <int>(scratch_len // (2 * <size_t>H)) if H > 0 else 1
-    p.turn_rows = 64 if p.turn_rows > 64 else p.turn_rows
+    p.turn_rows = <int>(min(64, scratch_len // (2 * <size_t>H)) if H > 0 else 1)
     p.turn_rows = G if p.turn_rows < G else p.turn_rows
     p.turn_rows = 1 if p.turn_rows < 1 else p.turn_rows
     # each thread's scratch starts on a 64-byte line (whole-line vector loads and stores)
