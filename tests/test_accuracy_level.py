@@ -322,14 +322,16 @@ def test_level_4_attention_within_its_bound(mode, flash, dot_unit):
         assert np.abs(exact[0, 0, h * H:(h + 1) * H] - ref).max() <= 1e-5 * (np.abs(V[j]).max() + 1)
 
 
-@pytest.mark.parametrize("mode", ["int8-pt", "int8-pc", "int4-pc"])
+@pytest.mark.parametrize("mode", ["int8-pt", "int8-pc", "int4-pc", "int8-pc+s2r7"])
 def test_level_4_step_within_its_bound(mode, vector_dot_unit):
     """A step of 3 new tokens (9 rows per KV head: the decode kernels, tests/test_direct.py) at
     level 4: each row's scores as a decode step's, its probabilities quantized per key block
     against the running maximum (<= 1) and later rescaled by factors <= 1, so against float64
     over the same codes a head's output moves by at most  max|v| (e^{2E} - 1) + (1/2 + 2^-9) /
     32767 * sum_j |v_j| / l  over its keys (E as in test_level_4_attention_within_its_bound),
-    plus float32 roundings."""
+    plus float32 roundings.  With float windows (+s2r7) a row reads its windows' positions as
+    the floats (float32 products) and the rest as codes: the same bound, taken over every key's
+    codes, holds against float64 over the values it reads."""
     rng = np.random.default_rng(9)
     S, T = 3, 900
     f = gqa.parse_mode(gqa.cache_options(mode)["mode"])[0]
@@ -352,10 +354,19 @@ def test_level_4_step_within_its_bound(mode, vector_dot_unit):
     kq, vq = _codes(c)
     K = kq * (ks.reshape(NKV, 1, H) if kpc else ks[0])
     V = vq * (vs.reshape(NKV, 1, H) if vs.size > 1 else vs[0])
+    # the rows the float windows hold: [Nkv, T, H]
+    Kf, Vf = (np.concatenate([prompt[i], (k, v)[i - 1]], 1)[0].reshape(T, NKV, H)
+              .transpose(1, 0, 2).astype(np.float64) for i in (1, 2))
     alpha = 1 / np.sqrt(H)
     qh = q.reshape(S, N, H).astype(np.float64)
     for s in range(S):
         m = T - S + s + 1
+        Kr, Vr = K, V
+        if c.sink_size + c.recent_size:     # row s reads its windows' positions as floats
+            ns = min(c.sink_size, m)
+            flo = np.zeros((1, T, 1), bool)
+            flo[:, :ns] = flo[:, m - min(c.recent_size, m - ns):m] = True
+            Kr, Vr = np.where(flo, Kf, K), np.where(flo, Vf, V)
         for h in range(N):
             j = h // G
             a = qh[s, h] * (ks.reshape(NKV, H)[j] if kpc else 1.0)
@@ -363,9 +374,9 @@ def test_level_4_step_within_its_bound(mode, vector_dot_unit):
             sq = np.abs(kq[j, :m]).sum(axis=1) * (1.0 if kpc else ks[0])
             E = alpha * (sa * 0.5 * sq + 2 ** -22 * np.abs(kq[j, :m] * a).sum(axis=1)
                          * (1.0 if kpc else ks[0]))
-            sc = alpha * (K[j, :m] @ qh[s, h])
+            sc = alpha * (Kr[j, :m] @ qh[s, h])
             p = np.exp(sc - sc.max())
-            ref = p @ V[j, :m] / p.sum()
+            ref = p @ Vr[j, :m] / p.sum()
             bound = (np.abs(V[j, :m]).max() * np.expm1(2 * E.max())
                      + (0.5 + 2 ** -9) / 32767 * np.abs(V[j, :m]).sum(axis=0) / p.sum()
                      + 1e-5 * (np.abs(ref) + np.abs(V[j, :m]).max()))
