@@ -268,17 +268,59 @@ cdef void stage_tile(const Params *p, const gqa_kernels *t, int b, int j, int k0
                  p.hp_type, NULL)
 
 
+cdef void row_ranges(const Params *p, int b, int s0, int s1, bint runs, int *rlo, int *rhi,
+                     int *rns, int *rrl, int *lo, int *hi, int *cut) noexcept nogil:
+    """The keys [rlo, rhi) of query positions [s0, s1) of batch b (index s - s0) and their span
+    [lo, hi) (empty: lo > hi); with `runs` (float windows) each row's float runs, sinks [0, rns)
+    and recent [rrl, its end), of its own end (window_partition "causal") or of the call's,
+    and cut = the largest sink end, the smallest and the largest recent start: key blocks
+    that end there (cut_block) are read one way by every row but those between the recent
+    starts (at most s1 - s0 - 1 keys)."""
+    cdef int s, i, e, nr
+    lo[0] = 1 << 30
+    hi[0] = 0
+    cut[0] = 0
+    cut[1] = 1 << 30
+    cut[2] = 0
+    for s in range(s0, s1):
+        i = s - s0
+        key_range(p, b, s, &rlo[i], &rhi[i])
+        if runs:
+            e = rhi[i] if p.hcausal else p.seqlens[b] + 1
+            hp_counts(p, e, &rns[i], &nr)
+            rrl[i] = e - nr
+        if rhi[i] > rlo[i]:
+            lo[0] = rlo[i] if rlo[i] < lo[0] else lo[0]
+            hi[0] = rhi[i] if rhi[i] > hi[0] else hi[0]
+            if runs:
+                cut[0] = rns[i] if rns[i] > cut[0] else cut[0]
+                cut[1] = rrl[i] if rrl[i] < cut[1] else cut[1]
+                cut[2] = rrl[i] if rrl[i] > cut[2] else cut[2]
+
+
+cdef inline int cut_block(const int *cut, int k0, int nb) noexcept nogil:
+    """Key block [k0, k0 + nb) ended at the first of row_ranges' cut points inside it."""
+    cdef int i
+    for i in range(3):
+        if k0 < cut[i] < k0 + nb:
+            nb = cut[i] - k0
+    return nb
+
+
 cdef int tile_reads(int k0, int nb, int R, const int *rlo, const int *rhi, const int *rns,
-                    const int *rrl, int *fs_hi, int *fr_lo, int *fr_hi) noexcept nogil:
+                    const int *rrl, int *fs_hi, int *fr_lo, int *fr_hi, int *c_lo,
+                    int *c_hi) noexcept nogil:
     """How R query rows with float windows read keys [k0, k0 + nb): 1 when every row that
     reads one reads codes, 2 floats, 3 both ways (a row's float runs: float_runs of its rns,
-    rrl); the floats read span sinks [k0, fs_hi) and recent [fr_lo, fr_hi) (empty where the
-    end <= the start)."""
+    rrl); the floats read span sinks [k0, fs_hi) and recent [fr_lo, fr_hi), the codes read
+    [c_lo, c_hi) (each empty where the end <= the start)."""
     cdef int i, a0, z0, f1, q0, q1, f2
     cdef bint codes = False, floats = False
     fs_hi[0] = k0
     fr_lo[0] = k0 + nb
     fr_hi[0] = k0
+    c_lo[0] = k0 + nb
+    c_hi[0] = k0
     for i in range(R):
         tile_keys(rlo[i], rhi[i], k0, nb, &a0, &z0)
         if z0 <= a0:
@@ -289,6 +331,8 @@ cdef int tile_reads(int k0, int nb, int R, const int *rlo, const int *rhi, const
             fs_hi[0] = k0 + f1 if k0 + f1 > fs_hi[0] else fs_hi[0]
         if q1 > q0:
             codes = True
+            c_lo[0] = k0 + q0 if k0 + q0 < c_lo[0] else c_lo[0]
+            c_hi[0] = k0 + q1 if k0 + q1 > c_hi[0] else c_hi[0]
         if z0 > f2:
             floats = True
             fr_lo[0] = k0 + f2 if k0 + f2 < fr_lo[0] else fr_lo[0]
@@ -304,8 +348,8 @@ cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k
     staged rows; zero where no row reads them), 3 mixed (Kt / Vt from the codes, Kf / Vf from
     the staged rows, zero where no row reads a float).  K's tiles are transposed [H, nb], or
     with k_rows (matrix tiles) K's rows [nb, H]."""
-    cdef int fs_hi, fr_lo, fr_hi
-    cdef int kind = tile_reads(k0, nb, R, rlo, rhi, rns, rrl, &fs_hi, &fr_lo, &fr_hi)
+    cdef int fs_hi, fr_lo, fr_hi, c_lo, c_hi
+    cdef int kind = tile_reads(k0, nb, R, rlo, rhi, rns, rrl, &fs_hi, &fr_lo, &fr_hi, &c_lo, &c_hi)
     cdef bint codes = kind != 2, floats = kind != 1
     if fr_lo <= fs_hi:      # the runs meet: one run [k0, max end)
         fs_hi = fs_hi if fs_hi > fr_hi else fr_hi
@@ -579,6 +623,7 @@ cdef void mixed_strips(const Params *p, const gqa_kernels *t, const gqa_tiles *x
     in float32 over its own runs (runs_pv), so 0 * inf reaches no row that masks it."""
     cdef int H = p.H, nbx = (nb + 31) & ~31, r0 = 0, n, r, i, a0, z0, f1, q0, q1, f2
     cdef int c0, c1, g0, g1     # the strip's keys read as codes [c0, c1), as floats [g0, g1)
+    cdef int i1, fs_hi, fr_lo, fr_hi, c_lo, c_hi
     cdef float *row
     cdef float *frow
     cdef uint16_t *prow
@@ -587,24 +632,17 @@ cdef void mixed_strips(const Params *p, const gqa_kernels *t, const gqa_tiles *x
                         all_finite(sc.Vf, <size_t>nb * H))
     while r0 < M:       # strips past M: no rows, no GEMMs (tile_strips: z = 0)
         n = TILE_STRIP if sc.Mx - r0 >= TILE_STRIP else sc.Mx - r0
-        c0 = g0 = nbx
-        c1 = g1 = 0
-        for i in range(r0 // G, ((r0 + n if r0 + n < M else M) + G - 1) // G):
-            tile_keys(rlo[i], rhi[i], k0, nb, &a0, &z0)
-            float_runs(rns[i], rrl[i], k0, a0, z0, &f1, &q0, &q1, &f2)
-            if q1 > q0:
-                c0 = q0 if q0 < c0 else c0
-                c1 = q1 if q1 > c1 else c1
-            if f1 > a0:
-                g0 = a0 if a0 < g0 else g0
-                g1 = f1 if f1 > g1 else g1
-            if z0 > f2:
-                g0 = f2 if f2 < g0 else g0
-                g1 = z0 if z0 > g1 else g1
-        c0 = c0 & ~31
-        c1 = (c1 + 31) & ~31
-        g0 = g0 & ~31
-        g1 = (g1 + 31) & ~31
+        i = r0 // G         # the strip's positions [i, i1)
+        i1 = ((r0 + n if r0 + n < M else M) + G - 1) // G
+        tile_reads(k0, nb, i1 - i, rlo + i, rhi + i, rns + i, rrl + i, &fs_hi, &fr_lo, &fr_hi,
+                   &c_lo, &c_hi)
+        c0 = c1 = g0 = g1 = 0       # relative to k0, rounded out to 32
+        if c_hi > c_lo:
+            c0 = (c_lo - k0) & ~31
+            c1 = (c_hi - k0 + 31) & ~31
+        if fs_hi > k0 or fr_hi > fr_lo:
+            g0 = 0 if fs_hi > k0 else (fr_lo - k0) & ~31
+            g1 = ((fs_hi if fs_hi > fr_hi else fr_hi) - k0 + 31) & ~31
         if c1 > c0:
             x.gemm(n, c1 - c0, sc.Hk, sc.Qb + <size_t>r0 * sc.Hk, sc.Hk, sc.Kp + c0, nbx,
                    sc.Sx + c0, nbx, 0)
@@ -777,28 +815,13 @@ cdef void attend_direct(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk
     the unit's last chunk merges them (decode_merge adds the sink)."""
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
-    cdef int G = p.G, H = p.H, M = p.S * G, s, r, k0, nb, a0, z0, lo = 1 << 30, hi = 0
-    cdef int u = b * p.Nkv + j, i, nr, kind, e0, e1, e2
+    cdef int G = p.G, H = p.H, M = p.S * G, r, k0, nb, a0, z0, lo, hi
+    cdef int u = b * p.Nkv + j, kind, e0, e1, e2, e3, e4
     cdef int cut[3]
     cdef bint chunked = p.chunks > 1
     cdef float *parts
     cdef float *pr
-    cut[0] = 0
-    cut[1] = 1 << 30
-    cut[2] = 0
-    for s in range(p.S):
-        key_range(p, b, s, &sc.rlo[s], &sc.rhi[s])
-        if p.fk != NULL:    # a row's float runs: of its own end (causal) or of the call's
-            i = sc.rhi[s] if p.hcausal else p.seqlens[b] + 1
-            hp_counts(p, i, &sc.rns[s], &nr)
-            sc.rrl[s] = i - nr
-        if sc.rhi[s] > sc.rlo[s]:
-            lo = sc.rlo[s] if sc.rlo[s] < lo else lo
-            hi = sc.rhi[s] if sc.rhi[s] > hi else hi
-            if p.fk != NULL:
-                cut[0] = sc.rns[s] if sc.rns[s] > cut[0] else cut[0]
-                cut[1] = sc.rrl[s] if sc.rrl[s] < cut[1] else cut[1]
-                cut[2] = sc.rrl[s] if sc.rrl[s] > cut[2] else cut[2]
+    row_ranges(p, b, 0, p.S, p.fk != NULL, sc.rlo, sc.rhi, sc.rns, sc.rrl, &lo, &hi, cut)
     if chunked:
         lo = c * p.chunk_len if c * p.chunk_len > lo else lo
         hi = (c + 1) * p.chunk_len if (c + 1) * p.chunk_len < hi else hi
@@ -810,10 +833,9 @@ cdef void attend_direct(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk
         nb = hi - k0 if hi - k0 < p.Bc else p.Bc
         kind = 1
         if p.fk != NULL:
-            for i in range(3):
-                if k0 < cut[i] < k0 + nb:
-                    nb = cut[i] - k0
-            kind = tile_reads(k0, nb, p.S, sc.rlo, sc.rhi, sc.rns, sc.rrl, &e0, &e1, &e2)
+            nb = cut_block(cut, k0, nb)
+            kind = tile_reads(k0, nb, p.S, sc.rlo, sc.rhi, sc.rns, sc.rrl, &e0, &e1, &e2, &e3,
+                              &e4)
         if kind == 3:
             direct_mixed(p, t, qk, b, j, k0, nb, M, &sc)
             k0 = k0 + nb
@@ -885,7 +907,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef const float *Vr = Vt
     cdef const float *ks
     cdef const float *vs
-    cdef int kind, f1, q0, q1, f2, nr
+    cdef int kind, f1, q0, q1, f2
     cdef int cut[3]
     s1 = s0 + p.Br if s0 + p.Br < p.S else p.S
     R = s1 - s0
@@ -900,27 +922,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     if kcodes or vcodes:
         for i in range(H):
             sc.one[i] = 1.0
-    kv_lo = 1 << 30
-    kv_hi = 0
-    # p.hstage: tiles end where the rows' float runs do (the largest sink end, the smallest and
-    # largest recent start), so only the R - 1 keys between the recent starts are mixed
-    cut[0] = 0
-    cut[1] = 1 << 30
-    cut[2] = 0
-    for s in range(s0, s1):
-        key_range(p, b, s, &rlo[s - s0], &rhi[s - s0])
-        if p.hstage:
-            hp_counts(p, rhi[s - s0], &rns[s - s0], &nr)
-            rrl[s - s0] = rhi[s - s0] - nr
-        if rhi[s - s0] > rlo[s - s0]:
-            if rlo[s - s0] < kv_lo:
-                kv_lo = rlo[s - s0]
-            if rhi[s - s0] > kv_hi:
-                kv_hi = rhi[s - s0]
-            if p.hstage:
-                cut[0] = rns[s - s0] if rns[s - s0] > cut[0] else cut[0]
-                cut[1] = rrl[s - s0] if rrl[s - s0] < cut[1] else cut[1]
-                cut[2] = rrl[s - s0] if rrl[s - s0] > cut[2] else cut[2]
+    # p.hstage: tiles end where the rows' float runs do (cut_block)
+    row_ranges(p, b, s0, s1, p.hstage, rlo, rhi, rns, rrl, &kv_lo, &kv_hi, cut)
     tile_queries(p, b, j, s0, s1, Qt, O, ks if kcodes else NULL, mrow, lrow, smooth)
     memset(O, 0, <size_t>sc.Mx * H * sizeof(float))
     # accuracy level 4 on INT8 / INT4 V codes (finite, no float windows): P @ V by the integer-dot
@@ -936,9 +939,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
         kind = 0
         if p.hstage:
-            for i in range(3):
-                if k0 < cut[i] < k0 + nb:
-                    nb = cut[i] - k0
+            nb = cut_block(cut, k0, nb)
             kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, x != NULL, Kt, Vt, Kf,
                                 Vf)
         else:
@@ -1417,7 +1418,6 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         scratch_len = 2 * <size_t>G * H
     p.turn_rows = <int>(min(64, scratch_len // (2 * <size_t>H)) if H > 0 else 1)
     p.turn_rows = G if p.turn_rows < G else p.turn_rows
-    p.turn_rows = 1 if p.turn_rows < 1 else p.turn_rows
     # each thread's scratch starts on a 64-byte line (whole-line vector loads and stores)
     scratch_len = (scratch_len + 15) & ~(<size_t>15)
     scratch_raw = malloc(scratch_len * num_threads * sizeof(float) + 64)
