@@ -536,9 +536,13 @@ cdef bint nan_values(const Params *p, const float *Vr, int R, const int *rlo, co
         return False
     for q in range(R):
         tile_keys(rlo[q], rhi[q], k0, nb, &a0, &z0)
-        # the keys some row masks: [0, hi_a) and [lo_z, nb)
-        hi_a = nb if z0 <= a0 else (a0 if a0 > hi_a else hi_a)
-        lo_z = z0 if z0 < lo_z else lo_z
+        # the keys some row masks: [0, hi_a) and [lo_z, nb); a row without keys here masks
+        # them all (its z0 may be negative: never an end)
+        if z0 <= a0:
+            hi_a = nb
+        else:
+            hi_a = a0 if a0 > hi_a else hi_a
+            lo_z = z0 if z0 < lo_z else lo_z
     return not (all_finite(Vr, <size_t>hi_a * p.H) and
                 all_finite(Vr + <size_t>lo_z * p.H, <size_t>(nb - lo_z) * p.H))
 
