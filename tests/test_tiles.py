@@ -405,3 +405,31 @@ def test_float_decode_within_the_bound(tiles, heads, level):
             bound = _bound(np.abs(K[:T, j]) @ np.abs(qa), w, np.abs(V[:T, j]), H, T)
             err = np.abs(outs[level][i][0, 0, h * H:(h + 1) * H] - ref)
             assert (err <= bound).all(), (i, h, err.max(), bound.min())
+
+
+@needs_tiles
+def test_inf_value_before_a_tile_stays_out_of_it():
+    """The NaN / inf check of a tile's masked keys reads that tile's V rows only.  Local
+    window 4, query tiles of 16 rows, key tiles of 8 from each query tile's first key: query
+    tile [16, 32) reads key tiles [13, 21), [21, 29), [29, 32).  Row 16's keys end before the
+    second; V's inf at key 18 lies in the first (whose masked keys hold it: float32 P @ V,
+    for rows 16-23) and before the second.  Rows 24-47 never read [13, 21), so they keep the
+    bits of a cache without the inf (a check reaching back from the second tile sent it, and
+    rows 24-31, to the float32 P @ V)."""
+    rng = np.random.default_rng(22)
+    H, S, W, bad_key = 64, 48, 4, 18
+    q = rng.uniform(-1, 1, (1, S, N * H)).astype(F32)
+    k = rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32)
+    v = rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32)
+    bad = v.copy()
+    bad[0, bad_key, :] = np.inf
+    outs = {}
+    for name, level, vv in (("bad", 3, bad), ("clean", 3, v), ("level0", 0, v)):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
+                        mode="float", accuracy_level=level, local_window_size=W)
+        with gqa.config(path="avx512", flash_blocks=(16, 8)):
+            outs[name] = c.attend(0, q, k, vv)[0]
+    assert not np.isfinite(outs["bad"][bad_key:bad_key + W]).any()
+    assert np.isfinite(outs["bad"][bad_key + W:]).all()
+    assert not np.array_equal(outs["clean"][24:], outs["level0"][24:])    # the tiles ran
+    assert np.array_equal(outs["bad"][24:], outs["clean"][24:])
