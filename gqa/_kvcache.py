@@ -181,7 +181,10 @@ class KVCache:
         self.k_mode, self.v_mode = self.k_format.name, self.v_format.name
         self.mode = mode_name(self.k_format, self.v_format)
         self.quantized = self.k_format.quantized
-        self.dtype = np.dtype(dtype)
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError:       # a name NumPy does not know here ("bfloat16" without ml_dtypes)
+            raise TypeError(f"dtype must be float32 or float16, got {dtype!r}") from None
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
             raise TypeError(f"dtype must be float32 or float16, got {self.dtype}")
         self.k_scales, self.v_scales = self._scales(k_scales, v_scales, calibration, margin)
