@@ -39,6 +39,7 @@ cdef struct Params:
     float qk_eps
     const float *rk       # rotations [Nkv, H, H] of K (and Q) and of V (NULL: none): x -> x R
     const float *rv
+    float rk_c, rv_c      # > 0: rk / rv is the `+had` rotation c Sy P (gqa_hadamard_rows' O(H log H))
     uint8_t *hk           # float windows [B, Nkv, hcap, H] of present K / V (NULL: none):
     uint8_t *hv           #   rows [0, ns) the first ns positions, then the last nr (hp_rb bytes)
     const uint8_t *phk    # the past windows [B, Nkv, hpast, H] when a separate buffer, else NULL
@@ -82,7 +83,8 @@ cdef class Consts:
 cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids, bias, sink,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks, int decode_ranges, bint direct=*,
-          col_base=*, int bias_T=*, rk=*, rv=*, hk=*, hv=*, phk=*, phv=*, int accuracy=*)
+          col_base=*, int bias_T=*, rk=*, rv=*, hk=*, hv=*, phk=*, phv=*, int accuracy=*,
+          float rk_c=*, float rv_c=*)
 # The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
 # or the number of the broken rule, where = {b, s} (see _attention.pyx).
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil

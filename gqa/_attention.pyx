@@ -701,7 +701,7 @@ cdef void tile_queries(const Params *p, int b, int j, int s0, int s1, float *Qt,
             src = p.q + (<size_t>b * p.S + s) * p.q_tok + (<size_t>j * G + g) * H
             prep_plain(p, src, (tmp if R != NULL else Qt) + <size_t>r * H, p.qn, position(p, b, s))
     if R != NULL:
-        turn_rows(p, tmp, H, Qt, R, M)
+        turn_rows(p, tmp, H, Qt, R, p.rk_c, M)
     for r in range(M):
         q = Qt + <size_t>r * H
         if ks != NULL:
@@ -1149,7 +1149,8 @@ cdef void unrotate(const Params *p, const gqa_kernels *t, int u, float *tmp) noe
     """The output rows of the G heads of KV head j at positions [s0, s0 + cs) of batch b
     (u = (b * Nkv + j) * chunks + c, s0 = c * cs, cs = turn_positions), turned back from V's
     rotated basis: o = o' R_V[j]^T (the QK kernel: o[n] = sum_k o'[k] R_V[j][n, k], summed in
-    order for any number of rows), through tmp [2, turn_rows, H]."""
+    order for any number of rows; gqa_hadamard_rows for the `+had` rotation), through tmp
+    [2, turn_rows, H]."""
     cdef int cs = turn_positions(p), nc = (p.S + cs - 1) // cs
     cdef int c = u % nc, j = (u // nc) % p.Nkv, b = u // nc // p.Nkv, s
     cdef int s0 = c * cs, s1 = s0 + cs if s0 + cs < p.S else p.S
@@ -1158,8 +1159,11 @@ cdef void unrotate(const Params *p, const gqa_kernels *t, int u, float *tmp) noe
     for s in range(s0, s1):
         memcpy(rows + (s - s0) * gh, p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * p.G) * p.H,
                gh * sizeof(float))
-    t.qk_gemm((s1 - s0) * p.G, p.H, p.H, 1.0, rows, p.H, rotation(p.rv, p, j), GQA_F32, NULL,
-              tmp, p.H)
+    if p.rv_c > 0:      # the `+had` rotation: gqa_hadamard_rows' x R^T
+        t.hadamard_rows((s1 - s0) * p.G, p.H, rows, p.H, tmp, p.H, p.rv_c, 1)
+    else:
+        t.qk_gemm((s1 - s0) * p.G, p.H, p.H, 1.0, rows, p.H, rotation(p.rv, p, j), GQA_F32, NULL,
+                  tmp, p.H)
     for s in range(s0, s1):
         memcpy(p.out + ((<size_t>b * p.S + s) * p.N + <size_t>j * p.G) * p.H, tmp + (s - s0) * gh,
                gh * sizeof(float))
@@ -1264,14 +1268,15 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks, int decode_ranges, bint direct=False,
           col_base=None, int bias_T=0, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None,
-          int accuracy=0):
+          int accuracy=0, float rk_c=0, float rv_c=0):
     """One call: cache write, then attention (naive, tiled flash or decode work items).
     Decode (S == 1, flash): the units are split into `decode_ranges` contiguous ranges and
     the last unit of each is split into `decode_chunks` key chunks (flash decoding; every
     unit when decode_ranges >= units), so a thread that runs out of work can take a chunk
     of another's last unit.  `direct` (the plan's, S > 1): the step's rows are one tile per
     unit on the decode kernels (attend_direct), each unit in `decode_chunks` key chunks,
-    where the CPU's matrix tiles and float windows leave it to them."""
+    where the CPU's matrix tiles and float windows leave it to them.  rk_c / rv_c > 0: rk / rv
+    is the `+had` rotation c Sy P (the caller's _orthogonal), turned by gqa_hadamard_rows."""
     cdef Params p = c.p
     cdef const gqa_kernels *t = active_table()
     cdef gqa_qk_gemm_fn qk
@@ -1301,6 +1306,8 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.bias = <const float *>ptr(bias); p.sink = <const float *>ptr(sink)
     p.qn = <const float *>ptr(qn); p.kn = <const float *>ptr(kn)
     p.rk = <const float *>ptr(rk); p.rv = <const float *>ptr(rv)
+    p.rk_c = rk_c if rk is not None else 0.0
+    p.rv_c = rv_c if rv is not None else 0.0
     p.hk = <uint8_t *>ptr(hk); p.hv = <uint8_t *>ptr(hv)
     p.phk = <const uint8_t *>ptr(phk); p.phv = <const uint8_t *>ptr(phv)
     p.fk = p.fv = NULL

@@ -234,7 +234,7 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
             src = plain
             ld = H
         if rk != NULL:
-            turn_rows(p, src, ld, tmp, rk, n)
+            turn_rows(p, src, ld, tmp, rk, p.rk_c, n)
             src = tmp
             ld = H
         t.quantize(src, ld, k_row(p, b, j, pb + s), n, H, p.ktype, k_scales(p, j))
@@ -252,7 +252,7 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
         src = p.v + (<size_t>b * p.L + s) * p.kv_tok + <size_t>j * H
         ld = p.kv_tok
         if rv != NULL:
-            turn_rows(p, src, ld, tmp, rv, n)
+            turn_rows(p, src, ld, tmp, rv, p.rv_c, n)
             src = tmp
             ld = H
         t.quantize(src, ld, v_row(p, b, j, pb + s), n, H, p.vtype, v_scales(p, j))

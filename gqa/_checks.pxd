@@ -20,7 +20,7 @@ cdef object _finite(object x, str name, str why)
 # The scale as the compute reads it, once every element is finite.
 cdef object _finite_scale(object s, str name)
 # Rotations [Nkv, H, H]: finite and orthogonal within ORTHOGONAL_TOLERANCE.
-cdef int _orthogonal(object r, str name) except -1
+cdef double _orthogonal(object r, str name) except -1.0
 # One quantized cache's (NumPy type, row width, C type, per-channel, width's name).
 cdef tuple _side_format(op, str side, object scale, int Nkv, int H)
 # The signature checks of the rotary inputs: rotary_dim / 2 where rotary applies, else 0.

@@ -13,6 +13,7 @@ import numpy as np
 from gqa._dispatch cimport omp_max_threads
 from gqa import _config
 from gqa import _validate
+from gqa._rotation import hadamard_scale
 
 cnp.import_array()
 
@@ -162,22 +163,29 @@ cdef void _gram_deviation(const double *a, Py_ssize_t nkv, Py_ssize_t H, double 
                     dev[j] = x
 
 
-cdef int _orthogonal(object r, str name) except -1:
+cdef double _orthogonal(object r, str name) except -1.0:
     """Rotations r [Nkv, H, H]: finite, and each orthogonal within ORTHOGONAL_TOLERANCE (the
-    output is turned back by R_V^T and the scores use R_K R_K^T = I)."""
+    output is turned back by R_V^T and the scores use R_K R_K^T = I): max |R R^T - I| in
+    float64, in closed form for scaled Hadamard rotations (hadamard_scale), else O(H^3).
+    Returns the Hadamard rotation's scale c (hadamard_scale), 0.0 for any other rotation."""
     _finite(r, name, "rotations must be finite")
     cdef double tol = ORTHOGONAL_TOLERANCE[r.dtype]
-    cdef cnp.ndarray a = np.ascontiguousarray(r, np.float64)
-    cdef cnp.ndarray dev = np.empty(a.shape[0])
-    with nogil:
-        _gram_deviation(<const double *>cnp.PyArray_DATA(a), a.shape[0], a.shape[1],
-                        <double *>cnp.PyArray_DATA(dev))
+    cdef cnp.ndarray a, dev
+    cdef double c = hadamard_scale(r)
+    if c > 0:       # R R^T = H c^2 I exactly
+        dev = np.full(r.shape[0], abs(r.shape[1] * c * c - 1.0))
+    else:
+        a = np.ascontiguousarray(r, np.float64)
+        dev = np.empty(a.shape[0])
+        with nogil:
+            _gram_deviation(<const double *>cnp.PyArray_DATA(a), a.shape[0], a.shape[1],
+                            <double *>cnp.PyArray_DATA(dev))
     j = int(np.argmax(dev))
     if dev[j] > tol:
         raise ValueError(f"{name}[{j}] is not orthogonal: max |R R^T - I| = {dev[j]:.3g} > "
                          f"{tol:g} ({r.dtype} rotations; an orthogonal matrix rounded to "
                          f"{r.dtype} is within {float(np.finfo(r.dtype).eps):.2g})")
-    return 0
+    return c
 
 
 cdef tuple _side_format(op, str side, object scale, int Nkv, int H):

@@ -25,6 +25,8 @@ cdef extern from "gqa_kernels.h" nogil:
                                     size_t ldc, float beta) noexcept nogil
     ctypedef float (*gqa_exp_sum_fn)(float *x, size_t n, float m) noexcept nogil
     ctypedef float (*gqa_row_max_fn)(const float *x, size_t n) noexcept nogil
+    ctypedef void (*gqa_hadamard_fn)(size_t n, size_t H, const float *x, size_t ldx, float *o,
+                                     size_t ldo, float c, int inverse) noexcept nogil
     ctypedef struct gqa_tiles:
         const char *name
         int rows
@@ -56,6 +58,7 @@ cdef extern from "gqa_kernels.h" nogil:
         gqa_sv_gemm_fn sv_gemm_s8_dot
         gqa_exp_sum_fn exp_sum
         gqa_row_max_fn row_max
+        gqa_hadamard_fn hadamard_rows
     size_t gqa_row_bytes(int type, size_t cols)
     bint GQA_IS_GROUP(int type)
 

@@ -87,13 +87,17 @@ cdef inline const float *rotation(const float *R, const Params *p, int j) noexce
 
 
 cdef void turn_rows(const Params *p, const float *x, size_t ldx, float *o, const float *R,
-                    int n) noexcept nogil:
+                    float c, int n) noexcept nogil:
     """o [n, H] = x R for n head rows x (ldx floats apart; R [H, H] row-major: o[e] = sum_d
-    x[d] R[d, e]) by the active path's float32 SV kernel, whose sums run over d in order for
-    any number of rows (a row's bits do not depend on n), rounded to half on float16 calls;
-    o must not overlap x."""
+    x[d] R[d, e]): where c > 0 (R is the `+had` rotation c Sy P: p.rk_c / p.rv_c) by
+    gqa_hadamard_rows, the same bits on every path, else by the active path's float32 SV
+    kernel, whose sums run over d in order for any number of rows; either way a row's bits do
+    not depend on n.  Rounded to half on float16 calls; o must not overlap x."""
     cdef int r
-    active_table().sv_gemm(n, p.H, p.H, x, ldx, R, GQA_F32, NULL, o, p.H, 0.0)
+    if c > 0:
+        active_table().hadamard_rows(n, p.H, x, ldx, o, p.H, c, 0)
+    else:
+        active_table().sv_gemm(n, p.H, p.H, x, ldx, R, GQA_F32, NULL, o, p.H, 0.0)
     if p.round_half:
         for r in range(n):
             round_to_half(o + <size_t>r * p.H, p.H)
@@ -115,7 +119,7 @@ cdef void prep_heads(const Params *p, const float *x, float *o, float *tmp, int 
         for g in range(p.G):
             prep_plain(p, x + g * H, tmp + g * H, p.qn, pos)
         x = tmp
-    turn_rows(p, x, H, o, R, p.G)
+    turn_rows(p, x, H, o, R, p.rk_c, p.G)
 
 
 cdef void prep_plain(const Params *p, const float *x, float *o, const float *w, int pos) noexcept nogil:

@@ -12,6 +12,7 @@ output rotated back), so that quantization error falls on directions attention u
   (SV)``), gathered from a model's forward over a calibration text (gqa/apps/llama.py
   ``Llama.calibrate_rotations``).
 """
+import functools
 import numbers
 
 import numpy as np
@@ -52,6 +53,28 @@ def oscar_rotation(eigenvectors, head_size, kv_num_heads=1):
     if u.ndim != 3 or u.shape[1:] != (d, d):
         raise ValueError(f"eigenvectors must have shape (kv_num_heads, {d}, {d}), got {u.shape}")
     return (u @ hd).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def _hadamard_signs(d):
+    """The +-1 pattern of oscar_rotation(None, d) (read-only, cached)."""
+    s = np.sign(oscar_rotation(None, d)[0]).astype(np.int8)
+    s.flags.writeable = False
+    return s
+
+
+def hadamard_scale(r):
+    """c > 0 when every KV head of the rotations ``r [Nkv, H, H]`` is c times the sign pattern
+    of ``oscar_rotation(None, H)`` exactly (the rotation of ``+had``, in any float type and
+    scale), else 0.0.  Then ``R R^T = H c^2 I`` exactly: the check of orthogonality is O(H^2)."""
+    r = np.asarray(r)
+    H = r.shape[-1]
+    if r.ndim != 3 or r.shape[1] != H or H < 1 or H & (H - 1) or r.size == 0:
+        return 0.0
+    c = abs(r.flat[0])
+    if not c > 0:
+        return 0.0
+    return float(c) if bool((r == _hadamard_signs(H) * c).all()) else 0.0
 
 
 def eigenvectors(cov):

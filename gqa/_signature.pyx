@@ -139,6 +139,7 @@ cdef class Signature:
     cdef bint packed, f16, has_past, shared, quantized, k_group, v_group, fresh_present, copy_past, windowed
     cdef bint win, hp_inplace, hp_fresh
     cdef int level         # the operator's accuracy_level (0: gqa.config's, per call)
+    cdef float rk_c, rv_c  # > 0: the rotations are the `+had` rotation c Sy P (_orthogonal)
     cdef tuple out_slots, out_names   # the caller's buffers a call writes (_written_slots)
     cdef object rho
 
@@ -311,9 +312,15 @@ cdef class Signature:
                     raise ValueError(f"{name}: rotations take head sizes up to {ROT_MAX}, got {H}")
         # the values of the large kept inputs multiplied into a cache: when this operator
         # first meets the array (prev: the signature this one replaces)
+        self.rk_c = self.rv_c = 0.0
         for i, name, x in ((19, "oscar_rotation_k", rot_k), (20, "oscar_rotation_v", rot_v)):
-            if x is not None and not _seen(prev, i, x):
-                _orthogonal(x, name)
+            if x is None:
+                continue
+            c = (prev.rk_c if i == 19 else prev.rv_c) if _seen(prev, i, x) else _orthogonal(x, name)
+            if i == 19:
+                self.rk_c = c
+            else:
+                self.rv_c = c
         if rot_half:
             for i, name, x in ((6, "cos_cache", cos_cache), (7, "sin_cache", sin_cache)):
                 if not _seen(prev, i, x):
@@ -564,7 +571,7 @@ cdef class Signature:
             position_ids if self.rot_half else None, _f32(attention_bias), _f32(head_sink),
             _f32(q_norm_weight), _f32(k_norm_weight), out, qk_out, <int>T, Pres, first_prompt, nt, _SETTINGS["flash"],
             q_block, kv_block, splits, ranges, direct=direct, col_base=None, bias_T=0, rk=_f32(rot_k),
-            rv=_f32(rot_v),
+            rv=_f32(rot_v), rk_c=self.rk_c, rv_c=self.rv_c,
             hk=hpk if self.win else None, hv=hpv if self.win else None, phk=phk, phv=phv,
             accuracy=level)
         if self.f16:

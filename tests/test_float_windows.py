@@ -152,6 +152,8 @@ class Run:
             self.RK, self.RV = _orth(1), _orth(2)
         elif rot == "k-only":
             self.RK = _orth(3)
+        elif rot == "had":      # `+had`'s rotation: the kernels' O(H log H) transform
+            self.RK = self.RV = gqa.oscar_rotation(None, H, NKV)
         self.op = gqa.GroupQueryAttention(num_heads=N, kv_num_heads=NKV, sink_size=self.sink,
                                           recent_size=self.recent, window_partition=partition,
                                           **self.codec.attrs)
@@ -237,7 +239,7 @@ TOL = 2e-5
 
 @pytest.mark.parametrize("flash", [True, False], ids=["flash", "naive"])
 @pytest.mark.parametrize("partition", ["causal", "per_call"])
-@pytest.mark.parametrize("rot", ["none", "perm", "orth", "k-only"])
+@pytest.mark.parametrize("rot", ["none", "perm", "orth", "k-only", "had"])
 @pytest.mark.parametrize("window", list(WINDOWS))
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_steps_against_float64(kernel_path, fmt, window, rot, partition, flash):
@@ -439,6 +441,55 @@ def test_hadamard_and_oscar_rotation():
     np.testing.assert_allclose(d, np.full(16, np.trace(cov) / 16), rtol=1e-4)
     with pytest.raises(ValueError, match="power of two"):
         gqa.hadamard(12)
+
+
+def test_hadamard_scale_names_the_had_rotation_only():
+    """hadamard_scale: c for c times the sign pattern of oscar_rotation(None, H) in every KV
+    head (any float type, any scale; the kernels then turn rows in O(H log H)), 0.0 for
+    anything else -- one element off by one ulp, one head another rotation, a column's sign."""
+    from gqa._rotation import hadamard_scale
+    for H in (1, 2, 16, 32, 128, 1024):
+        r = gqa.oscar_rotation(None, H, 3)
+        assert hadamard_scale(r) == float(np.float32(1 / np.sqrt(H)))
+        assert hadamard_scale(r.astype(np.float16)) == float(np.float16(1 / np.sqrt(H)))
+        assert hadamard_scale(2 * r) == 2 * hadamard_scale(r)
+    r = gqa.oscar_rotation(None, 64, 2)
+    bad = r.copy()
+    bad[1, 5, 7] = np.nextafter(bad[1, 5, 7], F32(1))
+    assert hadamard_scale(bad) == 0.0
+    bad = r.copy()
+    bad[:, :, 3] *= -1
+    assert hadamard_scale(bad) == 0.0
+    assert hadamard_scale(np.stack([r[0], r[1][::-1]])) == 0.0          # one head's rows reordered
+    assert hadamard_scale(np.stack([gqa.hadamard(64)] * 2)) == 0.0      # Hd without P
+    assert hadamard_scale(np.eye(4, dtype=F32)[None]) == 0.0
+    assert hadamard_scale(np.zeros((1, 8, 8), F32)) == 0.0
+
+
+@pytest.mark.parametrize("fmt", ["g4-8-fp16", "int8-pt"])
+def test_hadamard_rotation_gives_the_same_bits_on_every_path(fmt):
+    """With `+had`'s rotation every path writes the same codes and window rows (each row
+    turned by one order of additions, gqa_hadamard_rows), and its outputs agree within the
+    float32 contract."""
+    paths = [p for p in ("scalar", "avx2", "avx512", "neon") if p in gqa.available_paths()]
+    if len(paths) < 2:
+        pytest.skip(f"one path here ({paths})")
+    got = {}
+    for path in paths:
+        run = Run(fmt, "s2r3", "causal", "none", inplace=True, seed=5)
+        run.RK = run.RV = gqa.oscar_rotation(None, H, NKV)
+        outs = []
+        with gqa.config(path=path):
+            for S in (9, 1, 3, 1):
+                q, out, T, S = run.step(S)
+                run.check(q, out, T, S, TOL, exact_codes=False)
+                outs.append(out)
+        got[path] = (run.pk.copy(), run.pv.copy(), run.hk.copy(), run.hv.copy(), outs)
+    for path in paths[1:]:
+        for a, b in zip(got[paths[0]][:4], got[path][:4]):
+            assert np.array_equal(a, b), path
+        for a, b in zip(got[paths[0]][4], got[path][4]):
+            np.testing.assert_allclose(a, b, rtol=0, atol=TOL)
 
 
 def test_errors():

@@ -160,6 +160,8 @@ typedef struct gqa_tiles {
     gqa_sv_gemm_fn sv_f;
 } gqa_tiles;
 typedef float (*gqa_row_max_fn)(const float *x, size_t n);
+typedef void (*gqa_hadamard_fn)(size_t n, size_t H, const float *x, size_t ldx, float *o,
+                                size_t ldo, float c, int inverse);
 
 typedef struct gqa_kernels {
     const char *name;
@@ -193,6 +195,9 @@ typedef struct gqa_kernels {
        reaches the row through exp_sum); -inf when n == 0 or no element is larger.  Exact:
        every path returns the same value (+0 and -0 may differ). */
     gqa_row_max_fn row_max;
+    /* o = x R (inverse: x R^T) for n rows of the `+had` rotation R = c Sy P (kernels_common.h,
+       gqa_hadamard_rows: the same bits on every path). */
+    gqa_hadamard_fn hadamard_rows;
     /* The path's matrix tiles, best first, NULL-terminated (avx512: AMX, then AVX-512 BF16
        dot products), or NULL where the build has none; callers take them through
        gqa_path_tiles, which checks the CPU. */

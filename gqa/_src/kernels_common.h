@@ -102,6 +102,92 @@ static inline float gqa_max_of(const float *x, size_t n, float m)
     return m;
 }
 
+/* The `+had` rotation (gqa/_rotation.py: oscar_rotation(None, H), scaled): R = c Sy P, Sy the
+   H x H Sylvester matrix of +-1 (Sy[d, e] = (-1)^popcount(d & e)), P the bit-reversal
+   permutation ((X P)[:, rev(i)] = X[:, i]), H a power of two up to GQA_HADAMARD_MAX.
+   n rows x [H] (ldx floats apart) -> o [n, H] (ldo apart; o must not overlap x):
+   inverse == 0: o = x R, i.e. o[rev(i)] = c (x Sy)[i];  inverse != 0: o = x R^T = c (x P^T) Sy,
+   i.e. o = c ((x[rev(i)])_i Sy).
+   x Sy in this order, the same on every path: each block of B = min(H, 16) columns times the
+   B x B Sylvester matrix, each output the sum over the block's inputs in order (the first
+   product exact, then one addition each: +-1 products are exact, so a fused multiply-add gives
+   the same bits), then the butterflies (a, b) -> (a + b, a - b) at the distances B, 2B, ...,
+   H / 2 in turn, then one multiplication by c: to first order |o_e - (x R)_e| <= (B +
+   log2(H / B)) 2^-24 c sum_d |x_d|.  O(H (B + log2 H)) operations per row, not H^2. */
+#define GQA_HADAMARD_MAX 1024
+static inline void gqa_hadamard_rows(size_t n, size_t H, const float *x, size_t ldx, float *o,
+                                     size_t ldo, float c, int inverse)
+{
+    /* the 16 x 16 Sylvester matrix: sy[l][k] = (-1)^popcount(l & k) */
+    static const float sy[16][16] = {
+        { 1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f},
+        { 1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f},
+        { 1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f},
+        { 1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f},
+        { 1.f,  1.f,  1.f,  1.f, -1.f, -1.f, -1.f, -1.f,  1.f,  1.f,  1.f,  1.f, -1.f, -1.f, -1.f, -1.f},
+        { 1.f, -1.f,  1.f, -1.f, -1.f,  1.f, -1.f,  1.f,  1.f, -1.f,  1.f, -1.f, -1.f,  1.f, -1.f,  1.f},
+        { 1.f,  1.f, -1.f, -1.f, -1.f, -1.f,  1.f,  1.f,  1.f,  1.f, -1.f, -1.f, -1.f, -1.f,  1.f,  1.f},
+        { 1.f, -1.f, -1.f,  1.f, -1.f,  1.f,  1.f, -1.f,  1.f, -1.f, -1.f,  1.f, -1.f,  1.f,  1.f, -1.f},
+        { 1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f, -1.f, -1.f, -1.f, -1.f, -1.f, -1.f, -1.f, -1.f},
+        { 1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f},
+        { 1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f},
+        { 1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f},
+        { 1.f,  1.f,  1.f,  1.f, -1.f, -1.f, -1.f, -1.f, -1.f, -1.f, -1.f, -1.f,  1.f,  1.f,  1.f,  1.f},
+        { 1.f, -1.f,  1.f, -1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f,  1.f, -1.f,  1.f, -1.f},
+        { 1.f,  1.f, -1.f, -1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f,  1.f,  1.f, -1.f, -1.f},
+        { 1.f, -1.f, -1.f,  1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f,  1.f, -1.f, -1.f,  1.f}};
+    float w[GQA_HADAMARD_MAX], in[GQA_HADAMARD_MAX];
+    unsigned short rev[GQA_HADAMARD_MAX];
+    size_t B = H < 16 ? H : 16, bits = 0, i, l, k, h, j, r;
+    while (((size_t)1 << bits) < H)
+        bits++;
+    rev[0] = 0;
+    for (i = 1; i < H; i++)
+        rev[i] = (unsigned short)((rev[i >> 1] >> 1) | ((i & 1) << (bits - 1)));
+    for (r = 0; r < n; r++) {
+        const float *xr = x + r * ldx;
+        float *orow = o + r * ldo;
+        if (inverse) {
+            for (i = 0; i < H; i++)
+                in[i] = xr[rev[i]];
+            xr = in;
+        }
+        if (B == 16) {      /* the block's 16 sums in registers */
+            for (i = 0; i < H; i += 16) {
+                float acc[16];
+                UNROLL for (k = 0; k < 16; k++)
+                    acc[k] = xr[i] * sy[0][k];
+                UNROLL for (l = 1; l < 16; l++) {
+                    const float xl = xr[i + l];
+                    UNROLL for (k = 0; k < 16; k++)
+                        acc[k] += xl * sy[l][k];
+                }
+                UNROLL for (k = 0; k < 16; k++)
+                    w[i + k] = acc[k];
+            }
+        } else {
+            for (k = 0; k < B; k++)
+                w[k] = xr[0] * sy[0][k];
+            for (l = 1; l < B; l++)
+                for (k = 0; k < B; k++)
+                    w[k] += xr[l] * sy[l][k];
+        }
+        for (h = B; h < H; h <<= 1)
+            for (i = 0; i < H; i += 2 * h)
+                for (j = i; j < i + h; j++) {
+                    const float a = w[j], b = w[j + h];
+                    w[j] = a + b;
+                    w[j + h] = a - b;
+                }
+        if (inverse)
+            for (i = 0; i < H; i++)
+                orow[i] = c * w[i];
+        else
+            for (i = 0; i < H; i++)
+                orow[rev[i]] = c * w[i];
+    }
+}
+
 /* A path's kernel table: every operation named <op>_<path>, and the integer-dot kernels
    (or NULL): onnxruntime's approximate QK, level 4's QK and SV; the path's tiles (or NULL). */
 #define GQA_KERNEL_TABLE(path, approx_qk, dot_qk, dot_sv, tiles) GQA_KERNEL_TABLE_AS(path, path, approx_qk, dot_qk, dot_sv, tiles)
@@ -110,7 +196,7 @@ static inline float gqa_max_of(const float *x, size_t n, float m)
     const gqa_kernels gqa_kernels_##unit = {#unit, quantize_##path, dequantize_##path,          \
                                             dequantize_t_##path, qk_gemm_##path, sv_gemm_##path, \
                                             approx_qk, dot_qk, dot_sv, exp_sum_##path,           \
-                                            row_max_##path, tiles};
+                                            row_max_##path, gqa_hadamard_rows, tiles};
 
 /* dequantize_<path> of a path whose row decoder dequant_row(row, d, cols, type, s) is
    specialized on a constant type: one instance per static or float type in deq_rows[type]

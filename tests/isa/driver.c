@@ -30,6 +30,8 @@
  *                   bounds above, for 1..9 and 16 rows of A.
  *   row_max         the same value as a plain loop (NaN skipped, -inf for n = 0),
  *                   rows of NaN, +-inf, +-0 and finite values, lengths 0 .. 4099.
+ *   hadamard_rows   the `+had` rotation and its transpose: the scalar table's bits, and
+ *                   within the stated bound of float64 over R built from its definition.
  *   approx.*        the approximate INT8 QK kernel: bit for bit against the
  *                   contract (oracle below), the integer dot read back exactly,
  *                   the error bound against the exact scalar path, edge rows;
@@ -632,6 +634,74 @@ static void check_row_max(void)
                    (double)want);
             free(x), free(copy);
         }
+    end();
+}
+
+/* ---- hadamard_rows ------------------------------------------------------------- */
+
+/* hadamard_rows (kernels_common.h, gqa_hadamard_rows: the `+had` rotation R = c Sy P):
+   bit for bit the scalar table's, and within its stated bound of float64's x R (inverse:
+   x R^T), R built here from its definition (R[d, rev(i)] = c (-1)^popcount(d & i)); x not
+   written, o's padding kept; heads 1 .. 1024, 1 / 3 / 16 rows, strides past the row. */
+static size_t bit_reverse(size_t i, size_t bits)
+{
+    size_t r = 0;
+    for (size_t b = 0; b < bits; b++)
+        r |= ((i >> b) & 1) << (bits - 1 - b);
+    return r;
+}
+
+static void check_hadamard(void)
+{
+    static const size_t NS[] = {1, 3, 16};
+    begin("hadamard_rows");
+    if (T->hadamard_rows == NULL) {
+        expect(0, "the %s table has no hadamard_rows", T->name);
+        end();
+        return;
+    }
+    for (size_t bits = 0; bits <= 10; bits++)
+        for (size_t ni = 0; ni < 3; ni++)
+            for (int inverse = 0; inverse < 2; inverse++) {
+                const size_t H = (size_t)1 << bits, n = NS[ni], ldx = H + 3, ldo = H + 5;
+                const size_t B = H < 16 ? H : 16;
+                const float c = bits % 2 ? (float)(1.0 / sqrt((double)H)) : 0.75f;
+                float *x = xmalloc(n * ldx * 4), *xc = xmalloc(n * ldx * 4);
+                float *o = xmalloc(n * ldo * 4), *ref = xmalloc(n * ldo * 4);
+                for (size_t i = 0; i < n * ldx; i++)
+                    x[i] = (i % 7 == 3) ? (float)(rnd() % 9) - 4.0f : normal() * 3.0f;
+                memcpy(xc, x, n * ldx * 4);
+                for (size_t i = 0; i < n * ldo; i++)
+                    o[i] = ref[i] = -7.0f;
+                T->hadamard_rows(n, H, x, ldx, o, ldo, c, inverse);
+                R->hadamard_rows(n, H, x, ldx, ref, ldo, c, inverse);
+                int ok = memcmp(o, ref, n * ldo * 4) == 0 && memcmp(x, xc, n * ldx * 4) == 0;
+                double worst = 0.0;
+                for (size_t r = 0; r < n && ok; r++) {
+                    const float *xr = x + r * ldx;
+                    double sum_abs = 0.0;
+                    for (size_t d = 0; d < H; d++)
+                        sum_abs += fabs((double)xr[d]);
+                    for (size_t e = 0; e < H; e++) {
+                        double want = 0.0;  /* sum_d x[d] R[d, e] (inverse: R[e, d]) */
+                        for (size_t d = 0; d < H; d++) {
+                            const size_t row = inverse ? e : d, col = inverse ? d : e;
+                            const size_t i = bit_reverse(col, bits); /* R[row, rev(i)] */
+                            want += (double)xr[d] * (__builtin_popcountll(row & i) & 1 ? -1.0 : 1.0);
+                        }
+                        want *= (double)c;
+                        const double bound = ((double)B + (double)bits + 2.0) * 0x1p-24 * (double)c * sum_abs;
+                        const double err = fabs((double)o[r * ldo + e] - want);
+                        worst = err / (bound + 1e-300) > worst ? err / (bound + 1e-300) : worst;
+                        ok = ok && err <= bound;
+                    }
+                    for (size_t e = H; e < ldo; e++)
+                        ok = ok && o[r * ldo + e] == -7.0f;
+                }
+                expect(ok, "H=%zu n=%zu inverse=%d: %s (worst err / bound %.3g)", H, n, inverse,
+                       memcmp(o, ref, n * ldo * 4) ? "not the scalar table's bits" : "off", worst);
+                free(x), free(xc), free(o), free(ref);
+            }
     end();
 }
 
@@ -1492,6 +1562,7 @@ int main(int argc, char **argv)
         check_group();
         check_exp();
         check_row_max();
+        check_hadamard();
         check_block_lines();
     }
     if (approx) {
