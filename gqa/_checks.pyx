@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from gqa._dispatch cimport omp_max_threads
+from gqa._dispatch cimport omp_max_threads, active_table, GQA_F32
 from gqa import _config
 from gqa import _validate
 from gqa._rotation import hadamard_scale
@@ -163,23 +163,57 @@ cdef void _gram_deviation(const double *a, Py_ssize_t nkv, Py_ssize_t H, double 
                     dev[j] = x
 
 
+cdef void _gram_deviation32(const float *a, Py_ssize_t nkv, Py_ssize_t H, float *g,
+                            double *dev) noexcept nogil:
+    """dev[j] = max |G - I| of G = R R^T computed in float32 by the active path's QK kernel, its
+    upper triangle in blocks of 16 rows (g: H x H scratch), R = a[j]: within H 2^-24 (1 + max
+    |R R^T - I|) of the float64 value (each entry a sum of H products, |sum_d r_id r_kd| <=
+    |r_i| |r_k|); NaN where a product overflowed."""
+    cdef Py_ssize_t j, i0, m, i, k
+    cdef const float *r
+    cdef double x, d
+    for j in range(nkv):
+        r = a + j * H * H
+        d = 0.0
+        for i0 in range(0, H, 16):
+            m = H - i0 if H - i0 < 16 else 16
+            active_table().qk_gemm(m, H - i0, H, 1.0, r + i0 * H, H, r + i0 * H, GQA_F32, NULL, g, H)
+            for i in range(m):
+                for k in range(i, H - i0):
+                    x = <double>g[i * H + k] - (1.0 if i == k else 0.0)
+                    x = -x if x < 0 else x
+                    if not x <= d:      # NaN too
+                        d = x
+        dev[j] = d
+
+
 cdef double _orthogonal(object r, str name) except -1.0:
     """Rotations r [Nkv, H, H]: finite, and each orthogonal within ORTHOGONAL_TOLERANCE (the
     output is turned back by R_V^T and the scores use R_K R_K^T = I): max |R R^T - I| in
-    float64, in closed form for scaled Hadamard rotations (hadamard_scale), else O(H^3).
+    float64 (closed form for scaled Hadamard rotations, hadamard_scale; else O(H^3), in float32
+    where that decides).
     Returns the Hadamard rotation's scale c (hadamard_scale), 0.0 for any other rotation."""
     _finite(r, name, "rotations must be finite")
     cdef double tol = ORTHOGONAL_TOLERANCE[r.dtype]
-    cdef cnp.ndarray a, dev
+    cdef cnp.ndarray a, g, dev
     cdef double c = hadamard_scale(r)
     if c > 0:       # R R^T = H c^2 I exactly
         dev = np.full(r.shape[0], abs(r.shape[1] * c * c - 1.0))
     else:
-        a = np.ascontiguousarray(r, np.float64)
+        # float32 first (the active path's kernel, ~15x float64's loop); float64 where that
+        # cannot decide: |dev32 - dev| <= H 2^-24 (1 + dev) / (1 - H 2^-24)
+        a = np.ascontiguousarray(r, np.float32)
+        g = np.empty(16 * a.shape[1], np.float32)
         dev = np.empty(a.shape[0])
         with nogil:
-            _gram_deviation(<const double *>cnp.PyArray_DATA(a), a.shape[0], a.shape[1],
-                            <double *>cnp.PyArray_DATA(dev))
+            _gram_deviation32(<const float *>cnp.PyArray_DATA(a), a.shape[0], a.shape[1],
+                              <float *>cnp.PyArray_DATA(g), <double *>cnp.PyArray_DATA(dev))
+        err = 1.01 * a.shape[1] * 2.0 ** -24 * (1.0 + dev)
+        if not bool((dev + err <= tol).all()):
+            a = np.ascontiguousarray(r, np.float64)
+            with nogil:
+                _gram_deviation(<const double *>cnp.PyArray_DATA(a), a.shape[0], a.shape[1],
+                                <double *>cnp.PyArray_DATA(dev))
     j = int(np.argmax(dev))
     if dev[j] > tol:
         raise ValueError(f"{name}[{j}] is not orthogonal: max |R R^T - I| = {dev[j]:.3g} > "
@@ -348,3 +382,4 @@ cdef int apart(tuple outs, tuple out_names, tuple ins, tuple in_names, str where
             if _meets(outs[j], lo, hi, o):
                 raise ValueError(f"{out_names[i]} and {out_names[j]} must not overlap{where}")
     return 0
+

@@ -189,6 +189,35 @@ def test_a_rotation_just_past_the_tolerance_is_refused_just_inside_accepted():
         op(**inp)
 
 
+@pytest.mark.parametrize("where, accepted", [(0.99, True), (1.01, False)])
+def test_a_rotation_within_float32_error_of_the_tolerance_is_decided_in_float64(where, accepted):
+    """The check computes R R^T in float32 first; a deviation within that product's error
+    (H 2^-24 (1 + dev)) of the tolerance is decided in float64: 1 % inside accepted, 1 %
+    outside refused."""
+    from gqa._checks import ORTHOGONAL_TOLERANCE as TOL
+    tol = TOL[np.dtype(F32)]
+    r = np.broadcast_to(np.eye(H, dtype=F32), (NKV, H, H)).copy()
+    r[1, 3, 3] = np.sqrt(1 + where * tol)
+    dev = abs(float(r[1, 3, 3]) ** 2 - 1)
+    assert (dev < tol) == accepted and abs(dev - tol) < 1.01 * H * 2.0 ** -24 * (1 + dev)
+    op, inp = _rotated(rot_v=r)
+    if accepted:
+        op(**inp)
+    else:
+        with pytest.raises(ValueError, match=r"oscar_rotation_v.1. is not orthogonal"):
+            op(**inp)
+
+
+def test_a_refused_rotation_states_its_float64_deviation():
+    """An element of 1e25 (finite in float32, its square not): the float32 product overflows,
+    the message states float64's max |R R^T - I| = 1e50."""
+    r = np.broadcast_to(np.eye(H, dtype=F32), (NKV, H, H)).copy()
+    r[0, 2, 7] = 1e25
+    op, inp = _rotated(rot_k=r)
+    with pytest.raises(ValueError, match=r"oscar_rotation_k.0. is not orthogonal: max \|R R\^T - I\| = 1e\+50 >"):
+        op(**inp)
+
+
 @pytest.mark.parametrize("name", ["q_norm_weight", "k_norm_weight"])
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("dtype", [F32, F16])
