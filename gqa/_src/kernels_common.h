@@ -114,7 +114,6 @@ static inline float gqa_max_of(const float *x, size_t n, float m)
    the same bits), then the butterflies (a, b) -> (a + b, a - b) at the distances B, 2B, ...,
    H / 2 in turn, then one multiplication by c: to first order |o_e - (x R)_e| <= (B +
    log2(H / B)) 2^-24 c sum_d |x_d|.  O(H (B + log2 H)) operations per row, not H^2. */
-#define GQA_HADAMARD_MAX 1024
 static inline void gqa_hadamard_rows(size_t n, size_t H, const float *x, size_t ldx, float *o,
                                      size_t ldo, float c, int inverse)
 {
@@ -182,9 +181,9 @@ static inline void gqa_hadamard_rows(size_t n, size_t H, const float *x, size_t 
         if (inverse)
             for (i = 0; i < H; i++)
                 orow[i] = c * w[i];
-        else
+        else /* o[rev(i)] = c w[i]: rev is its own inverse, so a gather */
             for (i = 0; i < H; i++)
-                orow[rev[i]] = c * w[i];
+                orow[i] = c * w[rev[i]];
     }
 }
 
