@@ -2,10 +2,6 @@
 from libc.stdint cimport uint8_t, int64_t
 from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn, gqa_sv_gemm_fn, gqa_tiles
 
-cdef enum:
-    ROT_MAX = 1024       # the widest head a rotation takes (R: H x H floats per KV head)
-
-
 cdef struct Params:
     int B, S, N, Nkv, G, H, L, T, Pres, Pbuf, Tmax
     const float *q

@@ -23,7 +23,7 @@ import numpy as np
 from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, dot_tiles, exp_kernel, tile_kernels,
                             gqa_kernels, gqa_tiles, gqa_qk_gemm_fn,
                             round_to_half, GQA_F32, GQA_F16, GQA_S8_PT, GQA_S8_PC,
-                            GQA_S4_PT, GQA_S4_PC, GQA_HADAMARD_MAX,
+                            GQA_S4_PT, GQA_S4_PC, GQA_ROT_MAX,
                             gqa_row_bytes)
 
 cnp.import_array()
@@ -1306,8 +1306,8 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.bias = <const float *>ptr(bias); p.sink = <const float *>ptr(sink)
     p.qn = <const float *>ptr(qn); p.kn = <const float *>ptr(kn)
     p.rk = <const float *>ptr(rk); p.rv = <const float *>ptr(rv)
-    p.rk_c = rk_c if rk is not None and p.H <= GQA_HADAMARD_MAX else 0.0
-    p.rv_c = rv_c if rv is not None and p.H <= GQA_HADAMARD_MAX else 0.0
+    p.rk_c = rk_c if rk is not None and p.H <= GQA_ROT_MAX else 0.0
+    p.rv_c = rv_c if rv is not None and p.H <= GQA_ROT_MAX else 0.0
     p.hk = <uint8_t *>ptr(hk); p.hv = <uint8_t *>ptr(hv)
     p.phk = <const uint8_t *>ptr(phk); p.phv = <const uint8_t *>ptr(phv)
     p.fk = p.fv = NULL

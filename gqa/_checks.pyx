@@ -128,41 +128,6 @@ cdef object _finite_scale(object s, str name):
 ORTHOGONAL_TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float16): 2e-3}
 
 
-cdef inline double _dot(const double *x, const double *y, Py_ssize_t n) noexcept nogil:
-    """sum x[d] y[d] over 4 partial sums."""
-    cdef double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0
-    cdef Py_ssize_t d = 0
-    while d + 4 <= n:
-        s0 += x[d] * y[d]
-        s1 += x[d + 1] * y[d + 1]
-        s2 += x[d + 2] * y[d + 2]
-        s3 += x[d + 3] * y[d + 3]
-        d += 4
-    while d < n:
-        s0 += x[d] * y[d]
-        d += 1
-    return (s0 + s1) + (s2 + s3)
-
-
-cdef void _gram_deviation(const double *a, Py_ssize_t nkv, Py_ssize_t H, double *dev) noexcept nogil:
-    """dev[j] = max |R R^T - I| of R = a[j] [H, H] (C order), in float64, on this thread:
-    never through BLAS, whose worker threads keep spinning for ~0.1 s after a product and
-    would take the cores from the call this check precedes (a first prompt over a rotated
-    cache ran 1.5x slower)."""
-    cdef Py_ssize_t j, i, k
-    cdef const double *r
-    cdef double x
-    for j in range(nkv):
-        r = a + j * H * H
-        dev[j] = 0.0
-        for i in range(H):
-            for k in range(i, H):
-                x = _dot(r + i * H, r + k * H, H) - (1.0 if i == k else 0.0)
-                x = -x if x < 0 else x
-                if x > dev[j]:
-                    dev[j] = x
-
-
 cdef void _gram_deviation32(const float *a, Py_ssize_t nkv, Py_ssize_t H, float *g,
                             double *dev) noexcept nogil:
     """dev[j] = max |G - I| of G = R R^T computed in float32 by the active path's QK kernel, its
@@ -200,8 +165,10 @@ cdef double _orthogonal(object r, str name) except -1.0:
     if c > 0:       # R R^T = H c^2 I exactly
         dev = np.full(r.shape[0], abs(r.shape[1] * c * c - 1.0))
     else:
-        # float32 first (the active path's kernel, ~15x float64's loop); float64 where that
-        # cannot decide: |dev32 - dev| <= H 2^-24 (1 + dev) / (1 - H 2^-24)
+        # float32 first (the active path's kernel); float64 where that cannot decide:
+        # |dev32 - dev| <= H 2^-24 (1 + dev) / (1 - H 2^-24).  Never NumPy's BLAS (matmul):
+        # OpenBLAS's workers keep spinning ~0.1 s after a product and would take the cores
+        # from the call this check precedes; einsum without optimize= runs its own loops (not BLAS)
         a = np.ascontiguousarray(r, np.float32)
         g = np.empty(16 * a.shape[1], np.float32)
         dev = np.empty(a.shape[0])
@@ -210,10 +177,8 @@ cdef double _orthogonal(object r, str name) except -1.0:
                               <float *>cnp.PyArray_DATA(g), <double *>cnp.PyArray_DATA(dev))
         err = 1.01 * a.shape[1] * 2.0 ** -24 * (1.0 + dev)
         if not bool((dev + err <= tol).all()):
-            a = np.ascontiguousarray(r, np.float64)
-            with nogil:
-                _gram_deviation(<const double *>cnp.PyArray_DATA(a), a.shape[0], a.shape[1],
-                                <double *>cnp.PyArray_DATA(dev))
+            a = np.asarray(r, np.float64)
+            dev = np.abs(np.einsum("jik,jlk->jil", a, a, optimize=False) - np.eye(a.shape[1])).max(axis=(1, 2))
     j = int(np.argmax(dev))
     if dev[j] > tol:
         raise ValueError(f"{name}[{j}] is not orthogonal: max |R R^T - I| = {dev[j]:.3g} > "
@@ -382,4 +347,3 @@ cdef int apart(tuple outs, tuple out_names, tuple ins, tuple in_names, str where
             if _meets(outs[j], lo, hi, o):
                 raise ValueError(f"{out_names[i]} and {out_names[j]} must not overlap{where}")
     return 0
-

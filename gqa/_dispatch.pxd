@@ -61,7 +61,7 @@ cdef extern from "gqa_kernels.h" nogil:
         gqa_hadamard_fn hadamard_rows
     size_t gqa_row_bytes(int type, size_t cols)
     bint GQA_IS_GROUP(int type)
-    int GQA_HADAMARD_MAX
+    int GQA_ROT_MAX
 
 # The active table (set by gqa.config / GQA_KERNEL).
 cdef const gqa_kernels *active_table() noexcept nogil

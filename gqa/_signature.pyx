@@ -24,12 +24,12 @@ from cpython.object cimport PyObject
 
 import numpy as np
 
-from gqa._attention cimport Consts, Params, run, check_lengths, ROT_MAX
+from gqa._attention cimport Consts, Params, run, check_lengths
 from gqa cimport _window
 from gqa._checks cimport (INT32_MAX, _array, _ready, _f32, _contiguous, _total_length, _threads,
                           _finite, _finite_scale, _orthogonal, _side_format, _rotary, _present,
                           apart)
-from gqa._dispatch cimport GQA_F32, GQA_F16, tile_rows, tile_steps
+from gqa._dispatch cimport GQA_F32, GQA_F16, GQA_ROT_MAX, tile_rows, tile_steps
 from gqa._plan cimport _plan, step_rows
 from gqa import _config
 
@@ -308,8 +308,8 @@ cdef class Signature:
                 if x.shape != (Nkv, H, H):
                     raise ValueError(f"{name} must have shape (kv_num_heads, head_size, head_size) = "
                                      f"({Nkv}, {H}, {H}), got {x.shape}")
-                if H > ROT_MAX:
-                    raise ValueError(f"{name}: rotations take head sizes up to {ROT_MAX}, got {H}")
+                if H > GQA_ROT_MAX:
+                    raise ValueError(f"{name}: rotations take head sizes up to {GQA_ROT_MAX}, got {H}")
         # the values of the large kept inputs multiplied into a cache: when this operator
         # first meets the array (prev: the signature this one replaces)
         self.rk_c = self.rv_c = 0.0

@@ -162,7 +162,7 @@ typedef struct gqa_tiles {
 typedef float (*gqa_row_max_fn)(const float *x, size_t n);
 typedef void (*gqa_hadamard_fn)(size_t n, size_t H, const float *x, size_t ldx, float *o,
                                 size_t ldo, float c, int inverse);
-#define GQA_HADAMARD_MAX 1024 /* the widest head hadamard_rows takes (a power of two) */
+#define GQA_ROT_MAX 1024 /* the widest head a rotation takes (hadamard_rows' buffers; the call's checks) */
 
 typedef struct gqa_kernels {
     const char *name;

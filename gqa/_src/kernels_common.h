@@ -104,7 +104,7 @@ static inline float gqa_max_of(const float *x, size_t n, float m)
 
 /* The `+had` rotation (gqa/_rotation.py: oscar_rotation(None, H), scaled): R = c Sy P, Sy the
    H x H Sylvester matrix of +-1 (Sy[d, e] = (-1)^popcount(d & e)), P the bit-reversal
-   permutation ((X P)[:, rev(i)] = X[:, i]), H a power of two up to GQA_HADAMARD_MAX.
+   permutation ((X P)[:, rev(i)] = X[:, i]), H a power of two up to GQA_ROT_MAX.
    n rows x [H] (ldx floats apart) -> o [n, H] (ldo apart; o must not overlap x):
    inverse == 0: o = x R, i.e. o[rev(i)] = c (x Sy)[i];  inverse != 0: o = x R^T = c (x P^T) Sy,
    i.e. o = c ((x[rev(i)])_i Sy).
@@ -135,8 +135,8 @@ static inline void gqa_hadamard_rows(size_t n, size_t H, const float *x, size_t 
         { 1.f, -1.f,  1.f, -1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f,  1.f, -1.f,  1.f, -1.f},
         { 1.f,  1.f, -1.f, -1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f,  1.f,  1.f, -1.f, -1.f},
         { 1.f, -1.f, -1.f,  1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f,  1.f, -1.f, -1.f,  1.f}};
-    float w[GQA_HADAMARD_MAX], in[GQA_HADAMARD_MAX];
-    unsigned short rev[GQA_HADAMARD_MAX];
+    float w[GQA_ROT_MAX], in[GQA_ROT_MAX];
+    unsigned short rev[GQA_ROT_MAX];
     size_t B = H < 16 ? H : 16, bits = 0, i, l, k, h, j, r;
     while (((size_t)1 << bits) < H)
         bits++;
