@@ -61,7 +61,7 @@ else:
     from ._function import group_query_attention, mixed_precision_group_query_attention
     from ._rotation import calibrate_rotations, hadamard, oscar_rotation
     from ._kvcache import Calibration, KVCache, rotary_caches
-    from ._window import resident as window_resident
+    from ._window import window_resident
     from ._formats import (CacheFormat, cache_options, group_row_bytes, mode_name, needs_scales,
                            operator_attributes, parse_mode)
 

@@ -46,7 +46,19 @@ SCALE_FLOOR = 1e-6
 
 def rotary_caches(max_positions, rotary_dim, base=10000.0):
     """cos/sin caches ``[max_positions, rotary_dim // 2]`` (float32) of the rotary embedding
-    with frequencies ``base ** (-2i / rotary_dim)``, computed in float64."""
+    with frequencies ``base ** (-2i / rotary_dim)``, computed in float64; ``max_positions >=
+    1``, ``rotary_dim`` even and >= 2, ``base`` finite and > 0."""
+    for name, x in (("max_positions", max_positions), ("rotary_dim", rotary_dim)):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if not 1 <= max_positions <= INT32_MAX:
+        raise ValueError(f"max_positions must be in [1, {INT32_MAX}], got {max_positions}")
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be even and >= 2, got {rotary_dim}")
+    if isinstance(base, (bool, np.bool_)) or not isinstance(base, numbers.Real):
+        raise TypeError(f"base must be a real number, got {type(base).__name__}")
+    if not (0 < base < float("inf")):
+        raise ValueError(f"base must be finite and > 0, got {base}")
     inv = 1.0 / base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
     ang = np.arange(max_positions, dtype=np.float64)[:, None] * inv[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
@@ -149,7 +161,7 @@ class KVCache:
 
     mode: a name of :func:`parse_mode` (or ``k_mode``/``v_mode`` separately).  Quantized modes
     need scales: ``k_scales``/``v_scales`` (one array per layer of 1 or ``kv_num_heads *
-    head_size`` float32, or one array for every layer) or a :class:`Calibration` (and
+    head_size`` float32 > 0, or one number or array for every layer) or a :class:`Calibration` (and
     ``margin``).  ``rotary``: ``(cos_cache, sin_cache)`` covering ``max_length`` positions, or
     None for no rotary.  ``local_window_size``, ``softcap``, ``scale`` and ``accuracy_level``
     are the operator's attributes; ``num_threads`` its per-call thread count.
@@ -352,20 +364,37 @@ class KVCache:
                 else [None] * self.num_layers)
 
     def _layer_scales(self, name, scales, mode):
+        """One flat float32 array per layer: `scales` is one scale for every layer (a real
+        number or an array of at most one dimension) or a sequence of one per layer; each
+        finite and > 0 (a zero scale would store every value as 0, a negative one is no
+        calibrated range)."""
         n = self.kv_num_heads * self.head_size if CacheFormat.parse(mode).per_channel else 1
-        if isinstance(scales, np.ndarray) and scales.ndim <= 1:
+        if (isinstance(scales, numbers.Real) and not isinstance(scales, (bool, np.bool_))) or (
+                isinstance(scales, np.ndarray) and scales.ndim <= 1):
             scales = [scales] * self.num_layers
+        elif isinstance(scales, (str, bytes)) or not isinstance(scales, (np.ndarray, list, tuple)):
+            raise TypeError(f"{name} must be a number or float32 array for every layer, or a "
+                            f"list of one per layer, got {type(scales).__name__}")
         scales = list(scales)
         if len(scales) != self.num_layers:
             raise ValueError(f"{name} must hold one array per layer ({self.num_layers}), got {len(scales)}")
         out = []
         for i, s in enumerate(scales):
-            s = np.ascontiguousarray(s, np.float32).reshape(-1)
+            if isinstance(s, (bool, np.bool_, str, bytes)) or not (
+                    isinstance(s, numbers.Real) or isinstance(s, (np.ndarray, list, tuple))):
+                raise TypeError(f"{name}[{i}] must be a number or a float32 array, got {type(s).__name__}")
+            try:
+                s = np.ascontiguousarray(s, np.float32).reshape(-1)
+            except (TypeError, ValueError):
+                raise TypeError(f"{name}[{i}] must be a number or a float32 array, got {s!r}") from None
             if s.size != n:
                 raise ValueError(f"{name}[{i}] must have {n} element{'s' if n > 1 else ''} for "
                                  f"{mode}, got {s.size}")
             if not np.all(np.isfinite(s)):
                 raise ValueError(f"{name}[{i}] holds a non-finite scale")
+            if not np.all(s > 0):
+                bad = int(np.argmin(s > 0))
+                raise ValueError(f"{name}[{i}] element {bad} is {float(s[bad])}: scales must be > 0")
             out.append(s)
         return out
 

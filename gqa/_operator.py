@@ -70,8 +70,13 @@ def _qk_output(name, value):
 
 
 def _softcap(name, value):
-    if not value >= 0:
-        raise ValueError(f"softcap must be >= 0 (0 disables it), got {value}")
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"softcap must be finite and >= 0 (0 disables it), got {value}")
+
+
+def _finite(name, value):
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
 
 
 def _epsilon(name, value):
@@ -97,7 +102,7 @@ class Attribute(NamedTuple):
 ATTRIBUTES = (
     Attribute("num_heads", _int, _REQUIRED, _positive, "query heads N"),
     Attribute("kv_num_heads", _int, _REQUIRED, _positive, "key / value heads Nkv (N % Nkv == 0)"),
-    Attribute("scale", _real, 0.0, None, "score scale; 0: 1/sqrt(head_size)"),
+    Attribute("scale", _real, 0.0, _finite, "score scale; 0: 1/sqrt(head_size)"),
     Attribute("softcap", _real, 0.0, _softcap, "softcap * tanh(score / softcap); 0: off"),
     Attribute("local_window_size", _int, -1, _local_window, "keys a query sees; -1: all"),
     Attribute("causal", _int, 1, _in(0, 1), "1: causal mask (0: none, no local window)"),

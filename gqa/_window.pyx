@@ -18,6 +18,9 @@ cache-relative lengths (keep + S rows), absolute rotary positions and absolute b
     then copied to rows [0, L(T)) of the present buffer.
 Rows [L(T), C) of the present buffer are left as they were (unspecified by the contract).
 """
+import numbers
+
+import numpy as np
 cimport numpy as cnp
 from libc.string cimport memmove
 
@@ -30,6 +33,22 @@ cpdef long long resident(long long T, long long C, long long W):
     if T <= C:
         return T
     return T - G * ((T - C + G - 1) // G)
+
+
+def window_resident(T, C, W):
+    """L = resident(T, C, W), the public form: rows [0, L) of a windowed cache of capacity C
+    (window 1 <= W <= C) hold positions [T - L, T) after T >= 0 tokens."""
+    names = ("T", "C", "W")
+    for name, x in zip(names, (T, C, W)):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if not 0 <= T < 2 ** 62:
+        raise ValueError(f"T must be in [0, 2**62), got {T}")
+    if not 1 <= C < 2 ** 62:
+        raise ValueError(f"C must be in [1, 2**62), got {C}")
+    if not 1 <= W <= C:
+        raise ValueError(f"W must be in [1, C = {C}], got {W}")
+    return resident(T, C, W)
 
 
 cdef bint plan(const int *seqlens, int B, int S, int C, int W, int *keep, int *src0, int *base,

@@ -127,6 +127,43 @@ def test_calibration_rule():
     assert both.tokens == 2 * cal.tokens
 
 
+@pytest.mark.parametrize("k_scales, v_scales", [
+    (0.03125, np.float32(0.0625)),                                    # numbers
+    (np.array(0.03125, np.float32), [0.0625, np.float32(0.0625), np.array([0.0625], np.float32)]),
+    ([[0.03125]] * L, (0.0625,) * L),                                # nested sequences
+], ids=["numbers", "0-d-and-mixed", "nested"])
+def test_per_tensor_scales_in_every_spelling_store_the_same_codes(k_scales, v_scales):
+    """One scale for every layer (a number, a 0-d or 1-element array) or one per layer (numbers,
+    arrays, sequences) are the same per-tensor scales as one float32 array per layer."""
+    ref = _cache("int8-pt", k_scales=[np.array([0.03125], np.float32)] * L,
+                 v_scales=[np.array([0.0625], np.float32)] * L)
+    got = _cache("int8-pt", k_scales=k_scales, v_scales=v_scales)
+    for li in range(L):
+        assert got.k_scales[li].dtype == np.float32 and got.k_scales[li].shape == (1,)
+        assert got.k_scales[li][0] == np.float32(0.03125) and got.v_scales[li][0] == np.float32(0.0625)
+    for step in _steps(3, (4, 1)):
+        for li, (q, k, v) in enumerate(step):
+            np.testing.assert_array_equal(got.attend(li, q, k, v), ref.attend(li, q, k, v))
+    for a, b in zip(got.key + got.value, ref.key + ref.value):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rotary_caches_refuse_what_has_no_embedding():
+    for args, exc, msg in [((0, 16), ValueError, "max_positions must be in"),
+                           ((8, 15), ValueError, "rotary_dim must be even and >= 2"),
+                           ((8, 0), ValueError, "rotary_dim must be even and >= 2"),
+                           ((8.0, 16), TypeError, "max_positions must be an int"),
+                           ((8, 16, 0.0), ValueError, "base must be finite and > 0"),
+                           ((8, 16, float("nan")), ValueError, "base must be finite and > 0"),
+                           ((8, 16, "1e4"), TypeError, "base must be a real number")]:
+        with pytest.raises(exc, match=msg):
+            gqa.rotary_caches(*args)
+    cos, sin = gqa.rotary_caches(np.int64(3), np.uint32(4), np.float32(100.0))
+    ang = np.arange(3)[:, None] * 100.0 ** (-np.arange(0, 4, 2) / 4)[None]
+    np.testing.assert_array_equal(cos, np.cos(ang).astype(np.float32))
+    np.testing.assert_array_equal(sin, np.sin(ang).astype(np.float32))
+
+
 @pytest.mark.parametrize("mode", ["int8-pc/pt", "int4-pc", "int4-pt"])
 def test_copy_from_quantizes_as_the_operator_writes(mode):
     """A float cache copied into a quantized one: codes equal the NumPy quantizer's of the
@@ -256,6 +293,17 @@ def test_errors_name_the_problem_and_write_nothing():
      ValueError, r"k_scales must hold one array per layer \(3\), got 2"),
     (dict(mode="int8-pt", k_scales=np.array([np.nan], np.float32), v_scales=np.ones(1, np.float32)),
      ValueError, r"k_scales\[0\] holds a non-finite scale"),
+    (dict(mode="int8-pt", k_scales=[np.ones(1, np.float32), np.zeros(1, np.float32), np.ones(1, np.float32)],
+          v_scales=1.0), ValueError, r"k_scales\[1\] element 0 is 0.0: scales must be > 0"),
+    (dict(mode="int8-pc", k_scales=np.r_[np.ones(31), -1].astype(np.float32), v_scales=0.5), ValueError,
+     r"k_scales\[0\] element 31 is -1.0: scales must be > 0"),
+    (dict(mode="int8-pc", k_scales=0.5, v_scales=0.5), ValueError, r"k_scales\[0\] must have 32 elements"),
+    (dict(mode="int8-pt", k_scales="0.5", v_scales=0.5), TypeError, "k_scales must be a number or float32 array"),
+    (dict(mode="int8-pt", k_scales=True, v_scales=0.5), TypeError, "k_scales must be a number or float32 array"),
+    (dict(mode="int8-pt", k_scales=0.5, v_scales=[0.5, "a", 0.5]), TypeError, r"v_scales\[1\] must be a number"),
+    (dict(mode="int8-pt", k_scales=0.5, v_scales=[0.5, None, 0.5]), TypeError, r"v_scales\[1\] must be a number"),
+    (dict(scale=float("nan")), ValueError, "scale must be finite"),
+    (dict(softcap=float("inf")), ValueError, "softcap must be finite and >= 0"),
     (dict(max_length=0), ValueError, "max_length must be >= 1"),
     (dict(num_layers=2.5), TypeError, "num_layers must be an int"),
     (dict(dtype=np.float64), TypeError, "dtype must be float32 or float16"),

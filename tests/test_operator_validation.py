@@ -121,6 +121,12 @@ def mutate(name):
         a.update(causal=0, local_window_size=2)
     elif name == "softcap_negative":
         a["softcap"] = -1.0
+    elif name == "softcap_inf":
+        a["softcap"] = float("inf")
+    elif name == "scale_nan":
+        a["scale"] = float("nan")
+    elif name == "scale_inf":
+        a["scale"] = -float("inf")
     elif name == "num_heads_zero":
         a["num_heads"] = 0
     elif name == "multi_token_batch_with_past":
@@ -174,6 +180,8 @@ CASES = {  # name -> (exception, words the message must contain)
     "cos_too_wide": (ValueError, "cos_cache"), "position_ids_oob": (ValueError, "position_ids"),
     "position_ids_dtype": (TypeError, "position_ids"), "qk_output_bad": (ValueError, "qk_output"),
     "window_with_noncausal": (ValueError, "local_window_size"), "softcap_negative": (ValueError, "softcap"),
+    "softcap_inf": (ValueError, "softcap"), "scale_nan": (ValueError, "scale"),
+    "scale_inf": (ValueError, "scale"),
     "num_heads_zero": (ValueError, "num_heads"), "multi_token_batch_with_past": (ValueError, "batch_size"),
     "present_wrong_dtype": (TypeError, "present_key"), "present_wrong_shape": (ValueError, "present_key"),
     "present_only_key": (ValueError, "present_value"), "present_readonly": (ValueError, "present_key"),

@@ -282,3 +282,23 @@ def test_call_errors_write_nothing(bad, msg):
         gqa.group_query_attention(**call, **_windowed(loop.attrs))
     np.testing.assert_array_equal(pk, before[0])
     np.testing.assert_array_equal(pv, before[1])
+
+
+def test_window_resident_states_the_contract_and_refuses_the_rest():
+    """L = T for T <= C, else T - G ceil((T - C) / G), G = C - W + 1 (the module's statement),
+    counted here by simulating the evictions; bad arguments name themselves."""
+    for C, W in [(1, 1), (5, 1), (5, 3), (5, 5), (8, 2)]:
+        G, L = C - W + 1, 0
+        for T in range(0, 40):
+            if T:
+                if L == C:           # full: drop the oldest G rows, then append
+                    L -= G
+                L += 1
+            assert gqa.window_resident(T, C, W) == L, (T, C, W)
+    assert gqa.window_resident(2 ** 40, 2 ** 31, 2 ** 31) == 2 ** 31
+    for args, exc, msg in [((-1, 4, 2), ValueError, "T must be in"), ((4, 0, 1), ValueError, "C must be in"),
+                           ((4, 4, 5), ValueError, r"W must be in \[1, C = 4\]"),
+                           ((4, 4, 0), ValueError, "W must be in"), ((4.0, 4, 2), TypeError, "T must be an int"),
+                           ((4, 4, True), TypeError, "W must be an int")]:
+        with pytest.raises(exc, match=msg):
+            gqa.window_resident(*args)

@@ -78,7 +78,7 @@ class _Layer(transformers.cache_utils.CacheLayerMixin):
 
 class Cache(transformers.Cache):
     """``gqa.transformers.Cache(model, mode="int4-g32+s4r64+had", max_length=8192)``, then
-    ``model.generate(ids, past_key_values=cache, ...)``.
+    ``model.generate(ids, cache=cache, ...)``.
 
     ``mode`` and the other keywords are ``gqa.KVCache``'s (configuration names, ``k_mode`` /
     ``v_mode``, ``k_scales`` / ``v_scales`` or a ``calibration`` from :func:`calibrate`,

@@ -84,11 +84,12 @@ def m_construct(rng, spec, kw):
         ("rotations", [3, "identity", [(None, None, None)] * L, [None] * L, [(1, 2)] * L,
                        [(None, None)] * (L + 1), "rotations"]),
         ("rotation_values", ["nan", "random", "scaled", "shape"]),
-        ("k_scales", ["nan", "size", "dtype"]),
+        ("k_scales", ["nan", "size", "dtype", "zero", "negative", "str", "layers"]),
         ("rotary", ["short", "shape", "nan", 3]),
         ("calibration", [3, "x"]),
         ("local_window_size", [-2, 1.5]),
-        ("softcap", [-1.0, "x"]),
+        ("softcap", [-1.0, "x", float("inf"), float("nan")]),
+        ("scale", [float("nan"), float("inf"), "x", None]),
         ("accuracy_level", [5, 2.0, "4"]),
     ]
     name, vals = _pick(rng, options)
@@ -119,6 +120,14 @@ def m_construct(rng, spec, kw):
             s[0] = np.nan
         elif v == "size":
             s = s[:-1]
+        elif v == "zero":
+            s[-1] = 0.0
+        elif v == "negative":
+            s[0] = -s[0]
+        elif v == "str":
+            s = "0.01"
+        elif v == "layers":
+            s = [s] * (L + 1)
         else:
             s = s.astype(np.float64) * np.inf
         kw["k_scales"] = s
