@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from . import _kernels
+from . import _checks, _kernels
 from ._formats import CacheFormat, rho_value
 from . import _validate as v
 
@@ -30,6 +30,7 @@ class _Format:
                 raise TypeError("scale is required for the static INT8/INT4 formats "
                                 "(pass group_size= for a per-group format)")
             self.scale, pc = v.scale(scale, "scale", cols)
+            self.scale = _checks.finite_scale(self.scale, "scale")
             f = CacheFormat("PER_CHANNEL" if pc else "PER_TENSOR", self.bits)
             self.type, self.dtype, self.width = f.ctype(cols), f.dtype(), f.row_width(cols)
         else:
@@ -114,7 +115,7 @@ def qk_gemm(a, b, scale=None, *, bits=8, group_size=None, metadata="fp32", alpha
     n = b.shape[0]
     if b.shape[1] != f.width:
         raise ValueError(f"b must have shape (N, {f.width}) for K={k}, got {b.shape}")
-    alpha = v.real(alpha, "alpha")
+    alpha = v.finite_real(alpha, "alpha")
     if out is None:
         out = np.empty((m, n), dtype=np.float32)
     else:
@@ -141,7 +142,7 @@ def sv_gemm(a, b, scale=None, *, bits=8, group_size=None, metadata="fp32", beta=
     if b.shape[0] != k or b.shape[1] != f.width:
         raise ValueError(f"b must have shape ({k}, {f.width}) (K={k} rows of N={width}; a is "
                          f"{a.shape}), got {b.shape}")
-    beta = v.real(beta, "beta")
+    beta = v.finite_real(beta, "beta")
     if out is None:
         if beta != 0.0:
             raise ValueError("out is required when beta != 0")

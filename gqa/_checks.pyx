@@ -123,6 +123,11 @@ cdef object _finite_scale(object s, str name):
                    "write and read of its channels garbage)")
 
 
+def finite_scale(s, name):
+    """_finite_scale for the standalone kernels (gqa/_api.py): the same rule and message."""
+    return _finite_scale(s, name)
+
+
 # max |R R^T - I| of an orthogonal matrix rounded to float32 / float16 is at most 2u(1 + u)
 # (u = 2^-24 / 2^-11); the tolerances leave room for rotations computed in that precision
 ORTHOGONAL_TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float16): 2e-3}

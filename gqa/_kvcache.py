@@ -71,15 +71,22 @@ class Calibration:
     calibrations (several calibration texts)."""
 
     def __init__(self, k_absmax, v_absmax, tokens):
-        self.k_absmax = [np.asarray(a, np.float64) for a in k_absmax]
-        self.v_absmax = [np.asarray(a, np.float64) for a in v_absmax]
-        self.tokens = int(tokens)
+        self.k_absmax = _absmax_list(k_absmax, "k_absmax")
+        self.v_absmax = _absmax_list(v_absmax, "v_absmax")
+        if len(self.k_absmax) != len(self.v_absmax) or any(
+                a.shape != b.shape for a, b in zip(self.k_absmax, self.v_absmax)):
+            raise ValueError("k_absmax and v_absmax must hold arrays of the same shapes, one per "
+                             f"layer: got {[a.shape for a in self.k_absmax]} and "
+                             f"{[a.shape for a in self.v_absmax]}")
+        self.tokens = _positive_int("tokens", tokens, minimum=0)
 
     @property
     def num_layers(self):
         return len(self.k_absmax)
 
     def combined(self, other):
+        if not isinstance(other, Calibration):
+            raise TypeError(f"other must be a gqa.Calibration, got {type(other).__name__}")
         if other.num_layers != self.num_layers or any(
                 a.shape != b.shape for a, b in zip(self.k_absmax, other.k_absmax)):
             raise ValueError("calibrations of different model shapes cannot be combined")
@@ -91,6 +98,26 @@ class Calibration:
         """(k_scales, v_scales): one float32 array per layer for these modes (module docstring)."""
         return ([_scale(a, k_mode, margin) for a in self.k_absmax],
                 [_scale(a, v_mode, margin) for a in self.v_absmax])
+
+
+def _absmax_list(arrays, name):
+    """One float64 [Nkv * H] array per layer (at least one), finite and >= 0."""
+    if isinstance(arrays, (str, bytes, np.ndarray)) or not isinstance(arrays, (list, tuple)):
+        raise TypeError(f"{name} must be a list of one array per layer, got {type(arrays).__name__}")
+    if not arrays:
+        raise ValueError(f"{name} must hold at least one layer")
+    out = []
+    for i, a in enumerate(arrays):
+        try:
+            a = np.array(a, np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name}[{i}] must be an array of real numbers") from None
+        if a.ndim != 1 or a.size == 0:
+            raise ValueError(f"{name}[{i}] must be 1-D [kv_num_heads * head_size], got shape {a.shape}")
+        if not (np.isfinite(a).all() and (a >= 0).all()):
+            raise ValueError(f"{name}[{i}] must hold finite absolute maxima >= 0")
+        out.append(a)
+    return out
 
 
 def _scale(absmax, mode, margin):

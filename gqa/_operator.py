@@ -75,8 +75,7 @@ def _softcap(name, value):
 
 
 def _finite(name, value):
-    if not np.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
+    v.finite_real(value, name)
 
 
 def _epsilon(name, value):

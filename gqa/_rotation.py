@@ -28,10 +28,16 @@ def hadamard(n, dtype=np.float32):
     """The normalized n x n Walsh-Hadamard matrix (n a power of two): symmetric, orthogonal,
     entries +-1/sqrt(n), built by Sylvester's doubling in float64."""
     n = _power_of_two(n, "n")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a float dtype, got {dtype!r}") from None
+    if dt.kind != "f":
+        raise TypeError(f"dtype must be a float dtype (entries are +-1/sqrt(n)), got {dt}")
     h = np.ones((1, 1))
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
-    return (h / np.sqrt(n)).astype(dtype)
+    return (h / np.sqrt(n)).astype(dt)
 
 
 def bit_reversal(n):
@@ -41,18 +47,40 @@ def bit_reversal(n):
     return np.array([int(format(i, f"0{bits}b")[::-1], 2) if bits else 0 for i in range(n)])
 
 
-def oscar_rotation(eigenvectors, head_size, kv_num_heads=1):
+def oscar_rotation(eigenvectors, head_size, kv_num_heads=None):
     """float32 ``(kv_num_heads, head_size, head_size)`` rotations ``U @ Hd @ P``.
-    ``eigenvectors``: None (U = identity: the Hadamard rotation alone), or ``(kv_num_heads,
-    head_size, head_size)`` orthonormal columns in descending eigenvalue order."""
+    ``eigenvectors``: None (U = identity: the Hadamard rotation alone, ``kv_num_heads``
+    copies, default 1), or ``(kv_num_heads, head_size, head_size)`` finite orthonormal columns
+    in descending eigenvalue order (``kv_num_heads``, if given, must be their count)."""
     d = _power_of_two(head_size, "head_size")
+    if kv_num_heads is not None and (isinstance(kv_num_heads, (bool, np.bool_))
+                                     or not isinstance(kv_num_heads, numbers.Integral)):
+        raise TypeError(f"kv_num_heads must be an int, got {type(kv_num_heads).__name__}")
+    if kv_num_heads is not None and kv_num_heads < 1:
+        raise ValueError(f"kv_num_heads must be >= 1, got {kv_num_heads}")
     hd = hadamard(d, np.float64)[:, np.argsort(bit_reversal(d))]   # (Hd @ P)
     if eigenvectors is None:
-        return np.broadcast_to(hd.astype(np.float32), (int(kv_num_heads), d, d)).copy()
-    u = np.asarray(eigenvectors, np.float64)
-    if u.ndim != 3 or u.shape[1:] != (d, d):
-        raise ValueError(f"eigenvectors must have shape (kv_num_heads, {d}, {d}), got {u.shape}")
+        n = 1 if kv_num_heads is None else int(kv_num_heads)
+        return np.broadcast_to(hd.astype(np.float32), (n, d, d)).copy()
+    u = _float64(eigenvectors, "eigenvectors")
+    if u.ndim != 3 or u.shape[1:] != (d, d) or (kv_num_heads is not None and u.shape[0] != kv_num_heads):
+        n = "kv_num_heads" if kv_num_heads is None else kv_num_heads
+        raise ValueError(f"eigenvectors must have shape ({n}, {d}, {d}), got {u.shape}")
     return (u @ hd).astype(np.float32)
+
+
+def _float64(x, name):
+    """A float64 copy of a real array, every element finite."""
+    try:
+        a = np.asarray(x)
+    except Exception:  # noqa: BLE001  (ragged nested sequences)
+        raise TypeError(f"{name} must be a real array, got {type(x).__name__}") from None
+    if a.dtype.kind not in "fiu" or a.dtype == np.bool_:
+        raise TypeError(f"{name} must be a real array, got dtype {a.dtype}")
+    a = a.astype(np.float64)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} holds a non-finite element at {np.argwhere(~np.isfinite(a))[0].tolist()}")
+    return a
 
 
 @functools.lru_cache(maxsize=16)
@@ -88,9 +116,21 @@ def eigenvectors(cov):
 def calibrate_rotations(query_cov, output_cov):
     """Per layer ``(R_K, R_V)`` from per-layer covariances ``(kv_num_heads, D, D)`` of the
     post-rotary queries (key target) and of the attention outputs (value target)."""
+    for name, covs in (("query_cov", query_cov), ("output_cov", output_cov)):
+        if isinstance(covs, (str, bytes)) or not hasattr(covs, "__len__"):
+            raise TypeError(f"{name} must be a sequence of one covariance array per layer, "
+                            f"got {type(covs).__name__}")
+    if len(query_cov) != len(output_cov):
+        raise ValueError(f"query_cov and output_cov must hold one array per layer each, got "
+                         f"{len(query_cov)} and {len(output_cov)}")
     out = []
-    for cq, cs in zip(query_cov, output_cov):
-        cq, cs = np.asarray(cq, np.float64), np.asarray(cs, np.float64)
-        out.append((oscar_rotation(eigenvectors(cq), cq.shape[-1], cq.shape[0]),
-                    oscar_rotation(eigenvectors(cs), cs.shape[-1], cs.shape[0])))
+    for i, (cq, cs) in enumerate(zip(query_cov, output_cov)):
+        pair = []
+        for name, c in ((f"query_cov[{i}]", cq), (f"output_cov[{i}]", cs)):
+            c = _float64(c, name)
+            if c.ndim != 3 or c.shape[1] != c.shape[2] or c.shape[0] < 1:
+                raise ValueError(f"{name} must have shape (kv_num_heads, D, D), got {c.shape}")
+            _power_of_two(c.shape[-1], f"{name}'s D")
+            pair.append(oscar_rotation(eigenvectors(c), c.shape[-1], c.shape[0]))
+        out.append(tuple(pair))
     return out

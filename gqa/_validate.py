@@ -74,6 +74,15 @@ def real(x, name):
     return float(x)
 
 
+def finite_real(x, name):
+    """A real number that multiplies results (alpha, beta, an attribute's scale): finite, or
+    every output would be NaN or infinite."""
+    x = real(x, name)
+    if not np.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x}")
+    return x
+
+
 def unpacked_width(b, packed, given, name):
     """Logical width of rows stored in `packed` bytes; `given` disambiguates odd INT4 widths."""
     if given is None:

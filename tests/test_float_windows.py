@@ -443,6 +443,33 @@ def test_hadamard_and_oscar_rotation():
         gqa.hadamard(12)
 
 
+def test_rotation_helpers_refuse_by_name():
+    """hadamard, oscar_rotation and calibrate_rotations name the argument they cannot take
+    (a covariance with a NaN has no eigenvectors; zip() would have dropped a layer)."""
+    cov = np.eye(16)[None].repeat(2, 0)
+    nan = cov.copy()
+    nan[1, 3, 4] = np.nan
+    for f, exc, msg in [
+        (lambda: gqa.hadamard(8, np.int8), TypeError, "dtype must be a float dtype"),
+        (lambda: gqa.hadamard(8, "nonsense"), TypeError, "dtype must be a float dtype"),
+        (lambda: gqa.oscar_rotation(None, 16, 0), ValueError, "kv_num_heads must be >= 1"),
+        (lambda: gqa.oscar_rotation(None, 16, 2.0), TypeError, "kv_num_heads must be an int"),
+        (lambda: gqa.oscar_rotation(cov, 16, 3), ValueError, r"eigenvectors must have shape \(3, 16, 16\)"),
+        (lambda: gqa.oscar_rotation(nan, 16), ValueError, r"eigenvectors holds a non-finite element at \[1, 3, 4\]"),
+        (lambda: gqa.calibrate_rotations([cov, cov], [cov]), ValueError, "got 2 and 1"),
+        (lambda: gqa.calibrate_rotations([cov], [nan]), ValueError, r"output_cov\[0\] holds a non-finite"),
+        (lambda: gqa.calibrate_rotations([cov[0]], [cov]), ValueError, r"query_cov\[0\] must have shape"),
+        (lambda: gqa.calibrate_rotations([cov[:, :12, :12]], [cov[:, :12, :12]]), ValueError,
+         "power of two"),
+        (lambda: gqa.calibrate_rotations(3, [cov]), TypeError, "query_cov must be a sequence"),
+        (lambda: gqa.calibrate_rotations([np.array([["a"]])], [cov]), TypeError, "query_cov\\[0\\] must be a real array"),
+    ]:
+        with pytest.raises(exc, match=msg):
+            f()
+    assert gqa.hadamard(8, np.float16).dtype == np.float16
+    np.testing.assert_array_equal(gqa.oscar_rotation(cov, 16, 2), gqa.oscar_rotation(cov, 16))
+
+
 def test_hadamard_scale_names_the_had_rotation_only():
     """hadamard_scale: c for c times the sign pattern of oscar_rotation(None, H) in every KV
     head (any float type, any scale; the kernels then turn rows in O(H log H)), 0.0 for
