@@ -188,5 +188,33 @@ def test_errors():
             model(torch.randint(1, 96, (1, 3)), cache=cache, use_cache=True)
     with pytest.raises(ValueError, match="not a cache mode"):
         gt.Cache(model, "int3", max_length=8)
+    # every option is refused when the Cache is built, not inside the model's first step
+    for kw, exc, msg in [
+        (dict(mode="int8-pt"), ValueError, "give k_scales and v_scales, or a calibration"),
+        (dict(mode="int8-pc", k_scales=0.1, v_scales=0.1), ValueError, r"k_scales\[0\] must have 32 elements"),
+        (dict(max_length=0), ValueError, "max_length must be >= 1"),
+        (dict(max_length="8"), TypeError, "max_length must be an int"),
+        (dict(num_threads=0), ValueError, "num_threads must be >= 1"),
+        (dict(accuracy_level=7), ValueError, "accuracy_level must be"),
+        (dict(mode="float+had"), ValueError, "rotations apply to a quantized cache"),
+        (dict(dtype=np.float16), TypeError, "dtype is read from the model"),
+        (dict(foo=1), TypeError, "foo"),
+    ]:
+        with pytest.raises(exc, match=msg):
+            gt.Cache(model, **{"max_length": 8, **kw})
     with pytest.raises(TypeError, match="the layers share one gqa.KVCache"):
         cache.layers[1].crop(-1)           # once per layer would crop every layer N times
+
+
+def test_the_cache_checked_at_construction_is_the_one_a_single_sequence_uses():
+    """The KVCache built to check the options is kept by a first step of one sequence in the
+    model's dtype (no second allocation) and replaced for a batch of two."""
+    model = _model("llama")
+    one = gt.Cache(model, "int4-g16", max_length=16)
+    probe = one._probe
+    two = gt.Cache(model, "int4-g16", max_length=16)
+    with torch.no_grad():
+        model(torch.randint(1, 96, (1, 5)), cache=one, use_cache=True)
+        model(torch.randint(1, 96, (2, 5)), cache=two, use_cache=True)
+    assert one.kv is probe and one._probe is None and one.kv.length == 5
+    assert two.kv.batch_size == 2 and two._probe is None and two.kv.length == 5

@@ -21,6 +21,9 @@ from . import _model
 
 # the torch dtypes gqa computes in: float32 and float16 as they are, the others in float32
 _NUMPY = {torch.float32: np.float32, torch.float16: np.float16}
+# KVCache keywords the Cache sets itself
+_OWN = ("num_layers", "num_heads", "kv_num_heads", "head_size", "batch_size", "dtype",
+        "local_window_size", "softcap", "scale")
 
 
 class _Layer(transformers.cache_utils.CacheLayerMixin):
@@ -83,8 +86,9 @@ class Cache(transformers.Cache):
     ``mode`` and the other keywords are ``gqa.KVCache``'s (configuration names, ``k_mode`` /
     ``v_mode``, ``k_scales`` / ``v_scales`` or a ``calibration`` from :func:`calibrate`,
     ``rotations``, ``sink_size`` / ``recent_size``, ``num_threads``); the model's heads, head
-    size, score scale, sliding windows and softcap are read from its attention modules.  The
-    buffers are allocated at the first step, for its batch size.  Constructing the cache sets
+    size, score scale, sliding windows and softcap are read from its attention modules.  Every
+    option is checked here, by a KVCache for one sequence in the model's dtype, which a first
+    step of one sequence keeps (another batch size gets its own).  Constructing the cache sets
     the model's attention to gqa's (``"gqa"``), which attends with transformers' sdpa wherever
     it is given another cache.
     """
@@ -93,12 +97,22 @@ class Cache(transformers.Cache):
         from . import _attention
         config = _model._text_config(model)
         self.shapes = _model.layer_shapes(model)
-        if isinstance(mode, str):
-            cache_options(mode)              # a configuration name: refused now, not at step 1
+        s0 = self.shapes[0]
+        if any((s.num_heads, s.kv_num_heads, s.head_size) != (s0.num_heads, s0.kv_num_heads, s0.head_size)
+               for s in self.shapes):
+            raise ValueError("gqa.transformers: layers of different head counts or sizes are not supported")
+        for key in _OWN:
+            if key in kvcache:
+                raise TypeError(f"gqa.transformers.Cache: {key} is read from the model (or the first "
+                                "step), not given")
         self.mode = mode
-        self.max_length = int(max_length or config.max_position_embeddings)
+        self.max_length = config.max_position_embeddings if max_length is None else max_length
         self.kvcache_options = dict(kvcache, mode=mode)
         self.kv = None
+        # every option is checked now, by a KVCache for one sequence in the model's dtype, and
+        # not inside generate(); a first step of that batch and dtype keeps it
+        self._probe = self._kvcache(1, np.dtype(_NUMPY.get(getattr(model, "dtype", None), np.float32)))
+        self.max_length = self._probe.max_length
         self._seen = [0] * len(self.shapes)
         super().__init__(layers=[_Layer(self, i) for i in range(len(self.shapes))])
         _attention.register()
@@ -106,24 +120,30 @@ class Cache(transformers.Cache):
             model.set_attn_implementation("gqa")
 
     # -- the gqa cache ---------------------------------------------------------------------
+    def _kvcache(self, batch_size, dtype):
+        s0 = self.shapes[0]
+        return KVCache(num_layers=len(self.shapes), num_heads=s0.num_heads, kv_num_heads=s0.kv_num_heads,
+                       head_size=s0.head_size, max_length=self.max_length, batch_size=batch_size,
+                       dtype=dtype, local_window_size=[s.window for s in self.shapes],
+                       softcap=[s.softcap for s in self.shapes],
+                       scale=[s.scale for s in self.shapes], **self.kvcache_options)
+
     def _allocate(self, key_states):
         """The KVCache of the first step's batch size and dtype."""
         if self.kv is not None:
             return
         s0 = self.shapes[0]
-        if any((s.num_heads, s.kv_num_heads, s.head_size) != (s0.num_heads, s0.kv_num_heads, s0.head_size)
-               for s in self.shapes):
-            raise ValueError("gqa.transformers: layers of different head counts or sizes are not supported")
         B, Nkv, _, H = key_states.shape
         if (Nkv, H) != (s0.kv_num_heads, s0.head_size):
             raise ValueError(f"gqa.transformers: keys of {Nkv} heads of {H}, the model's modules "
                              f"say {s0.kv_num_heads} of {s0.head_size}")
         self.dtype = np.dtype(_NUMPY.get(key_states.dtype, np.float32))
-        self.kv = KVCache(num_layers=len(self.shapes), num_heads=s0.num_heads, kv_num_heads=Nkv,
-                          head_size=H, max_length=self.max_length, batch_size=B, dtype=self.dtype,
-                          local_window_size=[s.window for s in self.shapes],
-                          softcap=[s.softcap for s in self.shapes],
-                          scale=[s.scale for s in self.shapes], **self.kvcache_options)
+        probe, self._probe = self._probe, None
+        if probe is not None and (probe.batch_size, probe.dtype) == (B, self.dtype):
+            self.kv = probe
+        else:
+            del probe
+            self.kv = self._kvcache(B, self.dtype)
 
     def _reset(self):
         if self.kv is not None:
