@@ -40,7 +40,6 @@ def main(argv=None):
         show_config()
         return 0
     if args.command == "bench":
-        _bench.check_args(args, b)
         _bench.run(args, argv=argv)
         return 0
     if args.command == "demo":

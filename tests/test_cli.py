@@ -183,6 +183,28 @@ def test_bench_rejects_bad_options():
         _bench.main(["--repeats", "-1"])
 
 
+@pytest.mark.parametrize("argv, option", [
+    (["eval", "--contexts", "0"], "--contexts"), (["eval", "--contexts", "1024,x"], "--contexts"),
+    (["eval", "--decode-T", ""], "--decode-T"), (["eval", "--steps", "0"], "--steps"),
+    (["eval", "--margin", "0"], "--margin"), (["eval", "--margin", "nan"], "--margin"),
+    (["eval", "--gap-ms", "-1"], "--gap-ms"), (["eval", "--threads", "0"], "--threads"),
+    (["eval", "--decode-tail", "-1"], "--decode-tail"), (["eval", "--tail-step", "0"], "--tail-step"),
+    (["demo", "--max-new-tokens", "0"], "--max-new-tokens"), (["demo", "--steps", "-1"], "--steps"),
+    (["demo", "--heads", "0"], "--heads"), (["hf", "--lengths", "1024", "0"], "--lengths"),
+    (["hf", "--threads", "two"], "--threads"), (["bench", "--repeats", "-1"], "--repeats"),
+    (["bench", "--gap-ms", "inf"], "--gap-ms"), (["bench", "--layers", "-2"], "--layers"),
+])
+def test_options_out_of_range_are_usage_errors(argv, option, capsys):
+    """Every count, length and rate option refuses what it cannot mean before anything runs
+    (a usage error, exit status 2, naming the option), rather than a traceback from deep inside
+    or a silent fallback."""
+    from gqa.__main__ import main
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    assert ei.value.code == 2
+    assert f"argument {option}" in capsys.readouterr().err
+
+
 def test_demo_tiny(tmp_path):
     out = _run(["demo", "--synthetic", "--layers", "2", "--prompt-tokens", "24", "--steps", "8", "--heads", "4", "--kv-heads", "2",
                 "--head-size", "32", "--model-dim", "32", "--threads", "1", "--progress", "off"], tmp_path)

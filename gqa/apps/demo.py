@@ -20,7 +20,7 @@ import sys
 
 
 from . import synthetic_demo as _synthetic_demo
-from .terminal import Progress, accuracy_levels, format_bytes, format_table, leveled
+from .terminal import Progress, accuracy_levels, at_least, format_bytes, format_table, leveled
 
 PROMPT = "What is the capital of France, and what is the city known for?"
 MODES = ("float", "int8-pc/pt", "int4-pc/pt", "int4-g32+s4r64+had", "int2-g32+s4r64+had+rho0.9",
@@ -126,7 +126,7 @@ def run_model(args, out):
 
 def add_arguments(p):
     p.add_argument("--prompt", default=PROMPT, help=f"the user's message (default: {PROMPT!r})")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (default 64)")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=64, help="answer length limit (default 64)")
     p.add_argument("--modes", default=",".join(MODES[1:]),
                    help="quantized caches beside float (default: int8-pc/pt, int4-pc/pt -- K per channel, "
                         "V per tensor -- and per group int4-g32 and int2-g32 with float windows and "
@@ -143,8 +143,6 @@ def run(args, out=None):
     if not args.synthetic:
         why = _gguf.unavailable_reason()
         if why is None:
-            if args.max_new_tokens < 1:
-                raise SystemExit("gqa demo: --max-new-tokens must be >= 1")
             return run_model(args, out)
         if os.environ.get("GQA_GGUF"):      # the user named a model: no silent substitute
             print(f"gqa demo: {why}", file=sys.stderr)

@@ -41,7 +41,8 @@ import numpy as np
 
 from . import texts as _texts
 from gqa import cache_options, needs_scales
-from .terminal import accuracy_levels, format_table, int_list, leveled
+from .terminal import (accuracy_levels, at_least, format_table, int_list, leveled, list_at_least,
+                       real_at_least)
 
 # static scales, then the per-group caches with float windows and rotations that keep the
 # model's quality at 4 and 2 bits (README, "A real model")
@@ -281,27 +282,27 @@ def plot(res, path):
 
 def add_arguments(p):
     p.add_argument("--what", default="ppl,speed", help="ppl, speed or both")
-    p.add_argument("--contexts", type=int_list, default=[1024, 4096], help="perplexity contexts")
+    p.add_argument("--contexts", type=list_at_least(1), default=[1024, 4096], help="perplexity contexts")
     p.add_argument("--modes", default=",".join(PPL_MODES), help="cache modes of the perplexity table")
     p.add_argument("--accuracy-levels", type=int_list, default=[0],
                    help="accuracy levels (0-4, gqa.config) of the perplexity table and the speed sides; each L > 0 beside level 0")
-    p.add_argument("--decode-tail", type=int, default=DECODE_TAIL,
+    p.add_argument("--decode-tail", type=at_least(0), default=DECODE_TAIL,
                    help="positions of each context scored by one decode step each (the rest prefilled)")
-    p.add_argument("--tail-step", type=int, default=1,
+    p.add_argument("--tail-step", type=at_least(1), default=1,
                    help="tokens per step of the decoded positions (1: decode steps; more: speculative "
                         "decoding's verification steps)")
-    p.add_argument("--calib-tokens", type=int, default=1024, help="calibration tokens")
-    p.add_argument("--margin", type=float, default=1.0, help="calibration margin (KVCache)")
+    p.add_argument("--calib-tokens", type=at_least(1), default=1024, help="calibration tokens")
+    p.add_argument("--margin", type=real_at_least(0, strict=True), default=1.0, help="calibration margin (KVCache)")
     p.add_argument("--plain-k-maxima", action="store_true",
                    help="calibrate K by plain per-channel maxima, not rotary pair norms")
-    p.add_argument("--decode-T", type=int_list, default=[512, 2048, 8192], help="decode total lengths")
+    p.add_argument("--decode-T", type=list_at_least(1), default=[512, 2048, 8192], help="decode total lengths")
     p.add_argument("--speed-modes", default="int8-pt", help="gqa cache modes timed")
     p.add_argument("--peers", default="numpy,ort,ort-nospin", help="numpy, ort, ort-nospin")
-    p.add_argument("--steps", type=int, default=8, help="decode tokens per side and round")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    p.add_argument("--gap-ms", type=float, default=100.0, help="pause before each side's tokens")
-    p.add_argument("--threads", type=int, default=None, help="attention threads")
-    p.add_argument("--blas-threads", type=int, default=None, help="hold NumPy's BLAS to this many threads")
+    p.add_argument("--steps", type=at_least(1), default=8, help="decode tokens per side and round")
+    p.add_argument("--rounds", type=at_least(1), default=3, help="alternating rounds")
+    p.add_argument("--gap-ms", type=real_at_least(0), default=100.0, help="pause before each side's tokens")
+    p.add_argument("--threads", type=at_least(1), default=None, help="attention threads")
+    p.add_argument("--blas-threads", type=at_least(1), default=None, help="hold NumPy's BLAS to this many threads")
     p.add_argument("--quick", action="store_true", help="contexts 512, T 512,2048, 4 steps, 2 rounds")
     p.add_argument("--json", default=None, help="write every figure to this JSON file")
     p.add_argument("--png", default=None, help="write a plot to this PNG file (matplotlib)")
@@ -329,10 +330,6 @@ def run(args, out=None):
         except ValueError as e:
             raise SystemExit(f"gqa eval: {e}")
     accuracy_levels(args.accuracy_levels, "eval")
-    if args.decode_tail < 0:
-        raise SystemExit(f"gqa eval: --decode-tail must be >= 0, got {args.decode_tail}")
-    if args.tail_step < 1:
-        raise SystemExit(f"gqa eval: --tail-step must be >= 1, got {args.tail_step}")
     if not _gguf.available():
         try:
             _gguf.model_path()

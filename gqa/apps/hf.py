@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from . import gguf, texts
-from .terminal import accuracy_levels, format_bytes, format_table, int_list, leveled
+from .terminal import accuracy_levels, at_least, format_bytes, format_table, int_list, leveled
 
 DEFAULT_MODES = ("float", "int8-pc", "int4-g32-fp16+s4r64+had", "int2-g32+s4r128+had+rho0.9")
 
@@ -31,13 +31,13 @@ def add_arguments(p):
     p.add_argument("--accuracy-levels", type=int_list, default=[0],
                    help="accuracy levels (0-4) each gqa cache also runs at, as 'gqa MODE@L' beside "
                         "level 0, e.g. 0,4 (default: 0 only)")
-    p.add_argument("--prompt", type=int, default=1024, help="perplexity: prompt tokens")
-    p.add_argument("--decode", type=int, default=128, help="perplexity: decode tokens after it")
-    p.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096, 8192],
+    p.add_argument("--prompt", type=at_least(1), default=1024, help="perplexity: prompt tokens")
+    p.add_argument("--decode", type=at_least(0), default=128, help="perplexity: decode tokens after it")
+    p.add_argument("--lengths", type=at_least(1), nargs="*", default=[1024, 4096, 8192],
                    help="speed: prompt lengths T")
-    p.add_argument("--steps", type=int, default=16, help="speed: decode steps timed per T")
-    p.add_argument("--threads", type=int, default=2, help="torch's threads (gqa: its default)")
-    p.add_argument("--rss-length", type=int, default=8192,
+    p.add_argument("--steps", type=at_least(1), default=16, help="speed: decode steps timed per T")
+    p.add_argument("--threads", type=at_least(1), default=2, help="torch's threads (gqa: its default)")
+    p.add_argument("--rss-length", type=at_least(0), default=8192,
                    help="peak RSS: prompt length, one process per cache (0: not measured)")
     p.add_argument("--rss-child", help=argparse.SUPPRESS)
     p.add_argument("--json", help="write the figures to this file")

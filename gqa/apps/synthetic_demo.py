@@ -27,7 +27,7 @@ import numpy as np
 
 from gqa import rotary_caches
 from .blas import blas_threads
-from .terminal import Progress, accuracy_levels, format_bytes, format_table, int_list, leveled
+from .terminal import Progress, accuracy_levels, at_least, format_bytes, format_table, int_list, leveled
 
 MODES = {"float32": "float", "int8": "int8-pc/pt", "int4": "int4-pc/pt"}  # gqa.KVCache modes
 DEFAULTS = dict(layers=8, prompt=256, steps=256, heads=32, kv_heads=8, head_size=128, model_dim=256,
@@ -192,16 +192,16 @@ def units_line():
 
 def add_arguments(p):
     d = DEFAULTS
-    p.add_argument("--layers", type=int, default=d["layers"], help=f"attention layers (default {d['layers']})")
-    p.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=d["prompt"],
+    p.add_argument("--layers", type=at_least(1), default=d["layers"], help=f"attention layers (default {d['layers']})")
+    p.add_argument("--prompt-tokens", dest="prompt_tokens", type=at_least(1), default=d["prompt"],
                    help=f"prompt tokens (default {d['prompt']})")
-    p.add_argument("--steps", type=int, default=d["steps"], help=f"decode steps (default {d['steps']})")
-    p.add_argument("--heads", type=int, default=d["heads"], help=f"query heads N (default {d['heads']})")
-    p.add_argument("--kv-heads", type=int, default=d["kv_heads"], help=f"KV heads Nkv (default {d['kv_heads']})")
-    p.add_argument("--head-size", type=int, default=d["head_size"], help=f"head size H (default {d['head_size']})")
-    p.add_argument("--model-dim", type=int, default=d["model_dim"],
+    p.add_argument("--steps", type=at_least(0), default=d["steps"], help=f"decode steps (default {d['steps']})")
+    p.add_argument("--heads", type=at_least(1), default=d["heads"], help=f"query heads N (default {d['heads']})")
+    p.add_argument("--kv-heads", type=at_least(1), default=d["kv_heads"], help=f"KV heads Nkv (default {d['kv_heads']})")
+    p.add_argument("--head-size", type=at_least(1), default=d["head_size"], help=f"head size H (default {d['head_size']})")
+    p.add_argument("--model-dim", type=at_least(1), default=d["model_dim"],
                    help=f"width of the residual stream between layers (default {d['model_dim']})")
-    p.add_argument("--threads", type=int, default=None, help="threads of the attention calls (default: gqa's)")
+    p.add_argument("--threads", type=at_least(1), default=None, help="threads of the attention calls (default: gqa's)")
     p.add_argument("--seed", type=int, default=d["seed"], help="seed of the random model and tokens")
     p.add_argument("--accuracy-levels", type=int_list, default=[0],
                    help="accuracy levels (0-4, onnxruntime's convention) each cache also runs at, "

@@ -1,5 +1,7 @@
 """Terminal helpers of gqa's commands: a progress bar on stderr, plain-text tables, times and
 byte counts, and the command-line vocabulary they share (integer lists, ``MODE@L`` names)."""
+import argparse
+import math
 import sys
 import time
 
@@ -69,7 +71,49 @@ def format_time(us):
 
 def int_list(s):
     """A command-line list of integers, ``"0,4"`` -> ``[0, 4]``."""
-    return [int(x) for x in s.split(",") if x]
+    try:
+        return [int(x) for x in s.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {s!r}") from None
+
+
+def at_least(minimum):
+    """argparse type: an integer >= minimum (a count, a length, a thread number)."""
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {v}")
+        return v
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def list_at_least(minimum):
+    """argparse type: a non-empty comma list of integers, each >= minimum."""
+    def parse(s):
+        values = int_list(s)
+        if not values or min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"expected integers >= {minimum} separated by commas, got {s!r}")
+        return values
+    parse.__name__ = f"list of integers >= {minimum}"
+    return parse
+
+
+def real_at_least(minimum, strict=False):
+    """argparse type: a finite number >= minimum (> minimum with strict)."""
+    def parse(s):
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+        if not math.isfinite(v) or v < minimum or (strict and v == minimum):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>' if strict else '>='} {minimum}, got {s}")
+        return v
+    parse.__name__ = f"number {'>' if strict else '>='} {minimum}"
+    return parse
 
 
 def accuracy_levels(values, command):

@@ -39,7 +39,7 @@ from .cases import REAL_SHAPES, SEED_SHAPE, ours, ours_at, ours_function, cache_
 from .peers import DEFAULT_PEERS, GGML_SCRIPT, PEER_COLUMNS, PEER_NAMES, Local, ort_side, discover_peers
 from .plan import DEFAULTS, QUICK, peak_rates, peer_list, plan_rows
 from .report import loadavg, plot, results_table, targets
-from ..terminal import Progress
+from ..terminal import Progress, at_least, real_at_least
 from .timing import measure_row
 
 
@@ -182,10 +182,10 @@ def add_arguments(p):
                    help="also time gqa's kept operator with its own accuracy_level attribute L in the "
                         "same alternation (column gqa@L, ratio gqa@L / gqa): --accuracy-level 4 "
                         "--vs-level 1 gives level 4's speed-up over float32 products (1: as level 0)")
-    p.add_argument("--repeats", type=int, default=0,
+    p.add_argument("--repeats", type=at_least(0), default=0,
                    help="alternation rounds per row = samples per side (default 15 decode / 5 prefill; "
                         "--quick: 5 / 3); a decode sample times a batch of ~10 ms of calls")
-    p.add_argument("--gap-ms", type=float, default=100.0,
+    p.add_argument("--gap-ms", type=real_at_least(0), default=100.0,
                    help="idle gap before each timed batch, so that the worker threads of the side "
                         "before are asleep when the next side starts: onnxruntime's pool spins "
                         "about 50 ms after its last run (measured: process CPU time keeps rising "
@@ -194,7 +194,7 @@ def add_arguments(p):
     p.add_argument("--shape", default=None,
                    help="B,N,Nkv,H, several separated by ';', or 'real' (%s; default %s)" % (
                        " ".join("/".join(map(str, x)) for x in REAL_SHAPES), ",".join(map(str, SEED_SHAPE))))
-    p.add_argument("--layers", type=int, default=0, metavar="L",
+    p.add_argument("--layers", type=at_least(0), default=0, metavar="L",
                    help="also time decode inside a loop over L layers, each with its own cache, a NumPy "
                         "projection before every call (gqa, gqa-fn, --vs-level's gqa@L and ort in the "
                         "same loop shape)")
@@ -216,20 +216,10 @@ def add_arguments(p):
     return p
 
 
-def check_args(args, parser):
-    if args.repeats < 0:
-        parser.error("--repeats must be >= 0")
-    if not args.gap_ms >= 0:
-        parser.error("--gap-ms must be >= 0")
-    if args.layers < 0:
-        parser.error("--layers must be >= 0")
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m gqa bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)
-    check_args(args, p)
     run(args, argv=argv)
     return 0
