@@ -232,8 +232,8 @@ def cache_options(name):
         if m.group(3):
             out["rotations"] = "hadamard" if m.group(3) == "had" else "calibrated"
         elif m.group(4):
-            out["k_rho"] = float(m.group(4))
-            out["v_rho"] = float(m.group(5) or m.group(4))
+            out["k_rho"] = rho_value(float(m.group(4)), f"{name!r}: k_rho")
+            out["v_rho"] = rho_value(float(m.group(5) or m.group(4)), f"{name!r}: v_rho")
         else:
             out["sink_size"], out["recent_size"] = int(m.group(1)), int(m.group(2))
     if bad or pos != len(rest):
@@ -329,8 +329,9 @@ def attributes(k, v, k_rho=1.0, v_rho=1.0):
                              f"{name[0].upper()}'s is {f.name!r}")
     g = k if k.grouped else v if v.grouped else None
     if g is not None:
-        attrs.update(kv_quant_group_size=g.group, metadata_type=g.metadata, k_quant_rho=k_rho,
-                     v_quant_rho=v_rho)
+        attrs.update(kv_quant_group_size=g.group, metadata_type=g.metadata,
+                     k_quant_rho=rho_value(k_rho, "k_rho") if k.grouped else k_rho,
+                     v_quant_rho=rho_value(v_rho, "v_rho") if v.grouped else v_rho)
     return attrs
 
 

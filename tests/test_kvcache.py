@@ -440,6 +440,24 @@ def test_calibration_errors():
     assert other.length == 0
 
 
+def test_configuration_names_refuse_what_the_cache_would():
+    """A configuration name is refused when it is read, with the cache's own reason (a clip
+    quantile outside (0, 1] was accepted by the name and refused only by KVCache)."""
+    for name, msg in [("int4-g32+rho2", r"'int4-g32\+rho2': k_rho must be in \(0, 1\]"),
+                      ("int4-g32+rho0.5/1.5", r"v_rho must be in \(0, 1\]"),
+                      ("int4-g32+rho0", "k_rho must be in"),
+                      ("int4-g32+had+had", "gives \\+had / \\+rot twice"),
+                      ("int4-g32+s4", "is not a cache configuration")]:
+        with pytest.raises(ValueError, match=msg):
+            gqa.cache_options(name)
+    assert gqa.cache_options("int4-g32+rho0.9/1") == dict(mode="int4-g32", k_rho=0.9, v_rho=1.0)
+    with pytest.raises(ValueError, match="k_rho must be in"):
+        gqa.operator_attributes("int4-g32", 0.0)
+    with pytest.raises(ValueError, match="v_rho must be in"):
+        gqa.operator_attributes("int4-pc/int2-g32", 1.0, float("nan"))
+    assert gqa.operator_attributes("int4-pc/int2-g32", 1.0, 0.5)["v_quant_rho"] == 0.5
+
+
 def test_mode_names_round_trip():
     for m in MODES + MIXED + ["int4-g32", "int2-g64-fp16"]:
         assert mode_name(*parse_mode(m)) == m

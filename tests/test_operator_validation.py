@@ -127,6 +127,12 @@ def mutate(name):
         a["scale"] = float("nan")
     elif name == "scale_inf":
         a["scale"] = -float("inf")
+    elif name == "do_rotary_2":
+        a["do_rotary"] = 2
+    elif name == "interleaved_2":
+        a["rotary_interleaved"] = 2
+    elif name == "smooth_softmax_2":
+        a["smooth_softmax"] = 2
     elif name == "num_heads_zero":
         a["num_heads"] = 0
     elif name == "multi_token_batch_with_past":
@@ -181,7 +187,8 @@ CASES = {  # name -> (exception, words the message must contain)
     "position_ids_dtype": (TypeError, "position_ids"), "qk_output_bad": (ValueError, "qk_output"),
     "window_with_noncausal": (ValueError, "local_window_size"), "softcap_negative": (ValueError, "softcap"),
     "softcap_inf": (ValueError, "softcap"), "scale_nan": (ValueError, "scale"),
-    "scale_inf": (ValueError, "scale"),
+    "scale_inf": (ValueError, "scale"), "do_rotary_2": (ValueError, "do_rotary"),
+    "interleaved_2": (ValueError, "rotary_interleaved"), "smooth_softmax_2": (ValueError, "smooth_softmax"),
     "num_heads_zero": (ValueError, "num_heads"), "multi_token_batch_with_past": (ValueError, "batch_size"),
     "present_wrong_dtype": (TypeError, "present_key"), "present_wrong_shape": (ValueError, "present_key"),
     "present_only_key": (ValueError, "present_value"), "present_readonly": (ValueError, "present_key"),
