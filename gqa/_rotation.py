@@ -73,7 +73,7 @@ def _float64(x, name):
     """A float64 copy of a real array, every element finite."""
     try:
         a = np.asarray(x)
-    except Exception:  # noqa: BLE001  (ragged nested sequences)
+    except (TypeError, ValueError):      # ragged nested sequences
         raise TypeError(f"{name} must be a real array, got {type(x).__name__}") from None
     if a.dtype.kind not in "fiu" or a.dtype == np.bool_:
         raise TypeError(f"{name} must be a real array, got dtype {a.dtype}")
