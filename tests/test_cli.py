@@ -53,6 +53,22 @@ def test_bench_prints_the_table(bench_run):
         assert "targets (1 thread" in out
 
 
+def test_noisy_rows_are_named():
+    """A side whose samples' quartiles differ by more than NOISY_SPREAD names its row."""
+    from gqa.apps.bench import report, timing
+    assert timing.spread([1.0, 1.0, 1.0]) == 1.0                  # too few samples to say
+    assert timing.spread([1.0] * 8) == 1.0
+    wide = [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    assert timing.spread(wide) > timing.NOISY_SPREAD
+    row = dict(phase="decode", mode="int8-pt", T=512, B=1, N=16, Nkv=8, H=128, threads=2,
+               gqa={"median_us": 1.0, "spread": 1.0}, gqa_fn={"median_us": 1.0, "spread": timing.spread(wide)},
+               peers={"ort": {"median_us": 2.0, "spread": 1.1}})
+    out = report.noisy([row], ["ort"])
+    assert "noisy rows" in out and "decode int8-pt T=512 1/16/8/128 2t (gqa-fn 2.00x)" in out
+    row["gqa_fn"]["spread"] = 1.0
+    assert report.noisy([row], ["ort"]) == ""
+
+
 def test_bench_json(bench_run):
     _, doc = bench_run
     for key in ("gqa_version", "argv", "machine", "settings", "peers", "columns", "results", "table", "ratio"):

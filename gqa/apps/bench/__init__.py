@@ -3,7 +3,10 @@
 Every row (one shape, one cache mode, one thread count) is measured for gqa and for each
 peer in alternation -- gqa, peer 1, peer 2, ..., gqa, peer 1, ... -- so that drift of a
 shared, noisy machine hits all alike; the table shows medians and the ratio
-``peer_time / gqa_time`` (> 1: gqa is faster).
+``peer_time / gqa_time`` (> 1: gqa is faster).  Rows where some side's samples spread
+widely (upper over lower quartile above 1.25: on a shared virtual machine a core can be taken
+for milliseconds, and a call then runs at about one thread's speed) are listed after the
+targets as noisy; ``--json`` keeps each side's ``min_us`` and ``spread``.
 
 Peers (each optional; a missing one is reported and skipped):
 
@@ -38,7 +41,7 @@ import numpy as np
 from .cases import REAL_SHAPES, SEED_SHAPE, ours, ours_at, ours_function, cache_bytes, flops
 from .peers import DEFAULT_PEERS, GGML_SCRIPT, PEER_COLUMNS, PEER_NAMES, Local, ort_side, discover_peers
 from .plan import DEFAULTS, QUICK, peak_rates, peer_list, plan_rows
-from .report import loadavg, plot, results_table, targets
+from .report import loadavg, noisy, plot, results_table, targets
 from ..terminal import Progress, at_least, real_at_least
 from .timing import measure_row
 
@@ -143,6 +146,9 @@ def _run(args, out, argv):
     summary = targets(results, columns)
     if summary:
         print(summary, file=out)
+    noise = noisy(results, columns)
+    if noise:
+        print(noise, file=out)
     doc = {"gqa_version": gqa.__version__, "argv": list(argv) if argv is not None else sys.argv[1:],
            "machine": {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
                        "kernel_path": cfg["active_path"], "python": platform.python_version(),
@@ -151,7 +157,8 @@ def _run(args, out, argv):
                         "gap_ms": args.gap_ms, "load_average_start": load0, "load_average_end": load1,
                         "peak_gflops": {str(k): v for k, v in peaks.items()}},
            "ratio": "peer median / gqa median (> 1: gqa is faster)",
-           "peers": status, "columns": shown, "results": results, "table": table, "targets": summary}
+           "peers": status, "columns": shown, "results": results, "table": table, "targets": summary,
+           "noisy": noise}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

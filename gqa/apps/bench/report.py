@@ -176,6 +176,26 @@ def targets(results, columns):
     return "\n".join(lines) if len(lines) > 1 else ""
 
 
+def noisy(results, columns):
+    """The rows whose samples spread (p75 / p25) beyond NOISY_SPREAD on some side: their
+    medians, and the ratios and targets read from them, carry the machine's noise (on shared
+    virtual machines a core is taken for milliseconds at a time, and a call then runs at about
+    one thread's speed)."""
+    from .timing import NOISY_SPREAD
+    rows = []
+    for r in results:
+        sides = [("gqa", r["gqa"]), ("gqa-fn", r.get("gqa_fn", {}))] + [(c, r["peers"].get(c, {})) for c in columns]
+        wide = [f"{who} {x['spread']:.2f}x" for who, x in sides if x.get("spread", 1.0) > NOISY_SPREAD]
+        if wide:
+            label = f"{r['phase']} {r['mode']} {'S' if r['phase'] == 'prefill' else 'T'}={r['T']}"
+            rows.append(f"{label} {_shape_of(r)} {r['threads']}t ({', '.join(wide)})")
+    if not rows:
+        return ""
+    return (f"noisy rows (samples' p75/p25 > {NOISY_SPREAD:g}; compare within a row, rerun on a quiet "
+            "machine, or read min_us in --json):\n" + "\n".join(f"  {x}" for x in rows[:20])
+            + (f"\n  ... and {len(rows) - 20} more" if len(rows) > 20 else ""))
+
+
 def plot(results, columns, path):
     """A PNG of the ratios (matplotlib, optional)."""
     try:

@@ -14,6 +14,17 @@ WARM_BELOW_S = 0.020   # calls shorter than this get untimed calls before each b
 WARM_S = 0.003         # ... for this long
 
 
+NOISY_SPREAD = 1.25    # a side whose samples' upper quartile exceeds its lower one by more is noisy
+
+
+def spread(samples):
+    """The upper quartile of the samples over the lower one (1.0: fewer than 4 samples)."""
+    if len(samples) < 4:
+        return 1.0
+    q1, _, q3 = statistics.quantiles(samples, n=4)
+    return q3 / q1 if q1 > 0 else 1.0
+
+
 def time_batch(fn, inner, warm):
     """Seconds per call over `inner` back-to-back calls.  With `warm`, untimed calls first
     for WARM_S (at least one): after the idle gap the core needs a few milliseconds to
@@ -66,7 +77,8 @@ def measure_row(spec, sides, rounds, progress, label, gap=0.0):
     for side, inner, warm, samples in live:
         if side.name not in res:
             res[side.name] = {"median_us": 1e6 * statistics.median(samples), "min_us": 1e6 * min(samples),
-                              "samples": len(samples), "calls_per_sample": inner}
+                              "spread": spread(samples), "samples": len(samples),
+                              "calls_per_sample": inner}
         _safe_teardown(side)
     return res
 
