@@ -222,7 +222,7 @@ def run(args):
             pre, ms, nbytes = speed(model, ids[:, :T], make, attention, args.steps)
             results[name][f"T{T}"] = dict(prefill_s=pre, decode_ms=ms, cache_bytes=nbytes)
             rows.append([str(T), name, f"{pre:.2f} s", f"{ms:.2f}", format_bytes(nbytes)])
-            print(" ".join(rows[-1]), flush=True)
+            print("  measured:", " ".join(rows[-1]), file=sys.stderr, flush=True)   # progress
     if rows:
         print(f"\nspeed: prompt of T tokens, then the median of {args.steps} decode steps")
         print(format_table(["T", "cache", "prompt", "ms/token", "cache bytes"], rows, left=2))
@@ -232,7 +232,7 @@ def run(args):
             r = _rss_in_child(args, name)
             results[name][f"rss_T{args.rss_length}"] = r
             rows.append([name, format_bytes(r["peak_rss"]), format_bytes(r["peak_rss"] - r["rss_before"])])
-            print(" ".join(rows[-1]), flush=True)
+            print("  measured:", " ".join(rows[-1]), file=sys.stderr, flush=True)   # progress
         print(f"\npeak RSS: a {args.rss_length}-token prompt and {args.steps} decode steps, "
               "one process per cache")
         print(format_table(["cache", "peak RSS", "above the loaded model"], rows, left=0))
