@@ -37,6 +37,7 @@ import numbers
 
 import numpy as np
 
+from ._validate import finite_real
 from ._formats import CacheFormat, attributes, cache_options, mode_name, parse_mode
 from ._config import _check_threads
 from ._operator import INT32_MAX, GroupQueryAttention
@@ -48,17 +49,11 @@ def rotary_caches(max_positions, rotary_dim, base=10000.0):
     """cos/sin caches ``[max_positions, rotary_dim // 2]`` (float32) of the rotary embedding
     with frequencies ``base ** (-2i / rotary_dim)``, computed in float64; ``max_positions >=
     1``, ``rotary_dim`` even and >= 2, ``base`` finite and > 0."""
-    for name, x in (("max_positions", max_positions), ("rotary_dim", rotary_dim)):
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-    if not 1 <= max_positions <= INT32_MAX:
-        raise ValueError(f"max_positions must be in [1, {INT32_MAX}], got {max_positions}")
-    if rotary_dim < 2 or rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be even and >= 2, got {rotary_dim}")
-    if isinstance(base, (bool, np.bool_)) or not isinstance(base, numbers.Real):
-        raise TypeError(f"base must be a real number, got {type(base).__name__}")
-    if not (0 < base < float("inf")):
-        raise ValueError(f"base must be finite and > 0, got {base}")
+    max_positions = _positive_int("max_positions", max_positions)
+    if _positive_int("rotary_dim", rotary_dim, minimum=2) % 2:
+        raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
+    if not finite_real(base, "base") > 0:
+        raise ValueError(f"base must be > 0, got {base}")
     inv = 1.0 / base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
     ang = np.arange(max_positions, dtype=np.float64)[:, None] * inv[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)

@@ -149,12 +149,12 @@ def test_per_tensor_scales_in_every_spelling_store_the_same_codes(k_scales, v_sc
 
 
 def test_rotary_caches_refuse_what_has_no_embedding():
-    for args, exc, msg in [((0, 16), ValueError, "max_positions must be in"),
-                           ((8, 15), ValueError, "rotary_dim must be even and >= 2"),
-                           ((8, 0), ValueError, "rotary_dim must be even and >= 2"),
+    for args, exc, msg in [((0, 16), ValueError, "max_positions must be >= 1"),
+                           ((8, 15), ValueError, "rotary_dim must be even"),
+                           ((8, 0), ValueError, "rotary_dim must be >= 2"),
                            ((8.0, 16), TypeError, "max_positions must be an int"),
-                           ((8, 16, 0.0), ValueError, "base must be finite and > 0"),
-                           ((8, 16, float("nan")), ValueError, "base must be finite and > 0"),
+                           ((8, 16, 0.0), ValueError, "base must be > 0"),
+                           ((8, 16, float("nan")), ValueError, "base must be finite"),
                            ((8, 16, "1e4"), TypeError, "base must be a real number")]:
         with pytest.raises(exc, match=msg):
             gqa.rotary_caches(*args)
