@@ -15,7 +15,7 @@ cached K/V element is converted once per query row for the whole group.
 from cython.parallel cimport prange, parallel, threadid
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset, memcpy, memmove
-from libc.math cimport expf, tanhf, fmaf, fabsf, sqrt
+from libc.math cimport expf, tanhf, fabsf, sqrt
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t, uint64_t
 cimport numpy as cnp
 import numpy as np

@@ -27,6 +27,8 @@ cdef extern from "gqa_kernels.h" nogil:
     ctypedef float (*gqa_row_max_fn)(const float *x, size_t n) noexcept nogil
     ctypedef void (*gqa_hadamard_fn)(size_t n, size_t H, const float *x, size_t ldx, float *o,
                                      size_t ldo, float c, int inverse) noexcept nogil
+    ctypedef void (*gqa_rope_fn)(size_t r2, int interleaved, const float *x, const float *c,
+                                 const float *s, float *o) noexcept nogil
     ctypedef struct gqa_tiles:
         const char *name
         int rows
@@ -59,6 +61,7 @@ cdef extern from "gqa_kernels.h" nogil:
         gqa_exp_sum_fn exp_sum
         gqa_row_max_fn row_max
         gqa_hadamard_fn hadamard_rows
+        gqa_rope_fn rope_row
     size_t gqa_row_bytes(int type, size_t cols)
     bint GQA_IS_GROUP(int type)
     int GQA_ROT_MAX

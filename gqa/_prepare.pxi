@@ -35,25 +35,10 @@ cdef inline int64_t position(const Params *p, int b, int s) noexcept nogil:
 
 
 cdef void rope(const Params *p, const float *x, float *o, int pos) noexcept nogil:
-    """Rotary embedding of one head row; channels >= 2*rot_half are copied (o may be x).
-    Rounded as ONNX Runtime's x86 kernel rounds (bit-exact float caches): x0' = fma(x0, c,
-    -(x1*s)), x1' = fma(x0, s, x1*c)."""
-    cdef int i, R2 = p.rot_half
-    cdef const float *c = p.cos + <size_t>pos * R2
-    cdef const float *s = p.sin + <size_t>pos * R2
-    cdef float x0, x1
-    if p.interleaved:
-        for i in range(R2):
-            x0 = x[2 * i]
-            x1 = x[2 * i + 1]
-            o[2 * i] = fmaf(x0, c[i], -(x1 * s[i]))
-            o[2 * i + 1] = fmaf(x0, s[i], x1 * c[i])
-    else:
-        for i in range(R2):
-            x0 = x[i]
-            x1 = x[i + R2]
-            o[i] = fmaf(x0, c[i], -(x1 * s[i]))
-            o[i + R2] = fmaf(x0, s[i], x1 * c[i])
+    """Rotary embedding of one head row (the active path's rope_row: onnxruntime's x86
+    rounding, the same bits on every path); channels >= 2*rot_half are copied (o may be x)."""
+    cdef int R2 = p.rot_half
+    active_table().rope_row(R2, p.interleaved, x, p.cos + <size_t>pos * R2, p.sin + <size_t>pos * R2, o)
     if 2 * R2 < p.H and o != x:
         memcpy(o + 2 * R2, x + 2 * R2, (p.H - 2 * R2) * sizeof(float))
     if p.round_half:

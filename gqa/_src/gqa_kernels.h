@@ -163,6 +163,8 @@ typedef float (*gqa_row_max_fn)(const float *x, size_t n);
 typedef void (*gqa_hadamard_fn)(size_t n, size_t H, const float *x, size_t ldx, float *o,
                                 size_t ldo, float c, int inverse);
 #define GQA_ROT_MAX 1024 /* the widest head a rotation takes (hadamard_rows' buffers; the call's checks) */
+typedef void (*gqa_rope_fn)(size_t r2, int interleaved, const float *x, const float *c, const float *s,
+                            float *o);
 
 typedef struct gqa_kernels {
     const char *name;
@@ -199,6 +201,13 @@ typedef struct gqa_kernels {
     /* o = x R (inverse: x R^T) for n rows of the `+had` rotation R = c Sy P (kernels_common.h,
        gqa_hadamard_rows: the same bits on every path). */
     gqa_hadamard_fn hadamard_rows;
+    /* The rotary embedding of one head row at one position, o[0, 2 r2) from x with cos c[0, r2)
+       and sin s[0, r2): pairs (x[i], x[i + r2]), interleaved (x[2i], x[2i + 1]), each turned as
+       x0' = fma(x0, c[i], -(x1 s[i])), x1' = fma(x0, s[i], x1 c[i]) (the products rounded to
+       float32, then one fused multiply-add: onnxruntime's x86 rounding, so that float caches
+       match its bits; gqa_rope_pairs, kernels_common.h).  The same bits on every path; o may be
+       x but must not otherwise overlap it; o[2 r2 ..] is not touched. */
+    gqa_rope_fn rope_row;
     /* The path's matrix tiles, best first, NULL-terminated (avx512: AMX, then AVX-512 BF16
        dot products), or NULL where the build has none; callers take them through
        gqa_path_tiles, which checks the CPU. */

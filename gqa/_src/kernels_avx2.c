@@ -934,6 +934,37 @@ static float row_max_avx2(const float *x, size_t n)
     return gqa_max_of(x + i, n - i, gqa_max_of(buf, 8, -INFINITY));
 }
 
+/* ---- rope_row ----------------------------------------------------------- */
+
+/* gqa_rope_pairs' bits, 8 pairs a vector: x0' = fmsub(x0, c, x1 s) (= fma(x0, c, -(x1 s))),
+   x1' = fmadd(x0, s, x1 c); interleaved pairs as (x0, x0) and (x1, x1) against (c, s) and
+   (-s, c) (x1 (-s) = -(x1 s) exactly); each vector's loads before its stores (o may be x);
+   the last r2 % 8 (interleaved: % 4) pairs by gqa_rope_pairs. */
+static void rope_row_avx2(size_t r2, int interleaved, const float *x, const float *c, const float *s, float *o)
+{
+    size_t i = 0;
+    if (!interleaved)
+        for (; i + 8 <= r2; i += 8) {
+            const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + r2 + i);
+            const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
+            const __m256 a = _mm256_fmsub_ps(x0, vc, _mm256_mul_ps(x1, vs));
+            const __m256 b = _mm256_fmadd_ps(x0, vs, _mm256_mul_ps(x1, vc));
+            _mm256_storeu_ps(o + i, a);
+            _mm256_storeu_ps(o + r2 + i, b);
+        }
+    else
+        for (; i + 4 <= r2; i += 4) {
+            const __m256 v = _mm256_loadu_ps(x + 2 * i);
+            const __m128 vc = _mm_loadu_ps(c + i), vs = _mm_loadu_ps(s + i);
+            const __m128 ns = _mm_xor_ps(vs, _mm_set1_ps(-0.0f));
+            const __m256 cs = _mm256_set_m128(_mm_unpackhi_ps(vc, vs), _mm_unpacklo_ps(vc, vs));
+            const __m256 sc = _mm256_set_m128(_mm_unpackhi_ps(ns, vc), _mm_unpacklo_ps(ns, vc));
+            _mm256_storeu_ps(o + 2 * i, _mm256_fmadd_ps(_mm256_moveldup_ps(v), cs,
+                                                        _mm256_mul_ps(_mm256_movehdup_ps(v), sc)));
+        }
+    gqa_rope_pairs(i, r2, interleaved, x, c, s, o);
+}
+
 #ifdef GQA_HAVE_AVX2_S8DOT /* accuracy level 4's integer dots: kernels_avx2_s8dot.c */
 void gqa_qk_gemm_s8_dot_avx2(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                              int type, const float *s, float *C, size_t ldc);

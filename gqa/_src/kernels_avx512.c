@@ -1202,6 +1202,39 @@ static float row_max_avx512(const float *x, size_t n)
     return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
 }
 
+/* gqa_rope_pairs' bits, 16 pairs a vector (interleaved: 8), the last ones under a mask: x0' =
+   fmsub(x0, c, x1 s) (= fma(x0, c, -(x1 s))), x1' = fmadd(x0, s, x1 c); interleaved pairs as
+   (x0, x0) and (x1, x1) against (c, s) and (-s, c) (x1 (-s) = -(x1 s) exactly); each vector's
+   loads before its stores (o may be x). */
+static void rope_row_avx512(size_t r2, int interleaved, const float *x, const float *c, const float *s, float *o)
+{
+    if (!interleaved) {
+        for (size_t i = 0; i < r2; i += 16) {
+            const __mmask16 m = mask16(r2 - i < 16 ? r2 - i : 16);
+            const __m512 x0 = _mm512_maskz_loadu_ps(m, x + i), x1 = _mm512_maskz_loadu_ps(m, x + r2 + i);
+            const __m512 vc = _mm512_maskz_loadu_ps(m, c + i), vs = _mm512_maskz_loadu_ps(m, s + i);
+            const __m512 a = _mm512_fmsub_ps(x0, vc, _mm512_mul_ps(x1, vs));
+            const __m512 b = _mm512_fmadd_ps(x0, vs, _mm512_mul_ps(x1, vc));
+            _mm512_mask_storeu_ps(o + i, m, a);
+            _mm512_mask_storeu_ps(o + r2 + i, m, b);
+        }
+        return;
+    }
+    /* lane 2 j: pair j's first (from the first operand), lane 2 j + 1: its second */
+    const __m512i pairs = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    for (size_t i = 0; i < r2; i += 8) {
+        const size_t n = r2 - i < 8 ? r2 - i : 8;
+        const __mmask16 m = mask16(2 * n), mp = mask16(n);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + 2 * i);
+        const __m512 vc = _mm512_maskz_loadu_ps(mp, c + i), vs = _mm512_maskz_loadu_ps(mp, s + i);
+        const __m512 cs = _mm512_permutex2var_ps(vc, pairs, vs);
+        const __m512 sc = _mm512_permutex2var_ps(_mm512_xor_ps(vs, _mm512_set1_ps(-0.0f)), pairs, vc);
+        /* (x0, x0) and (x1, x1) of each pair */
+        const __m512 x0 = _mm512_shuffle_ps(v, v, 0xA0), x1 = _mm512_shuffle_ps(v, v, 0xF5);
+        _mm512_mask_storeu_ps(o + 2 * i, m, _mm512_fmadd_ps(x0, cs, _mm512_mul_ps(x1, sc)));
+    }
+}
+
 /* The tiles, best first: AMX (kernels_amx.c), then AVX-512 BF16 dots (kernels_avx512bf16.c) */
 #ifdef GQA_HAVE_AMX
 extern const gqa_tiles gqa_tiles_amx;

@@ -187,6 +187,21 @@ static inline void gqa_hadamard_rows(size_t n, size_t H, const float *x, size_t 
     }
 }
 
+/* gqa_kernels.rope_row's statement for pairs [i0, r2) of a row (a path's table entry, or the
+   pairs its vectors leave).  fmaf is the fused operation on every compiler this builds with (an
+   FMA instruction where the unit's flags have one, libm's correctly rounded fmaf elsewhere). */
+static inline void gqa_rope_pairs(size_t i0, size_t r2, int interleaved, const float *x, const float *c,
+                                  const float *s, float *o)
+{
+    const size_t step = interleaved ? 1 : r2; /* x1's distance from x0 */
+    for (size_t i = i0; i < r2; i++) {
+        const size_t e = interleaved ? 2 * i : i;
+        const float x0 = x[e], x1 = x[e + step];
+        o[e] = fmaf(x0, c[i], -(x1 * s[i]));
+        o[e + step] = fmaf(x0, s[i], x1 * c[i]);
+    }
+}
+
 /* A path's kernel table: every operation named <op>_<path>, and the integer-dot kernels
    (or NULL): onnxruntime's approximate QK, level 4's QK and SV; the path's tiles (or NULL). */
 #define GQA_KERNEL_TABLE(path, approx_qk, dot_qk, dot_sv, tiles) GQA_KERNEL_TABLE_AS(path, path, approx_qk, dot_qk, dot_sv, tiles)
@@ -195,7 +210,7 @@ static inline void gqa_hadamard_rows(size_t n, size_t H, const float *x, size_t 
     const gqa_kernels gqa_kernels_##unit = {#unit, quantize_##path, dequantize_##path,          \
                                             dequantize_t_##path, qk_gemm_##path, sv_gemm_##path, \
                                             approx_qk, dot_qk, dot_sv, exp_sum_##path,           \
-                                            row_max_##path, gqa_hadamard_rows, tiles};
+                                            row_max_##path, gqa_hadamard_rows, rope_row_##path, tiles};
 
 /* dequantize_<path> of a path whose row decoder dequant_row(row, d, cols, type, s) is
    specialized on a constant type: one instance per static or float type in deq_rows[type]

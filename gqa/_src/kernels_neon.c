@@ -697,6 +697,34 @@ static float row_max_neon(const float *x, size_t n)
     return gqa_max_of(x + i, n - i, gqa_max_of(buf, 16, -INFINITY));
 }
 
+/* ---- rope_row ---------------------------------------------------------------------- */
+
+/* gqa_rope_pairs' bits, 4 pairs a vector (interleaved ones split by vld2q / joined by vst2q):
+   x0' = vfmaq(-(x1 s), x0, c), x1' = vfmaq(x1 c, x0, s), fused; each vector's loads before its
+   stores (o may be x); the last r2 % 4 pairs by gqa_rope_pairs. */
+static void rope_row_neon(size_t r2, int interleaved, const float *x, const float *c, const float *s, float *o)
+{
+    size_t i = 0;
+    for (; i + 4 <= r2; i += 4) {
+        const float32x4_t vc = vld1q_f32(c + i), vs = vld1q_f32(s + i);
+        float32x4x2_t v;
+        if (interleaved)
+            v = vld2q_f32(x + 2 * i);
+        else
+            v.val[0] = vld1q_f32(x + i), v.val[1] = vld1q_f32(x + r2 + i);
+        float32x4x2_t r;
+        r.val[0] = vfmaq_f32(vnegq_f32(vmulq_f32(v.val[1], vs)), v.val[0], vc);
+        r.val[1] = vfmaq_f32(vmulq_f32(v.val[1], vc), v.val[0], vs);
+        if (interleaved) {
+            vst2q_f32(o + 2 * i, r);
+        } else {
+            vst1q_f32(o + i, r.val[0]);
+            vst1q_f32(o + r2 + i, r.val[1]);
+        }
+    }
+    gqa_rope_pairs(i, r2, interleaved, x, c, s, o);
+}
+
 /* The tiles: Arm BFloat16 dot products (kernels_neonbf16.c) */
 #ifdef GQA_HAVE_NEONBF16
 extern const gqa_tiles gqa_tiles_neonbf16;

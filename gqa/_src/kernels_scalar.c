@@ -121,4 +121,9 @@ static float row_max_scalar(const float *x, size_t n)
     return gqa_max_of(x, n, -INFINITY);
 }
 
+static void rope_row_scalar(size_t r2, int interleaved, const float *x, const float *c, const float *s, float *o)
+{
+    gqa_rope_pairs(0, r2, interleaved, x, c, s, o);
+}
+
 GQA_KERNEL_TABLE(scalar, NULL, NULL, NULL, NULL)

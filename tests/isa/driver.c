@@ -32,6 +32,8 @@
  *                   rows of NaN, +-inf, +-0 and finite values, lengths 0 .. 4099.
  *   hadamard_rows   the `+had` rotation and its transpose: the scalar table's bits, and
  *                   within the stated bound of float64 over R built from its definition.
+ *   rope_row        the rotary embedding of a row (plain and interleaved pairs, in place too):
+ *                   the contract's bits, the scalar table's, within 2^-24 of float64.
  *   approx.*        the approximate INT8 QK kernel: bit for bit against the
  *                   contract (oracle below), the integer dot read back exactly,
  *                   the error bound against the exact scalar path, edge rows;
@@ -701,6 +703,81 @@ static void check_hadamard(void)
                 expect(ok, "H=%zu n=%zu inverse=%d: %s (worst err / bound %.3g)", H, n, inverse,
                        memcmp(o, ref, n * ldo * 4) ? "not the scalar table's bits" : "off", worst);
                 free(x), free(xc), free(o), free(ref);
+            }
+    end();
+}
+
+/* ---- rope_row -------------------------------------------------------------------- */
+
+/* rope_row (gqa_kernels.h): pairs [0, r2) of a row, plain and interleaved, out of place and in
+   place, bit for bit the contract's statement here (fmaf of libm: fused, correctly rounded) and
+   the scalar table's (NaN-aware: a NaN's payload may differ), within 2^-24 (|x0 c| + 2 |x1 s|)
+   of float64's x0 c - x1 s (x1' likewise), o[2 r2 ..] and, out of place, x untouched; r2 0 .. 40,
+   63 .. 65, 128, 256, elements with NaN, +-inf and +-0 among them. */
+static void check_rope(void)
+{
+    static const size_t EXTRA[] = {63, 64, 65, 128, 256};
+    begin("rope_row");
+    if (T->rope_row == NULL) {
+        expect(0, "the %s table has no rope_row", T->name);
+        end();
+        return;
+    }
+    for (size_t t = 0; t <= 40 + sizeof EXTRA / sizeof EXTRA[0]; t++)
+        for (int il = 0; il < 2; il++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                const size_t r2 = t <= 40 ? t : EXTRA[t - 41], n = 2 * r2 + 9;
+                float *x = xmalloc(n * 4 + 4), *xc = xmalloc(n * 4 + 4), *o = xmalloc(n * 4 + 4);
+                float *ref = xmalloc(n * 4 + 4), *sc = xmalloc(n * 4 + 4), *c = xmalloc(r2 * 4 + 4);
+                float *s = xmalloc(r2 * 4 + 4);
+                for (size_t i = 0; i < n; i++)
+                    x[i] = (i % 11 == 5) ? (float)(rnd() % 9) - 4.0f : normal() * 3.0f;
+                if (r2 > 6 && t % 3 == 0) { /* specials */
+                    x[1] = NAN, x[2] = INFINITY, x[3] = -INFINITY, x[4] = -0.0f, x[5] = 0.0f;
+                }
+                for (size_t i = 0; i < r2; i++) {
+                    const double a = 0.37 * (double)(i + 1) + 0.1 * (double)t;
+                    c[i] = (float)cos(a), s[i] = (float)sin(a);
+                }
+                memcpy(xc, x, n * 4);
+                for (size_t i = 0; i < n; i++)
+                    o[i] = sc[i] = -7.0f;
+                const size_t step = il ? 1 : r2;
+                for (size_t i = 0; i < n; i++) /* the statement: past 2 r2, what o held */
+                    ref[i] = i < 2 * r2 ? NAN : (inplace ? x[i] : -7.0f);
+                for (size_t i = 0; i < r2; i++) {
+                    const size_t e = il ? 2 * i : i;
+                    ref[e] = fmaf(x[e], c[i], -(x[e + step] * s[i]));
+                    ref[e + step] = fmaf(x[e], s[i], x[e + step] * c[i]);
+                }
+                float *out = inplace ? x : o;
+                T->rope_row(r2, il, x, c, s, out);
+                if (inplace)
+                    memcpy(sc, xc, n * 4);
+                R->rope_row(r2, il, inplace ? sc : xc, c, s, sc);
+                int ok = 1, bits = 1;
+                double worst = 0.0;
+                for (size_t i = 0; i < n; i++) {
+                    bits = bits && same_float(out[i], ref[i]) && same_float(out[i], sc[i]);
+                    if (i < 2 * r2) {
+                        const size_t pi = il ? i / 2 : i % (r2 ? r2 : 1), e = il ? 2 * pi : pi;
+                        const int second = il ? (int)(i & 1) : i >= r2;
+                        const double x0 = xc[e], x1 = xc[e + step], cc = c[pi], ss = s[pi];
+                        const double want = second ? x0 * ss + x1 * cc : x0 * cc - x1 * ss;
+                        const double bound = (second ? fabs(x0 * ss) + 2.0 * fabs(x1 * cc)
+                                                     : fabs(x0 * cc) + 2.0 * fabs(x1 * ss)) * 0x1p-24 * (1.0 + 0x1p-23);
+                        if (want == want && fabs(want) < INFINITY && bound < INFINITY) {
+                            const double err = fabs((double)out[i] - want);
+                            worst = err / (bound + 1e-300) > worst ? err / (bound + 1e-300) : worst;
+                            ok = ok && err <= bound;
+                        }
+                    }
+                }
+                if (!inplace)
+                    ok = ok && memcmp(x, xc, n * 4) == 0;
+                expect(ok && bits, "r2=%zu interleaved=%d in place=%d: %s (worst err / bound %.3g)", r2, il,
+                       inplace, bits ? "off" : "not the statement's bits", worst);
+                free(x), free(xc), free(o), free(ref), free(sc), free(c), free(s);
             }
     end();
 }
@@ -1563,6 +1640,7 @@ int main(int argc, char **argv)
         check_exp();
         check_row_max();
         check_hadamard();
+        check_rope();
         check_block_lines();
     }
     if (approx) {
