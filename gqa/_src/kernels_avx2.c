@@ -31,6 +31,8 @@
  *  - exp_sum: range reduction + degree-6 polynomial (exp8), exact zeros below
  *    GQA_EXP_MIN, NaN kept.
  *  - row_max: 8-lane maxima, NaN skipped (exact).
+ *  - rope_row: 8 pairs a vector (interleaved: 4), fused as the contract states (the scalar
+ *    path's bits), the last pairs by gqa_rope_pairs.
  *  - qk_gemm_s8_dot, sv_gemm_s8_dot (accuracy level 4): kernels_avx2_s8dot.c (per-group codes:
  *    kernels_avx2_gdot.c).
  */

@@ -41,6 +41,8 @@
  *  - qk_gemm_s8_approx, qk_gemm_s8_dot, sv_gemm_s8_dot: kernels_avx512vnni.c.
  *  - exp_sum: the AVX2 path's exp on 16 lanes (identical values), masked tail.
  *  - row_max: 16-lane maxima, NaN skipped (exact), masked tail.
+ *  - rope_row: 16 pairs a vector (interleaved: 8), fused as the contract states (the scalar
+ *    path's bits), masked tail.
  *
  * The emulation build of tests/isa (GQA_EMULATE_AVX512, never set by setup.py)
  * takes the intrinsics from SIMDe instead of <immintrin.h> so this code can run

@@ -28,6 +28,8 @@
  *  - exp_sum: the AVX2 path's exp on 4 lanes (same operations), tail through a
  *    copy padded with -inf.
  *  - row_max: 4-lane compare-and-select maxima, NaN skipped (exact).
+ *  - rope_row: 4 pairs a vector (vld2q / vst2q for interleaved ones), vfmaq fused as the
+ *    contract states (the scalar path's bits), the last pairs by gqa_rope_pairs.
  *  - per-group rows: quantized by the shared codec (kernels_group.h); qk / sv fused over the
  *    rows (groups of a multiple of 8 columns, rows of a multiple of 32: see "per-group rows,
  *    fused"), otherwise decoded 8 elements at a time (group_decode_row_neon, the reference's
