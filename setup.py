@@ -31,7 +31,7 @@ HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "
                                           "team_spread.h",
                                           # built again as other units (kernels_avxvnni_*.c, kernels_avx512vnni_gdot.c)
                                           "kernels_avx2_s8dot.c", "kernels_avx2_gdot.c")]
-PXI = [os.path.join("gqa", f) for f in ("_prepare.pxi", "_cache_rows.pxi")]   # in _attention.pyx
+PXI = [os.path.join("gqa", f) for f in ("_prepare.pxi", "_cache_rows.pxi", "_work.pxi")]   # in _attention.pyx
 
 # path name -> (source, gcc/clang flags, a snippet using one intrinsic of the tier)
 X86_PATHS = {

@@ -51,6 +51,7 @@ cdef extern from "math.h":
 
 include "_prepare.pxi"
 include "_cache_rows.pxi"
+include "_work.pxi"
 
 
 cdef float nan_or_max(const Params *p, const float *x, int n) noexcept nogil:
@@ -1269,32 +1270,19 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
           int q_block, int kv_block, int decode_chunks, int decode_ranges, bint direct=False,
           col_base=None, int bias_T=0, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None,
           int accuracy=0, float rk_c=0, float rv_c=0):
-    """One call: cache write, then attention (naive, tiled flash or decode work items).
-    Decode (S == 1, flash): the units are split into `decode_ranges` contiguous ranges and
-    the last unit of each is split into `decode_chunks` key chunks (flash decoding; every
-    unit when decode_ranges >= units), so a thread that runs out of work can take a chunk
-    of another's last unit.  `direct` (the plan's, S > 1): the step's rows are one tile per
-    unit on the decode kernels (attend_direct), each unit in `decode_chunks` key chunks,
-    where the CPU's matrix tiles and float windows leave it to them.  rk_c / rv_c > 0: rk / rv
-    is the `+had` rotation c Sy P (the caller's _orthogonal), turned by gqa_hadamard_rows."""
+    """One call: cache write, then attention (naive, tiled flash or decode work items;
+    _work.pxi).  Decode (S == 1, flash): the units are split into `decode_ranges` contiguous
+    ranges and the last unit of each is split into `decode_chunks` key chunks (flash
+    decoding; every unit when decode_ranges >= units), so a thread that runs out of work can
+    take a chunk of another's last unit.  `direct` (the plan's, S > 1): the step's rows are
+    one tile per unit on the decode kernels (attend_direct), each unit in `decode_chunks` key
+    chunks, where the CPU's matrix tiles and float windows leave it to them.  rk_c / rv_c > 0:
+    rk / rv is the `+had` rotation c Sy P (the caller's _orthogonal), turned by
+    gqa_hadamard_rows."""
     cdef Params p = c.p
     cdef const gqa_kernels *t = active_table()
-    cdef gqa_qk_gemm_fn qk
-    cdef const gqa_tiles *dt = NULL      # the tiles of qk / p.sv (accuracy level 4), or NULL
-    cdef int B = p.B, S = p.S, Nkv = p.Nkv, G = p.G, H = p.H
-    cdef int u, units = B * Nkv
-    cdef int me = 0, w = 0
-    cdef gqa_work_range *ranges = NULL
-    cdef void *ranges_raw = NULL
-    cdef float *scratch
-    cdef void *scratch_raw
-    cdef size_t scratch_len
-    cdef int mode = 0, work_units = units, nq = 0, nsplit = 0, i, r, nturn
-    cdef void *items_raw = NULL
-    cdef bint item_write = True
-    cdef uint64_t taken = 0
-    cdef void *stage_raw = NULL
-    cdef long long past_rows
+    cdef Work w
+    memset(&w, 0, sizeof(Work))
     p.T = T; p.Pres = Pres; p.first_prompt = first_prompt
     p.q = <const float *>ptr(q); p.k = <const float *>ptr(k); p.v = <const float *>ptr(v)
     p.seqlens = <const int *>ptr(seqlens)
@@ -1316,245 +1304,46 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
         p.hcap = cnp.PyArray_DIM(<cnp.ndarray>hk, 2)
         p.hpast = cnp.PyArray_DIM(<cnp.ndarray>phk, 2) if phk is not None else p.hcap
         p.fk, p.fv, p.fcap = p.hk, p.hv, p.hcap
-
     p.bias_T = bias_T if bias_T > 0 else T     # int32 [B] col_base, validated by the caller
     p.col_base = <const int *>ptr(col_base)
     p.out = <float *>ptr(out); p.qk_out = <float *>ptr(qk_out)
+    p.partials = NULL
+    p.qprep = NULL
+    p.items = NULL
     # The lengths and positions that drive addressing are copied and checked here, so that
     # nothing written during the call (an input aliasing a cache) or changed by another
     # thread since the Python checks can move a read or write outside its buffer.
     cdef int lens_local[64]
     cdef int64_t pos_local[256]
     cdef size_t npos = 0 if pos_ids is None else <size_t>cnp.PyArray_SIZE(<cnp.ndarray>pos_ids)
-    if B > 64 or npos > 256:        # large batches: copies owned by NumPy
+    if p.B > 64 or npos > 256:        # large batches: copies owned by NumPy
         lens = np.array(seqlens, dtype=np.int32, copy=True)
         p.seqlens = <const int *>ptr(lens)
         if pos_ids is not None:
             pos_ids = np.array(pos_ids, dtype=np.int64, copy=True)
             p.pos_ids = <const int64_t *>ptr(pos_ids)
     else:
-        memcpy(lens_local, p.seqlens, B * sizeof(int))
+        memcpy(lens_local, p.seqlens, p.B * sizeof(int))
         p.seqlens = lens_local
         if npos:
             memcpy(pos_local, p.pos_ids, npos * sizeof(int64_t))
             p.pos_ids = pos_local
     check_lengths(&p, 0 if cos is None else cnp.PyArray_DIM(<cnp.ndarray>cos, 0))  # sets p.Tmax
-    if p.hk != NULL and p.hcausal and p.S > 1:
-        # causal windows of a multi-token step: the past windows and the S new rows staged
-        # rows per (b, j): min(windows, past length) + S <= Tmax (fits an int, counted in 64 bits)
-        p.hstage = 1
-        past_rows = <long long>p.Tmax - p.S if p.Tmax > p.S else 0
-        if <long long>p.nsink + p.nrecent < past_rows:
-            past_rows = <long long>p.nsink + p.nrecent
-        if past_rows + p.S > INT32_MAX:
-            raise ValueError(f"the float windows' staging rows ({past_rows} + {p.S}) exceed "
-                             f"{INT32_MAX}")
-        p.fcap = <int>(past_rows + p.S)
-        stage_raw = malloc(2 * <size_t>p.B * p.Nkv * p.fcap * p.hp_rb + 1)
-        if stage_raw == NULL:
-            raise MemoryError("gqa: cannot allocate the float windows' staging rows")
-        p.fk = <uint8_t *>stage_raw
-        p.fv = p.fk + <size_t>p.B * p.Nkv * p.fcap * p.hp_rb
-    p.exp_sum = exp_kernel(t)
-    p.row_max = t.row_max
-    # path: naive (per row, whole range), tiled flash (S > 1), or flash decoding (S == 1)
-    p.Br = q_block if q_block < S else S
-    p.Bc = kv_block
-    p.chunks = 1
-    p.partials = NULL
-    p.qprep = NULL
-    p.items = NULL
-    p.tiles = NULL
-    p.direct = 0
-    if flash and not p.qk_mode:
-        if S > 1:
-            mode = 1
-            # accuracy level >= 3: the flash tiles' GEMMs on matrix tiles where the CPU has them
-            p.tiles = tile_kernels(accuracy, H)
-            p.direct = direct and p.Br == S
-            if p.direct:        # the plan left these rows to the decode kernels (step_rows)
-                p.tiles = NULL
-            nq = (S + p.Br - 1) // p.Br
-            if p.direct:
-                nq = 1
-                # work items units * chunks stay below 2^31
-                if units > 0 and <long long>units * decode_chunks > 0x7fffffff:
-                    decode_chunks = 0x7fffffff // units
-                if decode_chunks > 1 and p.Tmax > 1:
-                    p.chunk_len = (p.Tmax + decode_chunks - 1) // decode_chunks
-                    p.chunks = (p.Tmax + p.chunk_len - 1) // p.chunk_len
-            work_units = units * nq * p.chunks
-        elif decode_chunks > 1 and p.Tmax > 1 and units > 0:
-            # item codes unit * (chunks + 1) + chunk + 1 stay below 2^31
-            if <long long>units * (decode_chunks + 1) > 0x7fffffff:
-                decode_chunks = 0x7fffffff // units - 1
-            if decode_chunks > 1:
-                p.chunk_len = (p.Tmax + decode_chunks - 1) // decode_chunks
-                p.chunks = (p.Tmax + p.chunk_len - 1) // p.chunk_len
-            nsplit = decode_ranges if decode_ranges < units else units
-            if p.chunks > 1 and nsplit > 0:
-                mode = 2
-                work_units = units + nsplit * (p.chunks - 1)
-            else:
-                p.chunks = 1
-    # accuracy level 4: integer-dot kernels for the codes; the decode steps' and the naive
-    # path's on the active tiles where they have them (AMX INT8), each thread's calls
-    # bracketed by the tiles' begin / end below; the flash tiles' P @ V on VNNI (INT8; sv_kernel);
-    # per-group codes: the decode steps' and the naive path's, on the group-dot unit (qk_kernel)
-    # (the calls' query rows: a KV head's G, S x G in a direct step)
-    qk = qk_kernel(t, p.ktype, accuracy, mode != 1 or p.direct, G * S if p.direct else G)
-    p.sv = sv_kernel(t, p.vtype, accuracy, mode != 1 or p.direct, G * S if p.direct else G)
-    if mode != 1 or p.direct:
-        dt = dot_tiles(p.ktype, accuracy)
-        if dt == NULL:
-            dt = dot_tiles(p.vtype, accuracy)
-    scratch_len = <size_t>G * H + <size_t>G * (p.Tmax if p.Tmax > 0 else 1) + H + G
-    if mode == 1:
-        scratch_len = tiled_layout(&p, NULL, NULL)
-        # static codes with scales below 1e30, no float windows: finite values only
-        # (attend_tiled)
-        p.k_finite = (static_codes(p.ktype) and p.hk == NULL
-                      and scales_below(p.ks, Nkv * H if p.k_pc else 1, 1e30))
-        p.v_finite = (static_codes(p.vtype) and p.hv == NULL
-                      and scales_below(p.vs, Nkv * H if p.v_pc else 1, 1e30))
-    # Below ~2^17 multiply-adds the team's wake-up costs more than it saves (results do
-    # not depend on the thread count, so this is only a speed decision).
-    if num_threads < 1 or <size_t>p.Tmax * B * Nkv * H * S < (1 << 17):
-        num_threads = 1
-    if num_threads > work_units:
-        num_threads = work_units if work_units > 0 else 1
-    # rotations turn rows in groups (write_cache, unrotate): tmp [2, turn_rows, H] with
-    # G <= turn_rows <= max(G, 64), 64 rows keeping R's reuse high and the items many
-    if scratch_len < 2 * <size_t>G * H:
-        scratch_len = 2 * <size_t>G * H
-    p.turn_rows = <int>(min(64, scratch_len // (2 * <size_t>H)) if H > 0 else 1)
-    p.turn_rows = G if p.turn_rows < G else p.turn_rows
-    # each thread's scratch starts on a 64-byte line (whole-line vector loads and stores)
-    scratch_len = (scratch_len + 15) & ~(<size_t>15)
-    scratch_raw = malloc(scratch_len * num_threads * sizeof(float) + 64)
-    scratch = <float *>((<size_t>scratch_raw + 63) & ~(<size_t>63))
-    if mode == 2:
-        p.partials = <float *>malloc((<size_t>nsplit * p.chunks * G * (H + 2) + <size_t>nsplit * G * H)
-                                     * sizeof(float))
-        items_raw = malloc((<size_t>work_units + 2 * <size_t>units) * sizeof(int))
-    elif p.direct and p.chunks > 1:      # attend_direct's partials, and chunks merged per unit
-        p.partials = <float *>malloc(<size_t>units * p.chunks * S * G * (H + 2) * sizeof(float))
-        items_raw = calloc(<size_t>units, sizeof(int))
-        p.merged = <int *>items_raw
-    if mode != 1 and num_threads > 1:
-        ranges_raw = malloc(<size_t>num_threads * sizeof(gqa_work_range) + 64)
-        ranges = <gqa_work_range *>((<size_t>ranges_raw + 63) & ~(<size_t>63))
-    if (scratch_raw == NULL
-            or ((mode == 2 or (p.direct and p.chunks > 1)) and (p.partials == NULL or items_raw == NULL))
-            or (mode != 1 and num_threads > 1 and ranges_raw == NULL)):
-        free(stage_raw)
-        free(scratch_raw)
-        free(p.partials)
-        free(items_raw)
-        free(ranges_raw)
-        raise MemoryError("gqa: cannot allocate attention scratch")
-    if mode == 2:
-        # items in unit order; unit `u` is split when it ends range r of nsplit ranges
-        p.items = <int *>items_raw
-        p.split = p.items + work_units
-        p.merged = p.split + units
-        i = 0
-        r = 0
-        for u in range(units):
-            p.merged[u] = 0
-            if r < nsplit and u == <int>((<long long>units * (r + 1)) // nsplit) - 1:
-                p.split[u] = r
-                for w in range(p.chunks):
-                    p.items[i + w] = u * (p.chunks + 1) + w + 1
-                i = i + p.chunks
-                r = r + 1
-            else:
-                p.split[u] = -1
-                p.items[i] = u * (p.chunks + 1)
-                i = i + 1
-        # copying caches: a chunk reads rows that other units' items would copy, so every
-        # unit is written first (in place, each item writes what it alone reads -- but the
-        # float windows move rows that every chunk of the unit may read)
-        item_write = p.shared and p.hk == NULL
-        if prepared(&p, p.qn, p.rk):
-            p.qprep = p.partials + <size_t>nsplit * p.chunks * G * (H + 2)
-            with nogil:
-                split_queries(&p, scratch)     # no thread's scratch is in use yet
-    if ranges != NULL:
-        gqa_work_ranges_init(ranges, work_units, num_threads)
-    # Decode items (mode 0 / 2) read only cache rows that they write themselves or that no
-    # one writes (see decode_item), so they need no barrier unless item_write is off.  The
-    # tiled units of one (b, j) run on several threads, so they wait for the whole write.
-    if num_threads == 1:
+
+    w.units = p.B * p.Nkv
+    stage_windows(&p, &w)       # first: the tiles' layout depends on p.fcap
+    plan_path(&p, &w, flash, q_block, kv_block, decode_chunks, decode_ranges, direct, accuracy)
+    plan_kernels(&p, t, &w, accuracy)
+    plan_team(&p, &w, num_threads)
+    try:
+        allocate_work(&p, &w)
         with nogil:
-            if mode == 1 or not item_write:
-                for u in range(units):
-                    write_cache(&p, t, u // Nkv, u % Nkv, scratch)
-            if p.direct:
-                if dt != NULL:
-                    dt.begin()
-                for u in range(work_units):
-                    attend_direct(&p, t, qk, (u % units) // Nkv, (u % units) % Nkv, u // units, scratch)
-                if dt != NULL:
-                    dt.end()
-            elif mode == 1:
-                for u in range(work_units):
-                    attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units, scratch)
+            order_items(&p, &w)
+            if w.num_threads == 1:
+                run_items(&p, t, &w)
             else:
-                if dt != NULL:
-                    dt.begin()
-                for u in range(work_units):
-                    decode_item(&p, t, qk, u, item_write, scratch)
-                if dt != NULL:
-                    dt.end()
-    else:
-        taken = gqa_cpu_bit()
-        with nogil, parallel(num_threads=num_threads):
-            if threadid() > 0:
-                gqa_team_spread(&taken)     # not on the caller's CPU (team_spread.h)
-            if mode == 1 or not item_write:
-                for u in prange(units, schedule='static'):
-                    write_cache(&p, t, u // Nkv, u % Nkv, scratch + threadid() * scratch_len)
-                gqa_team_barrier()      # the loop is `omp for nowait`: wait for every write
-            if p.direct:
-                if dt != NULL:
-                    dt.begin()
-                for u in prange(work_units, schedule='dynamic'):
-                    attend_direct(&p, t, qk, (u % units) // Nkv, (u % units) % Nkv, u // units,
-                                  scratch + threadid() * scratch_len)
-                if dt != NULL:
-                    dt.end()
-            elif mode == 1:
-                # the last query blocks (most keys under a causal mask) first
-                for u in prange(work_units, schedule='dynamic'):
-                    attend_tiled(&p, t, (u % units) // Nkv, (u % units) % Nkv, nq - 1 - u // units,
-                                 scratch + threadid() * scratch_len)
-            else:
-                # home ranges with stealing (work_ranges.h): a thread computes the same
-                # items on every call, so their cache slices are still in its own L2 from the
-                # call before, and a slower core hands its last items to a faster one
-                me = threadid()
-                if dt != NULL:
-                    dt.begin()
-                w = gqa_work_next(ranges, num_threads, me)
-                while w >= 0:
-                    decode_item(&p, t, qk, w, item_write, scratch + me * scratch_len)
-                    w = gqa_work_next(ranges, num_threads, me)
-                if dt != NULL:
-                    dt.end()
-        # end: parallel
-    if p.rv != NULL:       # outputs back from V's rotated basis: o = o' R_V^T
-        nturn = B * Nkv * ((S + turn_positions(&p) - 1) // turn_positions(&p))
-        if num_threads == 1:
-            with nogil:
-                for u in range(nturn):
-                    unrotate(&p, t, u, scratch)
-        else:
-            with nogil, parallel(num_threads=num_threads):
-                for u in prange(nturn, schedule='static'):
-                    unrotate(&p, t, u, scratch + threadid() * scratch_len)
-    free(stage_raw)
-    free(scratch_raw)
-    free(p.partials)
-    free(items_raw)
-    free(ranges_raw)
+                run_team(&p, t, &w)
+            if p.rv != NULL:
+                run_unrotate(&p, t, &w)
+    finally:
+        release_work(&p, &w)
