@@ -130,6 +130,146 @@ cdef inline bint _same(const Key *k, object x, bint kept, int ndims) noexcept:
 
 
 @cython.final
+cdef tuple _step_inputs(query, key, value, int N, int Nkv):
+    """query, key and value of a step (or packed QKV: key = value = None): (ft, B, S, D, H, L,
+    packed), ft the query's NumPy type, L the new K/V rows (0: shared KV)."""
+    cdef int ft, B, S, D, H, L
+    cdef bint packed
+    _array(query, "query", cnp.NPY_FLOAT32, cnp.NPY_FLOAT16, 3)
+    ft = cnp.PyArray_TYPE(<cnp.ndarray>query)
+    B, S, D = query.shape
+    if (key is None) != (value is None):
+        raise ValueError("Input 'key' and 'value' shall be both present, or both absent in the "
+                         "case of packed qkv.")
+    packed = key is None
+    if packed:
+        if D % (N + 2 * Nkv):
+            raise ValueError(f"query (packed QKV) last dimension {D} must be (num_heads + 2 * "
+                             f"kv_num_heads) * head_size = {N + 2 * Nkv} * head_size"
+                             + _widths(D, N + 2 * Nkv))
+        H = D // (N + 2 * Nkv)
+        L = S
+    else:
+        if D % N:
+            raise ValueError(f"query last dimension {D} must be num_heads * head_size = "
+                             f"{N} * head_size" + _widths(D, N))
+        H = D // N
+        for name, x in (("key", key), ("value", value)):
+            _array(x, name, ft, -1, 3)
+            if x.shape[0] != B:
+                raise ValueError(f"Input 'query' and '{name}' shall have same dim 0 (batch size); "
+                                 f"got {B} and {x.shape[0]}")
+            if x.shape[2] != Nkv * H:
+                raise ValueError(f"Input '{name}' last dimension must be kv_num_heads * head_size = "
+                                 f"{Nkv} * {H} = {Nkv * H}, got {x.shape[2]}")
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(f"Input 'key' and 'value' shall have same dim 1 (sequence length); "
+                             f"got {key.shape[1]} and {value.shape[1]}")
+        L = key.shape[1]
+        if L != S and L != 0:
+            raise ValueError(f"Input 'query' and 'key' shall have same dim 1 (sequence length) "
+                             f"unless key has length 0 (shared KV); got {S} and {L}")
+    if H % 8:
+        raise ValueError(f"head_size must be a multiple of 8. Got head_size % 8 == {H % 8}")
+    if H == 0:
+        raise ValueError("head_size must be > 0 (query last dimension is 0)")
+    return ft, B, S, D, H, L, packed
+
+
+cdef tuple _cache_side(op, str side, scale, int ft, int Nkv, int H):
+    """One side's cache element: (NumPy type, row width, gqa type, per channel, the row
+    width's name) -- the operator's format, or the query's float type."""
+    if op.quantized:
+        return _side_format(op, side, scale, Nkv, H)
+    if scale is not None:
+        raise ValueError("k_scale / v_scale must not be given when k_quant_type is NONE")
+    return ft, H, GQA_F32 if ft == cnp.NPY_FLOAT32 else GQA_F16, False, "head_size"
+
+
+cdef tuple _past_present(op, past_key, past_value, present_key, present_value, int B, int Nkv,
+                         int L, tuple k_side, tuple v_side):
+    """The past and present buffers against each other and the cache formats: (has_past,
+    Pbuf, shared (in place: present is past), windowed (sliding_window_cache=1))."""
+    cdef int Pbuf = 0
+    if (past_key is None) != (past_value is None):
+        raise ValueError("Input 'past_key' and 'past_value' shall be both present or both absent.")
+    has_past = past_key is not None
+    if has_past:
+        for name, x, (ct, Hp, _, _, hp_name) in (("past_key", past_key, k_side),
+                                                 ("past_value", past_value, v_side)):
+            _array(x, name, ct, -1, 4)
+            want = (B, Nkv, x.shape[2], Hp)
+            if x.shape != want:
+                raise ValueError(f"Input '{name}' must have shape (batch_size, kv_num_heads, "
+                                 f"past_sequence_length, {hp_name}) "
+                                 f"= ({B}, {Nkv}, *, {Hp}), got {x.shape}")
+        if past_key.shape[2] != past_value.shape[2]:
+            raise ValueError(f"Input 'past_key' and 'past_value' shall have the same "
+                             f"past_sequence_length (dimension 2); got {past_key.shape} and "
+                             f"{past_value.shape}")
+        Pbuf = past_key.shape[2]
+    shared = (present_key is not None and present_key is past_key) or \
+             (present_value is not None and present_value is past_value)
+    if shared and not (present_key is past_key and present_value is past_value):
+        raise ValueError("in-place mode needs present_key is past_key and present_value is past_value")
+    if shared:
+        for name, x in (("past_key", past_key), ("past_value", past_value)):
+            if (cnp.PyArray_FLAGS(<cnp.ndarray>x) & FLAGS) != FLAGS:
+                raise ValueError(f"{name} must be C-contiguous, aligned and writeable in "
+                                 "in-place mode (present is past)")
+    elif (present_key is None) != (present_value is None):
+        raise ValueError("present_key and present_value must be given together")
+    if L == 0 and not has_past:
+        raise ValueError("key/value with sequence length 0 (shared KV) need past_key and past_value")
+    windowed = op.sliding_window_cache == 1
+    if windowed:
+        if not has_past:
+            raise ValueError("sliding_window_cache=1 needs past_key and past_value: their dimension 2 "
+                             "is the cache capacity")
+        if L == 0:
+            raise ValueError("sliding_window_cache=1 does not take shared KV (key/value of sequence "
+                             "length 0)")
+        if Pbuf < op.local_window_size:
+            raise ValueError(f"sliding_window_cache=1: the cache capacity past_key.shape[2] = {Pbuf} "
+                             f"must be >= local_window_size = {op.local_window_size}")
+        if present_key is not None and not shared:
+            for name, x, Hp in (("present_key", present_key, k_side[1]),
+                                ("present_value", present_value, v_side[1])):
+                if x.shape[2] != Pbuf:
+                    raise ValueError(f"{name} must have shape ({B}, {Nkv}, {Pbuf}, {Hp}) "
+                                     f"(sliding_window_cache=1: the capacity of past_key), got "
+                                     f"{x.shape}")
+    return has_past, Pbuf, shared, windowed
+
+
+cdef tuple _optional_inputs(attention_bias, head_sink, q_norm_weight, k_norm_weight, int ft,
+                            int B, int S, int N, int H):
+    """attention_bias, head_sink and the QK-norm weights: (bias broadcast over the batch,
+    over the heads)."""
+    cdef bint bias_bb = False, bias_nb = False
+    if attention_bias is not None:
+        _array(attention_bias, "attention_bias", ft, -1, 4)
+        bb, bn, bs, _ = attention_bias.shape
+        if bb not in (1, B) or bn not in (1, N) or bs != S:
+            raise ValueError(f"attention_bias must have shape (batch_size or 1, num_heads or 1, "
+                             f"sequence_length, total_sequence_length) = ({B} or 1, {N} or 1, {S}, "
+                             f"T), got {attention_bias.shape}")
+        bias_bb, bias_nb = bb == 1, bn == 1
+    if head_sink is not None:
+        _array(head_sink, "head_sink", ft, -1, 1)
+        if head_sink.shape != (N,):
+            raise ValueError(f"head_sink must have shape (num_heads,) = ({N},), got {head_sink.shape}")
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("q_norm_weight and k_norm_weight must be given together (the QK norm "
+                         "applies to both) or not at all")
+    for name, x in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        if x is not None:
+            _array(x, name, ft, -1, 1)
+            if x.shape != (H,):
+                raise ValueError(f"{name} must have shape (head_size,) = ({H},), got {x.shape}")
+    return bias_bb, bias_nb
+
+
 cdef class Signature:
     """The checks of one input signature, and what they derived (see the module docstring)."""
     cdef Key keys[NARGS]
@@ -165,142 +305,43 @@ cdef class Signature:
                 sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
                 q_norm_weight, k_norm_weight, present_key, present_value, tuple ext,
                 Signature prev):
+        """Every check of a new signature, in the order of their messages: the step's inputs,
+        the caches' formats, seqlens_k, past and present, the optional inputs, the kept
+        inputs' values, the float windows, then the written buffers apart from the rest;
+        then what the calls keep (_keep)."""
         cdef int N = op.num_heads, Nkv = op.kv_num_heads
-        cdef int B, S, D, H, L, Hp, Pbuf = 0, ktype, vtype, k_ct, v_ct, k_Hp, v_Hp
-        cdef int ft, ct, rot_half
-        cdef bint packed, has_past, shared, k_pc = False, v_pc = False, bias_bb = False
-        cdef bint bias_nb = False
-        _array(query, "query", cnp.NPY_FLOAT32, cnp.NPY_FLOAT16, 3)
-        ft = cnp.PyArray_TYPE(<cnp.ndarray>query)
-        B, S, D = query.shape
-        if (key is None) != (value is None):
-            raise ValueError("Input 'key' and 'value' shall be both present, or both absent in the "
-                             "case of packed qkv.")
-        packed = key is None
-        if packed:
-            if D % (N + 2 * Nkv):
-                raise ValueError(f"query (packed QKV) last dimension {D} must be (num_heads + 2 * "
-                                 f"kv_num_heads) * head_size = {N + 2 * Nkv} * head_size"
-                                 + _widths(D, N + 2 * Nkv))
-            H = D // (N + 2 * Nkv)
-            L = S
-        else:
-            if D % N:
-                raise ValueError(f"query last dimension {D} must be num_heads * head_size = "
-                                 f"{N} * head_size" + _widths(D, N))
-            H = D // N
-            for name, x in (("key", key), ("value", value)):
-                _array(x, name, ft, -1, 3)
-                if x.shape[0] != B:
-                    raise ValueError(f"Input 'query' and '{name}' shall have same dim 0 (batch size); "
-                                     f"got {B} and {x.shape[0]}")
-                if x.shape[2] != Nkv * H:
-                    raise ValueError(f"Input '{name}' last dimension must be kv_num_heads * head_size = "
-                                     f"{Nkv} * {H} = {Nkv * H}, got {x.shape[2]}")
-            if key.shape[1] != value.shape[1]:
-                raise ValueError(f"Input 'key' and 'value' shall have same dim 1 (sequence length); "
-                                 f"got {key.shape[1]} and {value.shape[1]}")
-            L = key.shape[1]
-            if L != S and L != 0:
-                raise ValueError(f"Input 'query' and 'key' shall have same dim 1 (sequence length) "
-                                 f"unless key has length 0 (shared KV); got {S} and {L}")
-        if H % 8:
-            raise ValueError(f"head_size must be a multiple of 8. Got head_size % 8 == {H % 8}")
-        if H == 0:
-            raise ValueError("head_size must be > 0 (query last dimension is 0)")
-
-        # cache element types, K's and V's
+        cdef int B, S, D, H, L, ft, rot_half
+        cdef bint packed
+        ft, B, S, D, H, L, packed = _step_inputs(query, key, value, N, Nkv)
         self.quantized = op.quantized
-        if self.quantized:
-            k_ct, k_Hp, ktype, k_pc, k_name = _side_format(op, "k", k_scale, Nkv, H)
-            v_ct, v_Hp, vtype, v_pc, v_name = _side_format(op, "v", v_scale, Nkv, H)
-        else:
-            if k_scale is not None or v_scale is not None:
-                raise ValueError("k_scale / v_scale must not be given when k_quant_type is NONE")
-            k_ct = v_ct = ft
-            k_Hp = v_Hp = H
-            ktype = vtype = GQA_F32 if ft == cnp.NPY_FLOAT32 else GQA_F16
-            k_name = v_name = "head_size"
-
+        k_side = _cache_side(op, "k", k_scale, ft, Nkv, H)
+        v_side = _cache_side(op, "v", v_scale, ft, Nkv, H)
         _array(seqlens_k, "seqlens_k", cnp.NPY_INT32, -1, -1)
         if seqlens_k.shape != (B,):
             raise ValueError(f"seqlens_k must be shape (batch_size,) = ({B},), got {seqlens_k.shape}")
-
-        # past / present
-        if (past_key is None) != (past_value is None):
-            raise ValueError("Input 'past_key' and 'past_value' shall be both present or both absent.")
-        has_past = past_key is not None
-        if has_past:
-            for name, x, ct, Hp, hp_name in (("past_key", past_key, k_ct, k_Hp, k_name),
-                                             ("past_value", past_value, v_ct, v_Hp, v_name)):
-                _array(x, name, ct, -1, 4)
-                want = (B, Nkv, x.shape[2], Hp)
-                if x.shape != want:
-                    raise ValueError(f"Input '{name}' must have shape (batch_size, kv_num_heads, "
-                                     f"past_sequence_length, {hp_name}) "
-                                     f"= ({B}, {Nkv}, *, {Hp}), got {x.shape}")
-            if past_key.shape[2] != past_value.shape[2]:
-                raise ValueError(f"Input 'past_key' and 'past_value' shall have the same "
-                                 f"past_sequence_length (dimension 2); got {past_key.shape} and "
-                                 f"{past_value.shape}")
-            Pbuf = past_key.shape[2]
-        shared = (present_key is not None and present_key is past_key) or \
-                 (present_value is not None and present_value is past_value)
-        if shared and not (present_key is past_key and present_value is past_value):
-            raise ValueError("in-place mode needs present_key is past_key and present_value is past_value")
-        if shared:
-            for name, x in (("past_key", past_key), ("past_value", past_value)):
-                if (cnp.PyArray_FLAGS(<cnp.ndarray>x) & FLAGS) != FLAGS:
-                    raise ValueError(f"{name} must be C-contiguous, aligned and writeable in "
-                                     "in-place mode (present is past)")
-        elif (present_key is None) != (present_value is None):
-            raise ValueError("present_key and present_value must be given together")
-        if L == 0 and not has_past:
-            raise ValueError("key/value with sequence length 0 (shared KV) need past_key and past_value")
-        windowed = op.sliding_window_cache == 1
-        if windowed:
-            if not has_past:
-                raise ValueError("sliding_window_cache=1 needs past_key and past_value: their dimension 2 "
-                                 "is the cache capacity")
-            if L == 0:
-                raise ValueError("sliding_window_cache=1 does not take shared KV (key/value of sequence "
-                                 "length 0)")
-            if Pbuf < op.local_window_size:
-                raise ValueError(f"sliding_window_cache=1: the cache capacity past_key.shape[2] = {Pbuf} "
-                                 f"must be >= local_window_size = {op.local_window_size}")
-            if present_key is not None and not shared:
-                for name, x, Hp in (("present_key", present_key, k_Hp),
-                                    ("present_value", present_value, v_Hp)):
-                    if x.shape[2] != Pbuf:
-                        raise ValueError(f"{name} must have shape ({B}, {Nkv}, {Pbuf}, {Hp}) "
-                                         f"(sliding_window_cache=1: the capacity of past_key), got "
-                                         f"{x.shape}")
-
-        # optional inputs
+        has_past, Pbuf, shared, windowed = _past_present(op, past_key, past_value, present_key,
+                                                         present_value, B, Nkv, L, k_side, v_side)
         rot_half = _rotary(op.do_rotary, cos_cache, sin_cache, position_ids, ft, B, S, H)
-        if attention_bias is not None:
-            _array(attention_bias, "attention_bias", ft, -1, 4)
-            bb, bn, bs, _ = attention_bias.shape
-            if bb not in (1, B) or bn not in (1, N) or bs != S:
-                raise ValueError(f"attention_bias must have shape (batch_size or 1, num_heads or 1, "
-                                 f"sequence_length, total_sequence_length) = ({B} or 1, {N} or 1, {S}, "
-                                 f"T), got {attention_bias.shape}")
-            bias_bb, bias_nb = bb == 1, bn == 1
-        if head_sink is not None:
-            _array(head_sink, "head_sink", ft, -1, 1)
-            if head_sink.shape != (N,):
-                raise ValueError(f"head_sink must have shape (num_heads,) = ({N},), got {head_sink.shape}")
-        if (q_norm_weight is None) != (k_norm_weight is None):
-            raise ValueError("q_norm_weight and k_norm_weight must be given together (the QK norm "
-                             "applies to both) or not at all")
-        for name, x in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
-            if x is not None:
-                _array(x, name, ft, -1, 1)
-                if x.shape != (H,):
-                    raise ValueError(f"{name} must have shape (head_size,) = ({H},), got {x.shape}")
+        bias_bb, bias_nb = _optional_inputs(attention_bias, head_sink, q_norm_weight,
+                                            k_norm_weight, ft, B, S, N, H)
+        self._kept_values(ext, cos_cache, sin_cache, rot_half, Nkv, H, prev)
+        phk, phv, rot_k, rot_v, hpk, hpv = ext
+        self._check_windows(op, B, Nkv, H, L, ft, phk, phv, hpk, hpv)
+        cdef object k_dt = np.dtype(cnp.PyArray_DescrFromType(k_side[0]))
+        cdef object v_dt = np.dtype(cnp.PyArray_DescrFromType(v_side[0]))
+        self._written_apart(past_key, past_value, present_key, present_value, ext, has_past,
+                            shared, B, Nkv, k_side[1], v_side[1], k_dt, v_dt,
+                            (k_scale, v_scale, cos_cache, sin_cache, head_sink, q_norm_weight,
+                             k_norm_weight, rot_k, rot_v))
+        self._keep(op, B, S, D, H, L, Pbuf, ft, packed, has_past, shared, windowed, rot_half,
+                   bias_bb, bias_nb, position_ids, past_key, past_value, k_side, v_side, k_dt,
+                   v_dt)
 
-        # kept inputs of an in-place call: none may share memory with the caches (the per-step
-        # ones are checked on every call)
+    cdef int _kept_values(self, tuple ext, cos_cache, sin_cache, int rot_half, int Nkv, int H,
+                          Signature prev) except -1:
+        """The rotations' shapes, then the values of the large kept inputs multiplied into a
+        cache (rotations orthogonal, rotary caches finite) when this operator first meets the
+        array (prev: the signature this one replaces)."""
         phk, phv, rot_k, rot_v, hpk, hpv = ext
         for name, x in (("oscar_rotation_k", rot_k), ("oscar_rotation_v", rot_v)):
             if x is not None:
@@ -310,8 +351,6 @@ cdef class Signature:
                                      f"({Nkv}, {H}, {H}), got {x.shape}")
                 if H > GQA_ROT_MAX:
                     raise ValueError(f"{name}: rotations take head sizes up to {GQA_ROT_MAX}, got {H}")
-        # the values of the large kept inputs multiplied into a cache: when this operator
-        # first meets the array (prev: the signature this one replaces)
         self.rk_c = self.rv_c = 0.0
         for i, name, x in ((19, "oscar_rotation_k", rot_k), (20, "oscar_rotation_v", rot_v)):
             if x is None:
@@ -326,17 +365,18 @@ cdef class Signature:
                 if not _seen(prev, i, x):
                     _finite(x, name, "rotary caches must be finite (rotary is applied to the "
                             "keys written into the cache)")
-        cdef tuple kept = (k_scale, v_scale, cos_cache, sin_cache, head_sink, q_norm_weight,
-                           k_norm_weight, rot_k, rot_v)
-        self._check_windows(op, B, Nkv, H, L, ft, phk, phv, hpk, hpv)
-        # present buffers of a call that is not in place: exact layout
-        cdef object k_dt = np.dtype(cnp.PyArray_DescrFromType(k_ct))
-        cdef object v_dt = np.dtype(cnp.PyArray_DescrFromType(v_ct))
+        return 0
+
+    cdef int _written_apart(self, past_key, past_value, present_key, present_value, tuple ext,
+                            bint has_past, bint shared, int B, int Nkv, int k_Hp, int v_Hp,
+                            k_dt, v_dt, tuple kept) except -1:
+        """Present buffers of a call that is not in place: their exact layout.  Then the
+        caller's buffers a call writes, apart from every kept input and from each other (the
+        per-step inputs: on every call, Signature.call)."""
+        phk, phv = ext[0], ext[1]
         if present_key is not None and not shared:
             _present(present_key, "present_key", B, Nkv, k_Hp, k_dt)
             _present(present_value, "present_value", B, Nkv, v_Hp, v_dt)
-        # the caller's buffers this call writes, apart from every kept input and each other
-        # (the per-step inputs: every call, Signature.call)
         self.shared, self.fresh_present = shared, present_key is None
         self.out_slots = self._written_slots()
         self.out_names = tuple([_WRITTEN_NAMES[i] for i in self.out_slots])
@@ -346,7 +386,17 @@ cdef class Signature:
             ("past_hp_key", "past_hp_value") if self.win and not self.hp_inplace else ())
         apart(self._written(past_key, past_value, present_key, present_value, ext),
               self.out_names, ins, in_names, self._where())
+        return 0
 
+    cdef int _keep(self, op, int B, int S, int D, int H, int L, int Pbuf, int ft, bint packed,
+                   bint has_past, bint shared, bint windowed, int rot_half, bint bias_bb,
+                   bint bias_nb, position_ids, past_key, past_value, tuple k_side,
+                   tuple v_side, k_dt, v_dt) except -1:
+        """What every call of this signature reads: the compute's constants and the flags of
+        Signature.call."""
+        cdef int N = op.num_heads, Nkv = op.kv_num_heads
+        k_ct, k_Hp, ktype, k_pc, _ = k_side
+        v_ct, v_Hp, vtype, v_pc, _ = v_side
         alpha = op.scale if op.scale != 0.0 else float(np.float32(1.0) / np.sqrt(np.float32(H)))
         self.consts = Consts(
             B=B, S=S, N=N, Nkv=Nkv, H=H, L=L, Pbuf=Pbuf, q_tok=D, kv_tok=D if packed else Nkv * H,
@@ -364,10 +414,10 @@ cdef class Signature:
         self.level = op.accuracy_level      # 0: gqa.config's accuracy_level, read per call
         self.k_group, self.v_group, self.rho = op.k_format.grouped, op.v_format.grouped, op._rho
         self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
-        self.fresh_present = present_key is None
         self.windowed = windowed
         self.copy_past = has_past and not shared and not (
             _ready(past_key, k_ct) and _ready(past_value, v_ct))
+        return 0
 
     cdef int _check_windows(self, op, int B, int Nkv, int H, int L, int ft, phk, phv, hpk,
                             hpv) except -1:
