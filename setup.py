@@ -221,6 +221,7 @@ extensions = [
     ext("_checks"),
     ext("_plan"),
     ext("_signature"),
+    ext("_steps"),
     ext("_function"),
 ]
 

@@ -41,6 +41,7 @@ from ._validate import finite_real
 from ._formats import CacheFormat, attributes, cache_options, mode_name, parse_mode
 from ._config import _check_threads
 from ._operator import INT32_MAX, GroupQueryAttention
+from ._steps import Steps
 
 SCALE_FLOOR = 1e-6
 
@@ -172,7 +173,7 @@ def _rotation_array(r):
     return np.ascontiguousarray(r, np.float16 if r.dtype == np.float16 else np.float32)
 
 
-class KVCache:
+class KVCache(Steps):
     """Per-layer KV caches of a batch of sequences, with one GroupQueryAttention per layer.
 
     ``KVCache(num_layers=30, num_heads=9, kv_num_heads=3, head_size=64, max_length=2048,
@@ -340,7 +341,7 @@ class KVCache:
 
     def _set_lengths(self, lengths):
         """Sequence b of every layer holds lengths[b] positions; no step in progress."""
-        self._lengths = lengths
+        self._lengths = lengths = np.ascontiguousarray(lengths, np.int64)
         self._length = int(lengths.max())
         self._step_size = 0                       # S of the step in progress (0: none)
         self._step_new = None                     # its new positions per sequence
@@ -611,58 +612,7 @@ class KVCache:
                     hp[li][:, :, :len(keep)] = rows[:, :, keep].astype(self.dtype)
         self._set_length(length)
 
-    # -- the step -------------------------------------------------------------------------
-    def attend(self, layer, query, key, value, *, lengths=None):
-        """Attention of layer ``layer`` for the step's S new tokens: their K/V are written at
-        positions ``[length, length + S)`` (in place) and the output ``[B, S, num_heads *
-        head_size]`` returned.  Every check (layer, step size, capacity, then the operator's
-        own) passes before anything is written.
-
-        ``lengths`` (a prompt into an empty cache only): how many of its S rows each sequence
-        has, rows ``[0, lengths[b])`` (the rest is padding: its output rows are not defined);
-        the sequences then hold different lengths (``lengths``), and every later step gives
-        each sequence its S tokens at its own length."""
-        if type(layer) is not int and (isinstance(layer, (bool, np.bool_))
-                                       or not isinstance(layer, numbers.Integral)):
-            raise TypeError(f"layer must be an int, got {type(layer).__name__}")
-        if not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
-        shape = np.shape(query)
-        S = shape[1] if len(shape) == 3 else None
-        if S is None or S < 1:
-            raise ValueError(f"query must be [B, S, {self.num_heads * self.head_size}] with S >= 1, "
-                             f"got shape {shape}")
-        if self._in_step[layer]:
-            raise ValueError(f"layer {layer} already holds this step's tokens: give every layer the "
-                             "step once (length advances when the last layer has it)")
-        if self._step_size and S != self._step_size:
-            raise ValueError(f"this step gives {self._step_size} tokens to the other layers; layer "
-                             f"{layer} got {S}")
-        self._check_step(query, key, value, S)
-        first = not self._step_size
-        if not first:
-            # a later layer of the step: its lengths, total and _seqlens are the first layer's
-            if lengths is not None or not self._step_uniform:
-                self._new_positions(S, lengths)
-            T = self._step_total
-        else:
-            new = self._new_positions(S, lengths)
-            Tb = self._lengths + new
-            T = int(Tb.max())
-            if T > self.max_length:
-                raise ValueError(f"KVCache is full: {self._length} + {S} positions exceed max_length "
-                                 f"({self.max_length}); reset() or truncate() it, or allocate more")
-            self._seqlens[:] = Tb - 1
-        out = self._run(layer, query, key, value, T)
-        self._in_step[layer] = True
-        if first:
-            self._step_size, self._step_new = S, new
-            self._step_uniform, self._step_total = lengths is None, T
-        self._step_layers += 1
-        if self._step_layers == self.num_layers:
-            self._set_lengths(self._lengths + self._step_new)
-        return out
-
+    # -- the step (attend, _run: gqa/_steps.pyx) ------------------------------------------
     def _new_positions(self, S, lengths):
         """The positions a step of S rows adds to each sequence (int64 [B])."""
         if lengths is None:
@@ -683,37 +633,6 @@ class KVCache:
             raise ValueError(f"this step gives the other layers lengths {self._step_new.tolist()}; "
                              f"layer got {new.tolist()}")
         return new
-
-    def _check_step(self, query, key, value, S):
-        """q, k and v of a step of S tokens, in this cache's terms: [batch_size, S, num_heads *
-        head_size] and [batch_size, S, kv_num_heads * head_size], of its dtype (or packed QKV:
-        query [batch_size, S, (num_heads + 2 * kv_num_heads) * head_size], key = value = None)."""
-        B, H, N, Nkv = self.batch_size, self.head_size, self.num_heads, self.kv_num_heads
-        args = (("query", query, N, "num_heads"), ("key", key, Nkv, "kv_num_heads"),
-                ("value", value, Nkv, "kv_num_heads"))
-        if key is None and value is None:
-            args = (("query", query, N + 2 * Nkv, "(num_heads + 2 * kv_num_heads)"),)
-        for name, x, heads, what in args:
-            if not isinstance(x, np.ndarray):
-                raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
-            if x.dtype != self.dtype:
-                raise TypeError(f"{name} must have this KVCache's dtype {self.dtype}, got {x.dtype}")
-            if x.shape != (B, S, heads * H):
-                raise ValueError(f"{name} must have shape [batch_size, S, {what} * head_size] = "
-                                 f"[{B}, {S}, {heads} * {H} = {heads * H}], got {x.shape}")
-
-    def _run(self, layer, query, key, value, T):
-        """The attention of one layer, caches updated in place to total length T (the
-        operator; gqa/apps/model_peers.py substitutes other implementations)."""
-        kc, vc = self.key[layer], self.value[layer]
-        hk, hv = self.hp_key[layer], self.hp_value[layer]
-        rk, rv = self.rotations[layer]
-        # op_call's inputs by position (query .. oscar_rotation_v): a keyword costs more
-        return self.ops[layer](query, key, value, kc, vc, self._seqlens, T, self.cos_cache,
-                               self.sin_cache, None, None, None, self.k_scales[layer],
-                               self.v_scales[layer], None, None, hk, hv, rk, rv, present_key=kc,
-                               present_value=vc, present_hp_key=hk, present_hp_value=hv,
-                               num_threads=self.num_threads)[0]
 
     def __repr__(self):
         return (f"KVCache(layers={self.num_layers}, B={self.batch_size}, N={self.num_heads}, "
