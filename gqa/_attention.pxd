@@ -8,6 +8,7 @@ cdef struct Params:
     const float *k
     const float *v
     size_t q_tok, kv_tok
+    int packed            # packed QKV: K head j at q + (N + j) * H, V head j at q + (N + Nkv + j) * H
     const int *seqlens
     int first_prompt, has_past, shared
     uint8_t *kc

@@ -1234,7 +1234,7 @@ cdef class Consts:
     """The parameters of one input signature (see gqa/_signature.pyx, Signature); reused across calls."""
 
     def __init__(self, *, int B, int S, int N, int Nkv, int H, int L, int Pbuf, size_t q_tok,
-                 size_t kv_tok, bint has_past, bint shared, int ktype, int vtype, size_t k_rb,
+                 size_t kv_tok, bint has_past, bint shared, bint packed, int ktype, int vtype, size_t k_rb,
                  size_t v_rb, bint k_pc, bint v_pc, float alpha, float softcap, int W, bint causal,
                  int rot_half, bint do_rotary, bint interleaved, int pos_stride, bint bias_bb,
                  bint bias_nb, bint smooth, int qk_mode, bint round_half, float qk_eps=0.0,
@@ -1242,7 +1242,7 @@ cdef class Consts:
         memset(&self.p, 0, sizeof(Params))
         self.p.B = B; self.p.S = S; self.p.N = N; self.p.Nkv = Nkv; self.p.G = N // Nkv
         self.p.H = H; self.p.L = L; self.p.Pbuf = Pbuf
-        self.p.q_tok = q_tok; self.p.kv_tok = kv_tok
+        self.p.q_tok = q_tok; self.p.kv_tok = kv_tok; self.p.packed = packed
         self.p.has_past = has_past; self.p.shared = shared
         self.p.ktype = ktype; self.p.vtype = vtype; self.p.k_rb = k_rb; self.p.v_rb = v_rb
         self.p.k_pc = k_pc; self.p.v_pc = v_pc
@@ -1285,6 +1285,9 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     memset(&w, 0, sizeof(Work))
     p.T = T; p.Pres = Pres; p.first_prompt = first_prompt
     p.q = <const float *>ptr(q); p.k = <const float *>ptr(k); p.v = <const float *>ptr(v)
+    if p.packed:        # k and v are None: the query's K and V columns
+        p.k = p.q + <size_t>p.N * p.H
+        p.v = p.k + <size_t>p.Nkv * p.H
     p.seqlens = <const int *>ptr(seqlens)
     p.kc = <uint8_t *>ptr(kc); p.vc = <uint8_t *>ptr(vc)
     p.pk = <const uint8_t *>ptr(pk); p.pv = <const uint8_t *>ptr(pv)

@@ -129,7 +129,6 @@ cdef inline bint _same(const Key *k, object x, bint kept, int ndims) noexcept:
     return True
 
 
-@cython.final
 cdef tuple _step_inputs(query, key, value, int N, int Nkv):
     """query, key and value of a step (or packed QKV: key = value = None): (ft, B, S, D, H, L,
     packed), ft the query's NumPy type, L the new K/V rows (0: shared KV)."""
@@ -270,6 +269,7 @@ cdef tuple _optional_inputs(attention_bias, head_sink, q_norm_weight, k_norm_wei
     return bias_bb, bias_nb
 
 
+@cython.final
 cdef class Signature:
     """The checks of one input signature, and what they derived (see the module docstring)."""
     cdef Key keys[NARGS]
@@ -400,7 +400,7 @@ cdef class Signature:
         alpha = op.scale if op.scale != 0.0 else float(np.float32(1.0) / np.sqrt(np.float32(H)))
         self.consts = Consts(
             B=B, S=S, N=N, Nkv=Nkv, H=H, L=L, Pbuf=Pbuf, q_tok=D, kv_tok=D if packed else Nkv * H,
-            has_past=has_past, shared=shared or windowed, ktype=ktype, vtype=vtype,
+            has_past=has_past, shared=shared or windowed, packed=packed, ktype=ktype, vtype=vtype,
             k_rb=k_Hp * k_dt.itemsize, v_rb=v_Hp * v_dt.itemsize, k_pc=k_pc, v_pc=v_pc,
             alpha=alpha, softcap=op.softcap,
             W=op.local_window_size, causal=bool(op.causal), rot_half=rot_half,
@@ -688,12 +688,11 @@ cdef class Signature:
         return present_key, present_value
 
     cdef tuple _qkv(self, query, key, value):
-        """float32 query, key and value as the compute reads them (packed: views of query)."""
-        cdef const Params *p = &self.consts.p
-        query = _f32(query)
+        """float32 query, key and value as the compute reads them (packed: key and value None,
+        the compute reads the query's columns)."""
         if self.packed:
-            return query, query[..., p.N * p.H:], query[..., (p.N + p.Nkv) * p.H:]
-        return query, _f32(key), _f32(value)
+            return _f32(query), None, None
+        return _f32(query), _f32(key), _f32(value)
 
     cdef _windowed(self, query, key, value, past_key, past_value, seqlens_k, long long T,
                    cos_cache, sin_cache, position_ids, attention_bias, head_sink, ks, vs,
