@@ -186,8 +186,8 @@ cdef object _full(int n, long long value):
 
 cdef int _own_array(cnp.ndarray x, int type, int n, str name) except -1:
     """The bookkeeping arrays _begin addresses: C-contiguous [n] of `type` (KVCache keeps them so)."""
-    if (cnp.PyArray_TYPE(x) != type or cnp.PyArray_NDIM(x) != 1 or cnp.PyArray_DIM(x, 0) != n
-            or not cnp.PyArray_IS_C_CONTIGUOUS(x)):
+    if (x is None or cnp.PyArray_TYPE(x) != type or cnp.PyArray_NDIM(x) != 1
+            or cnp.PyArray_DIM(x, 0) != n or not cnp.PyArray_IS_C_CONTIGUOUS(x)):
         raise RuntimeError(f"gqa.KVCache: {name} is not a C-contiguous array of {n} elements of "
                            f"type {type}")
     return 0

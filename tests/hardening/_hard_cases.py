@@ -14,6 +14,7 @@ from _cases import dequant_cache, make_case, reference
 # flash vs naive (README "Attention paths"); ours vs onnxruntime (README "Numeric contract")
 FLASH_TOL = {8: 1e-4, 4: 1e-3, 0: 1e-5}
 ORT_TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 1e-3}
+F16_STEP = 2.0 ** -10         # float16's rounding step relative to the value (normal numbers)
 _DT = {"f32": np.float32, "f16": np.float16}
 
 
@@ -130,10 +131,14 @@ def assert_caches_equal(ours, ref, inp, inplace, what):
 
 
 def assert_close(x, y, atol, rows, what):
+    """|x - y| <= atol, plus for float16 results one float16 step of y (2^-10 |y|): each is a
+    float32 result rounded once more, and two float32 results a last bit apart round to
+    neighbouring float16 values where a rounding boundary lies between them."""
+    rtol = F16_STEP if np.dtype(x.dtype) == np.float16 else 0.0
     x = x.astype(np.float64)[rows]
     y = y.astype(np.float64)[rows]
     assert np.isfinite(x).all(), f"{what}: non-finite output from finite inputs"
-    np.testing.assert_allclose(x, y, atol=atol, rtol=0, err_msg=what)
+    np.testing.assert_allclose(x, y, atol=atol, rtol=rtol, err_msg=what)
 
 
 def check_vs_ort(spec, inp, a, call, ours):
