@@ -7,7 +7,7 @@ layer and step pays what a kept operator pays.  The inputs and call keywords are
 keyword is an attribute."""
 from gqa._operator import (GroupQueryAttention, MIXED_FIXED, format_version,
                            function_signature)
-from gqa._signature import op_call
+from gqa._signature cimport call_op
 
 cdef dict _OPS = {}          # (names, values, their types) of the attributes -> kept operator
 cdef int MAX_OPERATORS = 64
@@ -42,13 +42,11 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
     as keywords), attributes as keywords.  The operator of each set of attributes is made
     once and kept (up to 64 sets), so a loop that calls this function per layer and step pays
     what a kept operator pays."""
-    return op_call(_kept_operator(attributes), query, key, value, past_key, past_value,
+    return call_op(_kept_operator(attributes), query, key, value, past_key, past_value,
                    seqlens_k, total_sequence_length, cos_cache, sin_cache, position_ids,
                    attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight,
-                   past_hp_key, past_hp_value, oscar_rotation_k, oscar_rotation_v,
-                   present_key=present_key, present_value=present_value,
-                   present_hp_key=present_hp_key, present_hp_value=present_hp_value,
-                   num_threads=num_threads)
+                   past_hp_key, past_hp_value, oscar_rotation_k, oscar_rotation_v, present_key,
+                   present_value, present_hp_key, present_hp_value, num_threads)
 
 
 def mixed_precision_group_query_attention(*inputs, kv_cache_bit_width=2, cache_format_version=1,

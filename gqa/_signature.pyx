@@ -804,7 +804,7 @@ def op_call(self, query, key=None, value=None, past_key=None, past_value=None, s
             oscar_rotation_v=None, *, present_key=None, present_value=None, present_hp_key=None,
             present_hp_value=None, num_threads=None):
     """GroupQueryAttention.__call__ (gqa/_operator.py)."""
-    return _op_call(self, query, key, value, past_key, past_value, seqlens_k,
+    return call_op(self, query, key, value, past_key, past_value, seqlens_k,
                     total_sequence_length, cos_cache, sin_cache, position_ids, attention_bias,
                     head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, past_hp_key,
                     past_hp_value, oscar_rotation_k, oscar_rotation_v, present_key, present_value,
@@ -817,13 +817,13 @@ cdef object kept_call(op, query, key, value, past_key, past_value, seqlens_k,
     """The call of a KVCache layer (gqa/_steps.pyx): in place (present is past, the float
     windows' present are their past), without position_ids, attention_bias, head_sink and QK
     norm; the same checks and compute as op_call."""
-    return _op_call(op, query, key, value, past_key, past_value, seqlens_k,
+    return call_op(op, query, key, value, past_key, past_value, seqlens_k,
                     total_sequence_length, cos_cache, sin_cache, None, None, None, k_scale,
                     v_scale, None, None, hp_key, hp_value, rotation_k, rotation_v, past_key,
                     past_value, hp_key, hp_value, num_threads)
 
 
-cdef object _op_call(self, query, key, value, past_key, past_value, seqlens_k,
+cdef object call_op(self, query, key, value, past_key, past_value, seqlens_k,
                      total_sequence_length, cos_cache, sin_cache, position_ids, attention_bias,
                      head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, past_hp_key,
                      past_hp_value, oscar_rotation_k, oscar_rotation_v, present_key,
