@@ -223,6 +223,11 @@ class GroupQueryAttention:
         """Every attribute's value, in the table's order."""
         return {name: getattr(self, name) for name in ATTRIBUTE_NAMES}
 
+    def __getstate__(self):
+        """Copies and pickles keep the attributes; the checked signatures (this process's
+        buffers, by address) start empty, so the copy checks its first call again."""
+        return dict(self.__dict__, _signatures={})
+
     def __repr__(self):
         shown = [f"{a.name}={getattr(self, a.name)!r}" for a in ATTRIBUTES
                  if a.default is _REQUIRED or getattr(self, a.name) != a.default]

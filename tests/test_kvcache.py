@@ -234,6 +234,31 @@ def test_truncate_rolls_back_exactly():
     assert a.length == 0
 
 
+@pytest.mark.parametrize("mode", ["int8-pc", "int4-g16+s2r3+had"])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_cache_goes_on_as_the_original(mode, how):
+    """copy.deepcopy / pickle of a cache in use (its operators hold checked signatures of its
+    own buffers): the copy's next steps equal the original's, bit for bit, and neither writes
+    the other's buffers."""
+    import copy
+    import pickle
+    steps = _steps(13)
+    a = _cache(mode)
+    for step in steps[:3]:
+        for li, (q, k, v) in enumerate(step):
+            a.attend(li, q, k, v)
+    b = copy.deepcopy(a) if how == "deepcopy" else pickle.loads(pickle.dumps(a))
+    assert b.length == a.length and b.mode == a.mode
+    before = [x.copy() for x in a.key + a.value]
+    for step in steps[3:]:
+        for li, (q, k, v) in enumerate(step):
+            np.testing.assert_array_equal(b.attend(li, q, k, v), a.attend(li, q, k, v))
+    for x, y in zip(a.key + a.value, b.key + b.value):
+        assert not np.shares_memory(x, y)
+        np.testing.assert_array_equal(x, y)
+    assert any(not np.array_equal(x, y) for x, y in zip(a.key + a.value, before))
+
+
 def _snapshot(c):
     return [x.copy() for x in c.key + c.value], c.length
 
