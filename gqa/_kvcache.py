@@ -613,25 +613,20 @@ class KVCache(Steps):
         self._set_length(length)
 
     # -- the step (attend, _run: gqa/_steps.pyx) ------------------------------------------
-    def _new_positions(self, S, lengths):
-        """The positions a step of S rows adds to each sequence (int64 [B])."""
-        if lengths is None:
-            new = np.full(self.batch_size, S, np.int64)
-        else:
-            if self._length:
-                raise ValueError("lengths= is for a prompt into an empty cache (reset() first); "
-                                 "later steps give every sequence its S tokens")
-            try:
-                new = np.array([_positive_int(f"lengths[{b}]", n) for b, n in enumerate(lengths)],
-                               np.int64)
-            except TypeError:
-                raise TypeError(f"lengths must be a sequence of ints, got {type(lengths).__name__}") from None
-            if new.shape != (self.batch_size,) or (new > S).any():
-                raise ValueError(f"lengths must hold one count in [1, S = {S}] per sequence "
-                                 f"({self.batch_size}), got {new.tolist()}")
-        if self._step_new is not None and not np.array_equal(new, self._step_new):
-            raise ValueError(f"this step gives the other layers lengths {self._step_new.tolist()}; "
-                             f"layer got {new.tolist()}")
+    def _given_positions(self, S, lengths):
+        """A prompt's ``lengths=``: the positions a step of S rows adds to each sequence (int64
+        [B]), each in [1, S], into an empty cache only."""
+        if self._length:
+            raise ValueError("lengths= is for a prompt into an empty cache (reset() first); "
+                             "later steps give every sequence its S tokens")
+        try:
+            new = np.array([_positive_int(f"lengths[{b}]", n) for b, n in enumerate(lengths)],
+                           np.int64)
+        except TypeError:
+            raise TypeError(f"lengths must be a sequence of ints, got {type(lengths).__name__}") from None
+        if new.shape != (self.batch_size,) or (new > S).any():
+            raise ValueError(f"lengths must hold one count in [1, S = {S}] per sequence "
+                             f"({self.batch_size}), got {new.tolist()}")
         return new
 
     def __repr__(self):

@@ -342,7 +342,7 @@ cdef class Signature:
         """The rotations' shapes, then the values of the large kept inputs multiplied into a
         cache (rotations orthogonal, rotary caches finite) when this operator first meets the
         array (prev: the signature this one replaces)."""
-        phk, phv, rot_k, rot_v, hpk, hpv = ext
+        rot_k, rot_v = ext[2], ext[3]
         for name, x in (("oscar_rotation_k", rot_k), ("oscar_rotation_v", rot_v)):
             if x is not None:
                 _array(x, name, cnp.NPY_FLOAT32, cnp.NPY_FLOAT16, 3)
@@ -377,7 +377,7 @@ cdef class Signature:
         if present_key is not None and not shared:
             _present(present_key, "present_key", B, Nkv, k_Hp, k_dt)
             _present(present_value, "present_value", B, Nkv, v_Hp, v_dt)
-        self.shared, self.fresh_present = shared, present_key is None
+        self.shared, self.fresh_present = shared, present_key is None    # _written_slots reads them
         self.out_slots = self._written_slots()
         self.out_names = tuple([_WRITTEN_NAMES[i] for i in self.out_slots])
         ins = kept + ((past_key, past_value) if has_past and not shared else ()) + (
@@ -413,7 +413,7 @@ cdef class Signature:
         self.k_ct, self.v_ct, self.k_Hp, self.v_Hp, self.rot_half = k_ct, v_ct, k_Hp, v_Hp, rot_half
         self.level = op.accuracy_level      # 0: gqa.config's accuracy_level, read per call
         self.k_group, self.v_group, self.rho = op.k_format.grouped, op.v_format.grouped, op._rho
-        self.packed, self.f16, self.has_past, self.shared = packed, ft == cnp.NPY_FLOAT16, has_past, shared
+        self.packed, self.f16, self.has_past = packed, ft == cnp.NPY_FLOAT16, has_past
         self.windowed = windowed
         self.copy_past = has_past and not shared and not (
             _ready(past_key, k_ct) and _ready(past_value, v_ct))

@@ -76,10 +76,10 @@ cdef class Steps:
         if not first:
             # a later layer of the step: its lengths, total and _seqlens are the first layer's
             if lengths is not None or not self._step_uniform:
-                self._new_positions(S, lengths)
+                self._same_positions(self._positions(S, lengths))
             T = self._step_total
         else:
-            new = _full(self.batch_size, S) if lengths is None else self._new_positions(S, lengths)
+            new = self._positions(S, lengths)
             T = self._begin(new, S)
         out = self._call(li, query, key, value, T) if self._plain_run() else \
             self._run(li, query, key, value, T)
@@ -144,6 +144,20 @@ cdef class Steps:
         _step_array(query, "query", self, S, N, "num_heads")
         _step_array(key, "key", self, S, Nkv, "kv_num_heads")
         _step_array(value, "value", self, S, Nkv, "kv_num_heads")
+        return 0
+
+    cdef object _positions(self, int S, lengths):
+        """The positions a step of S rows adds to each sequence (int64 [batch_size]): S each,
+        or the prompt's lengths= (KVCache._given_positions checks them)."""
+        if lengths is None:
+            return _full(self.batch_size, S)
+        return self._given_positions(S, lengths)
+
+    cdef int _same_positions(self, new) except -1:
+        """A later layer's positions are the step's (its first layer's)."""
+        if not np.array_equal(new, self._step_new):
+            raise ValueError(f"this step gives the other layers lengths {self._step_new.tolist()}; "
+                             f"layer got {new.tolist()}")
         return 0
 
     cdef int _begin(self, new, int S) except -1:
