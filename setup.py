@@ -9,6 +9,9 @@ Environment:
   GQA_NO_OPENMP=1          build without OpenMP
   GQA_SANITIZE=address,undefined   build everything with those sanitizers
   GQA_SANITIZE_OPT=-Og     extra flags for a sanitizer build (default: none, i.e. -O3)
+  GQA_EMULATE_AMX=1        tests only: the amx unit with its tile instructions stated in portable
+                           code (tests/isa/emu_amx.h) and handed out on any CPU with AVX512-BF16,
+                           so that the AMX tier runs, slowly, where the CPU has no AMX
 """
 import concurrent.futures
 import os
@@ -114,6 +117,13 @@ def _probe(compiler_cmd, code, flags, run=False):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _emulated_amx(flags):
+    """The amx unit's flags for GQA_EMULATE_AMX: its -mamx-* left out (emu_amx.h states the tile
+    instructions; the compiler's are never issued), the rest kept."""
+    return ([f for f in flags if not f.startswith("-mamx")] +
+            ["-DGQA_EMULATE_AMX", "-I" + os.path.join("tests", "isa")])
+
+
 OPENMP_PROBE = ("#include <omp.h>\n#include <stdio.h>\nint main(void){int n=0;\n"
                 "#pragma omp parallel reduction(+:n)\nn+=1;\nreturn n>0?0:1;}")
 
@@ -123,6 +133,7 @@ class BuildExt(build_ext):
         cc = self.compiler.compiler_so[:1] if self.compiler.compiler_type != "msvc" else None
         unix = cc is not None
         sanitize = os.environ.get("GQA_SANITIZE", "").strip()
+        emulate_amx = os.environ.get("GQA_EMULATE_AMX") == "1" and unix
         # an undeclared function is an error: the extension links with undefined symbols allowed
         common = (["-O3", "-std=c99", "-fno-strict-aliasing", "-Werror=implicit-function-declaration"]
                   if unix else ["/O2"])
@@ -159,6 +170,8 @@ class BuildExt(build_ext):
             for unit, (usrc, upath, uflags, define, usnippet) in units.items():
                 if upath != name:
                     continue
+                if emulate_amx and unit == "amx":
+                    uflags, usnippet = _emulated_amx(uflags), units["avx512bf16"][4]
                 if unix and not _probe(cc, usnippet, flags + uflags):
                     print(f"gqa: compiler cannot build {unit}; the {name} path goes without it",
                           file=sys.stderr)
@@ -182,6 +195,8 @@ class BuildExt(build_ext):
                 ext.depends = list(ext.depends) + objects
                 ext.define_macros += [("GQA_HAVE_" + p.upper(), "1") for p in compiled[1:]]
                 ext.define_macros += [(define, "1") for _, define in units_built]
+                if emulate_amx and ("amx", "GQA_HAVE_AMX") in units_built:
+                    ext.define_macros.append(("GQA_EMULATE_AMX", "1"))
                 ext.define_macros.append(("GQA_COMPILED_PATHS", '"' + ",".join(compiled) + '"'))
                 ext.define_macros.append(("GQA_COMPILED_UNITS", '"' + ",".join(u for u, _ in units_built) + '"'))
                 if unix:

@@ -47,7 +47,8 @@ def _unit_settings(unit):
         pytest.skip("this CPU (or build) cannot run the AVX-512 VNNI kernels; tests/isa/test_isa.py"
                     "[avx512vnni-emulated] checks their contracts under emulation")
     if unit == "amx" and not _dispatch.tiles_runnable("amx"):
-        pytest.skip("this CPU (or its OS, or the build) runs no AMX tiles, and nothing emulates them")
+        pytest.skip("this CPU (or its OS, or the build) runs no AMX tiles (a GQA_EMULATE_AMX=1 build runs "
+                    "them emulated: tests/hardening/test_sanitizers.py)")
     settings = DOT_UNITS[unit]
     with gqa.config(**settings):
         assert _dispatch.int8_dot_unit() == unit

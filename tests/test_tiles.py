@@ -10,7 +10,7 @@ _bound).  Where the tiles do not run -- another path, a head that is not a multi
 columns, gqa.config(tiles=False) -- levels 3 and 4 are level 0's float32 contract (or level 4's
 VNNI kernels), checked bit for bit.  With causal float windows, a multi-token step's tiles of
 codes or of the windows' floats run on the tiles, those some rows read both ways in float32.
-tests/isa/test_isa.py[amx-native, avx512bf16-*, neonbf16-*] checks the kernels' contracts."""
+tests/isa/test_isa.py[amx-*, avx512bf16-*, neonbf16-*] checks the kernels' contracts."""
 import numpy as np
 import pytest
 
@@ -23,8 +23,8 @@ U = 2.0 ** -24          # float32's
 N, NKV = 6, 2
 G = N // NKV
 
-NEEDS = {"amx": "AMX-TILE, AMX-BF16 and AVX512-BF16 with the tile state granted (nothing "
-                "emulates AMX)",
+NEEDS = {"amx": "AMX-TILE, AMX-BF16 and AVX512-BF16 with the tile state granted, or a build with "
+                "GQA_EMULATE_AMX=1 (tests/hardening/test_sanitizers.py runs one)",
          "avx512bf16": "AVX512-BF16",
          "neonbf16": "aarch64's BFloat16 extension (tests/isa neonbf16-qemu checks its kernels under qemu)"}
 

@@ -97,30 +97,35 @@ INLINE void qk_prefetch(const char *pf, size_t j, size_t pl)
         }                                                                                          \
     } while (0)
 
+/* The A operand of the 16-key block from row b: a tile's 16 rows of Kp bytes (stride *stride),
+   which read B's bytes [b K, (b + 15) K + Kp) whatever N.  A block whose read would pass B's
+   N K bytes (its rows past N, or K below Kp, near B's end: with K < Kp / 2 more than one block)
+   reads a zero-padded copy of its rows in `tail` (16 rows of Kp bytes); the columns past K meet
+   the query's zero groups. */
+INLINE const int8_t *qk_block(const int8_t *Bb, size_t N, size_t K, size_t Kp, size_t b, int8_t *tail,
+                              size_t *stride)
+{
+    if ((b + 15) * K + Kp <= N * K) {
+        *stride = K;
+        return Bb + b * K;
+    }
+    memset(tail, 0, 16 * Kp);
+    for (size_t r = b; r < N && r < b + 16; r++)
+        memcpy(tail + (r - b) * Kp, Bb + r * K, K);
+    *stride = Kp;
+    return tail;
+}
+
 /* Tiles 0 and 1 = the key blocks [n, n + 16) and [n + 16, n + 32) (the second where n + 16 < N)
-   against the query's B tiles (in tiles 4 .. 3 + ks where ks <= 4, else loaded per step). */
+   against the query's B tiles (in tiles 4 .. 3 + ks where ks <= 4, else loaded per step); tail:
+   2 x 16 rows of Kp bytes, the blocks' copies where qk_block takes them. */
 INLINE void qk_pair(const int8_t *Bb, size_t N, size_t K, size_t Kp, size_t ks, int8_t (*qb)[16][64],
                     int8_t *tail, size_t n)
 {
     const int two = n + 16 < N;
-    const int8_t *a0 = Bb + n * K, *a1 = Bb + (n + 16) * K;
-    size_t s0 = K, s1 = K;
-    /* the last block, where its 16 rows of Kp codes would read past B (fewer than 16 rows
-       left, or K not a multiple of 64), reads a zero-padded copy; the columns past K meet
-       B's zero groups */
-    const size_t bl = two ? n + 16 : n;
-    if (bl + 16 > N || (bl + 16 == N && Kp != K)) {
-        memset(tail, 0, 16 * Kp);
-        for (size_t r = bl; r < N; r++)
-            memcpy(tail + (r - bl) * Kp, Bb + r * K, K);
-        if (two) {
-            a1 = tail;
-            s1 = Kp;
-        } else {
-            a0 = tail;
-            s0 = Kp;
-        }
-    }
+    size_t s0, s1 = 0;
+    const int8_t *a0 = qk_block(Bb, N, K, Kp, n, tail, &s0);
+    const int8_t *a1 = two ? qk_block(Bb, N, K, Kp, n + 16, tail + 16 * Kp, &s1) : NULL;
     /* decode streams K: the rows two pairs ahead (contiguous; prefetches never fault), a ks-th
        of them before each step (Sapphire Rapids, H = 256: QK about 1.25x the rate of one burst
        per pair, whose misses outnumber the fill buffers and stall the tiles' loads) */
@@ -148,7 +153,7 @@ void gqa_qk_gemm_s8_dot_amx(size_t M, size_t N, size_t K, float alpha, const flo
 {
     int16_t c[QK_MB * DOT_QK_K] __attribute__((aligned(64)));
     int8_t qb[DOT_QK_K / 64][16][64] __attribute__((aligned(64)));
-    int8_t tail[16 * DOT_QK_K] __attribute__((aligned(64)));
+    int8_t tail[2 * 16 * DOT_QK_K] __attribute__((aligned(64)));
     int32_t cb[2][16][16] __attribute__((aligned(64)));
     const int8_t *Bb = (const int8_t *)B;
     const int pc = type == GQA_S8_PC;

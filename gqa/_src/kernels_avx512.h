@@ -1,7 +1,8 @@
 /*
  * kernels_avx512.h -- what the AVX-512 units (kernels_avx512.c, kernels_avx512vnni.c,
  * kernels_avx512bf16.c, kernels_amx.c) share: the intrinsics (<immintrin.h>, or SIMDe for the
- * emulation build of tests/isa: GQA_EMULATE_AVX512), the ISA-free helpers, lane masks, the
+ * emulation build of tests/isa: GQA_EMULATE_AVX512; the amx unit's tiles from
+ * tests/isa/emu_amx.h in the tests' GQA_EMULATE_AMX builds), the ISA-free helpers, lane masks, the
  * 16-sum reduction tree and the 16 x 16 transpose.
  * Included only by units
  * compiled with the avx512 path's flags.
@@ -13,6 +14,9 @@
 #include "emu_avx512.h" /* tests/isa only: SIMDe + shims, portable code */
 #else
 #include <immintrin.h>
+#endif
+#ifdef GQA_EMULATE_AMX
+#include "emu_amx.h" /* tests only: the amx unit's tile intrinsics, portable code */
 #endif
 #include <float.h>
 #include <stdlib.h>

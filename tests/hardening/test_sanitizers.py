@@ -12,6 +12,11 @@ out-of-bounds write in this setup, so "clean" means something.
 Off by default (about 1.5 min of build and 2 min of tests on 2 cores): set
 ``GQA_SANITIZE_TESTS=1``; on when the CI variable ``CI`` is set.  Local reruns:
 ``GQA_SANITIZE_TREE=/some/dir`` builds there once and later only rebuilds what changed.
+
+A second build (``GQA_EMULATE_AMX=1``, setup.py) runs the AMX tier with its tile instructions
+stated in portable code (tests/isa/emu_amx.h), where every tile load and store is a ``memcpy``
+that ASan checks; the hardware's tile loads are invisible to it.  It needs AVX-512 and
+AVX512-BF16 (the rest of the amx unit runs natively) and skips with the reason elsewhere.
 """
 import os
 import shutil
@@ -46,6 +51,9 @@ SUBSET = [
     "tests/test_accuracy_level_group.py", "tests/test_tiles.py",
 ]
 DESELECT = "not test_prefill_flash_matches_naive or auto"
+# the AMX tier's run (its tiles emulated): what reaches the amx unit
+AMX_SUBSET = ["tests/test_tiles.py", "tests/test_accuracy_level.py", "tests/test_accuracy_level_group.py",
+              "tests/test_float_windows.py", "tests/test_kvcache.py", "tests/hardening/test_hard_threads.py"]
 CANARY = ("import numpy as np, gqa._kernels as k\n"
           "k.quantize(np.ones(64, np.float32), np.empty(8, np.int8), np.ones(1, np.float32), 1, 64, 0)\n")
 
@@ -65,9 +73,9 @@ def _ignore(directory, names):
     return [n for n in names if n in skip or n.endswith((".so", ".pyd", ".o"))]
 
 
-@pytest.fixture(scope="module")
-def sanitized(tmp_path_factory):
-    """(tree, env): a copy of the repository built with ASan + UBSan, and the run environment."""
+def _build(tmp_path_factory, name, **build_env):
+    """(tree, env): a copy of the repository built with ASan + UBSan (and `build_env`), and the
+    run environment.  GQA_SANITIZE_TREE=/dir reuses /dir/<name> (local reruns)."""
     libasan = _libasan()
     if libasan is None:
         pytest.skip("no libasan.so next to the C compiler (gcc -print-file-name=libasan.so)")
@@ -77,20 +85,21 @@ def sanitized(tmp_path_factory):
         pytest.fail("the sanitizer build needs Cython (pip install Cython) -- GQA_SANITIZE_TESTS/CI is set")
     reuse = os.environ.get("GQA_SANITIZE_TREE")   # a tree this fixture built before (local reruns)
     if reuse:
-        tree = reuse
+        tree = os.path.join(reuse, name)
+        os.makedirs(tree, exist_ok=True)
     else:
-        tree = str(tmp_path_factory.mktemp("sanitize") / "gqa-src")
+        tree = str(tmp_path_factory.mktemp("sanitize") / name)
         os.makedirs(tree)
-    for name in ("gqa", "tests"):
-        shutil.copytree(os.path.join(ROOT, name), os.path.join(tree, name), ignore=_ignore,
+    for sub in ("gqa", "tests"):
+        shutil.copytree(os.path.join(ROOT, sub), os.path.join(tree, sub), ignore=_ignore,
                         dirs_exist_ok=True)
-    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
-        if os.path.exists(os.path.join(ROOT, name)):
-            shutil.copy2(os.path.join(ROOT, name), tree)
-    build_env = dict(os.environ, GQA_SANITIZE="address,undefined", GQA_SANITIZE_OPT="-Og")
-    build_env.pop("LD_PRELOAD", None)
+    for sub in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
+        if os.path.exists(os.path.join(ROOT, sub)):
+            shutil.copy2(os.path.join(ROOT, sub), tree)
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GQA_EMULATE_AMX")}
+    env.update(GQA_SANITIZE="address,undefined", GQA_SANITIZE_OPT="-Og", **build_env)
     r = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-j", str(os.cpu_count() or 2)],
-                       cwd=tree, env=build_env, capture_output=True, text=True, timeout=1200)
+                       cwd=tree, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, "sanitizer build failed:\n" + (r.stdout + r.stderr)[-4000:]
     assert reuse or "-fsanitize=address,undefined" in r.stdout + r.stderr
     env = dict(os.environ, LD_PRELOAD=libasan, GQA_TEST_IMPORT="source", GQA_IN_SANITIZER_RUN="1",
@@ -98,6 +107,32 @@ def sanitized(tmp_path_factory):
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1", OMP_NUM_THREADS="2",
                HYPOTHESIS_PROFILE="sanitize", PYTHONPATH=tree)
     return tree, env
+
+
+@pytest.fixture(scope="module")
+def sanitized(tmp_path_factory):
+    return _build(tmp_path_factory, "gqa-src")
+
+
+@pytest.fixture(scope="module")
+def sanitized_amx(tmp_path_factory):
+    """The same with the amx unit's tiles emulated (setup.py's GQA_EMULATE_AMX=1: every tile
+    load and store a memcpy, which ASan sees; the hardware's are invisible to it)."""
+    if not {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"} <= _cpu_flags():
+        pytest.skip("the emulated AMX tiles need a CPU with AVX-512 and AVX512-BF16 (the rest of the amx "
+                    "unit runs natively); tests/isa amx-emulated checks the kernels on any x86-64")
+    return _build(tmp_path_factory, "gqa-src-amx", GQA_EMULATE_AMX="1")
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def _reports(text):
@@ -115,9 +150,8 @@ def test_asan_is_live(sanitized):
         f"ASan did not report a deliberate overflow (rc {r.returncode}):\n{r.stderr[-2000:]}"
 
 
-def test_subset_runs_clean_under_asan_ubsan(sanitized):
-    tree, env = sanitized
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", DESELECT] + SUBSET
+def _run_clean(tree, env, files, deselect):
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", deselect] + files
     r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=1200)
     out = r.stdout + r.stderr
     found = _reports(out)
@@ -125,3 +159,20 @@ def test_subset_runs_clean_under_asan_ubsan(sanitized):
     assert not found, "sanitizer reports:\n" + "\n".join(found[:20]) + "\n" + out[-4000:]
     assert r.returncode == 0, f"subset failed under the sanitizers:\n{out[-6000:]}"
     print("sanitizer run:", summary[-1] if summary else "(no summary)")
+    return out
+
+
+def test_subset_runs_clean_under_asan_ubsan(sanitized):
+    tree, env = sanitized
+    _run_clean(tree, env, SUBSET, DESELECT)
+
+
+def test_amx_tier_runs_clean_under_asan_ubsan(sanitized_amx):
+    """The AMX tier (prompts' bfloat16 tiles, level 4's INT8 tiles, the tile state per thread)
+    with its tiles emulated, where they are the build's first choice: the tile and accuracy-level
+    tests, float windows' mixed strips, KVCache's steps."""
+    tree, env = sanitized_amx
+    probe = subprocess.run([sys.executable, "-c", "import gqa; print(gqa.get_config()['tiles_effective'])"],
+                           cwd=tree, env=env, capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "amx", f"the emulated build does not pick the amx tiles:\n{probe.stderr[-2000:]}"
+    _run_clean(tree, env, AMX_SUBSET, DESELECT)

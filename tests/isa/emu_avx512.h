@@ -359,6 +359,18 @@ EMU __m512 emu_mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
 }
 
 
+EMU __m128i emu_mm256_cvtepi16_epi8(__m256i a) /* vpmovwb: each word's low byte */
+{
+    uint16_t x[16];
+    uint8_t r[16];
+    __m128i v;
+    EMU_TO(x, a);
+    for (int i = 0; i < 16; i++)
+        r[i] = (uint8_t)(x[i] & 0xFFu);
+    EMU_FROM(v, r);
+    return v;
+}
+
 /* (the compiler's headers define some of these as macros without -O) */
 #undef _mm512_cvtps_epi32
 #undef _mm512_cvtps_epu32
@@ -389,6 +401,8 @@ EMU __m512 emu_mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
 #undef _mm512_mask_storeu_epi16
 #undef _mm512_reduce_add_ps
 #undef _mm512_mask_storeu_epi32
+#undef _mm256_cvtepi16_epi8
+#define _mm256_cvtepi16_epi8(a) emu_mm256_cvtepi16_epi8(a)
 #define _mm512_cvtne2ps_pbh(a, b) emu_mm512_cvtne2ps_pbh((a), (b))
 #define _mm512_cvtneps_pbh(a) emu_mm512_cvtneps_pbh(a)
 #define _mm512_dpbf16_ps(s, a, b) emu_mm512_dpbf16_ps((s), (a), (b))

@@ -7,13 +7,14 @@ into a temporary directory and runs it (see driver.c for the checks).  Test ids
 name the path and how it ran: neon-qemu, neon-dot-qemu (accuracy level 4's sdot unit) and
 neonbf16-qemu (the BFDOT tiles of levels 3-4; neon-native, neon-dot-native and neonbf16-native
 on aarch64),
-avx512-emulated, avx512vnni-emulated, avx512bf16-emulated (the AVX-512 BF16 tiles),
+avx512-emulated, avx512vnni-emulated, avx512bf16-emulated (the AVX-512 BF16 tiles), amx-emulated,
 avx512-native, avx512vnni-native, avx512bf16-native, amx-native, avx2-native, avx2-dot-native
 (accuracy level 4's integer dots of the avx2 path), avxvnni-emulated / avxvnni-native (the same
 kernels built with AVX-VNNI's vpdpwssd, the table gqa_kernels_avxvnni; emulated: vpdpwssd stated
 lane by lane in emu_avxvnni.h); the native ones
 exist only where this CPU runs the path (amx-native is listed everywhere and skips, with the
-reason, on CPUs without AMX: nothing emulates AMX; avx512bf16-native skips without AVX512-BF16).  A test skips otherwise only when the tools it needs are missing (Debian:
+reason, on CPUs without AMX; avx512bf16-native skips without AVX512-BF16); amx-emulated runs the
+amx unit's checks in the avx512-emulated build, its tile instructions stated in emu_amx.h.  A test skips otherwise only when the tools it needs are missing (Debian:
 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; libsimde-dev).
 """
 import ast
@@ -233,23 +234,31 @@ def _no_evex(objs):
     for o in objs:
         bad = _evex_lines(o)
         assert not bad, f"the emulated unit {o} contains AVX-512 instructions:\n" + "\n".join(bad[:10])
+        rc, out = _run(["objdump", "-d", o])
+        bad = [line.strip() for line in out.splitlines() if _AMX_MNEMONICS.search(line)]
+        assert rc == 0 and not bad, f"the emulated unit {o} contains AMX instructions:\n" + "\n".join(bad[:10])
+
+
+# AMX's instructions (VEX-encoded, so _evex_lines does not see them)
+_AMX_MNEMONICS = re.compile(r"\b(ldtilecfg|sttilecfg|tilerelease|tileloadd|tileloaddt1|tilestored|tilezero|"
+                            r"tdpbf16ps|tdpb[su][su]d)\b")
 
 
 def _avx512_emulated_driver(d):
-    """kernels_avx512.c on SIMDe: AVX2/FMA/F16C only, like AMD Zen 3."""
+    """kernels_avx512.c and its units on SIMDe: AVX2/FMA/F16C only, like AMD Zen 3; the amx
+    unit's tiles on emu_amx.h."""
     # -O1: SIMDe's inlined code makes -O2 three times slower to build.
     flags = [f for f in CFLAGS if f != "-O2"] + ["-O1", "-mavx2", "-mfma", "-mf16c",
                                                  "-DGQA_EMULATE_AVX512", "-I" + HERE]
     assert not any(f.startswith("-mavx512") for f in flags)
-    # the VNNI unit on SIMDe too: its own -mavx512vnni left out, the define kept; nothing
-    # emulates AMX, so its unit is left out (its tests run natively on AMX hosts)
-    srcs, defines = [], []
+    # the units on SIMDe too: their own -mavx512* / -mamx-* left out, the defines kept; the amx
+    # unit also with GQA_EMULATE_AMX (emu_amx.h states the tile instructions)
+    cmds, objs, defines = [], [], []
     for usrcs, own, define, _snippet in UNITS.get("avx512", []):
-        if any(f.startswith("-mamx") for f in own):
-            continue
-        srcs += [os.path.join(SRC, src) for src in usrcs]
+        extra = ["-DGQA_EMULATE_AMX"] if any(f.startswith("-mamx") for f in own) else []
+        c, o = _objects(d, CC + flags + extra, [os.path.join(SRC, src) for src in usrcs], "_emu.o")
+        cmds, objs = cmds + c, objs + o
         defines.append("-D" + define)
-    cmds, objs = _objects(d, CC + flags, srcs, "_emu.o")
     main, obj = _objects(d, CC + flags + defines, [os.path.join(SRC, "kernels_avx512.c")], "_emu.o")
     return [_driver(d, CC, CFLAGS, "avx512", [], [], (cmds + main, objs + obj),
                     check=_no_evex if shutil.which("objdump") else None)]
@@ -290,6 +299,7 @@ def _cases():
             cases.append(("avx512-native", "exact", "avx512-native"))
         if HAS_VNNI:
             cases.append(("avx512vnni-native", "approx", "avx512-native"))
+        cases.append(("amx-emulated", "tiles=amx", "avx512-emulated"))
         cases.append(("amx-native", "tiles=amx", "avx512-native"))
         cases.append(("avx512bf16-emulated", "tiles=avx512bf16", "avx512-emulated"))
         if HAS_AVX512:
@@ -320,7 +330,8 @@ def test_isa(builds, how, mode, build):
         cmd = builds.get(build, _avx512_emulated_driver)
     elif build == "avx512-native":
         if mode == "tiles=amx" and not HAS_AMX:
-            pytest.skip("the CPU has no AMX-TILE / AMX-BF16 / AMX-INT8 / AVX512-BF16 (nothing emulates AMX)")
+            pytest.skip("the CPU has no AMX-TILE / AMX-BF16 / AMX-INT8 / AVX512-BF16 (amx-emulated checks these "
+                        "kernels)")
         if mode == "tiles=avx512bf16" and not HAS_BF16:
             pytest.skip("the CPU has no AVX512-BF16 (avx512bf16-emulated checks these kernels)")
         cmd = builds.get(build, lambda d: _native_driver(d, "avx512"))
