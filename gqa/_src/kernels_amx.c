@@ -35,7 +35,7 @@ static int permit_amx(void)
     static volatile int state = 0; /* 0: not asked, 1: granted, -1: refused (a race asks twice) */
     if (state == 0) {
 #if defined(GQA_EMULATE_AMX)
-        state = 1; /* tests/isa's emulated tiles (emu_amx.h): no tile state to grant */
+        state = 1; /* the tests' emulated tiles (tests/isa/emu_amx.h): no tile state to grant */
 #elif defined(__linux__) && defined(SYS_arch_prctl)
         state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
 #else

@@ -15,8 +15,9 @@ Off by default (about 1.5 min of build and 2 min of tests on 2 cores): set
 
 A second build (``GQA_EMULATE_AMX=1``, setup.py) runs the AMX tier with its tile instructions
 stated in portable code (tests/isa/emu_amx.h), where every tile load and store is a ``memcpy``
-that ASan checks; the hardware's tile loads are invisible to it.  It needs AVX-512 and
-AVX512-BF16 (the rest of the amx unit runs natively) and skips with the reason elsewhere.
+that ASan checks; the hardware's tile loads are invisible to it (about 1.5 min of build and 2 min
+of tests more).  It needs AVX-512 and AVX512-BF16 (the rest of the amx unit runs natively) and
+skips with the reason elsewhere.
 """
 import os
 import shutil
@@ -25,10 +26,12 @@ import sys
 
 import pytest
 
+import gqa
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENABLED = os.environ.get("GQA_SANITIZE_TESTS") == "1" or bool(os.environ.get("CI"))
 pytestmark = [
-    pytest.mark.skipif(not ENABLED, reason="sanitizer build + run (~3.5 min): set GQA_SANITIZE_TESTS=1 "
+    pytest.mark.skipif(not ENABLED, reason="sanitizer builds + runs (~7 min): set GQA_SANITIZE_TESTS=1 "
                                            "(on when CI is set)"),
     pytest.mark.skipif(os.environ.get("GQA_IN_SANITIZER_RUN") == "1", reason="already inside the run"),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD of libasan: Linux only"),
@@ -118,21 +121,10 @@ def sanitized(tmp_path_factory):
 def sanitized_amx(tmp_path_factory):
     """The same with the amx unit's tiles emulated (setup.py's GQA_EMULATE_AMX=1: every tile
     load and store a memcpy, which ASan sees; the hardware's are invisible to it)."""
-    if not {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"} <= _cpu_flags():
+    if not {"AVX512F", "AVX512BW", "AVX512DQ", "AVX512VL", "AVX512BF16"} <= set(gqa.cpu_features()):
         pytest.skip("the emulated AMX tiles need a CPU with AVX-512 and AVX512-BF16 (the rest of the amx "
                     "unit runs natively); tests/isa amx-emulated checks the kernels on any x86-64")
     return _build(tmp_path_factory, "gqa-src-amx", GQA_EMULATE_AMX="1")
-
-
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def _reports(text):
@@ -159,7 +151,6 @@ def _run_clean(tree, env, files, deselect):
     assert not found, "sanitizer reports:\n" + "\n".join(found[:20]) + "\n" + out[-4000:]
     assert r.returncode == 0, f"subset failed under the sanitizers:\n{out[-6000:]}"
     print("sanitizer run:", summary[-1] if summary else "(no summary)")
-    return out
 
 
 def test_subset_runs_clean_under_asan_ubsan(sanitized):

@@ -1141,7 +1141,9 @@ static void check_dot_qk(gqa_qk_gemm_fn dot, int with_s4)
     for (size_t ki = 0; ki < sizeof(KA) / sizeof(KA[0]); ki++)
         for (size_t mi = 0; mi < NM; mi++)
             for (int pc = 0; pc < 2; pc++) {
-                const size_t K = KA[ki], M = MS[mi], N = 11 + ki, ldc = N + 1;
+                /* N past 16 keys on every K too (pc): AMX reads 16-key blocks of K's rows, B's
+                   exact size below (the ASan run of the emulated units) */
+                const size_t K = KA[ki], M = MS[mi], N = 11 + ki + 16 * (size_t)pc, ldc = N + 1;
                 const float alpha = 0.3f;
                 float *A = xmalloc(M * K * 4), *s = xmalloc(K * 4);
                 float *got = xmalloc(M * ldc * 4), *want = xmalloc(M * ldc * 4), *exact = xmalloc(M * ldc * 4);
