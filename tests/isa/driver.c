@@ -1319,7 +1319,7 @@ static void check_group(void)
     }
 }
 
-/* ---- matrix tiles (a table's tiles by name: AMX natively only, AVX-512 BF16 also emulated) */
+/* ---- matrix tiles (a table's tiles by name: AMX and AVX-512 BF16, natively or emulated) */
 
 static float bf16_value(uint16_t b)
 {

@@ -40,6 +40,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "bf16_ref.h"
 
 typedef struct {
     int palette;
@@ -110,16 +111,6 @@ static inline int emu_tile_shape(int c, int a, int b)
     return f->colsb[a] / 4;
 }
 
-static inline float emu_tile_ftz(float x) { return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x; }
-
-static inline float emu_tile_bf16(uint16_t b) /* a bfloat16, its subnormals as zero */
-{
-    const uint32_t u = (b & 0x7F80u) == 0 ? (uint32_t)(b & 0x8000u) << 16 : (uint32_t)b << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 static inline void emu_tile_dpbf16ps(int c, int a, int b)
 {
     const int K = emu_tile_shape(c, a, b), M = gqa_emu_tiles.rows[c], N = gqa_emu_tiles.colsb[c] / 4;
@@ -131,15 +122,15 @@ static inline void emu_tile_dpbf16ps(int c, int a, int b)
     memcpy(d, gqa_emu_tiles.t[c], sizeof d);
     for (int r = 0; r < 16; r++)
         for (int e = 0; e < 32; e++)
-            fa[r][e] = emu_tile_bf16(ra[r][e]), fb[r][e] = emu_tile_bf16(rb[r][e]);
+            fa[r][e] = bf16_daz(ra[r][e]), fb[r][e] = bf16_daz(rb[r][e]);
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             float even = 0.0f, odd = 0.0f;
             for (int k = 0; k < K; k++) {
-                even = emu_tile_ftz(fmaf(fa[m][2 * k], fb[k][2 * n], even));
-                odd = emu_tile_ftz(fmaf(fa[m][2 * k + 1], fb[k][2 * n + 1], odd));
+                even = f32_ftz(fmaf(fa[m][2 * k], fb[k][2 * n], even));
+                odd = f32_ftz(fmaf(fa[m][2 * k + 1], fb[k][2 * n + 1], odd));
             }
-            d[m][n] = emu_tile_ftz(emu_tile_ftz(d[m][n] + even) + odd);
+            d[m][n] = f32_ftz(f32_ftz(d[m][n] + even) + odd);
         }
     memcpy(gqa_emu_tiles.t[c], d, sizeof d);
 }

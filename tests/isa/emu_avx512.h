@@ -306,16 +306,6 @@ EMU __m512 emu_mm512_maskz_scalef_ps(__mmask16 k, __m512 a, __m512 b)
    vdpbf16ps with bfloat16 inputs' subnormals as zero, the
    odd element's product added first, then the even one's, each a float32 rounding, subnormal
    results flushed to zero (Intel's pseudocode). */
-EMU float emu_bf16_value(uint16_t b)
-{
-    uint32_t u = (b & 0x7F80u) == 0 ? (uint32_t)(b & 0x8000u) << 16 : (uint32_t)b << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
-EMU float emu_ftz(float x) { return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x; }
-
 EMU __m512bh emu_mm512_cvtne2ps_pbh(__m512 a, __m512 b)
 {
     float fa[16], fb[16];
@@ -349,10 +339,10 @@ EMU __m512 emu_mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
     EMU_TO(x, a);
     EMU_TO(y, b);
     for (int i = 0; i < 16; i++) {
-        volatile float t = s[i] + emu_bf16_value(x[2 * i + 1]) * emu_bf16_value(y[2 * i + 1]);
-        t = emu_ftz(t);
-        t = t + emu_bf16_value(x[2 * i]) * emu_bf16_value(y[2 * i]);
-        s[i] = emu_ftz(t);
+        volatile float t = s[i] + bf16_daz(x[2 * i + 1]) * bf16_daz(y[2 * i + 1]);
+        t = f32_ftz(t);
+        t = t + bf16_daz(x[2 * i]) * bf16_daz(y[2 * i]);
+        s[i] = f32_ftz(t);
     }
     EMU_FROM(src, s);
     return src;

@@ -106,9 +106,14 @@ def _objects(d, cmd, sources, suffix=".o"):
     return [cmd + ["-c", src, "-o", obj] for src, obj in zip(sources, objs)], objs
 
 
-def _evex_lines(obj):
-    """Disassembly lines of `obj` that are AVX-512 (EVEX-encoded: first opcode
-    byte 0x62 in 64-bit mode, or zmm / opmask registers)."""
+# AMX's instructions (VEX-encoded: neither byte 0x62 nor zmm / opmask registers)
+_AMX_MNEMONICS = re.compile(r"\b(ldtilecfg|sttilecfg|tilerelease|tileloadd|tileloaddt1|tilestored|tilezero|"
+                            r"tdpbf16ps|tdpb[su][su]d)\b")
+
+
+def _avx512_amx_lines(obj):
+    """Disassembly lines of `obj` that are AVX-512 (EVEX-encoded: first opcode byte 0x62 in
+    64-bit mode, or zmm / opmask registers) or AMX."""
     rc, out = _run(["objdump", "-d", obj])
     assert rc == 0, out
     bad = []
@@ -118,7 +123,8 @@ def _evex_lines(obj):
             continue
         raw = parts[1].split()
         text = parts[2]
-        if raw[:1] == ["62"] or raw[:2] == ["67", "62"] or re.search(r"%zmm|%k[0-7]", text):
+        if (raw[:1] == ["62"] or raw[:2] == ["67", "62"] or re.search(r"%zmm|%k[0-7]", text)
+                or _AMX_MNEMONICS.search(text)):
             bad.append(line.strip())
     return bad
 
@@ -232,16 +238,8 @@ def _avxvnni_driver(d, emulated):
 
 def _no_evex(objs):
     for o in objs:
-        bad = _evex_lines(o)
-        assert not bad, f"the emulated unit {o} contains AVX-512 instructions:\n" + "\n".join(bad[:10])
-        rc, out = _run(["objdump", "-d", o])
-        bad = [line.strip() for line in out.splitlines() if _AMX_MNEMONICS.search(line)]
-        assert rc == 0 and not bad, f"the emulated unit {o} contains AMX instructions:\n" + "\n".join(bad[:10])
-
-
-# AMX's instructions (VEX-encoded, so _evex_lines does not see them)
-_AMX_MNEMONICS = re.compile(r"\b(ldtilecfg|sttilecfg|tilerelease|tileloadd|tileloaddt1|tilestored|tilezero|"
-                            r"tdpbf16ps|tdpb[su][su]d)\b")
+        bad = _avx512_amx_lines(o)
+        assert not bad, f"the emulated unit {o} contains AVX-512 / AMX instructions:\n" + "\n".join(bad[:10])
 
 
 def _avx512_emulated_driver(d, san=()):
