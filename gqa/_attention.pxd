@@ -57,6 +57,7 @@ cdef struct Params:
     gqa_sv_gemm_fn sv     # P @ V over the codes (the accuracy level's kernel)
     const gqa_tiles *tiles  # flash tiles' GEMMs on matrix tiles (accuracy level >= 3), or NULL
     int direct            # a multi-token step of few rows on the decode kernels (attend_direct)
+    int keep              # p.tiles: each thread keeps its unit's packed K / V tiles (keep_tiles)
     int Br, Bc, chunks, chunk_len
     float *partials       # split decode units: chunks x G x (m, l, P @ V[H]) per split unit
                           # (p.direct: chunks x S*G x (m, l, P @ V[H]) per unit)

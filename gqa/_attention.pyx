@@ -447,13 +447,37 @@ cdef struct Tiled:
     float *Vf           #   [Bc, H]
     uint16_t *Qb        # p.tiles: [Mx, Hk] the query rows in bfloat16
     uint16_t *Pb        #   [Mx, Bx] the probabilities in bfloat16
-    uint32_t *Kp        #   [Hk / 2, Bx] the K tile as row pairs
-    uint32_t *Vp        #   [Bx / 2, H] the V tile as row pairs
+    uint32_t *Kp        #   [Hk / 2, Bx] the K tile as row pairs (p.keep: [nkept] such tiles,
+    uint32_t *Vp        #   [Bx / 2, H] the V tile as row pairs    tile i keys [i Bc, (i+1) Bc))
     float *one          #   [H] ones: the scales that dequantize static codes to themselves
     uint16_t *Pf        # p.hstage and p.tiles: [TILE_STRIP, Bx] a strip's float-run probabilities
     uint32_t *Kfp       #   [Hk / 2, Bx] and the staged floats' K and V tiles as pairs
     uint32_t *Vfp       #   [Bx / 2, H]
+    int *kept           # p.keep: [2 + nkept] the kept tiles' unit, their keys [0, hi), and
+                        #   per tile whether its V rows hold a NaN / inf (keep_tiles)
     int Mx, Bx, Hk      # rows, keys and head padded for p.tiles (16, 32, 32), else Mmax, Bc, H
+    int Kx              # p.keep: the kept K tiles' rows of pairs, Bx + 16 (a row stride of 2^n
+                        #   bytes would put a block's rows in few L1 sets)
+
+
+cdef enum:
+    KEEP_BYTES = 16 << 20   # at most this much of kept K / V tiles per thread (keep_tiles)
+
+
+cdef size_t kept_tiles(const Params *p) noexcept nogil:
+    """The K / V tiles each thread keeps: Tmax / Bc rounded up with p.keep, else 1 (the tile
+    being made)."""
+    return (<size_t>p.Tmax + p.Bc - 1) // p.Bc if p.keep else 1
+
+
+cdef void plan_keep(Params *p) noexcept nogil:
+    """p.keep: on matrix tiles (not a direct step, no staged float windows) each thread keeps
+    the bfloat16 pairs of one unit's K and V tiles from query block to query block (keep_tiles)
+    while they take at most KEEP_BYTES, instead of packing them again for every block."""
+    cdef size_t Bx = (<size_t>p.Bc + 31) & ~(<size_t>31), Hk = (<size_t>p.H + 31) & ~(<size_t>31)
+    cdef size_t n = (<size_t>p.Tmax + p.Bc - 1) // p.Bc if p.Bc > 0 else 0
+    p.keep = (p.tiles != NULL and not p.direct and not p.hstage and n >= 1
+              and n * (Hk // 2 * (Bx + 16) + Bx // 2 * p.H) * 4 <= KEEP_BYTES)
 
 
 cdef inline size_t take(size_t *at, size_t n) noexcept nogil:
@@ -467,13 +491,14 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     """attend_tiled's scratch of one thread: its length in floats, and its regions in s
     (pointers into base, which starts on a 64-byte line; NULL: the length only)."""
     cdef size_t H = p.H, Br = p.Br, Mmax = Br * p.G, Bc = p.Bc, at = 0
-    cdef size_t Mx = Mmax, Bx = Bc, Hk = H
-    cdef size_t o[19]
+    cdef size_t Mx = Mmax, Bx = Bc, Hk = H, nk = kept_tiles(p), Kx
+    cdef size_t o[20]
     cdef int i
     if p.tiles != NULL:
         Mx = (Mmax + 15) & ~(<size_t>15)
         Bx = (Bc + 31) & ~(<size_t>31)
         Hk = (H + 31) & ~(<size_t>31)
+    Kx = Bx + 16 if p.keep else Bx
     o[0] = take(&at, Mmax * H)
     o[1] = take(&at, Mx * Bx)
     o[2] = take(&at, Mx * H)
@@ -482,7 +507,7 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     o[5] = take(&at, 0 if p.direct else H * Bc)      # attend_direct reads no float tiles
     o[6] = take(&at, 0 if p.direct else Bc * H)
     o[7] = take(&at, 4 * Br)
-    for i in range(8, 19):
+    for i in range(8, 20):
         o[i] = 0
     if p.hstage:
         o[8] = take(&at, Mx * Bx if p.tiles != NULL else Mmax * Bc)
@@ -491,9 +516,11 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     if p.tiles != NULL:
         o[11] = take(&at, (Mx * Hk + 1) // 2)
         o[12] = take(&at, (Mx * Bx + 1) // 2)
-        o[13] = take(&at, Hk // 2 * Bx)
-        o[14] = take(&at, Bx // 2 * H)
+        o[13] = take(&at, nk * (Hk // 2 * Kx))
+        o[14] = take(&at, nk * (Bx // 2 * H))
         o[15] = take(&at, H)
+        if p.keep:
+            o[19] = take(&at, 2 + nk)
         if p.hstage:
             o[16] = take(&at, (TILE_STRIP * Bx + 1) // 2)
             o[17] = take(&at, Hk // 2 * Bx)
@@ -521,9 +548,11 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
         s.Pf = <uint16_t *>(base + o[16])
         s.Kfp = <uint32_t *>(base + o[17])
         s.Vfp = <uint32_t *>(base + o[18])
+        s.kept = <int *>(base + o[19])
         s.Mx = <int>Mx
         s.Bx = <int>Bx
         s.Hk = <int>Hk
+        s.Kx = <int>Kx
     return at
 
 
@@ -584,10 +613,45 @@ cdef void online_row(const Params *p, const gqa_tiles *x, float *row, uint16_t *
     m[0] = mnew
 
 
-cdef void tile_strips(const Params *p, const gqa_tiles *x, const Tiled *sc, int M, int R, int G,
-                      const int *rlo, const int *rhi, int k0, int nb, int b, int j,
-                      int s0) noexcept nogil:
-    """Key tile [k0, k0 + nb) on matrix tiles, K and V packed (sc.Kp, sc.Vp), strip by strip:
+cdef void keep_tiles(const Params *p, const gqa_kernels *t, const Tiled *sc, int b, int j, int hi,
+                     bint kdirect, bint vdirect, const float *kscale,
+                     const float *vscale) noexcept nogil:
+    """p.keep: the thread's kept tiles (sc.Kp, sc.Vp) made to hold unit (b, j)'s keys [0, hi):
+    another unit's are dropped; tile i, keys [i Bc, min((i + 1) Bc, hi)) and zeros to Bx, is
+    packed where the kept ones end short of hi (a partial last tile again whole).  A kept tile
+    may hold keys past an item's: they meet zero probabilities (the strips stop at the item's
+    keys rounded up to 32), and kept[2 + i] marks a tile whose V rows hold a NaN / inf, which
+    takes P @ V per row.  The rows as kv_tiles gives them (kdirect / vdirect: a float32 cache's
+    own; kscale / vscale as there)."""
+    cdef const gqa_tiles *x = p.tiles
+    cdef int H = p.H, Bc = p.Bc, unit = b * p.Nkv + j, k0, nb, i
+    cdef const float *Kr
+    cdef const float *Vr
+    if sc.kept[0] != unit:
+        sc.kept[0] = unit
+        sc.kept[1] = 0
+    if hi <= sc.kept[1]:
+        return
+    k0 = sc.kept[1] - sc.kept[1] % Bc
+    while k0 < hi:
+        nb = hi - k0 if hi - k0 < Bc else Bc
+        i = k0 // Bc
+        Kr = <const float *>k_row(p, b, j, k0) if kdirect else sc.Kt
+        Vr = <const float *>v_row(p, b, j, k0) if vdirect else sc.Vt
+        if not (kdirect and vdirect):
+            kv_tiles(p, t, b, j, k0, nb, NULL if kdirect else sc.Kt, NULL if vdirect else sc.Vt,
+                     True, kscale, vscale)
+        x.pack_pairs_t(Kr, H, nb, H, sc.Kx, sc.Hk, sc.Kp + <size_t>i * (sc.Hk // 2) * sc.Kx)
+        x.pack_pairs(Vr, H, nb, H, sc.Bx, H, sc.Vp + <size_t>i * (sc.Bx // 2) * H)
+        sc.kept[2 + i] = not (p.v_finite or all_finite(Vr, <size_t>nb * H))
+        k0 = k0 + nb
+    sc.kept[1] = hi
+
+
+cdef void tile_strips(const Params *p, const gqa_tiles *x, const Tiled *sc, const uint32_t *Kp,
+                      int ldk, const uint32_t *Vp, int M, int R, int G, const int *rlo,
+                      const int *rhi, int k0, int nb, int b, int j, int s0) noexcept nogil:
+    """Key tile [k0, k0 + nb) on matrix tiles, K and V packed (Kp [Hk / 2, ldk], Vp), strip by strip:
     each TILE_STRIP rows' scores, online softmax and P @ V, so a strip's scores (sc.Sx) and
     probabilities (sc.Pb) are reused from its first rows, in L1, by every strip; rows of a
     strip past M get zero probabilities.  The GEMMs of a strip stop at the keys its rows read
@@ -599,7 +663,7 @@ cdef void tile_strips(const Params *p, const gqa_tiles *x, const Tiled *sc, int 
         n = TILE_STRIP if sc.Mx - r0 >= TILE_STRIP else sc.Mx - r0
         z = strip_keys(r0, n, M, G, rlo, rhi, k0, nb, nbx)
         if z > 0:   # scores past z are never read
-            x.gemm(n, z, sc.Hk, sc.Qb + <size_t>r0 * sc.Hk, sc.Hk, sc.Kp, nbx, sc.Sx, nbx, 0)
+            x.gemm(n, z, sc.Hk, sc.Qb + <size_t>r0 * sc.Hk, sc.Hk, Kp, ldk, sc.Sx, nbx, 0)
             for r in range(r0, r0 + n):
                 row = sc.Sx + <size_t>(r - r0) * nbx
                 prow = sc.Pb + <size_t>(r - r0) * sc.Bx
@@ -610,7 +674,7 @@ cdef void tile_strips(const Params *p, const gqa_tiles *x, const Tiled *sc, int 
                 online_row(p, x, row, prow, sc.O + <size_t>r * H, &sc.mrow[r], &sc.lrow[r],
                            a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0)
             # the probabilities past z are zeros: P @ V stops there
-            x.gemm(n, H, z, sc.Pb, sc.Bx, sc.Vp, H, sc.O + <size_t>r0 * H, H, 1)
+            x.gemm(n, H, z, sc.Pb, sc.Bx, Vp, H, sc.O + <size_t>r0 * H, H, 1)
         r0 = r0 + n
 
 
@@ -905,9 +969,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef float *Kf = sc.Kf
     cdef float *Vf = sc.Vf
     cdef const gqa_tiles *x = p.tiles
-    cdef int ls, nbx = 0, z
+    cdef int ls, nbx = 0, z, ldk = 0
     cdef bint smooth = p.smooth or p.sink != NULL
-    cdef bint nanv, codes_pv, kcodes, vcodes, kdirect, vdirect
+    cdef bint nanv = 0, codes_pv, kcodes, vcodes, kdirect, vdirect, keep
+    cdef const uint32_t *Kp = sc.Kp     # the packed tiles: sc's, or p.keep's kept ones
+    cdef const uint32_t *Vp = sc.Vp
+    cdef size_t kstep = <size_t>(sc.Hk // 2) * sc.Kx, vstep = <size_t>(sc.Bx // 2) * p.H
     cdef const float *Kr = Kt     # the rows the tiles pack: Kt / Vt, or a float32 cache's own
     cdef const float *Vr = Vt
     cdef const float *ks
@@ -936,9 +1003,14 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     codes_pv = p.sv != t.sv_gemm and p.fk == NULL and p.v_finite and x == NULL
     kdirect = x != NULL and p.fk == NULL and p.ktype == GQA_F32
     vdirect = x != NULL and p.fk == NULL and p.vtype == GQA_F32
+    # p.keep: the tiles of keys [0, kv_hi) packed once for every query block of the unit
+    keep = p.keep and kv_lo == 0 and <size_t>kv_hi <= kept_tiles(p) * Bc
     if x != NULL:
         x.begin()
         x.pack_rows(Qt, H, M, H, sc.Mx, sc.Hk, sc.Qb)
+        if keep:
+            keep_tiles(p, t, &sc, b, j, kv_hi, kdirect, vdirect, sc.one if kcodes else NULL,
+                       sc.one if vcodes else NULL)
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
@@ -947,6 +1019,15 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             nb = cut_block(cut, k0, nb)
             kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, x != NULL, Kt, Vt, Kf,
                                 Vf)
+        elif keep:
+            i = k0 // Bc
+            Kp = sc.Kp + <size_t>i * kstep
+            Vp = sc.Vp + <size_t>i * vstep
+            # a tile with a NaN / inf in V: P @ V per row over its own keys, from V's rows
+            nanv = sc.kept[2 + i]
+            Vr = <const float *>v_row(p, b, j, k0) if vdirect else Vt
+            if nanv and not vdirect:
+                kv_tiles(p, t, b, j, k0, nb, NULL, Vt, True, NULL, sc.one if vcodes else NULL)
         else:
             # a float32 cache's rows (no windows) are the tiles' rows as they are
             Kr = <const float *>k_row(p, b, j, k0) if kdirect else Kt
@@ -959,7 +1040,9 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         if x != NULL:
             nbx = (nb + 31) & ~31
             ls = nbx
-            x.pack_pairs_t(Kr, H, nb, H, nbx, sc.Hk, sc.Kp)
+            ldk = sc.Kx if keep else nbx
+            if not keep:
+                x.pack_pairs_t(Kr, H, nb, H, nbx, sc.Hk, sc.Kp)
             if kind == 3:       # mixed: both pairs of tiles, strip by strip
                 x.pack_pairs_t(Kf, H, nb, H, nbx, sc.Hk, sc.Kfp)
                 x.pack_pairs(Vt, H, nb, H, nbx, H, sc.Vp)
@@ -967,11 +1050,13 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 mixed_strips(p, t, x, &sc, M, G, rlo, rhi, rns, rrl, k0, nb, b, j, s0)
                 k0 = k0 + nb
                 continue
-        nanv = kind != 3 and nan_values(p, Vr, R, rlo, rhi, k0, nb)   # kind 3: mixed_pv
+        if not keep:
+            nanv = kind != 3 and nan_values(p, Vr, R, rlo, rhi, k0, nb)   # kind 3: mixed_pv
         if x != NULL:
             if not nanv:
-                x.pack_pairs(Vr, H, nb, H, nbx, H, sc.Vp)
-                tile_strips(p, x, &sc, M, R, G, rlo, rhi, k0, nb, b, j, s0)
+                if not keep:
+                    x.pack_pairs(Vr, H, nb, H, nbx, H, sc.Vp)
+                tile_strips(p, x, &sc, Kp, ldk, Vp, M, R, G, rlo, rhi, k0, nb, b, j, s0)
                 k0 = k0 + nb
                 continue
             # else: the float32 P @ V below, from every row's float probabilities
@@ -992,7 +1077,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 i = TILE_STRIP if sc.Mx - r >= TILE_STRIP else sc.Mx - r
                 z = strip_keys(r, i, M, G, rlo, rhi, k0, nb, nbx)
                 if z > 0:   # scores past z are never read (set to -inf below)
-                    x.gemm(i, z, sc.Hk, sc.Qb + <size_t>r * sc.Hk, sc.Hk, sc.Kp, nbx,
+                    x.gemm(i, z, sc.Hk, sc.Qb + <size_t>r * sc.Hk, sc.Hk, Kp, ldk,
                            Sx + <size_t>r * ls, ls, 0)
             tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
             online_row(p, x, Sx + <size_t>r * ls, sc.Pb + <size_t>r * sc.Bx, O + <size_t>r * H,

@@ -62,6 +62,7 @@ cdef void plan_path(Params *p, Work *w, bint flash, int q_block, int kv_block,
     p.chunks = 1
     p.tiles = NULL
     p.direct = 0
+    p.keep = 0
     w.mode = 0
     w.nq = 0
     w.nsplit = 0
@@ -123,6 +124,7 @@ cdef void plan_team(Params *p, Work *w, int num_threads) noexcept nogil:
     and G x Tmax scores, or the tiles' layout), and the rows a rotation turns at once."""
     w.scratch_len = <size_t>p.G * p.H + <size_t>p.G * (p.Tmax if p.Tmax > 0 else 1) + p.H + p.G
     if w.mode == 1:
+        plan_keep(p)
         w.scratch_len = tiled_layout(p, NULL, NULL)
         # static codes with scales below 1e30, no float windows: finite values only
         # (attend_tiled)
@@ -215,6 +217,25 @@ cdef void order_items(Params *p, Work *w) noexcept nogil:
         split_queries(p, w.scratch)     # no thread's scratch is in use yet
 
 
+cdef void tiled_item(const Params *p, const gqa_kernels *t, const Work *w, int u,
+                     float *scratch) noexcept nogil:
+    """Tiled item u (of units x nq), the last query blocks (most keys under a causal mask) of
+    each unit first: unit by unit with p.keep (a thread's kept tiles serve a unit's blocks in
+    turn), else the units interleaved."""
+    cdef int unit = u // w.nq if p.keep else u % w.units
+    cdef int qb = w.nq - 1 - (u % w.nq if p.keep else u // w.units)
+    attend_tiled(p, t, unit // p.Nkv, unit % p.Nkv, qb, scratch)
+
+
+cdef void tiled_start(const Params *p, float *scratch) noexcept nogil:
+    """A thread's kept tiles (p.keep) start empty."""
+    cdef Tiled sc
+    if p.keep:
+        tiled_layout(p, scratch, &sc)
+        sc.kept[0] = -1
+        sc.kept[1] = 0
+
+
 cdef void run_items(const Params *p, const gqa_kernels *t, const Work *w) noexcept nogil:
     """The call's items on the calling thread.  Decode items (modes 0 / 2) read only cache
     rows that they write themselves or that no one writes (decode_item), so the cache is
@@ -229,9 +250,9 @@ cdef void run_items(const Params *p, const gqa_kernels *t, const Work *w) noexce
         for u in range(w.work_units):
             attend_direct(p, t, w.qk, (u % units) // Nkv, (u % units) % Nkv, u // units, w.scratch)
     elif w.mode == 1:
+        tiled_start(p, w.scratch)
         for u in range(w.work_units):
-            attend_tiled(p, t, (u % units) // Nkv, (u % units) % Nkv, w.nq - 1 - u // units,
-                         w.scratch)
+            tiled_item(p, t, w, u, w.scratch)
     else:
         for u in range(w.work_units):
             decode_item(p, t, w.qk, u, w.item_write, w.scratch)
@@ -264,9 +285,9 @@ cdef void run_team(const Params *p, const gqa_kernels *t, const Work *w) noexcep
                 attend_direct(p, t, w.qk, (u % units) // Nkv, (u % units) % Nkv, u // units,
                               w.scratch + threadid() * sl)
         elif w.mode == 1:
+            tiled_start(p, w.scratch + me * sl)
             for u in prange(w.work_units, schedule='dynamic'):
-                attend_tiled(p, t, (u % units) // Nkv, (u % units) % Nkv, w.nq - 1 - u // units,
-                             w.scratch + threadid() * sl)
+                tiled_item(p, t, w, u, w.scratch + threadid() * sl)
         else:
             it = gqa_work_next(w.ranges, w.num_threads, me)
             while it >= 0:

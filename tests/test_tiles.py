@@ -249,6 +249,37 @@ def test_masked_inf_values_stay_out():
 
 
 @needs_tiles
+@pytest.mark.parametrize("threads", [1, 2])
+def test_inf_value_in_a_kept_tile_stays_out_of_earlier_blocks(threads):
+    """Each thread keeps a unit's packed K / V tiles from query block to block (the last
+    blocks first), so a block can meet a kept tile that holds keys past its own: query tiles
+    of 8 rows, key tiles of 16; block [32, 40) packs keys [0, 40), and block [16, 24) then
+    reads kept tile [16, 32) for its keys [16, 24).  V's inf at key 27 lies among those extra
+    keys: rows 16-26 stay finite (the tile's P @ V runs per row over each row's own keys) and
+    within the bound of float64, rows 27 on are inf / NaN as at level 0."""
+    rng = np.random.default_rng(23)
+    H, S, bad_key = 64, 40, 27
+    q = rng.uniform(-1, 1, (1, S, N * H)).astype(F32)
+    k = rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32)
+    v = rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32)
+    v[0, bad_key, :] = np.inf
+    outs = {}
+    for level in (0, 3):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
+                        mode="float", accuracy_level=level)
+        with gqa.config(path="avx512", flash_blocks=(8, 16), num_threads=threads):
+            outs[level] = c.attend(0, q, k, v)
+    assert np.isfinite(outs[3][0, :bad_key]).all()
+    assert np.array_equal(np.isfinite(outs[3][0, bad_key:]), np.isfinite(outs[0][0, bad_key:]))
+    # the rows before the inf against float64 over the keys they read (a cache of those alone)
+    c3 = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=bad_key,
+                     mode="float")
+    c3.attend(0, q[:, :bad_key], k[:, :bad_key], v[:, :bad_key])
+    _check_against_float64(c3, gqa.parse_mode("float"), q[:, :bad_key], outs[3][:, :bad_key], H,
+                           bad_key)
+
+
+@needs_tiles
 def test_threads_give_the_same_bits():
     """Results depend on the tile plan only, never on the thread count."""
     rng = np.random.default_rng(17)
