@@ -579,13 +579,14 @@ cdef bint nan_values(const Params *p, const float *Vr, int R, const int *rlo, co
 
 cdef void online_row(const Params *p, const gqa_tiles *x, float *row, uint16_t *prow, float *orow,
                      float *m, float *l, int a0, int z0, int nb, int nbx, int b, int h, int s,
-                     int k0) noexcept nogil:
+                     int k0, bint store) noexcept nogil:
     """One query row's step of the online softmax over key tile [k0, k0 + nb), its keys
     [a0, z0) (relative to k0; z0 <= a0: none): row [nb] holds its scores, and becomes
     exp(score - m'), -inf past its keys (0 on tiles, x != NULL, whose float row past z0 is
-    never read), with m' its new maximum; on tiles prow [nbx] gets those probabilities in
-    bfloat16 (zeros past z0); orow [H] and the sum l are rescaled to m', and l gains the row's
-    sum.  A row without keys or whose maximum is still -inf gets zero probabilities."""
+    never read; on tiles only where `store`, else the row is left to be overwritten), with m'
+    its new maximum; on tiles prow [nbx] gets those probabilities in bfloat16 (zeros past z0);
+    orow [H] and the sum l are rescaled to m', and l gains the row's sum.  A row without keys
+    or whose maximum is still -inf gets zero probabilities."""
     cdef int i
     cdef float mx, mnew = 0.0, corr, total
     if z0 > a0:
@@ -600,7 +601,7 @@ cdef void online_row(const Params *p, const gqa_tiles *x, float *row, uint16_t *
     for i in range(a0):
         row[i] = -INFINITY
     if x != NULL:
-        total = x.exp_pack(row, z0, nbx, mnew, prow)
+        total = x.exp_pack(row, z0, nbx, mnew, prow, store)
     else:
         for i in range(z0, nb):
             row[i] = -INFINITY
@@ -672,7 +673,7 @@ cdef void tile_strips(const Params *p, const gqa_tiles *x, const Tiled *sc, cons
                     continue
                 tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
                 online_row(p, x, row, prow, sc.O + <size_t>r * H, &sc.mrow[r], &sc.lrow[r],
-                           a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0)
+                           a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0, False)
             # the probabilities past z are zeros: P @ V stops there
             x.gemm(n, H, z, sc.Pb, sc.Bx, Vp, H, sc.O + <size_t>r0 * H, H, 1)
         r0 = r0 + n
@@ -733,7 +734,7 @@ cdef void mixed_strips(const Params *p, const gqa_kernels *t, const gqa_tiles *x
             move_runs(row, frow, a0, f1)
             move_runs(row, frow, f2, z0)
             online_row(p, x, row, prow, sc.O + <size_t>r * H, &sc.mrow[r], &sc.lrow[r], a0, z0,
-                       nb, nbx, b, j * G + r % G, s0 + i, k0)
+                       nb, nbx, b, j * G + r % G, s0 + i, k0, not finite)
             if not finite:
                 runs_pv(t, H, row, nbx, a0, f1, q0, q1, f2, z0, sc.Vt, sc.Vf,
                         sc.O + <size_t>r * H)
@@ -858,7 +859,7 @@ cdef void direct_mixed(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk,
             t.qk_gemm(1, z0 - f2, H, 1.0, q, H, float_keys(p, p.fk, b, j, k0 + f2), p.hp_type,
                       NULL, row + f2, nb)
         online_row(p, NULL, row, NULL, o, &sc.mrow[r], &sc.lrow[r], a0, z0, nb, 0, b,
-                   j * G + r % G, i, k0)
+                   j * G + r % G, i, k0, True)
         if f1 > a0:
             t.sv_gemm(1, H, f1 - a0, row + a0, nb, float_keys(p, p.fv, b, j, k0 + a0), p.hp_type,
                       NULL, o, H, 1.0)
@@ -917,7 +918,7 @@ cdef void attend_direct(const Params *p, const gqa_kernels *t, gqa_qk_gemm_fn qk
         for r in range(M):
             tile_keys(sc.rlo[r // G], sc.rhi[r // G], k0, nb, &a0, &z0)
             online_row(p, NULL, sc.Sx + <size_t>r * nb, NULL, sc.O + <size_t>r * H, &sc.mrow[r],
-                       &sc.lrow[r], a0, z0, nb, 0, b, j * G + r % G, r // G, k0)
+                       &sc.lrow[r], a0, z0, nb, 0, b, j * G + r % G, r // G, k0, True)
         direct_pv(p, t, b, j, k0, nb, M, sc.rlo, sc.rhi, sc.Sx, sc.O, kind == 2)
         k0 = k0 + nb
     if not chunked:
@@ -1081,7 +1082,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                            Sx + <size_t>r * ls, ls, 0)
             tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
             online_row(p, x, Sx + <size_t>r * ls, sc.Pb + <size_t>r * sc.Bx, O + <size_t>r * H,
-                       &mrow[r], &lrow[r], a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0)
+                       &mrow[r], &lrow[r], a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0,
+                       True)
         if kind == 3:
             mixed_pv(p, t, k0, nb, M, rlo, rhi, rns, rrl, Sx, Sf, Vt, Vf, O)
         elif nanv:

@@ -41,7 +41,8 @@ cdef extern from "gqa_kernels.h" nogil:
                            size_t cols_pad, uint32_t *dst) noexcept nogil
         void (*pack_pairs_t)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
                              size_t cols_pad, uint32_t *dst) noexcept nogil
-        float (*exp_pack)(float *x, size_t n, size_t n_pad, float m, uint16_t *dst) noexcept nogil
+        float (*exp_pack)(float *x, size_t n, size_t n_pad, float m, uint16_t *dst,
+                          int store) noexcept nogil
         void (*gemm)(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda, const uint32_t *B,
                      size_t ldb, float *C, size_t ldc, int acc) noexcept nogil
         gqa_qk_gemm_fn qk_s8

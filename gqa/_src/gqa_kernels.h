@@ -142,9 +142,10 @@ typedef struct gqa_tiles {
        of src's transpose), zero padded; rows_pad a multiple of 16, cols_pad of 32. */
     void (*pack_pairs_t)(const float *src, size_t lds, size_t rows, size_t cols, size_t rows_pad,
                          size_t cols_pad, uint32_t *dst);
-    /* x[i] = exp(x[i] - m) for i < n within 2^-16 relative (-inf gives 0, NaN stays NaN),
-       returning their sum, and dst[0:n_pad] = bfloat16(x[i]) for i < n, 0 past n. */
-    float (*exp_pack)(float *x, size_t n, size_t n_pad, float m, uint16_t *dst);
+    /* e_i = exp(x[i] - m) for i < n within 2^-16 relative (-inf gives 0, NaN stays NaN),
+       returning their sum, dst[0:n_pad] = bfloat16(e_i) for i < n, 0 past n, and x[i] = e_i
+       where `store` (else x is left as it is). */
+    float (*exp_pack)(float *x, size_t n, size_t n_pad, float m, uint16_t *dst, int store);
     /* C[M, N] = (acc ? C : 0) + A B; M, N multiples of 16, K of 32. */
     void (*gemm)(size_t M, size_t N, size_t K, const uint16_t *A, size_t lda, const uint32_t *B,
                  size_t ldb, float *C, size_t ldc, int acc);

@@ -68,7 +68,7 @@ void gqa_pack_pairs_avx512bf16(const float *src, size_t lds, size_t rows, size_t
                                size_t rows_pad, size_t cols_pad, uint32_t *dst);
 void gqa_pack_pairs_t_avx512bf16(const float *src, size_t lds, size_t rows, size_t cols,
                                  size_t rows_pad, size_t cols_pad, uint32_t *dst);
-float gqa_exp_pack_avx512bf16(float *x, size_t n, size_t n_pad, float m, uint16_t *dst);
+float gqa_exp_pack_avx512bf16(float *x, size_t n, size_t n_pad, float m, uint16_t *dst, int store);
 /* Level 4's integer dots on the INT8 tiles: kernels_amxint8.c. */
 void gqa_qk_gemm_s8_dot_amx(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda,
                             const void *B, int type, const float *s, float *C, size_t ldc);

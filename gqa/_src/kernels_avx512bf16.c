@@ -14,9 +14,9 @@
  *   pairs_t B [cols_pad / 2, rows_pad] uint32, element (p, r) = bf16(src[r][2p]) low,
  *         bf16(src[r][2p + 1]) high: the pairs of the transpose of src (K^T's pairs from K's
  *         rows); rows_pad a multiple of 16, cols_pad of 32.
- *   exp_pack  x[i] = exp(x[i] - m) within 2^-16 relative (exp2_16; arguments below -86.6,
- *         -inf included, give 0, NaN stays NaN) for i < n, returning their float32 sum, and
- *         the same values as a row of A (zeros past n, to n_pad).
+ *   exp_pack  e_i = exp(x[i] - m) within 2^-16 relative (exp2_16; arguments below -86.6,
+ *         -inf included, give 0, NaN stays NaN) for i < n, returning their float32 sum, the
+ *         same values as a row of A (zeros past n, to n_pad), and in x where `store`.
  *   gemm  C[M, N] = (acc ? C : 0) + A[M, K] B[K, N] with A rows, B pairs; M and N multiples
  *         of 16, K a multiple of 32; C float32 with row stride ldc.
  * Rounding of rows / pairs: float32 -> bfloat16 by vcvtne2ps2bf16: to nearest, ties to even,
@@ -126,21 +126,32 @@ static inline __m512 exp2_16(__m512 x, __m512 m)
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
-float gqa_exp_pack_avx512bf16(float *x, size_t n, size_t n_pad, float m, uint16_t *dst)
+/* exp_pack's whole vectors, with `store` a constant in each inlined copy (the store of e to
+   x is a fifth of the loop's time) */
+static inline size_t exp_pack_vectors(float *x, size_t n, __m512 vm, uint16_t *dst, __m512 *acc,
+                                      const int store)
 {
-    const __m512 vm = _mm512_set1_ps(m);
-    __m512 acc = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m512 e = exp2_16(_mm512_loadu_ps(x + i), vm);
-        _mm512_storeu_ps(x + i, e);
+        if (store)
+            _mm512_storeu_ps(x + i, e);
         _mm256_storeu_si256((__m256i *)(void *)(dst + i), (__m256i)_mm512_cvtneps_pbh(e));
-        acc = _mm512_add_ps(acc, e);
+        *acc = _mm512_add_ps(*acc, e);
     }
+    return i;
+}
+
+float gqa_exp_pack_avx512bf16(float *x, size_t n, size_t n_pad, float m, uint16_t *dst, int store)
+{
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    size_t i = store ? exp_pack_vectors(x, n, vm, dst, &acc, 1) : exp_pack_vectors(x, n, vm, dst, &acc, 0);
     if (i < n) {
         const __mmask16 k = lanes(n - i);
         const __m512 e = _mm512_maskz_mov_ps(k, exp2_16(_mm512_maskz_loadu_ps(k, x + i), vm));
-        _mm512_mask_storeu_ps(x + i, k, e);
+        if (store)
+            _mm512_mask_storeu_ps(x + i, k, e);
         _mm256_mask_storeu_epi16(dst + i, lanes(n_pad - i), (__m256i)_mm512_cvtneps_pbh(e));
         acc = _mm512_add_ps(acc, e);
         i += 16;

@@ -9,10 +9,10 @@
  * Operand layouts and packing: kernels_avx512bf16.c's, the same bits (rows, pairs, pairs_t; the
  * rounding of bf16_ref: to nearest, ties to even, NaN quieted, subnormal inputs as signed zero),
  * done here with integer vector operations.
- *   exp_pack  x[i] = exp(x[i] - m) within 2^-16 relative (the AVX-512 unit's polynomial;
+ *   exp_pack  e_i = exp(x[i] - m) within 2^-16 relative (the AVX-512 unit's polynomial;
  *         arguments below -86.6, -inf included, give 0, so no result is subnormal; NaN stays
- *         NaN) for i < n, their float32 sum returned, and their bfloat16 as a row of A (zeros past
- *         n, to n_pad).
+ *         NaN) for i < n, their float32 sum returned, their bfloat16 as a row of A (zeros past
+ *         n, to n_pad), and in x where `store`.
  *   gemm  C[M, N] = (acc ? C : 0) + A[M, K] B[K, N], A rows, B pairs; M and N multiples of 16,
  *         K of 32.  BFDOT adds to each float32 lane the two products of a pair (bfloat16 inputs
  *         exact in float32), their sum rounded once (to odd, without FEAT_EBF16) and the lane's
@@ -159,14 +159,15 @@ static inline float32x4_t exp2_16(float32x4_t x, float32x4_t m)
     return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(r), zero));
 }
 
-static float exp_pack_neonbf16(float *x, size_t n, size_t n_pad, float m, uint16_t *dst)
+static float exp_pack_neonbf16(float *x, size_t n, size_t n_pad, float m, uint16_t *dst, int store)
 {
     const float32x4_t vm = vdupq_n_f32(m);
     float32x4_t acc = vdupq_n_f32(0.0f);
     size_t i = 0;
     for (; i + 4 <= n; i += 4) {
         const float32x4_t e = exp2_16(vld1q_f32(x + i), vm);
-        vst1q_f32(x + i, e);
+        if (store)
+            vst1q_f32(x + i, e);
         vst1_u16(dst + i, bf16x4(e));
         acc = vaddq_f32(acc, e);
     }
@@ -177,7 +178,8 @@ static float exp_pack_neonbf16(float *x, size_t n, size_t n_pad, float m, uint16
         const float32x4_t e = exp2_16(vld1q_f32(t), vm);
         vst1q_f32(t, e);
         vst1_u16(d, bf16x4(e));
-        memcpy(x + i, t, (n - i) * sizeof(float));
+        if (store)
+            memcpy(x + i, t, (n - i) * sizeof(float));
         memcpy(dst + i, d, ((n_pad < i + 4 ? n_pad : i + 4) - i) * sizeof(uint16_t));
         acc = vaddq_f32(acc, e);
         i += 4;

@@ -45,7 +45,8 @@
  *                   zero padding; gemm exact on small integers (acc 0 over NaN in C, acc 1),
  *                   within (K + 2) 2^-24 sum|ab| on normal operands, strides, C's padding kept;
  *                   exp_pack within 2^-16 of exp, 0 below -86.7 and for -inf, no subnormal,
- *                   NaN kept, its sum, its bfloat16 row with zeros to n_pad.
+ *                   NaN kept, its sum, its bfloat16 row with zeros to n_pad; without `store`
+ *                   x untouched, the same sum and row.
  *   dot.group.*  (modes `dot`: a path's own level-4 unit, and `approx`: the VNNI unit's) the
  *                   per-group contracts, group_dot.h.
  *   dot.sv.*     the INT8 P @ V kernel of accuracy level 4: bit for bit against
@@ -1396,15 +1397,16 @@ static void check_tiles(const gqa_tiles *x)
 
     /* exp_pack: within 2^-16 of exp (float64), 0 below -86.7 and for -inf, NaN kept; the
        returned sum within float32 summation of the written values; dst the written values'
-       bfloat16 (bf16_ref: no result is subnormal), zeros to n_pad, nothing past it */
+       bfloat16 (bf16_ref: no result is subnormal), zeros to n_pad, nothing past it; without
+       `store` x untouched, the same sum and dst */
     static const size_t EN[] = {0, 1, 5, 15, 16, 17, 31, 32, 33, 100, 256, 1000};
-    long ecases[3] = {0}, efails[3] = {0};
+    long ecases[4] = {0}, efails[4] = {0};
     for (size_t ni = 0; ni < sizeof(EN) / sizeof(EN[0]); ni++)
         for (int pad = 0; pad < 3; pad++) {
             const size_t n = EN[ni], n_pad = pad == 0 ? n : pad == 1 ? (n + 31) / 32 * 32 : n + 40;
             const float m = 3.0f * normal();
             float *xv = xmalloc((n + 1) * 4), *x0 = xmalloc((n + 1) * 4);
-            uint16_t *dst = xmalloc((n_pad + 8) * 2);
+            uint16_t *dst = xmalloc((n_pad + 8) * 2), *dst0 = xmalloc((n_pad + 8) * 2);
             for (size_t i = 0; i < n; i++) {
                 const size_t c = i % 11;
                 x0[i] = c == 3 ? -INFINITY : c == 5 ? m - 86.0f - 2.0f * unif() : c == 7 && n > 50 ? NAN
@@ -1412,8 +1414,11 @@ static void check_tiles(const gqa_tiles *x)
                 xv[i] = x0[i];
             }
             for (size_t i = 0; i < n_pad + 8; i++)
-                dst[i] = 0xABCD;
-            const float sum = x->exp_pack(xv, n, n_pad, m, dst);
+                dst[i] = dst0[i] = 0xABCD;
+            const float sum0 = x->exp_pack(xv, n, n_pad, m, dst0, 0);
+            const int bad_0 = memcmp(xv, x0, n * 4) != 0;
+            const float sum = x->exp_pack(xv, n, n_pad, m, dst, 1);
+            const int bad_n = bad_0 || memcmp(&sum0, &sum, 4) != 0 || memcmp(dst0, dst, (n_pad + 8) * 2) != 0;
             int bad_v = 0, bad_s = 0, bad_d = 0, nan = 0;
             double s = 0, mag = 0;
             for (size_t i = 0; i < n; i++) {
@@ -1435,16 +1440,17 @@ static void check_tiles(const gqa_tiles *x)
             for (size_t i = n; i < n_pad + 8; i++)
                 bad_d |= dst[i] != (i < n_pad ? 0 : 0xABCD);
             bad_s = nan ? sum == sum : !(fabs(sum - s) <= (n + 2) * mag / 16777216.0);
-            if (bad_v || bad_s || bad_d)
-                printf("  tiles.exp mismatch: n=%zu n_pad=%zu: values %d sum %d dst %d\n", n, n_pad, bad_v,
-                       bad_s, bad_d);
+            if (bad_v || bad_s || bad_d || bad_n)
+                printf("  tiles.exp mismatch: n=%zu n_pad=%zu: values %d sum %d dst %d no-store %d\n", n,
+                       n_pad, bad_v, bad_s, bad_d, bad_n);
             ecases[0]++, efails[0] += bad_v;
             ecases[1]++, efails[1] += bad_s;
             ecases[2]++, efails[2] += bad_d;
-            free(xv), free(x0), free(dst);
+            ecases[3]++, efails[3] += bad_n;
+            free(xv), free(x0), free(dst), free(dst0);
         }
-    static const char *const enames[3] = {"tiles.exp", "tiles.exp.sum", "tiles.exp.dst"};
-    for (int i = 0; i < 3; i++) {
+    static const char *const enames[4] = {"tiles.exp", "tiles.exp.sum", "tiles.exp.dst", "tiles.exp.nostore"};
+    for (int i = 0; i < 4; i++) {
         begin(enames[i]);
         check_cases = ecases[i], check_fails = efails[i];
         end();
