@@ -500,7 +500,8 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
         Hk = (H + 31) & ~(<size_t>31)
     Kx = Bx + 16 if p.keep else Bx
     o[0] = take(&at, Mmax * H)
-    o[1] = take(&at, Mx * Bx)
+    # tile_strips: two strips' scores at least
+    o[1] = take(&at, (Mx if p.tiles == NULL or Mx >= 2 * TILE_STRIP else 2 * TILE_STRIP) * Bx)
     o[2] = take(&at, Mx * H)
     o[3] = take(&at, Mmax)
     o[4] = take(&at, Mmax)
@@ -649,34 +650,65 @@ cdef void keep_tiles(const Params *p, const gqa_kernels *t, const Tiled *sc, int
     sc.kept[1] = hi
 
 
+cdef inline void strip_row(const Params *p, const gqa_tiles *x, const Tiled *sc, const float *S,
+                           int r, int r0, int M, int G, const int *rlo, const int *rhi, int k0,
+                           int nb, int nbx, int b, int j, int s0) noexcept nogil:
+    """Row r of the strip from r0 (tile_strips): its online softmax step from its scores in
+    S [., nbx] into its bfloat16 probabilities in sc.Pb (zeros for a row past M)."""
+    cdef int a0, z0
+    cdef uint16_t *prow = sc.Pb + <size_t>(r - r0) * sc.Bx
+    if r >= M:
+        memset(prow, 0, nbx * sizeof(uint16_t))
+        return
+    tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
+    online_row(p, x, <float *>S + <size_t>(r - r0) * nbx, prow, sc.O + <size_t>r * p.H,
+               &sc.mrow[r], &sc.lrow[r], a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0,
+               False)
+
+
 cdef void tile_strips(const Params *p, const gqa_tiles *x, const Tiled *sc, const uint32_t *Kp,
                       int ldk, const uint32_t *Vp, int M, int R, int G, const int *rlo,
                       const int *rhi, int k0, int nb, int b, int j, int s0) noexcept nogil:
     """Key tile [k0, k0 + nb) on matrix tiles, K and V packed (Kp [Hk / 2, ldk], Vp), strip by strip:
-    each TILE_STRIP rows' scores, online softmax and P @ V, so a strip's scores (sc.Sx) and
+    each TILE_STRIP rows' scores, online softmax and P @ V, so a strip's scores and
     probabilities (sc.Pb) are reused from its first rows, in L1, by every strip; rows of a
     strip past M get zero probabilities.  The GEMMs of a strip stop at the keys its rows read
-    (strip_keys)."""
-    cdef int H = p.H, nbx = (nb + 31) & ~31, r0 = 0, n, z, r, a0, z0
-    cdef float *row
-    cdef uint16_t *prow
+    (strip_keys).  The next strip's scores (sc.Sx's two strips in turn) are made 32 keys at a
+    time between the rows of this one's softmax, so that the matrix unit works through its
+    products while the vector units take the exp (out of order, on AMX: 1.07x on the seed
+    shape's prompts; its P @ V so interleaved gained nothing more)."""
+    cdef int H = p.H, nbx = (nb + 31) & ~31, r0 = 0, n, z, r, r1, nn, zn, c, blocks
+    cdef float *S = sc.Sx
+    cdef float *Sn = sc.Sx + <size_t>TILE_STRIP * nbx
+    cdef float *swap
+    n = TILE_STRIP if sc.Mx >= TILE_STRIP else sc.Mx
+    z = strip_keys(0, n, M, G, rlo, rhi, k0, nb, nbx)
+    if z > 0:   # scores past z are never read
+        x.gemm(n, z, sc.Hk, sc.Qb, sc.Hk, Kp, ldk, S, nbx, 0)
     while r0 < sc.Mx:
         n = TILE_STRIP if sc.Mx - r0 >= TILE_STRIP else sc.Mx - r0
-        z = strip_keys(r0, n, M, G, rlo, rhi, k0, nb, nbx)
-        if z > 0:   # scores past z are never read
-            x.gemm(n, z, sc.Hk, sc.Qb + <size_t>r0 * sc.Hk, sc.Hk, Kp, ldk, sc.Sx, nbx, 0)
-            for r in range(r0, r0 + n):
-                row = sc.Sx + <size_t>(r - r0) * nbx
-                prow = sc.Pb + <size_t>(r - r0) * sc.Bx
-                if r >= M:
-                    memset(prow, 0, nbx * sizeof(uint16_t))
-                    continue
-                tile_keys(rlo[r // G], rhi[r // G], k0, nb, &a0, &z0)
-                online_row(p, x, row, prow, sc.O + <size_t>r * H, &sc.mrow[r], &sc.lrow[r],
-                           a0, z0, nb, nbx, b, j * G + r % G, s0 + r // G, k0, False)
+        r1 = r0 + n
+        nn = 0 if r1 >= sc.Mx else (TILE_STRIP if sc.Mx - r1 >= TILE_STRIP else sc.Mx - r1)
+        zn = strip_keys(r1, nn, M, G, rlo, rhi, k0, nb, nbx) if nn > 0 else 0
+        blocks = zn // 32
+        r = r0
+        for c in range(blocks):
+            x.gemm(nn, 32, sc.Hk, sc.Qb + <size_t>r1 * sc.Hk, sc.Hk, Kp + 32 * c, ldk,
+                   Sn + 32 * c, nbx, 0)
+            while z > 0 and r < r0 + (c + 1) * n // blocks:
+                strip_row(p, x, sc, S, r, r0, M, G, rlo, rhi, k0, nb, nbx, b, j, s0)
+                r = r + 1
+        if z > 0:
+            while r < r1:
+                strip_row(p, x, sc, S, r, r0, M, G, rlo, rhi, k0, nb, nbx, b, j, s0)
+                r = r + 1
             # the probabilities past z are zeros: P @ V stops there
             x.gemm(n, H, z, sc.Pb, sc.Bx, Vp, H, sc.O + <size_t>r0 * H, H, 1)
-        r0 = r0 + n
+        swap = S
+        S = Sn
+        Sn = swap
+        z = zn
+        r0 = r1
 
 
 cdef void mixed_strips(const Params *p, const gqa_kernels *t, const gqa_tiles *x,
