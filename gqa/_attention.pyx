@@ -782,32 +782,44 @@ cdef void mixed_strips(const Params *p, const gqa_kernels *t, const gqa_tiles *x
         r0 = r0 + n
 
 
+cdef inline void alpha_row(const Params *p, const float *x, float *q, const float *ks) noexcept nogil:
+    """q = x times alpha, and times K's scales ks (per channel or per tensor) where not NULL (q
+    may be x)."""
+    cdef int i
+    if ks != NULL:
+        for i in range(p.H):
+            q[i] = x[i] * (p.alpha * ks[i if p.k_pc else 0])
+    else:
+        for i in range(p.H):
+            q[i] = x[i] * p.alpha
+
+
 cdef void tile_queries(const Params *p, int b, int j, int s0, int s1, float *Qt, float *tmp,
                        const float *ks, float *mrow, float *lrow, bint sink) noexcept nogil:
     """The query rows of positions [s0, s1) of the G heads of KV head j, as a tile reads them:
     row r = (s - s0) * G + g of Qt [., H] is head j * G + g's row prepared (prep_plain, then
     K's rotation turning all the rows at once, through tmp [., H]) times alpha, and times K's
-    scales ks (per channel or per tensor) where ks != NULL; the online softmax starts at
-    mrow[r] = the sink's logit, lrow[r] = 1 where `sink`, else -inf and 0."""
-    cdef int G = p.G, H = p.H, M = (s1 - s0) * G, s, g, r, i
+    scales ks where ks != NULL (alpha_row; rows that need no preparing in one pass); the
+    online softmax starts at mrow[r] = the sink's logit, lrow[r] = 1 where `sink`, else -inf
+    and 0."""
+    cdef int G = p.G, H = p.H, M = (s1 - s0) * G, s, g, r
     cdef const float *R = rotation(p.rk, p, j)
+    cdef bint plain = R == NULL and p.qn == NULL and not p.do_rotary
     cdef const float *src
-    cdef float *q
     for s in range(s0, s1):
         for g in range(G):
             r = (s - s0) * G + g
             src = p.q + (<size_t>b * p.S + s) * p.q_tok + (<size_t>j * G + g) * H
-            prep_plain(p, src, (tmp if R != NULL else Qt) + <size_t>r * H, p.qn, position(p, b, s))
+            if plain:
+                alpha_row(p, src, Qt + <size_t>r * H, ks)
+            else:
+                prep_plain(p, src, (tmp if R != NULL else Qt) + <size_t>r * H, p.qn,
+                           position(p, b, s))
     if R != NULL:
         turn_rows(p, tmp, H, Qt, R, p.rk_c, M)
     for r in range(M):
-        q = Qt + <size_t>r * H
-        if ks != NULL:
-            for i in range(H):
-                q[i] = q[i] * (p.alpha * ks[i if p.k_pc else 0])
-        else:
-            for i in range(H):
-                q[i] = q[i] * p.alpha
+        if not plain:
+            alpha_row(p, Qt + <size_t>r * H, Qt + <size_t>r * H, ks)
         mrow[r] = sink_logit(p, j * G + r % G) if sink else -INFINITY
         lrow[r] = 1.0 if sink else 0.0
 
