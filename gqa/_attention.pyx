@@ -669,8 +669,8 @@ cdef inline void strip_row(const Params *p, const gqa_tiles *x, const Tiled *sc,
 cdef void tile_strips(const Params *p, const gqa_tiles *x, const Tiled *sc, const uint32_t *Kp,
                       int ldk, const uint32_t *Vp, int M, int R, int G, const int *rlo,
                       const int *rhi, int k0, int nb, int b, int j, int s0) noexcept nogil:
-    """Key tile [k0, k0 + nb) on matrix tiles, K and V packed (Kp [Hk / 2, ldk], Vp), strip by strip:
-    each TILE_STRIP rows' scores, online softmax and P @ V, so a strip's scores and
+    """Key tile [k0, k0 + nb) on matrix tiles, K and V packed (Kp [Hk / 2, ldk], Vp), strip by
+    strip: each TILE_STRIP rows' scores, online softmax and P @ V, so a strip's scores and
     probabilities (sc.Pb) are reused from its first rows, in L1, by every strip; rows of a
     strip past M get zero probabilities.  The GEMMs of a strip stop at the keys its rows read
     (strip_keys).  The next strip's scores (sc.Sx's two strips in turn) are made 32 keys at a
@@ -782,7 +782,8 @@ cdef void mixed_strips(const Params *p, const gqa_kernels *t, const gqa_tiles *x
         r0 = r0 + n
 
 
-cdef inline void alpha_row(const Params *p, const float *x, float *q, const float *ks) noexcept nogil:
+cdef inline void alpha_row(const Params *p, const float *x, float *q,
+                           const float *ks) noexcept nogil:
     """q = x times alpha, and times K's scales ks (per channel or per tensor) where not NULL (q
     may be x)."""
     cdef int i

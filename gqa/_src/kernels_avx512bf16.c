@@ -146,7 +146,8 @@ float gqa_exp_pack_avx512bf16(float *x, size_t n, size_t n_pad, float m, uint16_
 {
     const __m512 vm = _mm512_set1_ps(m);
     __m512 acc = _mm512_setzero_ps();
-    size_t i = store ? exp_pack_vectors(x, n, vm, dst, &acc, 1) : exp_pack_vectors(x, n, vm, dst, &acc, 0);
+    size_t i = store ? exp_pack_vectors(x, n, vm, dst, &acc, 1)
+                     : exp_pack_vectors(x, n, vm, dst, &acc, 0);
     if (i < n) {
         const __mmask16 k = lanes(n - i);
         const __m512 e = _mm512_maskz_mov_ps(k, exp2_16(_mm512_maskz_loadu_ps(k, x + i), vm));

@@ -1418,7 +1418,8 @@ static void check_tiles(const gqa_tiles *x)
             const float sum0 = x->exp_pack(xv, n, n_pad, m, dst0, 0);
             const int bad_0 = memcmp(xv, x0, n * 4) != 0;
             const float sum = x->exp_pack(xv, n, n_pad, m, dst, 1);
-            const int bad_n = bad_0 || memcmp(&sum0, &sum, 4) != 0 || memcmp(dst0, dst, (n_pad + 8) * 2) != 0;
+            const int bad_n = bad_0 || memcmp(&sum0, &sum, 4) != 0 ||
+                              memcmp(dst0, dst, (n_pad + 8) * 2) != 0;
             int bad_v = 0, bad_s = 0, bad_d = 0, nan = 0;
             double s = 0, mag = 0;
             for (size_t i = 0; i < n; i++) {
@@ -1441,15 +1442,16 @@ static void check_tiles(const gqa_tiles *x)
                 bad_d |= dst[i] != (i < n_pad ? 0 : 0xABCD);
             bad_s = nan ? sum == sum : !(fabs(sum - s) <= (n + 2) * mag / 16777216.0);
             if (bad_v || bad_s || bad_d || bad_n)
-                printf("  tiles.exp mismatch: n=%zu n_pad=%zu: values %d sum %d dst %d no-store %d\n", n,
-                       n_pad, bad_v, bad_s, bad_d, bad_n);
+                printf("  tiles.exp mismatch: n=%zu n_pad=%zu: values %d sum %d dst %d no-store %d\n",
+                       n, n_pad, bad_v, bad_s, bad_d, bad_n);
             ecases[0]++, efails[0] += bad_v;
             ecases[1]++, efails[1] += bad_s;
             ecases[2]++, efails[2] += bad_d;
             ecases[3]++, efails[3] += bad_n;
             free(xv), free(x0), free(dst), free(dst0);
         }
-    static const char *const enames[4] = {"tiles.exp", "tiles.exp.sum", "tiles.exp.dst", "tiles.exp.nostore"};
+    static const char *const enames[4] = {"tiles.exp", "tiles.exp.sum", "tiles.exp.dst",
+                                          "tiles.exp.nostore"};
     for (int i = 0; i < 4; i++) {
         begin(enames[i]);
         check_cases = ecases[i], check_fails = efails[i];
