@@ -461,7 +461,7 @@ cdef struct Tiled:
 
 
 cdef enum:
-    KEEP_BYTES = 16 << 20   # at most this much of kept K / V tiles per thread (keep_tiles)
+    KEEP_BYTES = 16 << 20   # at most this much more scratch a thread for kept K / V tiles
 
 
 cdef size_t kept_tiles(const Params *p) noexcept nogil:
@@ -473,11 +473,15 @@ cdef size_t kept_tiles(const Params *p) noexcept nogil:
 cdef void plan_keep(Params *p) noexcept nogil:
     """p.keep: on matrix tiles (not a direct step, no staged float windows) each thread keeps
     the bfloat16 pairs of one unit's K and V tiles from query block to query block (keep_tiles)
-    while they take at most KEEP_BYTES, instead of packing them again for every block."""
-    cdef size_t Bx = (<size_t>p.Bc + 31) & ~(<size_t>31), Hk = (<size_t>p.H + 31) & ~(<size_t>31)
-    cdef size_t n = (<size_t>p.Tmax + p.Bc - 1) // p.Bc if p.Bc > 0 else 0
-    p.keep = (p.tiles != NULL and not p.direct and not p.hstage and n >= 1
-              and n * (Hk // 2 * (Bx + 16) + Bx // 2 * p.H) * 4 <= KEEP_BYTES)
+    where they add at most KEEP_BYTES to its scratch (tiled_layout's two layouts), instead of
+    packing them again for every block."""
+    cdef size_t plain
+    p.keep = 0
+    if p.tiles == NULL or p.direct or p.hstage or p.Tmax < 1:
+        return
+    plain = tiled_layout(p, NULL, NULL)
+    p.keep = 1
+    p.keep = (tiled_layout(p, NULL, NULL) - plain) * sizeof(float) <= KEEP_BYTES
 
 
 cdef inline size_t take(size_t *at, size_t n) noexcept nogil:
@@ -1071,9 +1075,10 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             Vp = sc.Vp + <size_t>i * vstep
             # a tile with a NaN / inf in V: P @ V per row over its own keys, from V's rows
             nanv = sc.kept[2 + i]
-            Vr = <const float *>v_row(p, b, j, k0) if vdirect else Vt
-            if nanv and not vdirect:
-                kv_tiles(p, t, b, j, k0, nb, NULL, Vt, True, NULL, sc.one if vcodes else NULL)
+            if nanv:
+                Vr = <const float *>v_row(p, b, j, k0) if vdirect else Vt
+                if not vdirect:
+                    kv_tiles(p, t, b, j, k0, nb, NULL, Vt, True, NULL, sc.one if vcodes else NULL)
         else:
             # a float32 cache's rows (no windows) are the tiles' rows as they are
             Kr = <const float *>k_row(p, b, j, k0) if kdirect else Kt

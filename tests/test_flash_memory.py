@@ -1,7 +1,7 @@
 """Prefill memory: scratch is O(threads x tile), independent of T, but for the packed K / V tiles
-a thread keeps at accuracy levels 3-4 on matrix tiles (at most 16 MiB a thread).  S = T = 16384
-on the seed shape (INT8), at levels 0 and 3, must add less than 64 MiB of peak RSS beyond its
-inputs and outputs."""
+a thread keeps at accuracy levels 3-4 on matrix tiles (at most 16 MiB more a thread).
+S = T = 16384 on the seed shape (INT8), at levels 0 and 3, must add less than 64 MiB of peak
+RSS beyond its inputs and outputs."""
 import os
 import subprocess
 import sys

@@ -68,7 +68,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels_common.h" /* gqa_kernels.h, GQA_EXP_MIN */
-#include "bf16_ref.h"       /* bf16_ref: the bfloat16 rounding of the tiles' contract */
+#include "bf16_ref.h"       /* bf16_ref, bf16_daz: the tiles' bfloat16 rounding and inputs */
 
 #ifndef GQA_TEST_TABLE
 #error "define GQA_TEST_TABLE as the kernel table under test, e.g. gqa_kernels_neon"
@@ -1322,14 +1322,6 @@ static void check_group(void)
 
 /* ---- matrix tiles (a table's tiles by name: AMX and AVX-512 BF16, natively or emulated) */
 
-static float bf16_value(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 /* Floats that exercise the rounding: ties both ways, NaN, +-inf, overflow, subnormals. */
 static float tile_float(size_t i)
 {
@@ -1492,8 +1484,8 @@ static void check_tiles(const gqa_tiles *x)
                                 double sum = acc ? C0[m * ldc + n] : 0.0, mag = fabs(sum);
                                 for (size_t k = 0; k < K; k++) {
                                     const uint32_t pr = B[(k / 2) * ldb + n];
-                                    const double p = (double)bf16_value(A[m * lda + k]) *
-                                                     bf16_value((uint16_t)(pr >> (16 * (k & 1))));
+                                    const double p = (double)bf16_daz(A[m * lda + k]) *
+                                                     bf16_daz((uint16_t)(pr >> (16 * (k & 1))));
                                     sum += p, mag += fabs(p);
                                 }
                                 if (ints)
@@ -1560,8 +1552,8 @@ static void check_float_dot(const gqa_tiles *x)
                             }
                             double sum = 0, mag = 0;
                             for (size_t k = 0; k < K; k++) {
-                                const double p = (double)bf16_value(bf16_ref(alpha * A[m * lda + k])) *
-                                                 bf16_value(bf16_ref(Bq[n * K + k]));
+                                const double p = (double)bf16_daz(bf16_ref(alpha * A[m * lda + k])) *
+                                                 bf16_daz(bf16_ref(Bq[n * K + k]));
                                 sum += p, mag += fabs(p);
                             }
                             bad_qk |= ints ? got != (float)sum : !(fabs(got - sum) <= (K + 2) * mag / 16777216.0 + 1e-30);
@@ -1579,8 +1571,8 @@ static void check_float_dot(const gqa_tiles *x)
                             }
                             double sum = beta == 0.0f ? 0.0 : (double)beta * C0[m * ldc + n], mag = fabs(sum);
                             for (size_t k = 0; k < K; k++) {
-                                const double p = (double)bf16_value(bf16_ref(P[m * lda + k])) *
-                                                 bf16_value(bf16_ref(Bs[k * N + n]));
+                                const double p = (double)bf16_daz(bf16_ref(P[m * lda + k])) *
+                                                 bf16_daz(bf16_ref(Bs[k * N + n]));
                                 sum += p, mag += fabs(p);
                             }
                             bad_sv |= ints ? got != (float)sum : !(fabs(got - sum) <= (K + 4) * mag / 16777216.0 + 1e-30);
