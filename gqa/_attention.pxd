@@ -1,6 +1,6 @@
 # Declarations shared with gqa/_signature.pyx (the operator's call and its checks).
 from libc.stdint cimport uint8_t, int64_t
-from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn, gqa_sv_gemm_fn, gqa_tiles
+from gqa._dispatch cimport gqa_exp_sum_fn, gqa_row_max_fn, gqa_qk_gemm_fn, gqa_sv_gemm_fn, gqa_tiles
 
 cdef struct Params:
     int B, S, N, Nkv, G, H, L, T, Pres, Pbuf, Tmax
@@ -55,6 +55,7 @@ cdef struct Params:
     gqa_exp_sum_fn exp_sum
     gqa_row_max_fn row_max
     gqa_sv_gemm_fn sv     # P @ V over the codes (the accuracy level's kernel)
+    gqa_qk_gemm_fn qk_tiles   # the float32 flash tiles' scores over K's codes, or NULL (prompt_qk_kernel)
     const gqa_tiles *tiles  # flash tiles' GEMMs on matrix tiles (accuracy level >= 3), or NULL
     int direct            # a multi-token step of few rows on the decode kernels (attend_direct)
     int keep              # p.tiles: each thread keeps its unit's packed K / V tiles (keep_tiles)

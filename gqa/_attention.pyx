@@ -20,7 +20,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t, uint64_t
 cimport numpy as cnp
 import numpy as np
 
-from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, dot_tiles, exp_kernel, tile_kernels,
+from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, prompt_qk_kernel, dot_tiles, exp_kernel, tile_kernels,
                             gqa_kernels, gqa_tiles, gqa_qk_gemm_fn,
                             round_to_half, GQA_F32, GQA_F16, GQA_S8_PT, GQA_S8_PC,
                             GQA_S4_PT, GQA_S4_PC, GQA_ROT_MAX,
@@ -1021,7 +1021,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef const gqa_tiles *x = p.tiles
     cdef int ls, nbx = 0, z, ldk = 0
     cdef bint smooth = p.smooth or p.sink != NULL
-    cdef bint nanv = 0, codes_pv, kcodes, vcodes, kdirect, vdirect, keep
+    cdef bint nanv = 0, codes_pv, codes_qk, kcodes, vcodes, kdirect, vdirect, keep
     cdef const uint32_t *Kp = sc.Kp     # the packed tiles: sc's, or p.keep's kept ones
     cdef const uint32_t *Vp = sc.Vp
     cdef size_t kstep = <size_t>(sc.Hk // 2) * sc.Kx, vstep = <size_t>(sc.Bx // 2) * p.H
@@ -1051,6 +1051,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     # accuracy level 4 on INT8 / INT4 V codes (finite, no float windows): P @ V by the integer-dot
     # kernel on the codes themselves, and no V tile
     codes_pv = p.sv != t.sv_gemm and p.fk == NULL and p.v_finite and x == NULL
+    # ... and the scores, where the path's integer dots beat float32 products (p.qk_tiles: AVX2)
+    codes_qk = p.qk_tiles != NULL and p.fk == NULL and p.k_finite and x == NULL
     kdirect = x != NULL and p.fk == NULL and p.ktype == GQA_F32
     vdirect = x != NULL and p.fk == NULL and p.vtype == GQA_F32
     # p.keep: the tiles of keys [0, kv_hi) packed once for every query block of the unit
@@ -1084,7 +1086,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             Kr = <const float *>k_row(p, b, j, k0) if kdirect else Kt
             Vr = <const float *>v_row(p, b, j, k0) if vdirect else Vt
             if not (kdirect and vdirect):
-                kv_tiles(p, t, b, j, k0, nb, NULL if kdirect else Kt,
+                kv_tiles(p, t, b, j, k0, nb, NULL if (kdirect or codes_qk) else Kt,
                          NULL if (codes_pv or vdirect) else Vt, x != NULL,
                          sc.one if kcodes else NULL, sc.one if vcodes else NULL)
         ls = nb
@@ -1111,6 +1113,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 k0 = k0 + nb
                 continue
             # else: the float32 P @ V below, from every row's float probabilities
+        elif codes_qk:
+            p.qk_tiles(M, nb, H, 1.0, Qt, H, k_row(p, b, j, k0), p.ktype, ks, Sx, nb)
         else:
             t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
         if kind == 3:       # mixed: each row's float runs take the staged rows' scores

@@ -45,11 +45,15 @@ cdef bint _vnni = gqa_approx_vnni_runnable() == 1     # the CPU (and build) run 
 # the table whose level-4 integer dots the active path runs here (gqa_s8_dot_table: the path's
 # own, or on avx2 the avxvnni table where the CPU has AVX-VNNI), NULL where none runs
 cdef const gqa_kernels *_dotk = gqa_s8_dot_table(0)
-# ... and their P @ V serves the flash prompt's INT8 tiles too: on avx512 (vpdpwssd, 32 products
-# an instruction) it beats float32 products on a V tile dequantized once (Zen 4: the prompt
-# 1.11-1.16x; INT4 not measured there: float32); on avx2 (vpmaddwd + vpaddd, 16 products in two)
-# it does not (S = 2048, seed shape: 0.91x)
+# ... and they serve the flash prompt's tiles too.  On avx512 their P @ V of INT8 codes
+# (vpdpwssd, 32 products an instruction) beats float32 products on a V tile dequantized once
+# (Zen 4: the prompt 1.11-1.16x; INT4 not measured there: float32).  On avx2 (and avxvnni) the
+# calls of many rows take kernels_avx2_pack.h's packed kernels, whose vpmaddwd + vpaddd do 16
+# products in two instructions without widening codes per row (Zen 3: 77 G products/s a core
+# against the float32 FMA blocks' 46 G), so a tile's scores and its P @ V both run on the codes,
+# INT8 and INT4 (_dot_prompt_qk); the decode kernels' 1-4 rows a pass had made P @ V 0.91x.
 cdef bint _dot_prompt_pv = False
+cdef bint _dot_prompt_qk = False
 # level 4 on per-group codes (decode steps and the naive path; prompts' flash tiles keep float32):
 # the level-4 table of the active path (gqa_s8_dot_table: avx512's VNNI unit,
 # kernels_avx512vnni_gdot.c; avx2's, kernels_avx2_gdot.c, or avxvnni's with AVX-VNNI; neon's
@@ -100,6 +104,12 @@ cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint ti
     return t.qk_gemm
 
 
+cdef gqa_qk_gemm_fn prompt_qk_kernel(int type, int level) noexcept nogil:
+    if level >= 4 and _dot_prompt_qk and gqa_dot_codes(type):
+        return _dotk.qk_gemm_s8_dot
+    return NULL
+
+
 cdef const gqa_tiles *tile_kernels(int level, int H) noexcept nogil:
     return _tiles if level >= 3 and H % 16 == 0 else NULL
 
@@ -122,7 +132,7 @@ cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint ti
     if gqa_is_group(type):
         return _gdot.sv_gemm_s8_dot if level >= 4 and tiles and _gdot != NULL else t.sv_gemm
     if _dotk != NULL and level >= 4 and gqa_dot_codes(type) and (
-            tiles or (_dot_prompt_pv and (type == GQA_S8_PT or type == GQA_S8_PC))):
+            tiles or (_dot_prompt_pv and (_dot_prompt_qk or type == GQA_S8_PT or type == GQA_S8_PC))):
         return _dotk.sv_gemm_s8_dot
     return t.sv_gemm
 
@@ -191,11 +201,12 @@ cdef str _unit_name(const gqa_kernels *t):
 
 def _set_path(name):
     """Make `name` the active path; the caller has validated it."""
-    global _active, _tiles, _dotk, _dot_prompt_pv, _gdot, _gdot_unit
+    global _active, _tiles, _dotk, _dot_prompt_pv, _dot_prompt_qk, _gdot, _gdot_unit
     _active = gqa_path_table(PATH_NAMES.index(name))
     _tiles = _pick_tiles(PATH_NAMES.index(name), _tiles_choice)
     _dotk = gqa_s8_dot_table(PATH_NAMES.index(name))
-    _dot_prompt_pv = _dotk != NULL and name == "avx512"
+    _dot_prompt_qk = _dotk != NULL and name == "avx2"
+    _dot_prompt_pv = _dotk != NULL and (name == "avx512" or _dot_prompt_qk)
     _gdot = _dotk
     if _gdot == NULL and name == "avx512":
         _gdot = gqa_s8_dot_table(PATH_NAMES.index("avx2"))

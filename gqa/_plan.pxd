@@ -1,5 +1,5 @@
 # The decode plan of a call (see _plan.pyx), for gqa/_signature.pyx.
-cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, int row_limit,
+cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, bint code_tiles, int row_limit,
                 int *q_block, int *kv_block, int *splits, int *ranges, bint *direct)
 # Query rows up to which a multi-token step on these K / V cache types at accuracy `level`,
 # heads of H columns and `units` (batch, KV head) pairs beats float32 tiles on the decode kernels.

@@ -29,7 +29,7 @@ from gqa cimport _window
 from gqa._checks cimport (INT32_MAX, _array, _ready, _f32, _contiguous, _total_length, _threads,
                           _finite, _finite_scale, _orthogonal, _side_format, _rotary, _present,
                           apart)
-from gqa._dispatch cimport GQA_F32, GQA_F16, GQA_ROT_MAX, tile_rows, tile_steps
+from gqa._dispatch cimport GQA_F32, GQA_F16, GQA_ROT_MAX, tile_rows, tile_steps, prompt_qk_kernel
 from gqa._plan cimport _plan, step_rows
 from gqa import _config
 
@@ -581,7 +581,7 @@ cdef class Signature:
                     raise ValueError(f"{name} must have shape {(B, Nkv, Pres, Hp)}, got "
                                      f"{x.shape}")
         nt = _threads(num_threads)
-        _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(level, H),
+        _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(level, H), prompt_qk_kernel(p.ktype, level) != NULL,
               step_rows(p.ktype, p.vtype, level, H, B * Nkv, tile_steps(level, H)), &q_block, &kv_block,
               &splits, &ranges, &direct)
         phk, phv, rot_k, rot_v, hpk, hpv = ext
@@ -759,7 +759,7 @@ cdef class Signature:
         if B:
             _window.move_rows(work_k, &z[0], past_key, &l[1, 0], &l[0, 0], B, Nkv)
             _window.move_rows(work_v, &z[0], past_value, &l[1, 0], &l[0, 0], B, Nkv)
-        _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(level, p.H),
+        _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(level, p.H), prompt_qk_kernel(p.ktype, level) != NULL,
               step_rows(p.ktype, p.vtype, level, p.H, B * Nkv, tile_steps(level, p.H)), &q_block, &kv_block,
               &splits,
               &ranges, &direct)

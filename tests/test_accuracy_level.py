@@ -117,7 +117,9 @@ def _static_codes(rng, bits, shape):
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("M,K,Ncol,pc,beta", [(3, 8192, 64, False, 0.0), (4, 100, 64, True, 1.0),
                                               (5, 9001, 96, False, 0.5), (1, 7, 13, True, 0.0),
-                                              (8, 20000, 130, True, 1.0), (2, 513, 40, False, 0.0)])
+                                              (8, 20000, 130, True, 1.0), (2, 513, 40, False, 0.0),
+                                              (23, 1100, 130, True, 0.5), (16, 256, 16, False, 1.0),
+                                              (40, 77, 72, False, 0.0)])
 def test_int8_sv_contract(M, K, Ncol, pc, beta, bits, dot_unit):
     """P @ V at level 4: probabilities quantized to 15 bits against their row's maximum,
     integer dots per 512-key chunk, bit for bit (INT8 and INT4 codes, per tensor and per
@@ -175,7 +177,8 @@ def _qk_ref(a, b, s, pc, alpha):
                                          (5, 130, 128, False), (9, 17, 512, True), (2, 3, 1, False),
                                          (4, 48, 320, False), (16, 31, 256, True), (3, 9, 33, True),
                                          (1, 33, 256, False), (1, 40, 200, True), (1, 21, 257, True),
-                                         (1, 19, 512, False)])
+                                         (1, 19, 512, False), (23, 37, 80, False), (40, 300, 128, True),
+                                         (17, 16, 512, True), (100, 5, 64, False)])
 def test_int8_qk_contract(M, Ncol, K, pc, bits, dot_unit):
     """Q K^T at level 4: query rows (times the per-channel scales) quantized to 15 bits
     against their absolute maximum, exact integer dots, bit for bit (INT8 and INT4 codes);
@@ -226,9 +229,10 @@ def test_int8_qk_rows_outside_the_contract_are_exact(dot_unit):
 def test_int8_dots_any_shape(dot_unit, data):
     """Both contracts bit for bit at drawn shapes: widths past every block and tail edge, key
     counts across the 512-key chunks, per tensor and per channel (a view of the probability
-    rows: the API's copy)."""
-    M, N, pc = data.draw(st.integers(1, 9), label="M"), data.draw(st.integers(1, 140), label="N"), \
-        data.draw(st.booleans(), label="pc")
+    rows: the API's copy), row counts of the decode blocks and of the packed kernels (16 or more
+    rows on avx2, kernels_avx2_pack.h)."""
+    M = data.draw(st.sampled_from([1, 2, 3, 4, 5, 8, 9, 16, 17, 29, 40]), label="M")
+    N, pc = data.draw(st.integers(1, 140), label="N"), data.draw(st.booleans(), label="pc")
     bits = data.draw(st.sampled_from([8, 4]), label="bits")
     K = data.draw(st.integers(1, 1100), label="K")
     H = data.draw(st.integers(1, 96), label="H")
@@ -387,24 +391,59 @@ def test_level_4_step_within_its_bound(mode, vector_dot_unit):
                     (level, s, h, err.max(), bound.min())
 
 
-def test_avx2_prompts_keep_float32_tiles():
-    """On avx2 a prompt's flash tiles keep float32 P @ V at level 4 (vpmaddwd on the codes is
-    slower than float32 products on a V tile dequantized once): the same bits as level 0."""
-    _unit_settings("avx2")
-    rng = np.random.default_rng(7)
-    S, n = 40, NKV * H
-    kw = dict(k_scales=np.full(n, 0.02, F32), v_scales=rng.uniform(0.01, 0.03, n).astype(F32))
+@pytest.mark.parametrize("mode", ["int8-pt", "int8-pc", "int4-pt", "int4-pc"])
+@pytest.mark.parametrize("blocks", [(8, 16), (16, 64), None], ids=["8x16", "16x64", "plan"])
+@pytest.mark.parametrize("unit", ["avx2", "avxvnni"])
+def test_avx2_prompt_on_the_codes_within_its_bound(mode, blocks, unit):
+    """On the avx2 path a prompt's float32 flash tiles at level 4 take both GEMMs on the codes
+    (the packed kernels of kernels_avx2_pack.h: the QK and P @ V contracts over a tile's rows;
+    the plan's tiles are 256 keys): each score moves by at most E_j (the QK contract's bound on
+    the row alpha q as the tile holds it, fl(alpha q): one more rounding, so 2^-21 where the
+    decode step's test has 2^-22), each tile's probabilities (<= 1 against the running maximum)
+    are quantized against their own maximum and later rescaled by factors <= 1, so against
+    float64 over the same codes a head's output moves by at most  max|v| (e^{2D} - 1) +
+    e^{2D} (1/2 + 2^-9) / 32767 * sum_j |v_j| / l  (D = max_j E_j; l the row's total, which the
+    scores' errors move by at most e^{2D}), plus float32 roundings."""
+    settings = _unit_settings(unit)
+    rng = np.random.default_rng(17)
+    S = 300
+    f = gqa.parse_mode(gqa.cache_options(mode)["mode"])[0]
+    n = NKV * H if f.per_channel else 1
+    kw = dict(k_scales=np.full(n, 0.02 if f.bits == 8 else 0.3, F32),
+              v_scales=rng.uniform(0.01, 0.03, n).astype(F32))
     q = rng.uniform(-2, 2, (1, S, N * H)).astype(F32)
     k, v = (rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32) for _ in range(2))
-    outs = []
+    outs = {}
     for level in (0, 4):
-        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S + 1,
-                        mode="int8-pc", accuracy_level=level, **kw)
-        with gqa.config(path="avx2", flash=True, flash_blocks=(8, 16)):
-            outs.append(c.attend(0, q, k, v))
-            outs.append(c.attend(0, q[:, :1], k[:, :1], v[:, :1]))   # a decode step: the dots
-    assert np.array_equal(outs[0], outs[2])
-    assert not np.array_equal(outs[1], outs[3])
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S,
+                        mode=mode, accuracy_level=level, **kw)
+        with gqa.config(flash=True, flash_blocks=blocks, **settings):
+            outs[level] = c.attend(0, q, k, v)
+    assert not np.array_equal(outs[0], outs[4])      # the integer kernels ran
+    ks = c.k_scales[0].astype(np.float64)
+    vs = c.v_scales[0].astype(np.float64)
+    kq, vq = _codes(c)
+    K = kq * (ks.reshape(NKV, 1, H) if ks.size > 1 else ks[0])
+    V = vq * (vs.reshape(NKV, 1, H) if vs.size > 1 else vs[0])
+    alpha = 1 / np.sqrt(H)
+    qh = q.reshape(S, N, H).astype(np.float64)
+    for h in range(N):
+        j = h // G
+        kabs = np.abs(kq[j]).astype(np.float64) * (1.0 if ks.size > 1 else ks[0])
+        for s in range(S):
+            a = qh[s, h] * (ks.reshape(NKV, H)[j] if ks.size > 1 else 1.0)
+            sa = np.abs(a).max() * (1 + 2 ** -20) / QK_MAX
+            E = alpha * (sa * 0.5 * kabs[:s + 1].sum(axis=1) + 2 ** -21 * (kabs[:s + 1] * np.abs(a)).sum(axis=1))
+            e2d = np.exp(2 * E.max())
+            sc = alpha * (K[j, :s + 1] @ qh[s, h])
+            p = np.exp(sc - sc.max())
+            ref = p @ V[j, :s + 1] / p.sum()
+            bound = (np.abs(V[j, :s + 1]).max() * (e2d - 1)
+                     + e2d * (0.5 + 2 ** -9) / 32767 * np.abs(V[j, :s + 1]).sum(axis=0) / p.sum()
+                     + 1e-5 * (np.abs(ref) + np.abs(V[j, :s + 1]).max()))
+            for level in (0, 4):
+                err = np.abs(outs[level][0, s, h * H:(h + 1) * H] - ref)
+                assert (err <= bound).all(), (level, h, s, err.max(), bound.min())
 
 
 @pytest.mark.parametrize("mode", ["int8-pt", "int8-pc"])
@@ -416,8 +455,8 @@ def test_level_4_prompt_within_its_bound(mode, blocks):
     same codes.  A tile row's probabilities are exp(s - m) <= 1 against the running maximum m
     and are quantized against their own maximum (<= 1), later rescaled by factors <= 1, so a
     head's output moves by at most (1/2 + 2^-9) / 32767 * sum_j |v_j| / l over its keys,
-    plus float32 roundings; level 0 gives the same codes.  (On avx2 the tiles keep float32:
-    test_avx2_prompts_keep_float32_tiles.)"""
+    plus float32 roundings; level 0 gives the same codes.  (On avx2 the scores run on the
+    codes too: test_avx2_prompt_on_the_codes_within_its_bound.)"""
     _unit_settings("avx512vnni")
     rng = np.random.default_rng(6)
     S = 61

@@ -166,6 +166,10 @@ typedef void (*qk_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, s
 QK_KIND(0) QK_KIND(1)
 
 
+static void sv_finish(const int32_t *d, int32_t corr, size_t w, float *crow, const float *s, int pc, float sp,
+                      float beta, int first);
+#include "kernels_avx2_pack.h" /* the kernels of calls of PK_MIN_ROWS rows or more */
+
 void DOT_ENTRY(gqa_qk_gemm_s8_dot_)(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                              int type, const float *s, float *C, size_t ldc)
 {
@@ -177,6 +181,10 @@ void DOT_ENTRY(gqa_qk_gemm_s8_dot_)(size_t M, size_t N, size_t K, float alpha, c
     }
     if (!gqa_dot_codes(type) || K == 0 || K > DOT_QK_K) {
         DOT_EXACT.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
+        return;
+    }
+    if (M >= PK_MIN_ROWS) {
+        pk_qk_gemm(M, N, K, alpha, A, lda, (const int8_t *)B, type, s, C, ldc);
         return;
     }
     const qk_fn *blocks = s4 ? qk_blocks_1 : qk_blocks_0;
@@ -337,6 +345,10 @@ void DOT_ENTRY(gqa_sv_gemm_s8_dot_)(size_t M, size_t N, size_t K, const float *A
     }
     if (!gqa_dot_codes(type) || K == 0) {
         DOT_EXACT.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
+        return;
+    }
+    if (M >= PK_MIN_ROWS) {
+        pk_sv_gemm(M, N, K, A, lda, Bb, type, s, C, ldc, beta);
         return;
     }
     const size_t rb = gqa_row_bytes(type, N);

@@ -1000,7 +1000,8 @@ static void check_sv_dot(gqa_sv_gemm_fn dot, int with_s4)
 {
     static const size_t KA[] = {1, 2, 3, 4, 5, 7, 29, 64, 300, 511, 512, 513, 1025, 8193, 20000};
     static const size_t NA[] = {1, 13, 64, 65, 130};
-    static const size_t SV_MS[] = {1, 2, 3, 4, 5, 6, 8, 9}; /* 8 and 9: the VNNI unit's 8-row pass */
+    /* 8 and 9: the VNNI unit's 8-row pass; 16 and 23: the AVX2 unit's packed kernels */
+    static const size_t SV_MS[] = {1, 2, 3, 4, 5, 6, 8, 9, 16, 23};
     static const float BETAS[] = {0.0f, 1.0f, 0.5f};
     const size_t NK = sizeof(KA) / sizeof(KA[0]), NN = sizeof(NA) / sizeof(NA[0]);
     const double u = 1.0 / 16777216.0;
@@ -1009,7 +1010,7 @@ static void check_sv_dot(gqa_sv_gemm_fn dot, int with_s4)
     for (size_t ki = 0; ki < NK; ki++)
         for (size_t ni = 0; ni < NN; ni++)
             for (int pc = 0; pc < 2; pc++) {
-                const size_t K = KA[ki], N = NA[ni], M = SV_MS[(ki + ni) % 8], lda = K + 3, ldc = N + 2;
+                const size_t K = KA[ki], N = NA[ni], M = SV_MS[(ki + ni) % 10], lda = K + 3, ldc = N + 2;
                 const float beta = BETAS[(ki + ni + pc) % 3];
                 float *A = xmalloc(M * lda * 4), *got = xmalloc(M * ldc * 4), *want = xmalloc(M * ldc * 4);
                 float *exact = xmalloc(M * ldc * 4), *s = xmalloc(N * 4);
