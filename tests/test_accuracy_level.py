@@ -302,11 +302,7 @@ def test_level_4_attention_within_its_bound(mode, flash, dot_unit):
         exact = c0.attend(0, q, k, v)
         got = c4.attend(0, q, k, v)
     assert not np.array_equal(got, exact)
-    ks = c0.k_scales[0].astype(np.float64)
-    vs = c0.v_scales[0].astype(np.float64)
-    kq, vq = _codes(c0)
-    K = kq * (ks.reshape(NKV, 1, H) if ks.size > 1 else ks[0])
-    V = vq * (vs.reshape(NKV, 1, H) if vs.size > 1 else vs[0])
+    ks, kq, K, V = _values(c0)
     alpha = 1 / np.sqrt(H)
     qh = q.reshape(N, H).astype(np.float64)
     for h in range(N):
@@ -353,12 +349,8 @@ def test_level_4_step_within_its_bound(mode, vector_dot_unit):
         with gqa.config(**dict(vector_dot_unit, tiles=False, flash=True)):
             outs[level] = c.attend(0, q, k, v)
     assert not np.array_equal(outs[0], outs[4])
-    ks = c.k_scales[0].astype(np.float64)
-    vs = c.v_scales[0].astype(np.float64)
+    ks, kq, K, V = _values(c)
     kpc = ks.size > 1
-    kq, vq = _codes(c)
-    K = kq * (ks.reshape(NKV, 1, H) if kpc else ks[0])
-    V = vq * (vs.reshape(NKV, 1, H) if vs.size > 1 else vs[0])
     # the rows the float windows hold: [Nkv, T, H]
     Kf, Vf = (np.concatenate([prompt[i], (k, v)[i - 1]], 1)[0].reshape(T, NKV, H)
               .transpose(1, 0, 2).astype(np.float64) for i in (1, 2))
@@ -420,11 +412,7 @@ def test_avx2_prompt_on_the_codes_within_its_bound(mode, blocks, unit):
         with gqa.config(flash=True, flash_blocks=blocks, **settings):
             outs[level] = c.attend(0, q, k, v)
     assert not np.array_equal(outs[0], outs[4])      # the integer kernels ran
-    ks = c.k_scales[0].astype(np.float64)
-    vs = c.v_scales[0].astype(np.float64)
-    kq, vq = _codes(c)
-    K = kq * (ks.reshape(NKV, 1, H) if ks.size > 1 else ks[0])
-    V = vq * (vs.reshape(NKV, 1, H) if vs.size > 1 else vs[0])
+    ks, kq, K, V = _values(c)
     alpha = 1 / np.sqrt(H)
     qh = q.reshape(S, N, H).astype(np.float64)
     for h in range(N):
@@ -472,11 +460,7 @@ def test_level_4_prompt_within_its_bound(mode, blocks):
         with gqa.config(flash=True, flash_blocks=blocks, **DOT_UNITS["avx512vnni"]):
             outs[level] = c.attend(0, q, k, v)
     assert not np.array_equal(outs[0], outs[4])
-    ks = c.k_scales[0].astype(np.float64)
-    vs = c.v_scales[0].astype(np.float64)
-    kq, vq = _codes(c)
-    K = kq * (ks.reshape(NKV, 1, H) if ks.size > 1 else ks[0])
-    V = vq * (vs.reshape(NKV, 1, H) if vs.size > 1 else vs[0])
+    ks, kq, K, V = _values(c)
     qh = q.reshape(S, N, H).astype(np.float64)
     for h in range(N):
         j = h // G
@@ -489,6 +473,15 @@ def test_level_4_prompt_within_its_bound(mode, blocks):
             for level in (0, 4):
                 err = np.abs(outs[level][0, s, h * H:(h + 1) * H] - ref)
                 assert (err <= bound).all(), (level, h, s, err.max(), bound.min())
+
+
+def _values(cache):
+    """(K's scales as float64, K's codes, K and V dequantized in float64 [Nkv, T, H]) of layer 0."""
+    ks = cache.k_scales[0].astype(np.float64)
+    vs = cache.v_scales[0].astype(np.float64)
+    kq, vq = _codes(cache)
+    return (ks, kq, kq * (ks.reshape(NKV, 1, H) if ks.size > 1 else ks[0]),
+            vq * (vs.reshape(NKV, 1, H) if vs.size > 1 else vs[0]))
 
 
 def _codes(cache):

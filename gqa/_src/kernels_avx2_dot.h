@@ -304,6 +304,15 @@ INLINE void sv_order(__m256i lo, __m256i hi, __m256i out[2])
     out[1] = _mm256_permute2x128_si256(lo, hi, 0x31);
 }
 
+/* The P @ V contract's finish of 8 columns (kernels_s8dot_contract.h): c's new values
+   (first ? (beta == 0 ? 0 : fl(beta c)) : c) + fl(float(d) scale), scale = fl(sp s[n]). */
+INLINE __m256 sv_finish8(__m256 c, __m256i d, __m256 scale, float beta, int first)
+{
+    if (first)
+        c = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), c);
+    return _mm256_add_ps(c, _mm256_mul_ps(_mm256_cvtepi32_ps(d), scale));
+}
+
 /* 16 sums c into d: stored (first) or added. */
 INLINE void sv_store16(int32_t *d, const __m256i c[2], int first)
 {

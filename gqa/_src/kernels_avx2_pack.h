@@ -247,16 +247,12 @@ INLINE void pk_sv_rows(const int MR, const int16_t *c, size_t cs, const int16_t 
             sv_finish(D, 0, nv, out[i], sc, pc, sp[i], beta, first);
             continue;
         }
-        /* sv_finish's operations on a whole block, from the registers */
+        /* a whole block finished from the registers */
         const __m256 vsp = _mm256_set1_ps(sp[i]);
         UNROLL
         for (int h = 0; h < 2; h++) {
-            float *cr = out[i] + 8 * h;
-            __m256 base = _mm256_loadu_ps(cr);
-            if (first)
-                base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), base);
             const __m256 scale = _mm256_mul_ps(vsp, pc ? _mm256_loadu_ps(sc + 8 * h) : _mm256_set1_ps(sc[0]));
-            _mm256_storeu_ps(cr, _mm256_add_ps(base, _mm256_mul_ps(_mm256_cvtepi32_ps(d[h]), scale)));
+            _mm256_storeu_ps(out[i] + 8 * h, sv_finish8(_mm256_loadu_ps(out[i] + 8 * h), d[h], scale, beta, first));
         }
     }
 }

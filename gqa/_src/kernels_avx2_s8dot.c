@@ -321,12 +321,9 @@ static void sv_finish(const int32_t *d, int32_t corr, size_t w, float *crow, con
                 memcpy(sb, sc, nv * sizeof(float));
             cr = cb, sc = sb, dn = db;
         }
-        __m256 base = _mm256_loadu_ps(cr);
-        if (first)
-            base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), base);
         const __m256 scale = _mm256_mul_ps(vsp, pc ? _mm256_loadu_ps(sc) : _mm256_set1_ps(s[0]));
         const __m256i dv = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)dn), vc);
-        _mm256_storeu_ps(cr, _mm256_add_ps(base, _mm256_mul_ps(_mm256_cvtepi32_ps(dv), scale)));
+        _mm256_storeu_ps(cr, sv_finish8(_mm256_loadu_ps(cr), dv, scale, beta, first));
         if (nv < 8)
             memcpy(crow + n, cb, nv * sizeof(float));
     }
