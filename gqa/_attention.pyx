@@ -999,7 +999,10 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     V's on the output); with causal float windows, K's tiles as rows too, a mixed tile's two
     pairs strip by strip (mixed_strips); each 32-row strip takes its scores, softmax and P @ V
     in turn (tile_strips); a tile whose masked keys have NaN / inf values (nan_values) takes
-    its scores on the tiles strip by strip, and the float32 P @ V per row as below."""
+    its scores on the tiles strip by strip, and the float32 P @ V per row as below.
+    Level 4 without matrix tiles on static INT8 / INT4 codes (finite scales, no float
+    windows): P @ V by p.sv on V's codes (VNNI: INT8; AVX2), and on AVX2 the scores by
+    p.qk_tiles on K's codes (the packed kernels of kernels_avx2_pack.h), with no float32 tile."""
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
     cdef int G = p.G, H = p.H, Bc = p.Bc
