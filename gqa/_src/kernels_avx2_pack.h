@@ -9,10 +9,10 @@
  * kernels_avx2_s8dot.c's blocks: each row's codes and multipliers come from the same qk_row /
  * sv_row / sv_codes, int32 sums are exact in any order (INT4 packed as the signed q = u - 8,
  * whose dots equal the blocks' sum c (q + 8) - 8 sum c), and the finish is the same float32
- * operations (qk: fl(float(D) mult); P @ V: sv_finish chunk by chunk).
+ * operations (qk: fl(float(D) mult); P @ V: sv_finish8 chunk by chunk).
  * ISA flags: the including unit's (kernels_avx2_s8dot.c: the avx2 path's; the avxvnni build).
  *
- * Packed layouts (on the stack: QK 56 KiB, codes 32 + widened rows 8 + Bq 16; P @ V 49 KiB):
+ * Packed layouts (on the stack: QK 59 KiB, codes 32 + widened rows 8 + Bq 16; P @ V 53 KiB):
  *   QK, a block of 16 keys n0 .. n0 + 15: Bq[p][16] int32, lane i the pair (q[n0 + i][2p],
  *     q[n0 + i][2p + 1]) (p < cs / 2; keys past N and columns past K are 0); rows' codes
  *     c[cs] (qk_row's, zero past K): acc[key lanes] += pair(c[2p], c[2p + 1]) . Bq[p].
@@ -27,8 +27,10 @@
    blocks of kernels_avx2_s8dot.c (1-4 rows a pass, each key's codes widened per pass) measured
    as fast or faster (a decode step's 1-8 query rows). */
 #define PK_MIN_ROWS 16
-/* Rows of codes per group (each group packs the keys once): int16 codes of at most PK_CODES. */
+/* Rows per group (each group packs the keys once): at most PK_ROWS rows of at most PK_CODES
+   int16 codes together. */
 #define PK_CODES 16384
+#define PK_ROWS 256
 /* Rows per register block: 6 x 16 sums in 12 accumulators. */
 #define PK_MR 6
 
@@ -97,14 +99,18 @@ static void pk_pack_keys(int type, const int8_t *B, size_t rb, size_t n0, size_t
 {
     for (size_t h = 0; h < 2; h++) {
         for (size_t i = 0; i < 8; i++) {
+            int16_t *dst = rows + i * cs;
+            if (8 * h + i >= nv) {
+                memset(dst, 0, cs * sizeof(int16_t));
+                continue;
+            }
             const int8_t *r = B + (n0 + 8 * h + i) * rb;
-            if (8 * h + i >= nv)
-                memset(rows + i * cs, 0, cs * sizeof(int16_t));
-            else if (K == cs)
-                for (size_t k = 0; k < K; k += 16)
-                    _mm256_store_si256((__m256i *)(rows + i * cs + k), pk_widen16(type, r + gqa_row_bytes(type, k), 16));
-            else
-                pk_widen_row(type, r, K, rows + i * cs, cs);
+            if (K < cs) {
+                pk_widen_row(type, r, K, dst, cs);
+                continue;
+            }
+            for (size_t k = 0; k < K; k += 16)
+                _mm256_store_si256((__m256i *)(dst + k), pk_widen16(type, r + gqa_row_bytes(type, k), 16));
         }
         for (size_t p = 0; p < cs / 2; p += 8) {
             __m256i in[8], out[8];
@@ -190,9 +196,10 @@ static void pk_qk_gemm(size_t M, size_t N, size_t K, float alpha, const float *A
     int16_t rows[8 * DOT_QK_K] __attribute__((aligned(32)));
     int32_t Bq[8 * DOT_QK_K] __attribute__((aligned(32)));
     const int pc = GQA_IS_PC(type);
-    const size_t cs = (K + 15) & ~(size_t)15, rb = gqa_row_bytes(type, K), RG = PK_CODES / cs;
-    float mult[PK_CODES / 16];
-    size_t idx[PK_CODES / 16];
+    const size_t cs = (K + 15) & ~(size_t)15, rb = gqa_row_bytes(type, K);
+    const size_t RG = PK_CODES / cs < PK_ROWS ? PK_CODES / cs : PK_ROWS;
+    float mult[PK_ROWS];
+    size_t idx[PK_ROWS];
     for (size_t m0 = 0; m0 < M;) {
         size_t g = 0;
         for (; m0 < M && g < RG; ++m0) {
@@ -278,9 +285,9 @@ static void pk_sv_gemm(size_t M, size_t N, size_t K, const float *A, size_t lda,
     int16_t Bv[16 * (SV_KS + 16)] __attribute__((aligned(32)));
     const int pc = GQA_IS_PC(type);
     const size_t rb = gqa_row_bytes(type, N), cs = ((K < SV_KS ? K : SV_KS) + 15) & ~(size_t)15;
-    const size_t RG = PK_CODES / cs;
-    float inv[PK_CODES / 16], sp[PK_CODES / 16];
-    size_t idx[PK_CODES / 16];
+    const size_t RG = PK_CODES / cs < PK_ROWS ? PK_CODES / cs : PK_ROWS;
+    float inv[PK_ROWS], sp[PK_ROWS];
+    size_t idx[PK_ROWS];
     for (size_t m0 = 0; m0 < M;) {
         size_t g = 0;
         for (; m0 < M && g < RG; ++m0) {

@@ -166,8 +166,8 @@ typedef void (*qk_fn)(const int16_t *, size_t, const int8_t *, size_t, size_t, s
 QK_KIND(0) QK_KIND(1)
 
 
-static void sv_finish(const int32_t *d, int32_t corr, size_t w, float *crow, const float *s, int pc, float sp,
-                      float beta, int first);
+static void sv_finish(const int32_t *d, int32_t corr, size_t w, float *crow, const float *s, int pc,
+                      float sp, float beta, int first);
 #include "kernels_avx2_pack.h" /* the kernels of calls of PK_MIN_ROWS rows or more */
 
 void DOT_ENTRY(gqa_qk_gemm_s8_dot_)(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
