@@ -20,8 +20,8 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t, uint64_t
 cimport numpy as cnp
 import numpy as np
 
-from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, prompt_qk_kernel, dot_tiles, exp_kernel, tile_kernels,
-                            gqa_kernels, gqa_tiles, gqa_qk_gemm_fn,
+from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, prompt_qk_kernel, dot_tiles, exp_kernel,
+                            tile_kernels, gqa_kernels, gqa_tiles, gqa_qk_gemm_fn,
                             round_to_half, GQA_F32, GQA_F16, GQA_S8_PT, GQA_S8_PC,
                             GQA_S4_PT, GQA_S4_PC, GQA_ROT_MAX,
                             gqa_row_bytes)

@@ -421,7 +421,8 @@ def test_avx2_prompt_on_the_codes_within_its_bound(mode, blocks, unit):
         for s in range(S):
             a = qh[s, h] * (ks.reshape(NKV, H)[j] if ks.size > 1 else 1.0)
             sa = np.abs(a).max() * (1 + 2 ** -20) / QK_MAX
-            E = alpha * (sa * 0.5 * kabs[:s + 1].sum(axis=1) + 2 ** -21 * (kabs[:s + 1] * np.abs(a)).sum(axis=1))
+            kk = kabs[:s + 1]
+            E = alpha * (sa * 0.5 * kk.sum(axis=1) + 2 ** -21 * (kk * np.abs(a)).sum(axis=1))
             e2d = np.exp(2 * E.max())
             sc = alpha * (K[j, :s + 1] @ qh[s, h])
             p = np.exp(sc - sc.max())
