@@ -34,24 +34,26 @@
 /* Rows per register block: 6 x 16 sums in 12 accumulators. */
 #define PK_MR 6
 
+/* 16 codes at p as exact signed int16 in element order: INT8 as stored, INT4 as q = u - 8. */
+INLINE __m256i pk_codes16(int type, const int8_t *p)
+{
+    return GQA_IS_S4(type) ? _mm256_sub_epi16(widen16(DOT_U4, p), _mm256_set1_epi16(8)) : widen16(DOT_S8, p);
+}
+
 /* Row r's n codes from p (stored codes of `type`, INT4 as q = u - 8) widened to int16 into
    dst[0, cs), 0 past n; never reads past the row's gqa_row_bytes(type, n) bytes. */
 static void pk_widen_row(int type, const int8_t *p, size_t n, int16_t *dst, size_t cs)
 {
-    const int s4 = GQA_IS_S4(type);
     const size_t nf = n & ~(size_t)15;
     size_t k = 0;
     for (; k < nf; k += 16) {
-        const __m256i v = s4 ? _mm256_sub_epi16(widen16(DOT_U4, p + k / 2), _mm256_set1_epi16(8))
-                             : widen16(DOT_S8, p + k);
-        _mm256_storeu_si256((__m256i *)(dst + k), v);
+        _mm256_storeu_si256((__m256i *)(dst + k), pk_codes16(type, p + gqa_row_bytes(type, k)));
     }
     if (k < n) {
         int8_t t[16] = {0};
         int16_t w[16];
         memcpy(t, p + gqa_row_bytes(type, k), gqa_row_bytes(type, n) - gqa_row_bytes(type, k));
-        _mm256_storeu_si256((__m256i *)w, s4 ? _mm256_sub_epi16(widen16(DOT_U4, t), _mm256_set1_epi16(8))
-                                              : widen16(DOT_S8, t));
+        _mm256_storeu_si256((__m256i *)w, pk_codes16(type, t));
         memcpy(dst + k, w, (n - k) * sizeof(int16_t));
         k = n;
     }
@@ -63,7 +65,7 @@ static void pk_widen_row(int type, const int8_t *p, size_t n, int16_t *dst, size
 INLINE __m256i pk_widen16(int type, const int8_t *r, size_t nv)
 {
     if (nv == 16)
-        return GQA_IS_S4(type) ? _mm256_sub_epi16(widen16(DOT_U4, r), _mm256_set1_epi16(8)) : widen16(DOT_S8, r);
+        return pk_codes16(type, r);
     int16_t w[16] __attribute__((aligned(32)));
     pk_widen_row(type, r, nv, w, 16);
     return _mm256_load_si256((const __m256i *)w);
