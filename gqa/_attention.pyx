@@ -24,7 +24,7 @@ from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, prompt_qk_kernel
                             tile_kernels, gqa_kernels, gqa_tiles, gqa_qk_gemm_fn,
                             round_to_half, GQA_F32, GQA_F16, GQA_S8_PT, GQA_S8_PC,
                             GQA_S4_PT, GQA_S4_PC, GQA_ROT_MAX,
-                            gqa_row_bytes)
+                            gqa_row_bytes, GQA_IS_GROUP)
 
 cnp.import_array()
 
@@ -35,6 +35,10 @@ cdef extern from "work_ranges.h" nogil:
     int gqa_work_next(gqa_work_range *r, int nt, int me)
     int gqa_work_done(int *count)
     void gqa_team_barrier()
+
+cdef extern from "kernels_group.h" nogil:
+    bint gqa_group_meta_below(const uint8_t *rows, size_t rb, size_t n, size_t cols, int type,
+                              float limit)
 
 cdef extern from "team_spread.h" nogil:
     uint64_t gqa_cpu_bit()
@@ -1024,7 +1028,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef const gqa_tiles *x = p.tiles
     cdef int ls, nbx = 0, z, ldk = 0
     cdef bint smooth = p.smooth or p.sink != NULL
-    cdef bint nanv = 0, codes_pv, codes_qk, kcodes, vcodes, kdirect, vdirect, keep
+    cdef bint nanv = 0, codes_pv, codes_qk, pv_codes = 0, kcodes, vcodes, kdirect, vdirect, keep
     cdef const uint32_t *Kp = sc.Kp     # the packed tiles: sc's, or p.keep's kept ones
     cdef const uint32_t *Vp = sc.Vp
     cdef size_t kstep = <size_t>(sc.Hk // 2) * sc.Kx, vstep = <size_t>(sc.Bx // 2) * p.H
@@ -1052,10 +1056,14 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     tile_queries(p, b, j, s0, s1, Qt, O, ks if kcodes else NULL, mrow, lrow, smooth)
     memset(O, 0, <size_t>sc.Mx * H * sizeof(float))
     # accuracy level 4 on INT8 / INT4 V codes (finite, no float windows): P @ V by the integer-dot
-    # kernel on the codes themselves, and no V tile
-    codes_pv = p.sv != t.sv_gemm and p.fk == NULL and p.v_finite and x == NULL
-    # ... and the scores, where the path's integer dots beat float32 products (p.qk_tiles: AVX2)
-    codes_qk = p.qk_tiles != NULL and p.fk == NULL and p.k_finite and x == NULL
+    # kernel on the codes themselves, and no V tile; per-group codes where a tile's scales and
+    # zeros are (pv_codes: a masked key's zero probability then adds 0, as nan_values requires)
+    codes_pv = (p.sv != t.sv_gemm and p.fk == NULL and x == NULL
+                and (p.v_finite or GQA_IS_GROUP(p.vtype)))
+    # ... and the scores, where the path's integer dots beat float32 products (p.qk_tiles: AVX2;
+    # masked keys' scores are never read, so any per-group metadata will do)
+    codes_qk = (p.qk_tiles != NULL and p.fk == NULL and x == NULL
+                and (p.k_finite or GQA_IS_GROUP(p.ktype)))
     kdirect = x != NULL and p.fk == NULL and p.ktype == GQA_F32
     vdirect = x != NULL and p.fk == NULL and p.vtype == GQA_F32
     # p.keep: the tiles of keys [0, kv_hi) packed once for every query block of the unit
@@ -1088,9 +1096,11 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             # a float32 cache's rows (no windows) are the tiles' rows as they are
             Kr = <const float *>k_row(p, b, j, k0) if kdirect else Kt
             Vr = <const float *>v_row(p, b, j, k0) if vdirect else Vt
+            pv_codes = codes_pv and (p.v_finite or gqa_group_meta_below(
+                <const uint8_t *>v_row(p, b, j, k0), gqa_row_bytes(p.vtype, H), nb, H, p.vtype, 1e30))
             if not (kdirect and vdirect):
                 kv_tiles(p, t, b, j, k0, nb, NULL if (kdirect or codes_qk) else Kt,
-                         NULL if (codes_pv or vdirect) else Vt, x != NULL,
+                         NULL if (pv_codes or vdirect) else Vt, x != NULL,
                          sc.one if kcodes else NULL, sc.one if vcodes else NULL)
         ls = nb
         if x != NULL:
@@ -1107,7 +1117,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 k0 = k0 + nb
                 continue
         if not keep:
-            nanv = kind != 3 and nan_values(p, Vr, R, rlo, rhi, k0, nb)   # kind 3: mixed_pv
+            nanv = kind != 3 and not pv_codes and nan_values(p, Vr, R, rlo, rhi, k0, nb)   # kind 3: mixed_pv
         if x != NULL:
             if not nanv:
                 if not keep:
@@ -1151,7 +1161,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 if z0 > a0:
                     t.sv_gemm(1, H, z0 - a0, Sx + <size_t>r * ls + a0, ls, Vr + <size_t>a0 * H,
                               GQA_F32, NULL, O + <size_t>r * H, H, 1.0)
-        elif codes_pv:
+        elif pv_codes:
             p.sv(M, H, nb, Sx, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
         else:
             t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)

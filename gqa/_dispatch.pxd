@@ -73,17 +73,19 @@ cdef const gqa_kernels *active_table() noexcept nogil
 # table has them and the CPU runs them: level >= 4 on per-tensor and per-channel INT8 / INT4, the
 # level-4 integer-dot kernels (with `tiles` -- decode steps, the naive path, the standalone
 # kernels -- the active tiles' where they have them, called between dot_tiles' begin and end;
-# without -- the flash prompt's float32 tiles -- SV's on avx512 (INT8) and avx2 (INT8 and INT4),
-# where they beat float32 products on a V tile dequantized once); with `tiles`, level >= 3 on
-# float32 rows and calls of `rows` query rows or more (float_tiles), the active tiles' bfloat16
-# kernels where they have them; else, for QK of per-tensor INT8 with the approximate VNNI
-# switch on, onnxruntime's approximate kernel; else the exact kernels.  `rows`: the rows of A
-# in each call.
+# without -- the flash prompt's float32 tiles -- SV's on avx512 (INT8) and avx2 (INT8 and INT4,
+# and per-group codes as prompt_qk_kernel takes them), where they beat float32 products on a V
+# tile dequantized once); with `tiles`, level >= 3 on float32 rows and calls of `rows` query rows
+# or more (float_tiles), the active tiles' bfloat16 kernels where they have them; else, for QK of
+# per-tensor INT8 with the approximate VNNI switch on, onnxruntime's approximate kernel; else the
+# exact kernels.  `rows`: the rows of A in each call; H: the heads' columns.
 cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint tiles, int rows) noexcept nogil
-cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles, int rows) noexcept nogil
-# The level-4 QK kernel of the flash prompt's float32 tiles on `type`'s codes (avx2's packed
-# kernels, INT8 / INT4 per tensor and per channel), else NULL (scores on a dequantized K tile).
-cdef gqa_qk_gemm_fn prompt_qk_kernel(int type, int level) noexcept nogil
+cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles, int rows,
+                             int H) noexcept nogil
+# The level-4 QK kernel of the flash prompt's float32 tiles on `type`'s codes, heads of H columns
+# (avx2's packed kernels: INT8 / INT4 per tensor and per channel, per-group codes in groups the
+# per-group contracts take), else NULL (scores on a dequantized K tile).
+cdef gqa_qk_gemm_fn prompt_qk_kernel(int type, int level, int H) noexcept nogil
 # The active tiles whose integer kernels qk_kernel / sv_kernel give for `type` at `level` with
 # `tiles` (a caller brackets their calls on each thread by its begin / end), else NULL.
 cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil

@@ -22,6 +22,8 @@ cdef extern from "gqa_kernels.h" nogil:
 cdef extern from "kernels_s8dot_contract.h" nogil:
     bint gqa_dot_codes(int type)   # the types level 4's integer-dot contracts take
     bint gqa_is_group "GQA_IS_GROUP"(int type)
+    bint gqa_group_dot_takes(int type, size_t cols)   # ... per group, rows of `cols`
+    int DOT_QK_K
 
 cdef extern from *:
     """
@@ -104,10 +106,16 @@ cdef gqa_qk_gemm_fn qk_kernel(const gqa_kernels *t, int type, int level, bint ti
     return t.qk_gemm
 
 
-cdef gqa_qk_gemm_fn prompt_qk_kernel(int type, int level) noexcept nogil:
-    if level >= 4 and _dot_prompt_qk and gqa_dot_codes(type):
-        return _dotk.qk_gemm_s8_dot
-    return NULL
+cdef bint _prompt_codes(int type, int level, int H) noexcept nogil:
+    """The flash prompt's float32 tiles read `type`'s codes at `level` (heads of H columns): the
+    avx2 path's packed kernels, INT8 / INT4 per tensor and per channel, and per-group codes the
+    per-group contracts take."""
+    return level >= 4 and _dot_prompt_qk and (
+        gqa_dot_codes(type) or (gqa_is_group(type) and gqa_group_dot_takes(type, H) and H <= DOT_QK_K))
+
+
+cdef gqa_qk_gemm_fn prompt_qk_kernel(int type, int level, int H) noexcept nogil:
+    return _dotk.qk_gemm_s8_dot if _prompt_codes(type, level, H) else NULL
 
 
 cdef const gqa_tiles *tile_kernels(int level, int H) noexcept nogil:
@@ -124,13 +132,15 @@ cdef int tile_steps(int level, int H) noexcept nogil:
     return 0 if x == NULL else (2 if x.steps_direct else 1)
 
 
-cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles, int rows) noexcept nogil:
+cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint tiles, int rows,
+                             int H) noexcept nogil:
     if tiles and dot_tiles(type, level) != NULL:
         return _tiles.sv_s8
     if tiles and float_tiles(type, level, rows) != NULL:
         return _tiles.sv_f
     if gqa_is_group(type):
-        return _gdot.sv_gemm_s8_dot if level >= 4 and tiles and _gdot != NULL else t.sv_gemm
+        return (_gdot.sv_gemm_s8_dot if level >= 4 and _gdot != NULL
+                and (tiles or _prompt_codes(type, level, H)) else t.sv_gemm)
     if _dotk != NULL and level >= 4 and gqa_dot_codes(type) and (
             tiles or (_dot_prompt_pv and (_dot_prompt_qk or type == GQA_S8_PT or type == GQA_S8_PC))):
         return _dotk.sv_gemm_s8_dot

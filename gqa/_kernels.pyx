@@ -59,7 +59,7 @@ cdef _gemm(cnp.ndarray a, cnp.ndarray b, cnp.ndarray scale, cnp.ndarray out, siz
     cdef const gqa_kernels *t = active_table()
     cdef int level = _config._settings["accuracy_level"]
     cdef gqa_qk_gemm_fn qk = qk_kernel(t, type, level, True, M)
-    cdef gqa_sv_gemm_fn svk = sv_kernel(t, type, level, True, M)
+    cdef gqa_sv_gemm_fn svk = sv_kernel(t, type, level, True, M, N)
     cdef const gqa_tiles *x = dot_tiles(type, level)
     cdef const float *pa = <const float *>data(a)
     cdef const void *pb = data(b)

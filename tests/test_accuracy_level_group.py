@@ -115,7 +115,7 @@ FORMATS = [(8, 32, False), (8, 64, True), (8, 256, False), (4, 32, False), (4, 3
 
 @pytest.mark.parametrize("bits,g,meta16", FORMATS)
 @pytest.mark.parametrize("M,Ncol,K", [(1, 37, 64), (2, 50, 128), (3, 9, 256), (4, 17, 64), (7, 33, 512),
-                                      (5, 1, 256)])
+                                      (5, 1, 256), (16, 37, 128), (23, 300, 64), (40, 16, 512)])
 def test_group_qk_contract(M, Ncol, K, bits, g, meta16, group_dot_path):
     """Q K^T at level 4 on group rows: bit for bit the contract, and within
     |alpha| (sa (1/2 + 2^-9) sum|x| + 2^-22 sum|a x| + (J + 3) u sa sum_j (|s_j D_j| + |z_j A_j|))
@@ -147,7 +147,8 @@ def test_group_qk_contract(M, Ncol, K, bits, g, meta16, group_dot_path):
 
 @pytest.mark.parametrize("bits,g,meta16", FORMATS)
 @pytest.mark.parametrize("M,K,Ncol,beta", [(1, 300, 64, 0.0), (2, 513, 128, 0.5), (3, 17, 256, 1.0),
-                                           (4, 256, 64, 0.0), (5, 1, 128, 0.0), (2, 1000, 64, 1.0)])
+                                           (4, 256, 64, 0.0), (5, 1, 128, 0.0), (2, 1000, 64, 1.0),
+                                           (16, 300, 128, 0.5), (23, 513, 64, 1.0), (40, 17, 256, 0.0)])
 def test_group_sv_contract(M, K, Ncol, beta, bits, g, meta16, group_dot_path):
     """P @ V at level 4 on group rows: bit for bit the contract (chunks of 256 keys, odd key
     counts, beta), and each chunk's codes within sp (1/2 + 2^-9) sum|u| + 2^-22 sum w|u| (times
@@ -178,30 +179,36 @@ def test_group_sv_contract(M, K, Ncol, beta, bits, g, meta16, group_dot_path):
     assert (np.abs(got - ref) <= bound).all()
 
 
-def test_group_rows_outside_the_contract_are_exact(group_dot_path):
+@pytest.mark.parametrize("copies", [1, 5], ids=["few", "packed"])
+def test_group_rows_outside_the_contract_are_exact(copies, group_dot_path):
     """Query rows of zeros / NaN / inf, probability rows with a negative, NaN or inf element, and
-    groups the contract does not take (16 columns; 512) run the exact kernel."""
+    groups the contract does not take (16 columns; 512) run the exact kernel; `packed`: the
+    same rows among 20 (the avx2 unit's kernels of 16 rows or more)."""
     rng = np.random.default_rng(5)
     with gqa.config(path=group_dot_path):
         exact_path = UNIT_PATH[_dispatch.group_dot_unit()]   # the unit's exact kernels
     rows = _rows(rng, (40, 64), 4, 32, False)
     a = rng.standard_normal((5, 64)).astype(F32)
     a[1], a[2, 3], a[3, 4] = 0.0, np.nan, np.inf
+    a = np.tile(a, (copies, 1))
+    odd, fine = np.arange(5 * copies) % 5 % 4 != 0, np.arange(5 * copies) % 5 % 4 == 0
     kw = dict(bits=4, group_size=32)
     with gqa.config(path=group_dot_path, accuracy_level=4):
         got = gqa.qk_gemm(a, rows, **kw)
     with gqa.config(path=exact_path, accuracy_level=0):
         exact = gqa.qk_gemm(a, rows, **kw)
-    assert np.array_equal(got[1:4], exact[1:4], equal_nan=True)
-    assert np.array_equal(got[[0, 4]], gqk_ref(a[[0, 4]], rows, 4, 32, 64, False, 1.0))
+    assert np.array_equal(got[odd], exact[odd], equal_nan=True)
+    assert np.array_equal(got[fine], gqk_ref(a[fine], rows, 4, 32, 64, False, 1.0))
     p = rng.uniform(0, 1, (4, 40)).astype(F32)
     p[1, 2], p[2, 5], p[3] = -0.5, np.nan, 0.0
+    p = np.tile(p, (copies, 1))
+    fine = np.arange(4 * copies) % 4 == 0
     with gqa.config(path=group_dot_path, accuracy_level=4):
         got = gqa.sv_gemm(p, rows, n=64, **kw)
     with gqa.config(path=exact_path, accuracy_level=0):
         exact = gqa.sv_gemm(p, rows, n=64, **kw)
-    assert np.array_equal(got[1:], exact[1:], equal_nan=True)
-    assert np.array_equal(got[0], gsv_ref(p[:1], rows, 4, 32, 64, False, 0.0, None)[0])
+    assert np.array_equal(got[~fine], exact[~fine], equal_nan=True)
+    assert np.array_equal(got[fine], gsv_ref(p[fine], rows, 4, 32, 64, False, 0.0, None))
     for bits, g, h in ((4, 16, 64), (2, 512, 512)):
         rows = _rows(rng, (40, h), bits, g, False)
         a = rng.standard_normal((3, h)).astype(F32)
@@ -223,7 +230,7 @@ def test_group_dots_any_shape(group_dot_path, data):
     meta16 = data.draw(st.booleans(), label="meta16")
     J = data.draw(st.integers(1, 512 // g), label="J")
     H = g * J
-    M, N, K = (data.draw(st.integers(1, 9), label="M"), data.draw(st.integers(1, 70), label="N"),
+    M, N, K = (data.draw(st.integers(1, 40), label="M"), data.draw(st.integers(1, 70), label="N"),
                data.draw(st.integers(1, 700), label="K"))
     beta = data.draw(st.sampled_from([0.0, 0.5, 1.0]), label="beta")
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1), label="seed"))
@@ -245,18 +252,45 @@ N, NKV, H = 6, 2, 64
 G = N // NKV
 
 
+def _decoded(rows, bits, g, meta16):
+    """codes u, values u s + z, |u s| + |z| and the scales s (float64, [rows, H]) of group rows."""
+    u, s, z = _parts(rows, bits, g, H, meta16)
+    S, Z = np.repeat(s.astype(np.float64), g, axis=1), np.repeat(z.astype(np.float64), g, axis=1)
+    return u, u * S + Z, np.abs(u * S) + np.abs(Z), S
+
+
+def _head_bound(at, K, V, J, mid=2 ** -22, grow=1.0):
+    """float64's output of one head over keys K and values V (_decoded's) for the query row at =
+    alpha q, and the bound on a level-4 output against it: with E_j the QK contract's bound on
+    score j (sa = grow max|at| / QK_MAX, its 2^-22 term `mid`), the output moves by at most
+    max|v| (e^{2E} - 1) from the scores, plus P @ V's codes over the row's total l: any chunks of
+    keys give at most max_k w_k / 32767 (1/2 + 2^-9) sum|u| + 2^-22 sum w|u| with w the
+    probabilities (at most 1, within e^{2E} of p) times V's scales; plus float32 roundings."""
+    (ku, Kx, kmag, _), (vu, Vx, _, VS) = K, V
+    sa = np.abs(at).max() * grow / QK_MAX
+    E = (sa * (0.5 + 2 ** -9) * np.abs(Kx).sum(axis=1) + mid * np.abs(Kx) @ np.abs(at)
+         + (J + 3) * U * (kmag @ (np.abs(at) * grow + sa)))
+    sc = Kx @ at
+    p = np.exp(sc - sc.max())
+    ref = p @ Vx / p.sum()
+    w = np.minimum(1.0, p * np.exp(2 * E.max()))[:, None] * VS
+    pv = w.max(axis=0) / 32767 * (0.5 + 2 ** -9) * vu.sum(axis=0) + 2 ** -22 * (w * vu).sum(axis=0)
+    bound = np.abs(Vx).max() * np.expm1(2 * E.max()) + pv / p.sum() + 1e-5 * (np.abs(ref) + np.abs(Vx).max())
+    return ref, bound
+
+
+def _mode_parts(mode):
+    return int(mode[3]), int(mode.split("-g")[1].split("-")[0]), mode.endswith("fp16")
+
+
 @pytest.mark.parametrize("mode", ["int8-g32", "int4-g32", "int4-g64-fp16", "int2-g32"])
 @pytest.mark.parametrize("flash", [False, True], ids=["naive", "flash"])
 def test_level_4_group_attention_within_its_bound(mode, flash, group_dot_path):
-    """One decode step over a per-group cache at level 4 against float64 over the same codes:
-    with E_j the QK bound on score j, the output of a head moves by at most
-    max|v| (e^{2E} - 1) from the scores, plus the P @ V codes' bound (each chunk of 256 keys:
-    sp (1/2 + 2^-9) sum|u| + 2^-22 sum w|u|, with the probabilities' maximum 1) over the row's
-    total l, plus float32 roundings."""
+    """One decode step over a per-group cache at level 4 against float64 over the same codes,
+    within _head_bound."""
     rng = np.random.default_rng(6)
     T = 600
-    bits, g = int(mode[3]), int(mode.split("-g")[1].split("-")[0])
-    meta16 = mode.endswith("fp16")
+    bits, g, meta16 = _mode_parts(mode)
     x = lambda n: rng.uniform(-1, 1, (1, n, NKV * H)).astype(F32)  # noqa: E731
     prompt = (rng.uniform(-1, 1, (1, T - 1, N * H)).astype(F32), x(T - 1), x(T - 1))
     q, k, v = rng.uniform(-2, 2, (1, 1, N * H)).astype(F32), x(1), x(1)
@@ -269,32 +303,57 @@ def test_level_4_group_attention_within_its_bound(mode, flash, group_dot_path):
             outs[level] = c.attend(0, q, k, v)
         cache = c
     assert not np.array_equal(outs[0], outs[4])
-    got = outs[4]
     alpha = 1 / np.sqrt(H)
-    qh = q.reshape(N, H)
+    qh = q.reshape(N, H).astype(np.float64)
     for j in range(NKV):
-        ku, ks, kz = _parts(cache.key[0][0, j, :T], bits, g, H, meta16)
-        vu, vs, vz = _parts(cache.value[0][0, j, :T], bits, g, H, meta16)
-        KS, KZ = np.repeat(ks.astype(np.float64), g, axis=1), np.repeat(kz.astype(np.float64), g, axis=1)
-        VS, VZ = np.repeat(vs.astype(np.float64), g, axis=1), np.repeat(vz.astype(np.float64), g, axis=1)
-        Kx, Vx = ku * KS + KZ, vu * VS + VZ
-        kmag = np.abs(ku * KS) + np.abs(KZ)
+        K = _decoded(cache.key[0][0, j, :T], bits, g, meta16)
+        V = _decoded(cache.value[0][0, j, :T], bits, g, meta16)
         for h in range(j * G, (j + 1) * G):
-            a = qh[h].astype(np.float64)
-            sa = np.abs(qh[h]).max() / QK_MAX
-            E = alpha * (sa * (0.5 + 2 ** -9) * np.abs(Kx).sum(axis=1) + 2 ** -22 * np.abs(Kx) @ np.abs(a)
-                         + (H // g + 3) * U * (kmag @ (np.abs(a) + sa)))
-            sc = alpha * (Kx @ a)
-            p = np.exp(sc - sc.max())
-            ref = p @ Vx / p.sum()
-            # P @ V's codes: the kernel's probabilities are within e^{2E} of p, at most 1
-            pb = np.minimum(1.0, p * np.exp(2 * E.max()))
-            pv = np.zeros(H)
-            for k0 in range(0, T, 256):
-                w = pb[k0:k0 + 256, None] * VS[k0:k0 + 256]
-                pv += w.max(axis=0) / 32767 * (0.5 + 2 ** -9) * vu[k0:k0 + 256].sum(axis=0) + \
-                    2 ** -22 * (w * vu[k0:k0 + 256]).sum(axis=0)
-            bound = (np.abs(Vx).max() * np.expm1(2 * E.max()) + pv / p.sum()
-                     + 1e-5 * (np.abs(ref) + np.abs(Vx).max()))
-            err = np.abs(got[0, 0, h * H:(h + 1) * H] - ref)
+            ref, bound = _head_bound(alpha * qh[h], K, V, H // g)
+            err = np.abs(outs[4][0, 0, h * H:(h + 1) * H] - ref)
             assert (err <= bound).all(), (h, err.max(), bound.min())
+
+
+@pytest.mark.parametrize("mode", ["int8-g32", "int4-g32", "int4-g64-fp16", "int2-g32"])
+@pytest.mark.parametrize("blocks", [(8, 16), (16, 64), None], ids=["8x16", "16x64", "plan"])
+def test_avx2_group_prompt_on_the_codes_within_its_bound(mode, blocks, group_dot_path):
+    """On the avx2 path (its avx2 and avxvnni units) a prompt's float32 flash tiles at level 4
+    take both GEMMs on per-group codes (the packed kernels of kernels_avx2_gdot.c: the per-group
+    contracts over a tile's rows): against float64 over the same codes every output within
+    _head_bound, the query row as the tile holds it, fl(alpha q) (one more rounding: 2^-21 and
+    sa (1 + 2^-20)); level 0 (float32 tiles) within the same bound.  A V tile whose scales reach
+    1e30 (here inf, at a key every row but the last masks) keeps float32 P @ V (attend_tiled's
+    pv_codes), so the masked key adds nothing to the other rows."""
+    if group_dot_path != "avx2":
+        pytest.skip("the packed kernels of a prompt's tiles are the avx2 path's")
+    rng = np.random.default_rng(17)
+    S = 160
+    bits, g, meta16 = _mode_parts(mode)
+    q = rng.uniform(-2, 2, (1, S, N * H)).astype(F32)
+    k, v = (rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32) for _ in range(2))
+    outs = {}
+    for level in (0, 4):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S, mode=mode,
+                        accuracy_level=level)
+        with gqa.config(path=group_dot_path, flash=True, flash_blocks=blocks):
+            outs[level] = c.attend(0, q, k, v)
+    assert not np.array_equal(outs[0], outs[4])      # the integer kernels ran
+    alpha = 1 / np.sqrt(H)
+    qh = q.reshape(S, N, H).astype(np.float64)
+    for j in range(NKV):
+        K = _decoded(c.key[0][0, j, :S], bits, g, meta16)
+        V = _decoded(c.value[0][0, j, :S], bits, g, meta16)
+        for h in range(j * G, (j + 1) * G):
+            for s in range(S):
+                ref, bound = _head_bound(alpha * qh[s, h], tuple(x[:s + 1] for x in K),
+                                         tuple(x[:s + 1] for x in V), H // g, mid=2 ** -21, grow=1 + 2 ** -20)
+                for level in (0, 4):
+                    err = np.abs(outs[level][0, s, h * H:(h + 1) * H] - ref)
+                    assert (err <= bound).all(), (level, h, s, err.max(), bound.min())
+    v[0, S - 1, :H] = np.inf
+    c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S, mode=mode,
+                    accuracy_level=4)
+    with gqa.config(path=group_dot_path, flash=True, flash_blocks=blocks):
+        out = c.attend(0, q, k, v)
+    assert np.isfinite(out[0, :S - 1]).all()
+    assert np.array_equal(out[0, :S - 1, G * H:], outs[4][0, :S - 1, G * H:])   # KV head 1: as before

@@ -32,6 +32,12 @@
 #define SV_ROWS_IN_L2 1 /* gsv prefetches each next chunk of V rows into L2 (sv_step) */
 #include "kernels_avx2_dot.h"
 
+/* The units that keep this file's drivers (avx2, avxvnni) take calls of many rows to the packed
+   kernels below. */
+#if !defined(GDOT_GQK) && !defined(GDOT_GSV)
+#define GDOT_PACKED 1
+#endif
+
 
 /* The kind of a group type's codes. */
 static int gdot_kind(int type)
@@ -435,18 +441,22 @@ static void gsv_rows_n(int mb, const float *const *a, size_t kn, const float *sc
     }
 }
 
-/* crow[0, g) = fl(fl(base + fl(float(d) sp)) + Z), base = crow (later chunks), 0 or fl(beta crow)
-   (the first). */
+/* The per-group P @ V contract's finish of 8 columns: fl(fl(base + fl(float(d) sp)) + Z), base = c
+   (later chunks), 0 or fl(beta c) (the first). */
+INLINE __m256 gsv_finish8(__m256 c, __m256i d, __m256 sp, __m256 Z, float beta, int first)
+{
+    if (first)
+        c = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_set1_ps(beta), c);
+    return _mm256_add_ps(_mm256_add_ps(c, _mm256_mul_ps(_mm256_cvtepi32_ps(d), sp)), Z);
+}
+
+/* crow[0, g) by gsv_finish8 from the int32 sums d[0, g). */
 static void gsv_finish(const int32_t *d, size_t g, float sp, float Z, float beta, int first, float *crow)
 {
-    const __m256 vsp = _mm256_set1_ps(sp), vz = _mm256_set1_ps(Z), vb = _mm256_set1_ps(beta);
-    for (size_t n = 0; n < g; n += 8) {
-        __m256 base = _mm256_loadu_ps(crow + n);
-        if (first)
-            base = beta == 0.0f ? _mm256_setzero_ps() : _mm256_mul_ps(vb, base);
-        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(d + n))), vsp);
-        _mm256_storeu_ps(crow + n, _mm256_add_ps(_mm256_add_ps(base, t), vz));
-    }
+    const __m256 vsp = _mm256_set1_ps(sp), vz = _mm256_set1_ps(Z);
+    for (size_t n = 0; n < g; n += 8)
+        _mm256_storeu_ps(crow + n, gsv_finish8(_mm256_loadu_ps(crow + n),
+                                               _mm256_loadu_si256((const __m256i *)(d + n)), vsp, vz, beta, first));
 }
 
 /* From row *m0 of A on, up to SV_MB rows the per-group P @ V contract covers: their indices into
@@ -578,6 +588,214 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
 
 #endif /* GDOT_GSV */
 
+/* ---- calls of PK_MIN_ROWS rows or more: the packed operands of kernels_avx2_pack.h -----------
+ *
+ * The units with this file's own drivers (avx2, avxvnni; GDOT_PACKED).  QK: each block of 16 keys'
+ * codes widened once into int16 pairs (pk_pack_keys, u as it is) and their scales and zeros in
+ * columns (gpk_meta), then per register block of rows and group j the exact int32 dots over the
+ * group's pairs (pk_dots) and gqk's finish of 16 keys at once: S = fl(S + fl(fl(s_j float(D_j)) +
+ * fl(z_j float(A_j)))), C = fl(S mult).  P @ V: per chunk of SV_KG keys and group, every row's
+ * probabilities times the group's scales quantized (gsv_rows, gsv_meta: the decode blocks' own),
+ * each 16 columns of the group packed once into pairs of keys (pk_pack_values) and read by all
+ * rows; finish gsv_finish8 from the registers.  The integer sums are exact, so the results are
+ * the blocks' bits.  Stack: QK 59 KiB (codes 32, widened rows 8, Bq 16, metadata 2, A_j 2); P @ V
+ * 58 KiB (codes 32, Bv 8.5, metadata columns 8, w 4, sums 2). */
+#ifdef GDOT_PACKED
+#include "kernels_avx2_pack.h"
+
+/* sm[j * 16 + i], zm[j * 16 + i] = the scale and zero of group j < J of key n0 + i (i < nv; 0
+   past nv), rows of rb bytes with their metadata at byte cb. */
+static void gpk_meta(const uint8_t *B, size_t rb, size_t cb, size_t n0, size_t nv, size_t J, int f16, float *sm,
+                     float *zm)
+{
+    const uint8_t *r[16];
+    for (size_t i = 0; i < 16; i++)
+        r[i] = B + (n0 + (i < nv ? i : nv - 1)) * rb;
+    for (size_t j = 0; j < J; j++)
+        for (size_t q = 0; q < 4; q++) {
+            __m128 s, z;
+            gqk_meta4(r + 4 * q, cb, j, f16, &s, &z);
+            _mm_storeu_ps(sm + 16 * j + 4 * q, s);
+            _mm_storeu_ps(zm + 16 * j + 4 * q, z);
+        }
+}
+
+/* QK of MR rows (codes c, stride cs; multipliers mult; aj[i * J + j] = float(A_j) of row i)
+   against one packed block of 16 keys (Bq, their metadata sm / zm), groups of g columns: the
+   first nv keys' scores into out[i]. */
+INLINE void gpk_qk_rows(const int MR, const int16_t *c, size_t cs, const float *mult, const float *aj, size_t J,
+                        size_t g, float *const *out, const int32_t *Bq, const float *sm, const float *zm, size_t nv)
+{
+    __m256 S[2 * PK_MR];
+    UNROLL
+    for (int i = 0; i < 2 * MR; i++)
+        S[i] = _mm256_setzero_ps();
+    for (size_t j = 0; j < J; j++) {
+        __m256i acc[2 * PK_MR];
+        pk_dots(MR, c + j * g, cs, Bq + j * g * 8, g / 2, acc);
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256 s = _mm256_loadu_ps(sm + 16 * j + 8 * h), z = _mm256_loadu_ps(zm + 16 * j + 8 * h);
+            UNROLL
+            for (int i = 0; i < MR; i++) {
+                const __m256 t = _mm256_add_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(acc[2 * i + h])),
+                                               _mm256_mul_ps(z, _mm256_set1_ps(aj[i * J + j])));
+                S[2 * i + h] = _mm256_add_ps(S[2 * i + h], t);
+            }
+        }
+    }
+    UNROLL
+    for (int i = 0; i < MR; i++) {
+        const __m256 m = _mm256_set1_ps(mult[i]);
+        float t[16];
+        float *o = nv == 16 ? out[i] : t;
+        _mm256_storeu_ps(o, _mm256_mul_ps(S[2 * i], m));
+        _mm256_storeu_ps(o + 8, _mm256_mul_ps(S[2 * i + 1], m));
+        if (nv < 16)
+            memcpy(out[i], t, nv * sizeof(float));
+    }
+}
+
+#define GPK_QK_INST(MR)                                                                                \
+    static void gpk_qk_##MR(const int16_t *c, size_t cs, const float *mult, const float *aj, size_t J,   \
+                            size_t g, float *const *out, const int32_t *Bq, const float *sm,           \
+                            const float *zm, size_t nv)                                                \
+    {                                                                                                  \
+        gpk_qk_rows(MR, c, cs, mult, aj, J, g, out, Bq, sm, zm, nv);                                   \
+    }
+GPK_QK_INST(1) GPK_QK_INST(2) GPK_QK_INST(3) GPK_QK_INST(4) GPK_QK_INST(5) GPK_QK_INST(6)
+typedef void (*gpk_qk_fn)(const int16_t *, size_t, const float *, const float *, size_t, size_t, float *const *,
+                          const int32_t *, const float *, const float *, size_t);
+static const gpk_qk_fn gpk_qk_blocks[PK_MR + 1] = {NULL, gpk_qk_1, gpk_qk_2, gpk_qk_3, gpk_qk_4, gpk_qk_5, gpk_qk_6};
+
+/* qk_gemm_s8_dot of M rows on group codes (the entry has checked K and the groups): rows in
+   groups of at most PK_CODES codes, each group's keys packed 16 at a time and read by all its
+   rows. */
+static void gpk_qk_gemm(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const uint8_t *B,
+                        int type, float *C, size_t ldc)
+{
+    int16_t c[PK_CODES] __attribute__((aligned(32)));
+    int16_t rows[8 * DOT_QK_K] __attribute__((aligned(32)));
+    int32_t Bq[8 * DOT_QK_K] __attribute__((aligned(32)));
+    float sm[DOT_QK_K / 2], zm[DOT_QK_K / 2], aj[PK_CODES / 32];
+    const size_t g = gqa_group_cols(type), J = K / g, cs = K, rb = gqa_row_bytes(type, K); /* K: groups of 32k */
+    const size_t cb = K * gqa_group_bits(type) / 8, RG = PK_CODES / cs < PK_ROWS ? PK_CODES / cs : PK_ROWS;
+    const int f16 = (type & GQA_META_F16) != 0;
+    const float one = 1.0f; /* the per-tensor multiplier's scale: mult = fl(alpha * sa) */
+    float mult[PK_ROWS];
+    size_t idx[PK_ROWS];
+    for (size_t m0 = 0; m0 < M;) {
+        size_t n = 0;
+        for (; m0 < M && n < RG; ++m0) {
+            int16_t *cm = c + n * cs;
+            if (qk_row(A + m0 * lda, K, &one, 0, alpha, cm, cs, &mult[n])) {
+                for (size_t j = 0; j < J; j++)
+                    aj[n * J + j] = (float)code_sum(cm + j * g, g);
+                idx[n++] = m0;
+            } else {
+                DOT_EXACT.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, NULL, C + m0 * ldc, ldc);
+            }
+        }
+        for (size_t n0 = 0; n > 0 && n0 < N; n0 += 16) {
+            const size_t nv = N - n0 < 16 ? N - n0 : 16;
+            pk_pack_keys(type, (const int8_t *)B, rb, n0, nv, K, cs, rows, Bq);
+            gpk_meta(B, rb, cb, n0, nv, J, f16, sm, zm);
+            for (size_t i = 0; i < n; i += PK_MR) {
+                const size_t mr = n - i < PK_MR ? n - i : PK_MR;
+                float *out[PK_MR];
+                for (size_t r = 0; r < mr; r++)
+                    out[r] = C + idx[i + r] * ldc + n0;
+                gpk_qk_blocks[mr](c + i * cs, cs, mult + i, aj + i * J, J, g, out, Bq, sm, zm, nv);
+            }
+        }
+    }
+}
+
+/* P @ V of MR rows (codes c, stride cs; the chunk's np key pairs of one group, sp / Z per row)
+   against one packed block of 16 columns, finished into out[i]. */
+INLINE void gpk_sv_rows(const int MR, const int16_t *c, size_t cs, const int16_t *Bv, size_t np, float *const *out,
+                        const float *sp, const float *Z, float beta, int first)
+{
+    __m256i acc[2 * PK_MR];
+    pk_dots(MR, c, cs, (const int32_t *)(const void *)Bv, np, acc);
+    UNROLL
+    for (int i = 0; i < MR; i++) {
+        __m256i d[2];
+        sv_order(acc[2 * i], acc[2 * i + 1], d);
+        const __m256 vsp = _mm256_set1_ps(sp[i]), vz = _mm256_set1_ps(Z[i]);
+        UNROLL
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_ps(out[i] + 8 * h, gsv_finish8(_mm256_loadu_ps(out[i] + 8 * h), d[h], vsp, vz, beta, first));
+    }
+}
+
+#define GPK_SV_INST(MR)                                                                                \
+    static void gpk_sv_##MR(const int16_t *c, size_t cs, const int16_t *Bv, size_t np, float *const *out,  \
+                            const float *sp, const float *Z, float beta, int first)                    \
+    {                                                                                                  \
+        gpk_sv_rows(MR, c, cs, Bv, np, out, sp, Z, beta, first);                                       \
+    }
+GPK_SV_INST(1) GPK_SV_INST(2) GPK_SV_INST(3) GPK_SV_INST(4) GPK_SV_INST(5) GPK_SV_INST(6)
+typedef void (*gpk_sv_fn)(const int16_t *, size_t, const int16_t *, size_t, float *const *, const float *,
+                          const float *, float, int);
+static const gpk_sv_fn gpk_sv_blocks[PK_MR + 1] = {NULL, gpk_sv_1, gpk_sv_2, gpk_sv_3, gpk_sv_4, gpk_sv_5, gpk_sv_6};
+
+/* sv_gemm_s8_dot of M rows on group codes (the entry has checked the groups): rows in groups of
+   at most PK_CODES / SV_KG, each chunk's groups quantized for all of them, then the group's
+   16-column blocks packed once and read by all. */
+static void gpk_sv_gemm(size_t M, size_t N, size_t K, const float *A, size_t lda, const uint8_t *B, int type,
+                        float *C, size_t ldc, float beta)
+{
+    int16_t c[PK_CODES] __attribute__((aligned(32)));
+    int16_t Bv[16 * (SV_KG + 16)] __attribute__((aligned(32)));
+    float sc[4 * SV_KG], zc[4 * SV_KG], w[SV_MB * SV_KG];
+    const size_t cs = SV_KG, RG = PK_CODES / SV_KG;
+    float sp[PK_CODES / SV_KG], Z[PK_CODES / SV_KG];
+    size_t idx[PK_CODES / SV_KG];
+    const size_t g = gqa_group_cols(type), J = N / g, rb = gqa_row_bytes(type, N), cb = N * gqa_group_bits(type) / 8;
+    const int f16 = (type & GQA_META_F16) != 0;
+    for (size_t m0 = 0; m0 < M;) {
+        size_t n = 0;
+        while (m0 < M && n < RG) { /* the rows the contract covers; the others exact on the spot */
+            const size_t take = RG - n < SV_MB ? RG - n : SV_MB;
+            n += (size_t)gsv_take_rows(m0 + take < M ? m0 + take : M, &m0, N, K, A, lda, B, type, C, ldc, beta,
+                                       idx + n);
+        }
+        for (size_t k0 = 0; n > 0 && k0 < K; k0 += SV_KG) {
+            const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
+            const uint8_t *bk = B + k0 * rb;
+            for (size_t jb = 0, nj; jb < J; jb += nj) {
+                nj = J - jb >= 4 ? 4 : J - jb >= 2 ? 2 : 1;
+                gsv_meta(bk, rb, cb, jb, (int)nj, f16, kn, sc, zc);
+                for (size_t q = 0; q < nj; q++) {
+                    const size_t j = jb + q;
+                    for (size_t i = 0; i < n; i += SV_MB) {
+                        const int mb = n - i < SV_MB ? (int)(n - i) : SV_MB;
+                        const float *ar[SV_MB];
+                        int16_t *cr[SV_MB];
+                        for (int r = 0; r < mb; r++) {
+                            ar[r] = A + idx[i + r] * lda + k0;
+                            cr[r] = c + (i + r) * cs;
+                        }
+                        gsv_rows_n(mb, ar, kn, sc + q * SV_KG, zc + q * SV_KG, w, cr, sp + i, Z + i);
+                    }
+                    for (size_t n0 = j * g; n0 < (j + 1) * g; n0 += 16) {
+                        pk_pack_values(type, (const int8_t *)bk, rb, kn, n0, 16, Bv);
+                        for (size_t i = 0; i < n; i += PK_MR) {
+                            const size_t mr = n - i < PK_MR ? n - i : PK_MR;
+                            float *out[PK_MR];
+                            for (size_t r = 0; r < mr; r++)
+                                out[r] = C + idx[i + r] * ldc + n0;
+                            gpk_sv_blocks[mr](c + i * cs, cs, Bv, (kn + 1) / 2, out, sp + i, Z + i, beta, k0 == 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+#endif /* GDOT_PACKED */
+
 /* QK's driver: gqk, or the including unit's own (GDOT_GQK, declared here; it may hand rows to
    gqk). */
 #ifdef GDOT_GQK
@@ -594,6 +812,12 @@ void DOT_ENTRY(gqa_qk_gemm_g_dot_)(size_t M, size_t N, size_t K, float alpha, co
         DOT_EXACT.qk_gemm(M, N, K, alpha, A, lda, B, type, s, C, ldc);
         return;
     }
+#ifdef GDOT_PACKED
+    if (M >= PK_MIN_ROWS) {
+        gpk_qk_gemm(M, N, K, alpha, A, lda, (const uint8_t *)B, type, C, ldc);
+        return;
+    }
+#endif
     GDOT_GQK(M, N, K, alpha, A, lda, (const uint8_t *)B, type, C, ldc);
 }
 
@@ -604,6 +828,12 @@ void DOT_ENTRY(gqa_sv_gemm_g_dot_)(size_t M, size_t N, size_t K, const float *A,
         DOT_EXACT.sv_gemm(M, N, K, A, lda, B, type, s, C, ldc, beta);
         return;
     }
+#ifdef GDOT_PACKED
+    if (M >= PK_MIN_ROWS) {
+        gpk_sv_gemm(M, N, K, A, lda, (const uint8_t *)B, type, C, ldc, beta);
+        return;
+    }
+#endif
     GDOT_GSV(M, N, K, A, lda, (const uint8_t *)B, type, C, ldc, beta);
 }
 #endif

@@ -168,7 +168,159 @@ QK_KIND(0) QK_KIND(1)
 
 static void sv_finish(const int32_t *d, int32_t corr, size_t w, float *crow, const float *s, int pc,
                       float sp, float beta, int first);
-#include "kernels_avx2_pack.h" /* the kernels of calls of PK_MIN_ROWS rows or more */
+#include "kernels_avx2_pack.h"
+
+/* ---- calls of PK_MIN_ROWS rows or more: the packed operands of kernels_avx2_pack.h ---------- */
+
+/* QK of MR rows (codes c, multipliers mult, outputs at out[i]) against one packed block of
+   16 keys, the first nv of which are stored. */
+INLINE void pk_qk_rows(const int MR, const int16_t *c, size_t cs, const float *mult, float *const *out,
+                       const int32_t *Bq, size_t nv)
+{
+    __m256i acc[2 * PK_MR];
+    pk_dots(MR, c, cs, Bq, cs / 2, acc);
+    UNROLL
+    for (int i = 0; i < MR; i++) {
+        const __m256 m = _mm256_set1_ps(mult[i]);
+        const __m256 s0 = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[2 * i]), m);
+        const __m256 s1 = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[2 * i + 1]), m);
+        if (nv == 16) {
+            _mm256_storeu_ps(out[i], s0);
+            _mm256_storeu_ps(out[i] + 8, s1);
+        } else {
+            float t[16];
+            _mm256_storeu_ps(t, s0);
+            _mm256_storeu_ps(t + 8, s1);
+            memcpy(out[i], t, nv * sizeof(float));
+        }
+    }
+}
+
+#define PK_QK_INST(MR)                                                                                 \
+    static void pk_qk_##MR(const int16_t *c, size_t cs, const float *mult, float *const *out,          \
+                           const int32_t *Bq, size_t nv)                                               \
+    {                                                                                                  \
+        pk_qk_rows(MR, c, cs, mult, out, Bq, nv);                                                      \
+    }
+PK_QK_INST(1) PK_QK_INST(2) PK_QK_INST(3) PK_QK_INST(4) PK_QK_INST(5) PK_QK_INST(6)
+typedef void (*pk_qk_fn)(const int16_t *, size_t, const float *, float *const *, const int32_t *, size_t);
+static const pk_qk_fn pk_qk_blocks[PK_MR + 1] = {NULL, pk_qk_1, pk_qk_2, pk_qk_3, pk_qk_4, pk_qk_5, pk_qk_6};
+
+/* qk_gemm_s8_dot of M rows (the entry's contract; K <= DOT_QK_K): rows in groups of at most
+   PK_CODES codes, each group's keys packed 16 at a time and read by all its rows. */
+static void pk_qk_gemm(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const int8_t *B,
+                       int type, const float *s, float *C, size_t ldc)
+{
+    int16_t c[PK_CODES] __attribute__((aligned(32)));
+    int16_t rows[8 * DOT_QK_K] __attribute__((aligned(32)));
+    int32_t Bq[8 * DOT_QK_K] __attribute__((aligned(32)));
+    const int pc = GQA_IS_PC(type);
+    const size_t cs = (K + 15) & ~(size_t)15, rb = gqa_row_bytes(type, K);
+    const size_t RG = PK_CODES / cs < PK_ROWS ? PK_CODES / cs : PK_ROWS;
+    float mult[PK_ROWS];
+    size_t idx[PK_ROWS];
+    for (size_t m0 = 0; m0 < M;) {
+        size_t g = 0;
+        for (; m0 < M && g < RG; ++m0) {
+            if (qk_row(A + m0 * lda, K, s, pc, alpha, c + g * cs, cs, &mult[g]))
+                idx[g++] = m0;
+            else
+                DOT_EXACT.qk_gemm(1, N, K, alpha, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc);
+        }
+        for (size_t n0 = 0; g > 0 && n0 < N; n0 += 16) {
+            const size_t nv = N - n0 < 16 ? N - n0 : 16;
+            pk_pack_keys(type, B, rb, n0, nv, K, cs, rows, Bq);
+            for (size_t i = 0; i < g; i += PK_MR) {
+                const size_t mr = g - i < PK_MR ? g - i : PK_MR;
+                float *out[PK_MR];
+                for (size_t r = 0; r < mr; r++)
+                    out[r] = C + idx[i + r] * ldc + n0;
+                pk_qk_blocks[mr](c + i * cs, cs, mult + i, out, Bq, nv);
+            }
+        }
+    }
+}
+
+/* P @ V of MR rows (codes c, stride cs; the chunk's np key pairs) against one packed block of
+   16 columns: the int32 sums of its first nv columns finished into out[i] as sv_finish does
+   (sp[i]; scales sc: s[0], or the block's s[n0 ..] per channel). */
+INLINE void pk_sv_rows(const int MR, const int16_t *c, size_t cs, const int16_t *Bv, size_t np, size_t nv,
+                       float *const *out, const float *sc, int pc, const float *sp, float beta, int first)
+{
+    __m256i acc[2 * PK_MR];
+    pk_dots(MR, c, cs, (const int32_t *)(const void *)Bv, np, acc);
+    UNROLL
+    for (int i = 0; i < MR; i++) {
+        __m256i d[2];
+        sv_order(acc[2 * i], acc[2 * i + 1], d);
+        if (nv < 16) {
+            int32_t D[16];
+            _mm256_storeu_si256((__m256i *)D, d[0]);
+            _mm256_storeu_si256((__m256i *)(D + 8), d[1]);
+            sv_finish(D, 0, nv, out[i], sc, pc, sp[i], beta, first);
+            continue;
+        }
+        /* a whole block finished from the registers */
+        const __m256 vsp = _mm256_set1_ps(sp[i]);
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256 scale = _mm256_mul_ps(vsp, pc ? _mm256_loadu_ps(sc + 8 * h) : _mm256_set1_ps(sc[0]));
+            _mm256_storeu_ps(out[i] + 8 * h, sv_finish8(_mm256_loadu_ps(out[i] + 8 * h), d[h], scale, beta, first));
+        }
+    }
+}
+
+#define PK_SV_INST(MR)                                                                                 \
+    static void pk_sv_##MR(const int16_t *c, size_t cs, const int16_t *Bv, size_t np, size_t nv,       \
+                           float *const *out, const float *sc, int pc, const float *sp, float beta,    \
+                           int first)                                                                  \
+    {                                                                                                  \
+        pk_sv_rows(MR, c, cs, Bv, np, nv, out, sc, pc, sp, beta, first);                               \
+    }
+PK_SV_INST(1) PK_SV_INST(2) PK_SV_INST(3) PK_SV_INST(4) PK_SV_INST(5) PK_SV_INST(6)
+typedef void (*pk_sv_fn)(const int16_t *, size_t, const int16_t *, size_t, size_t, float *const *, const float *,
+                         int, const float *, float, int);
+static const pk_sv_fn pk_sv_blocks[PK_MR + 1] = {NULL, pk_sv_1, pk_sv_2, pk_sv_3, pk_sv_4, pk_sv_5, pk_sv_6};
+
+/* sv_gemm_s8_dot of M rows (the entry's contract): rows in groups of at most PK_CODES codes of a
+   chunk, each chunk's 16-column blocks packed once per group and read by all its rows. */
+static void pk_sv_gemm(size_t M, size_t N, size_t K, const float *A, size_t lda, const int8_t *B, int type,
+                       const float *s, float *C, size_t ldc, float beta)
+{
+    int16_t c[PK_CODES] __attribute__((aligned(32)));
+    int16_t Bv[16 * (SV_KS + 16)] __attribute__((aligned(32)));
+    const int pc = GQA_IS_PC(type);
+    const size_t rb = gqa_row_bytes(type, N), cs = ((K < SV_KS ? K : SV_KS) + 15) & ~(size_t)15;
+    const size_t RG = PK_CODES / cs < PK_ROWS ? PK_CODES / cs : PK_ROWS;
+    float inv[PK_ROWS], sp[PK_ROWS];
+    size_t idx[PK_ROWS];
+    for (size_t m0 = 0; m0 < M;) {
+        size_t g = 0;
+        for (; m0 < M && g < RG; ++m0) {
+            if (sv_row(A + m0 * lda, K, &inv[g], &sp[g]))
+                idx[g++] = m0;
+            else
+                DOT_EXACT.sv_gemm(1, N, K, A + m0 * lda, lda, B, type, s, C + m0 * ldc, ldc, beta);
+        }
+        for (size_t k0 = 0; g > 0 && k0 < K; k0 += SV_KS) {
+            const size_t kn = K - k0 < SV_KS ? K - k0 : SV_KS;
+            for (size_t i = 0; i < g; i++)
+                sv_codes(A + idx[i] * lda + k0, kn, inv[i], c + i * cs);
+            for (size_t n0 = 0; n0 < N; n0 += 16) {
+                const size_t nv = N - n0 < 16 ? N - n0 : 16;
+                pk_pack_values(type, B + k0 * rb, rb, kn, n0, nv, Bv);
+                for (size_t i = 0; i < g; i += PK_MR) {
+                    const size_t mr = g - i < PK_MR ? g - i : PK_MR;
+                    float *out[PK_MR];
+                    for (size_t r = 0; r < mr; r++)
+                        out[r] = C + idx[i + r] * ldc + n0;
+                    pk_sv_blocks[mr](c + i * cs, cs, Bv, (kn + 1) / 2, nv, out, pc ? s + n0 : s, pc, sp + i, beta,
+                                     k0 == 0);
+                }
+            }
+        }
+    }
+}
 
 void DOT_ENTRY(gqa_qk_gemm_s8_dot_)(size_t M, size_t N, size_t K, float alpha, const float *A, size_t lda, const void *B,
                              int type, const float *s, float *C, size_t ldc)

@@ -44,6 +44,22 @@ static inline void gqa_group_meta(const uint8_t *meta, size_t g, int type, float
     }
 }
 
+/* 1 when every scale and zero of rows [0, n) (rb bytes apart, `cols` columns of group type `type`)
+   is below `limit` in magnitude (NaN is not): with limit 1e30 every value u scale + zero is
+   finite, and a zero probability times it 0. */
+static inline int gqa_group_meta_below(const uint8_t *rows, size_t rb, size_t n, size_t cols, int type, float limit)
+{
+    const size_t cb = cols * gqa_group_bits(type) / 8, J = cols / gqa_group_cols(type);
+    for (size_t k = 0; k < n; k++)
+        for (size_t j = 0; j < J; j++) {
+            float s, z;
+            gqa_group_meta(rows + k * rb + cb, j, type, &s, &z);
+            if (!(fabsf(s) < limit && fabsf(z) < limit))
+                return 0;
+        }
+    return 1;
+}
+
 /* tau of the row (see the header comment); +inf when rho does not clip.  The k-th smallest |x|
    is found by bisection on the bit patterns (non-negative floats order as their bit
    patterns, all below 2^31; NaN counts as +inf, 0x7f800000): the smallest pattern t with more than k elements
@@ -180,7 +196,7 @@ static inline void gqa_group_quantize_row(const float *x, uint8_t *dst, size_t c
 }
 
 /* The portable decoder (the scalar and NEON paths' row decoder, and the reference). */
-static void gqa_group_decode_row_ref(const uint8_t *row, float *dst, size_t cols, int type)
+static inline void gqa_group_decode_row_ref(const uint8_t *row, float *dst, size_t cols, int type)
 {
     const unsigned b = gqa_group_bits(type), per = 8 / b, mask = (1u << b) - 1;
     const size_t g = gqa_group_cols(type);
