@@ -50,13 +50,15 @@ cdef const gqa_kernels *_dotk = gqa_s8_dot_table(0)
 # ... and they serve the flash prompt's tiles too.  On avx512 their P @ V of INT8 codes
 # (vpdpwssd, 32 products an instruction) beats float32 products on a V tile dequantized once
 # (Zen 4: the prompt 1.11-1.16x; INT4 not measured there: float32).  On avx2 (and avxvnni) the
-# calls of many rows take kernels_avx2_pack.h's packed kernels, whose vpmaddwd + vpaddd do 16
+# calls of many rows take the packed kernels (kernels_avx2_pack.h), whose vpmaddwd + vpaddd do 16
 # products in two instructions without widening codes per row (Zen 3: 77 G products/s a core
 # against the float32 FMA blocks' 46 G), so a tile's scores and its P @ V both run on the codes,
-# INT8 and INT4 (_dot_prompt_qk); the decode kernels' 1-4 rows a pass had made P @ V 0.91x.
+# INT8 and INT4, and per-group codes (_dot_prompt_qk); the decode kernels' 1-4 rows a pass had
+# made P @ V 0.91x.
 cdef bint _dot_prompt_pv = False
 cdef bint _dot_prompt_qk = False
-# level 4 on per-group codes (decode steps and the naive path; prompts' flash tiles keep float32):
+# level 4 on per-group codes (decode steps and the naive path; on avx2 also the prompts' float32
+# flash tiles, _prompt_codes; elsewhere those keep float32):
 # the level-4 table of the active path (gqa_s8_dot_table: avx512's VNNI unit,
 # kernels_avx512vnni_gdot.c; avx2's, kernels_avx2_gdot.c, or avxvnni's with AVX-VNNI; neon's
 # sdot unit, kernels_neon_gdot.c), on avx512 without VNNI the avx2 path's (every AVX-512 CPU runs

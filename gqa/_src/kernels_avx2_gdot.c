@@ -22,7 +22,9 @@
  * four, two or one groups at a time by an in-register transpose (gsv_meta), the probability row
  * times each group's scales quantized per chunk of
  * SV_KG keys and group (gsv_rows), against the codes by the INT8 unit's blocks over pairs of keys
- * (sv_block; INT4 of one or two rows: sv_block_eo), plus the zeros' term in float32.
+ * (sv_block; INT4 of one or two rows: sv_block_eo), plus the zeros' term in float32.  Calls of
+ * PK_MIN_ROWS rows or more (a prompt's flash tiles) take the packed kernels (gpk_*, below) in
+ * the units that keep these drivers (avx2, avxvnni).
  *
  * Layout: QK: A float32 [M, K] (lda), B rows [N] of gqa_row_bytes(type, K) bytes, C float32 [M, N]
  * (ldc), overwritten.  SV: A float32 [M, K] (lda), B rows [K] of gqa_row_bytes(type, N) bytes, C
@@ -598,8 +600,9 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
  * probabilities times the group's scales quantized (gsv_rows, gsv_meta: the decode blocks' own),
  * each 16 columns of the group packed once into pairs of keys (pk_pack_values) and read by all
  * rows; finish gsv_finish8 from the registers.  The integer sums are exact, so the results are
- * the blocks' bits.  Stack: QK 59 KiB (codes 32, widened rows 8, Bq 16, metadata 2, A_j 2); P @ V
- * 58 KiB (codes 32, Bv 8.5, metadata columns 8, w 4, sums 2). */
+ * the blocks' bits.  Stack: QK 63 KiB (codes 32, widened rows 8, Bq 16, metadata 2, A_j 2, the
+ * rows' indices and multipliers 3); P @ V 54 KiB (codes 32, Bv 8.5, metadata columns 8, w 4,
+ * the rows' 1.5). */
 #ifdef GDOT_PACKED
 #include "kernels_avx2_pack.h"
 

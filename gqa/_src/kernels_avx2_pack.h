@@ -1,31 +1,30 @@
 /*
- * kernels_avx2_pack.h -- the AVX2 level-4 unit's QK and P @ V for calls of many rows (a prompt's
- * flash tiles: rows x G query rows against a tile of keys): INT8 / INT4 per-tensor and
- * per-channel codes widened once per block of keys (QK) or of columns (P @ V) into packed int16
- * pairs that every row of the call then reads, so that each DOT_MADD is 16 products with no
- * widening, interleave or horizontal sum in the inner loop (Zen 3, operands in L1: 77 G
- * products/s a core in 6 x 16 blocks, against 46 G multiply-adds/s of the float32 kernels' FMA
- * blocks).  The contracts of kernels_s8dot_contract.h, bit for bit the results of
- * kernels_avx2_s8dot.c's blocks: each row's codes and multipliers come from the same qk_row /
- * sv_row / sv_codes, int32 sums are exact in any order (INT4 packed as the signed q = u - 8,
- * whose dots equal the blocks' sum c (q + 8) - 8 sum c), and the finish is the same float32
- * operations (qk: fl(float(D) mult); P @ V: sv_finish8 chunk by chunk).
- * ISA flags: the including unit's (kernels_avx2_s8dot.c: the avx2 path's; the avxvnni build).
+ * kernels_avx2_pack.h -- the packed operands of the AVX2 level-4 unit's kernels for calls of many
+ * rows (a prompt's flash tiles: rows x G query rows against a tile of keys): a block of keys (QK)
+ * or of columns (P @ V) widened once into int16 pairs that every row of the call then reads, so
+ * that each DOT_MADD is 16 products with no widening, interleave or horizontal sum in the inner
+ * loop (Zen 3, operands in L1: 77 G products/s a core in 6 x 16 blocks, against 46 G
+ * multiply-adds/s of the float32 kernels' FMA blocks).  Codes: INT8 / INT4 per tensor or per
+ * channel (INT4 as the signed q = u - 8) and per-group codes (their u).  The drivers are the
+ * contracts' units: kernels_avx2_s8dot.c (per tensor / channel: pk_qk_gemm, pk_sv_gemm) and
+ * kernels_avx2_gdot.c (per group: gpk_qk_gemm, gpk_sv_gemm); integer sums are exact in any
+ * order, so they give the decode blocks' bits.
+ * ISA flags: the including unit's (the avx2 path's; the avxvnni build).
  *
- * Packed layouts (on the stack: QK 59 KiB, codes 32 + widened rows 8 + Bq 16; P @ V 53 KiB):
+ * Packed layouts:
  *   QK, a block of 16 keys n0 .. n0 + 15: Bq[p][16] int32, lane i the pair (q[n0 + i][2p],
  *     q[n0 + i][2p + 1]) (p < cs / 2; keys past N and columns past K are 0); rows' codes
  *     c[cs] (qk_row's, zero past K): acc[key lanes] += pair(c[2p], c[2p + 1]) . Bq[p].
  *   P @ V, a block of 16 columns n0 .. n0 + 15 and a chunk's keys: Bv[kp][32] int16, the pairs
  *     (q[2kp][n], q[2kp + 1][n]) in sv_block's lane order (`lo`: columns 0-3, 8-11; `hi`: 4-7,
- *     12-15), 0 past the chunk's keys and past N; rows' codes per chunk (sv_codes, zero past kn).
+ *     12-15), 0 past the chunk's keys and past N; rows' codes per chunk (zero past kn).
  */
 #ifndef GQA_KERNELS_AVX2_PACK_H
 #define GQA_KERNELS_AVX2_PACK_H
 
 /* Calls of at least this many rows (the contracts' rows) take the packed kernels: below it the
-   blocks of kernels_avx2_s8dot.c (1-4 rows a pass, each key's codes widened per pass) measured
-   as fast or faster (a decode step's 1-8 query rows). */
+   decode blocks (1-4 rows a pass, each key's codes widened per pass) measured as fast or faster
+   (a decode step's 1-8 query rows; kernels_avx2_s8dot.c's). */
 #define PK_MIN_ROWS 16
 /* Rows per group (each group packs the keys once): at most PK_ROWS rows of at most PK_CODES
    int16 codes together. */

@@ -170,7 +170,8 @@ static void sv_finish(const int32_t *d, int32_t corr, size_t w, float *crow, con
                       float sp, float beta, int first);
 #include "kernels_avx2_pack.h"
 
-/* ---- calls of PK_MIN_ROWS rows or more: the packed operands of kernels_avx2_pack.h ---------- */
+/* ---- calls of PK_MIN_ROWS rows or more: the packed operands of kernels_avx2_pack.h ----------
+ * Stack: QK 59 KiB (codes 32, widened rows 8, Bq 16), P @ V 53 KiB (codes 32, Bv 16.5). */
 
 /* QK of MR rows (codes c, multipliers mult, outputs at out[i]) against one packed block of
    16 keys, the first nv of which are stored. */

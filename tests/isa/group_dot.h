@@ -3,12 +3,13 @@
  * contracts (kernels_s8dot_contract.h) stated in plain C, and check_group_dot, which runs a
  * table's qk_gemm_s8_dot / sv_gemm_s8_dot on per-group rows (GQA_G8 / G4 / G2, float32 and
  * binary16 metadata, groups of 32 to 256) against them bit for bit:
- *   dot.group.qk   rows of A 1..5 (a row of zeros and one with a NaN: the exact kernel's),
- *                  heads 64..512, 1..37 keys;
+ *   dot.group.qk   rows of A 1..5, 16 and 23 (the avx2 unit's packed kernels of 16 rows or
+ *                  more; a row of zeros and one with a NaN: the exact kernel's), heads 64..512,
+ *                  1..37 keys;
  *   dot.group.sv   1..700 keys (across the 256-key chunks, a chunk of zero probabilities), heads
  *                  32..256, beta 0 / 1 / 0.5 (a row with a negative element: the exact kernel's);
- *                  and 1-4 rows of heads 96..480 with groups of 32, 96 and 160 (blocks of columns
- *                  that end inside a group);
+ *                  rows 1..4, 16 and 23; and 1-4 and 17 rows of heads 96..480 with groups of
+ *                  32, 96 and 160 (blocks of columns that end inside a group);
  *   dot.group.out  groups of 16 columns (outside the contracts) as the exact kernels.
  */
 #include "kernels_group.h"
@@ -144,6 +145,7 @@ static void check_group_dot(gqa_qk_gemm_fn qk, gqa_sv_gemm_fn sv)
     static const size_t QK_K[4] = {64, 128, 256, 512}, QK_N[4] = {1, 4, 13, 37};
     static const size_t SV_K[6] = {1, 7, 255, 256, 300, 700}, SV_N[3] = {32, 64, 256};
     static const float betas[3] = {0.0f, 1.0f, 0.5f};
+    static const size_t QK_M[7] = {1, 2, 3, 4, 5, 16, 23}, SV_M[6] = {1, 2, 3, 4, 16, 23};
     long cases[3] = {0}, fails[3] = {0};
     int shown = 0;
     for (int ki = 0; ki < 3; ki++)
@@ -151,7 +153,7 @@ static void check_group_dot(gqa_qk_gemm_fn qk, gqa_sv_gemm_fn sv)
             for (int gi = 0; gi < 4; gi++) {
                 const int type = gqa_group_type(kinds[ki], gs[gi], meta16);
                 for (int t = 0; t < 4; t++) { /* Q K^T */
-                    const size_t K = QK_K[t], N = QK_N[(t + gi + ki) % 4], M = 1 + (size_t)(t + gi + ki) % 5;
+                    const size_t K = QK_K[t], N = QK_N[(t + gi + ki) % 4], M = QK_M[(t + gi + ki + meta16) % 7];
                     if (K % gs[gi])
                         continue;
                     uint8_t *B = gdot_rows(N, K, type);
@@ -179,7 +181,7 @@ static void check_group_dot(gqa_qk_gemm_fn qk, gqa_sv_gemm_fn sv)
                     free(A), free(got), free(want), free(B);
                 }
                 for (int t = 0; t < 6; t++) { /* P @ V */
-                    const size_t K = SV_K[t], N = SV_N[(t + gi) % 3], M = 1 + (size_t)(t + ki) % 4;
+                    const size_t K = SV_K[t], N = SV_N[(t + gi) % 3], M = SV_M[(t + ki + gi) % 6];
                     const float beta = betas[(t + gi + meta16) % 3];
                     if (N % gs[gi])
                         continue;
@@ -204,7 +206,7 @@ static void check_group_dot(gqa_qk_gemm_fn qk, gqa_sv_gemm_fn sv)
     static const size_t ODD[4][2] = {{32, 96}, {32, 160}, {96, 480}, {160, 480}}; /* (g, N) */
     for (int ki = 0; ki < 3; ki++)
         for (int o = 0; o < 4; o++)
-            for (size_t M = 1; M <= 4; M++) {
+            for (size_t M = 1; M <= 17; M = M == 4 ? 17 : M + 1) {
                 const size_t g = ODD[o][0], N = ODD[o][1], K = M % 2 ? 255 : 513;
                 const int type = gqa_group_type(kinds[ki], g, (int)(M + (size_t)o) % 2);
                 const float beta = betas[(M + (size_t)o) % 3];
