@@ -71,6 +71,8 @@ cdef struct Params:
     int k_finite          # every dequantized K value is finite (static codes, moderate scales,
                           # no float windows); likewise V:
     int v_finite
+    int k_codes_ok        # static codes with moderate scales (float windows or not); likewise V:
+    int v_codes_ok
 
 
 cdef class Consts:

@@ -347,9 +347,11 @@ cdef int tile_reads(int k0, int nb, int R, const int *rlo, const int *rhi, const
 
 cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, int nb, int R,
                       const int *rlo, const int *rhi, const int *rns, const int *rrl, bint k_rows,
-                      float *Kt, float *Vt, float *Kf, float *Vf) noexcept nogil:
+                      bint k_codes, bint v_codes, float *Kt, float *Vt, float *Kf,
+                      float *Vf) noexcept nogil:
     """The tiles of keys [k0, k0 + nb) for R query rows with causal float windows: 1 when
-    every row reads them as codes (Kt / Vt from the codes), 2 as floats (Kt / Vt from the
+    every row reads them as codes (Kt / Vt from the codes; none of K with k_codes, of V with
+    v_codes: the integer kernels read the codes), 2 as floats (Kt / Vt from the
     staged rows; zero where no row reads them), 3 mixed (Kt / Vt from the codes, Kf / Vf from
     the staged rows, zero where no row reads a float).  K's tiles are transposed [H, nb], or
     with k_rows (matrix tiles) K's rows [nb, H]."""
@@ -362,9 +364,10 @@ cdef int staged_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k
     if codes:
         if k_rows:
             t.dequantize(k_row(p, b, j, k0), Kt, p.H, nb, p.H, p.ktype, k_scales(p, j))
-        else:
+        elif floats or not k_codes:
             t.dequantize_t(k_row(p, b, j, k0), Kt, nb, nb, p.H, p.ktype, k_scales(p, j))
-        t.dequantize(v_row(p, b, j, k0), Vt, p.H, nb, p.H, p.vtype, v_scales(p, j))
+        if floats or not v_codes:
+            t.dequantize(v_row(p, b, j, k0), Vt, p.H, nb, p.H, p.vtype, v_scales(p, j))
         if not floats:
             return 1
         memset(Kf, 0, <size_t>p.H * nb * sizeof(float))
@@ -563,6 +566,16 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
         s.Hk = <int>Hk
         s.Kx = <int>Kx
     return at
+
+
+cdef inline bint tile_codes_ok(const Params *p, int b, int j, int k0, int nb) noexcept nogil:
+    """V's codes of keys [k0, k0 + nb) may enter P @ V as they are (attend_tiled's pv_codes):
+    static codes with scales below 1e30, or per-group rows whose scales and zeros are, so that
+    every value is finite and a masked key's zero probability adds 0."""
+    if p.v_codes_ok:
+        return True
+    return GQA_IS_GROUP(p.vtype) and gqa_group_meta_below(
+        <const uint8_t *>v_row(p, b, j, k0), gqa_row_bytes(p.vtype, p.H), nb, p.H, p.vtype, 1e30)
 
 
 cdef bint nan_values(const Params *p, const float *Vr, int R, const int *rlo, const int *rhi,
@@ -1004,9 +1017,11 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     pairs strip by strip (mixed_strips); each 32-row strip takes its scores, softmax and P @ V
     in turn (tile_strips); a tile whose masked keys have NaN / inf values (nan_values) takes
     its scores on the tiles strip by strip, and the float32 P @ V per row as below.
-    Level 4 without matrix tiles on static INT8 / INT4 codes (finite scales, no float
-    windows): P @ V by p.sv on V's codes (VNNI: INT8; AVX2), and on AVX2 the scores by
-    p.qk_tiles on K's codes (the packed kernels of kernels_avx2_pack.h), with no float32 tile."""
+    Level 4 without matrix tiles on static INT8 / INT4 codes (scales below 1e30): P @ V by p.sv
+    on V's codes (VNNI: INT8; AVX2), and on AVX2 the scores by p.qk_tiles on K's codes (the
+    packed kernels of kernels_avx2_pack.h), also on per-group codes (P @ V where a tile's
+    metadata is below 1e30), with no float32 tile; with causal float windows, on the tiles every
+    row reads as codes (staged_tiles' kind 1)."""
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
     cdef int G = p.G, H = p.H, Bc = p.Bc
@@ -1055,15 +1070,16 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     row_ranges(p, b, s0, s1, p.hstage, rlo, rhi, rns, rrl, &kv_lo, &kv_hi, cut)
     tile_queries(p, b, j, s0, s1, Qt, O, ks if kcodes else NULL, mrow, lrow, smooth)
     memset(O, 0, <size_t>sc.Mx * H * sizeof(float))
-    # accuracy level 4 on INT8 / INT4 V codes (finite, no float windows): P @ V by the integer-dot
+    # accuracy level 4 on INT8 / INT4 V codes (scales below 1e30): P @ V by the integer-dot
     # kernel on the codes themselves, and no V tile; per-group codes where a tile's scales and
-    # zeros are (pv_codes: a masked key's zero probability then adds 0, as nan_values requires)
-    codes_pv = (p.sv != t.sv_gemm and p.fk == NULL and x == NULL
-                and (p.v_finite or GQA_IS_GROUP(p.vtype)))
+    # zeros are below 1e30 (pv_codes, tile_codes_ok); with causal float windows on the tiles of
+    # codes only (kind 1)
+    codes_pv = (p.sv != t.sv_gemm and (p.fk == NULL or p.hstage) and x == NULL
+                and (p.v_codes_ok or GQA_IS_GROUP(p.vtype)))
     # ... and the scores, where the path's integer dots beat float32 products (p.qk_tiles: AVX2;
     # masked keys' scores are never read, so any per-group metadata will do)
-    codes_qk = (p.qk_tiles != NULL and p.fk == NULL and x == NULL
-                and (p.k_finite or GQA_IS_GROUP(p.ktype)))
+    codes_qk = (p.qk_tiles != NULL and (p.fk == NULL or p.hstage) and x == NULL
+                and (p.k_codes_ok or GQA_IS_GROUP(p.ktype)))
     kdirect = x != NULL and p.fk == NULL and p.ktype == GQA_F32
     vdirect = x != NULL and p.fk == NULL and p.vtype == GQA_F32
     # p.keep: the tiles of keys [0, kv_hi) packed once for every query block of the unit
@@ -1080,8 +1096,9 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         kind = 0
         if p.hstage:
             nb = cut_block(cut, k0, nb)
-            kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, x != NULL, Kt, Vt, Kf,
-                                Vf)
+            pv_codes = codes_pv and tile_codes_ok(p, b, j, k0, nb)
+            kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, x != NULL, codes_qk,
+                                pv_codes, Kt, Vt, Kf, Vf)
         elif keep:
             i = k0 // Bc
             Kp = sc.Kp + <size_t>i * kstep
@@ -1096,8 +1113,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             # a float32 cache's rows (no windows) are the tiles' rows as they are
             Kr = <const float *>k_row(p, b, j, k0) if kdirect else Kt
             Vr = <const float *>v_row(p, b, j, k0) if vdirect else Vt
-            pv_codes = codes_pv and (p.v_finite or gqa_group_meta_below(
-                <const uint8_t *>v_row(p, b, j, k0), gqa_row_bytes(p.vtype, H), nb, H, p.vtype, 1e30))
+            pv_codes = codes_pv and tile_codes_ok(p, b, j, k0, nb)
             if not (kdirect and vdirect):
                 kv_tiles(p, t, b, j, k0, nb, NULL if (kdirect or codes_qk) else Kt,
                          NULL if (pv_codes or vdirect) else Vt, x != NULL,
@@ -1117,7 +1133,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 k0 = k0 + nb
                 continue
         if not keep:
-            nanv = kind != 3 and not pv_codes and nan_values(p, Vr, R, rlo, rhi, k0, nb)   # kind 3: mixed_pv
+            # kind 3: mixed_pv; V's codes (pv_codes, kind <= 1): finite, checked
+            nanv = kind != 3 and not (pv_codes and kind <= 1) and nan_values(p, Vr, R, rlo, rhi, k0, nb)
         if x != NULL:
             if not nanv:
                 if not keep:
@@ -1126,7 +1143,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 k0 = k0 + nb
                 continue
             # else: the float32 P @ V below, from every row's float probabilities
-        elif codes_qk:
+        elif codes_qk and kind <= 1:
             p.qk_tiles(M, nb, H, 1.0, Qt, H, k_row(p, b, j, k0), p.ktype, ks, Sx, nb)
         else:
             t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
@@ -1161,7 +1178,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 if z0 > a0:
                     t.sv_gemm(1, H, z0 - a0, Sx + <size_t>r * ls + a0, ls, Vr + <size_t>a0 * H,
                               GQA_F32, NULL, O + <size_t>r * H, H, 1.0)
-        elif pv_codes:
+        elif pv_codes and kind <= 1:
             p.sv(M, H, nb, Sx, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
         else:
             t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)

@@ -129,12 +129,12 @@ cdef void plan_team(Params *p, Work *w, int num_threads) noexcept nogil:
     if w.mode == 1:
         plan_keep(p)
         w.scratch_len = tiled_layout(p, NULL, NULL)
-        # static codes with scales below 1e30, no float windows: finite values only
-        # (attend_tiled)
-        p.k_finite = (static_codes(p.ktype) and p.hk == NULL
-                      and scales_below(p.ks, p.Nkv * p.H if p.k_pc else 1, 1e30))
-        p.v_finite = (static_codes(p.vtype) and p.hv == NULL
-                      and scales_below(p.vs, p.Nkv * p.H if p.v_pc else 1, 1e30))
+        # static codes with scales below 1e30: finite codes' values; without float windows
+        # finite values only (attend_tiled)
+        p.k_codes_ok = static_codes(p.ktype) and scales_below(p.ks, p.Nkv * p.H if p.k_pc else 1, 1e30)
+        p.v_codes_ok = static_codes(p.vtype) and scales_below(p.vs, p.Nkv * p.H if p.v_pc else 1, 1e30)
+        p.k_finite = p.k_codes_ok and p.hk == NULL
+        p.v_finite = p.v_codes_ok and p.hv == NULL
     # Below ~2^17 multiply-adds the team's wake-up costs more than it saves (results do
     # not depend on the thread count, so this is only a speed decision).
     if num_threads < 1 or <size_t>p.Tmax * p.B * p.Nkv * p.H * p.S < (1 << 17):

@@ -314,12 +314,13 @@ def test_level_4_group_attention_within_its_bound(mode, flash, group_dot_path):
             assert (err <= bound).all(), (h, err.max(), bound.min())
 
 
-@pytest.mark.parametrize("mode", ["int8-g32", "int4-g32", "int4-g64-fp16", "int2-g32"])
+@pytest.mark.parametrize("mode", ["int8-g32", "int4-g32", "int4-g64-fp16", "int2-g32", "int4-g32+s4r16"])
 @pytest.mark.parametrize("blocks", [(8, 16), (16, 64), None], ids=["8x16", "16x64", "plan"])
 def test_avx2_group_prompt_on_the_codes_within_its_bound(mode, blocks, group_dot_path):
     """On the avx2 path (its avx2 and avxvnni units) a prompt's float32 flash tiles at level 4
     take both GEMMs on per-group codes (the packed kernels of kernels_avx2_gdot.c: the per-group
-    contracts over a tile's rows): against float64 over the same codes every output within
+    contracts over a tile's rows; with causal float windows the tiles every row reads as
+    codes): against float64 over the same codes (and the windows' floats) every output within
     _head_bound, the query row as the tile holds it, fl(alpha q) (one more rounding: 2^-21 and
     sa (1 + 2^-20)); level 0 (float32 tiles) within the same bound.  A V tile whose scales reach
     1e30 (here inf, at a key every row but the last masks) keeps float32 P @ V (attend_tiled's
@@ -328,7 +329,9 @@ def test_avx2_group_prompt_on_the_codes_within_its_bound(mode, blocks, group_dot
         pytest.skip("the packed kernels of a prompt's tiles are the avx2 path's")
     rng = np.random.default_rng(17)
     S = 160
-    bits, g, meta16 = _mode_parts(mode)
+    base, _, win = mode.partition("+")
+    bits, g, meta16 = _mode_parts(base)
+    ns, nr = (4, 16) if win else (0, 0)
     q = rng.uniform(-2, 2, (1, S, N * H)).astype(F32)
     k, v = (rng.uniform(-1, 1, (1, S, NKV * H)).astype(F32) for _ in range(2))
     outs = {}
@@ -343,17 +346,24 @@ def test_avx2_group_prompt_on_the_codes_within_its_bound(mode, blocks, group_dot
     for j in range(NKV):
         K = _decoded(c.key[0][0, j, :S], bits, g, meta16)
         V = _decoded(c.value[0][0, j, :S], bits, g, meta16)
-        for h in range(j * G, (j + 1) * G):
-            for s in range(S):
-                ref, bound = _head_bound(alpha * qh[s, h], tuple(x[:s + 1] for x in K),
-                                         tuple(x[:s + 1] for x in V), H // g, mid=2 ** -21, grow=1 + 2 ** -20)
+        kf, vf = (x[0, :, j * H:(j + 1) * H].astype(np.float64) for x in (k, v))
+        for s in range(S):
+            # row s reads keys [0, ns) and [s + 1 - nr, s] as floats, no code error there
+            fl = np.zeros(s + 1, bool)
+            fl[:ns] = fl[max(0, s + 1 - nr):] = win != ""
+            Ks = [x[:s + 1].copy() for x in K]
+            Vs = [x[:s + 1].copy() for x in V]
+            Ks[1][fl], Ks[2][fl] = kf[:s + 1][fl], np.abs(kf[:s + 1][fl])
+            Vs[0][fl], Vs[1][fl], Vs[3][fl] = 0, vf[:s + 1][fl], 0
+            for h in range(j * G, (j + 1) * G):
+                ref, bound = _head_bound(alpha * qh[s, h], Ks, Vs, H // g, mid=2 ** -21, grow=1 + 2 ** -20)
                 for level in (0, 4):
                     err = np.abs(outs[level][0, s, h * H:(h + 1) * H] - ref)
                     assert (err <= bound).all(), (level, h, s, err.max(), bound.min())
-    v[0, S - 1, :H] = np.inf
+    v[0, S - 1 - nr, :H] = np.inf      # a code of the last row, masked by the rows before it
     c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S, mode=mode,
                     accuracy_level=4)
     with gqa.config(path=group_dot_path, flash=True, flash_blocks=blocks):
         out = c.attend(0, q, k, v)
-    assert np.isfinite(out[0, :S - 1]).all()
-    assert np.array_equal(out[0, :S - 1, G * H:], outs[4][0, :S - 1, G * H:])   # KV head 1: as before
+    assert np.isfinite(out[0, :S - 1 - nr]).all()
+    assert np.array_equal(out[0, :, G * H:], outs[4][0, :, G * H:])   # KV head 1: as before
