@@ -270,7 +270,7 @@ cdef tuple _optional_inputs(attention_bias, head_sink, q_norm_weight, k_norm_wei
 
 
 @cython.final
-cdef inline bint code_tiles(int ktype, int level, int H, bint windows) noexcept nogil:
+cdef inline bint code_tiles(int ktype, int level, int H) noexcept nogil:
     """_plan's code_tiles: a prompt's float32 tiles read K's codes (prompt_qk_kernel); with
     float windows those every row reads as codes (attend_tiled's codes_qk; int8-pt+s4r64,
     S = 2048, level 4 against level 0: 1.08x on the float plan's tiles, 1.2-1.4x on these)."""
@@ -588,7 +588,7 @@ cdef class Signature:
                     raise ValueError(f"{name} must have shape {(B, Nkv, Pres, Hp)}, got "
                                      f"{x.shape}")
         nt = _threads(num_threads)
-        _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(level, H), code_tiles(p.ktype, level, H, self.win),
+        _plan(B, S, Nkv, p.G, H, Tmax, tile_rows(level, H), code_tiles(p.ktype, level, H),
               step_rows(p.ktype, p.vtype, level, H, B * Nkv, tile_steps(level, H)), &q_block, &kv_block,
               &splits, &ranges, &direct)
         phk, phv, rot_k, rot_v, hpk, hpv = ext
@@ -766,7 +766,7 @@ cdef class Signature:
         if B:
             _window.move_rows(work_k, &z[0], past_key, &l[1, 0], &l[0, 0], B, Nkv)
             _window.move_rows(work_v, &z[0], past_value, &l[1, 0], &l[0, 0], B, Nkv)
-        _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(level, p.H), code_tiles(p.ktype, level, p.H, self.win),
+        _plan(B, S, Nkv, p.G, p.H, Trel, tile_rows(level, p.H), code_tiles(p.ktype, level, p.H),
               step_rows(p.ktype, p.vtype, level, p.H, B * Nkv, tile_steps(level, p.H)), &q_block, &kv_block,
               &splits,
               &ranges, &direct)

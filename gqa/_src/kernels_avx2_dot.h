@@ -176,11 +176,14 @@ static inline int qk_row(const float *a, size_t K, const float *s, int pc, float
 {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    /* whole vectors loaded plainly (the masked loads cost a prompt's tiles, which quantize each
+       query row once per key tile, about 5 % of their time), the rest masked (lanes past K: 0) */
+    const size_t K8 = K & ~(size_t)7;
     for (size_t k = 0; k < K; k += 8) {
         const __m256i m = lanes8(K - k);
-        __m256 v = _mm256_maskload_ps(a + k, m);
+        __m256 v = k < K8 ? _mm256_loadu_ps(a + k) : _mm256_maskload_ps(a + k, m);
         if (pc)
-            v = _mm256_mul_ps(v, _mm256_maskload_ps(s + k, m));
+            v = _mm256_mul_ps(v, k < K8 ? _mm256_loadu_ps(s + k) : _mm256_maskload_ps(s + k, m));
         bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
         mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v));
     }
@@ -194,9 +197,9 @@ static inline int qk_row(const float *a, size_t K, const float *s, int pc, float
         for (int h = 0; h < 2; h++) {
             const size_t kk = k + 8 * (size_t)h;
             const __m256i m = lanes8(K > kk ? K - kk : 0); /* lanes past the row: 0 */
-            __m256 v = _mm256_maskload_ps(a + kk, m);
+            __m256 v = kk < K8 ? _mm256_loadu_ps(a + kk) : _mm256_maskload_ps(a + kk, m);
             if (pc)
-                v = _mm256_mul_ps(v, _mm256_maskload_ps(s + kk, m));
+                v = _mm256_mul_ps(v, kk < K8 ? _mm256_loadu_ps(s + kk) : _mm256_maskload_ps(s + kk, m));
             v = _mm256_round_ps(_mm256_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             q[h] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(v, lim), nlim));
         }

@@ -704,10 +704,8 @@ static void gpk_qk_gemm(size_t M, size_t N, size_t K, float alpha, const float *
             pk_pack_keys(type, (const int8_t *)B, rb, n0, nv, K, cs, rows, Bq);
             gpk_meta(B, rb, cb, n0, nv, J, f16, sm, zm);
             for (size_t i = 0; i < n; i += PK_MR) {
-                const size_t mr = n - i < PK_MR ? n - i : PK_MR;
                 float *out[PK_MR];
-                for (size_t r = 0; r < mr; r++)
-                    out[r] = C + idx[i + r] * ldc + n0;
+                const size_t mr = pk_block_rows(C, ldc, idx, i, n, n0, out);
                 gpk_qk_blocks[mr](c + i * cs, cs, mult + i, aj + i * J, J, g, out, Bq, sm, zm, nv);
             }
         }
@@ -785,10 +783,8 @@ static void gpk_sv_gemm(size_t M, size_t N, size_t K, const float *A, size_t lda
                     for (size_t n0 = j * g; n0 < (j + 1) * g; n0 += 16) {
                         pk_pack_values(type, (const int8_t *)bk, rb, kn, n0, 16, Bv);
                         for (size_t i = 0; i < n; i += PK_MR) {
-                            const size_t mr = n - i < PK_MR ? n - i : PK_MR;
                             float *out[PK_MR];
-                            for (size_t r = 0; r < mr; r++)
-                                out[r] = C + idx[i + r] * ldc + n0;
+                            const size_t mr = pk_block_rows(C, ldc, idx, i, n, n0, out);
                             gpk_sv_blocks[mr](c + i * cs, cs, Bv, (kn + 1) / 2, out, sp + i, Z + i, beta, k0 == 0);
                         }
                     }

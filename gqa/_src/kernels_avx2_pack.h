@@ -167,6 +167,17 @@ INLINE void pk_dots(const int MR, const int16_t *c, size_t cs, const int32_t *B,
     }
 }
 
+/* A register block's rows from row i of the n rows idx[] of C: out[r] = row idx[i + r] at column
+   n0, for the min(PK_MR, n - i) rows it returns. */
+static inline size_t pk_block_rows(float *C, size_t ldc, const size_t *idx, size_t i, size_t n, size_t n0,
+                                   float **out)
+{
+    const size_t mr = n - i < PK_MR ? n - i : PK_MR;
+    for (size_t r = 0; r < mr; r++)
+        out[r] = C + idx[i + r] * ldc + n0;
+    return mr;
+}
+
 /* Bv of keys [0, kn) (kn <= SV_KS) and columns [n0, n0 + nv) of b (rows of ldb bytes), in
    sv_block's lane order. */
 static void pk_pack_values(int type, const int8_t *b, size_t ldb, size_t kn, size_t n0, size_t nv, int16_t *Bv)

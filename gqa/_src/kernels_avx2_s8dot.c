@@ -232,10 +232,8 @@ static void pk_qk_gemm(size_t M, size_t N, size_t K, float alpha, const float *A
             const size_t nv = N - n0 < 16 ? N - n0 : 16;
             pk_pack_keys(type, B, rb, n0, nv, K, cs, rows, Bq);
             for (size_t i = 0; i < g; i += PK_MR) {
-                const size_t mr = g - i < PK_MR ? g - i : PK_MR;
                 float *out[PK_MR];
-                for (size_t r = 0; r < mr; r++)
-                    out[r] = C + idx[i + r] * ldc + n0;
+                const size_t mr = pk_block_rows(C, ldc, idx, i, g, n0, out);
                 pk_qk_blocks[mr](c + i * cs, cs, mult + i, out, Bq, nv);
             }
         }
@@ -311,10 +309,8 @@ static void pk_sv_gemm(size_t M, size_t N, size_t K, const float *A, size_t lda,
                 const size_t nv = N - n0 < 16 ? N - n0 : 16;
                 pk_pack_values(type, B + k0 * rb, rb, kn, n0, nv, Bv);
                 for (size_t i = 0; i < g; i += PK_MR) {
-                    const size_t mr = g - i < PK_MR ? g - i : PK_MR;
                     float *out[PK_MR];
-                    for (size_t r = 0; r < mr; r++)
-                        out[r] = C + idx[i + r] * ldc + n0;
+                    const size_t mr = pk_block_rows(C, ldc, idx, i, g, n0, out);
                     pk_sv_blocks[mr](c + i * cs, cs, Bv, (kn + 1) / 2, nv, out, pc ? s + n0 : s, pc, sp + i, beta,
                                      k0 == 0);
                 }
