@@ -435,6 +435,30 @@ class GroupDecodeAccuracy(GroupDecode):
         self.op(*self.args, **self.kw)
 
 
+class GroupPrefillAccuracy(GroupDecode):
+    """A first prompt S = T (causal) over a per-group cache, plain or with windows and rotations,
+    at accuracy_level 0 and 4 (on avx2 both GEMMs of each flash tile on the codes: the packed
+    kernels of kernels_avx2_gdot.c, with windows on the tiles every row reads as codes;
+    elsewhere level 4 leaves prompts to the float32 or bfloat16 tiles)."""
+    params = ([0, 4], ["int8-g32", "int4-g32"], [2048], ["plain", "windows+rotations"])
+    param_names = ["level", "mode", "S", "extras"]
+    timeout = 300
+
+    def setup(self, level, mode, S, extras):
+        if gqa is None:
+            raise NotImplementedError("gqa not importable")
+        super().setup(gqa.get_config()["active_path"], mode, S, extras, level)
+        rng = np.random.default_rng(1)
+        u = lambda *s: rng.uniform(-0.5, 0.5, s).astype(np.float32)  # noqa: E731
+        self.args = (u(1, S, N * H), u(1, S, NKV * H), u(1, S, NKV * H)) + self.args[3:]
+
+    def teardown(self, level, mode, S, extras):
+        super().teardown(None, mode, S, extras)
+
+    def time_prefill(self, level, mode, S, extras):
+        self.op(*self.args, **self.kw)
+
+
 class HeadWidths:
     """One decode step (S = 1, T = 4096) of a multi-head layer (32 heads, 32 KV heads) at head
     sizes 80 (Phi-2's), 96 (Phi-3's) and 128, through the kept operator `python -m gqa bench`
