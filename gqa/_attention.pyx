@@ -1134,7 +1134,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 continue
         if not keep:
             # kind 3: mixed_pv; V's codes (pv_codes, kind <= 1): finite, checked
-            nanv = kind != 3 and not (pv_codes and kind <= 1) and nan_values(p, Vr, R, rlo, rhi, k0, nb)
+            nanv = (kind != 3 and not (pv_codes and kind <= 1)
+                    and nan_values(p, Vr, R, rlo, rhi, k0, nb))
         if x != NULL:
             if not nanv:
                 if not keep:

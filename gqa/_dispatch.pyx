@@ -112,8 +112,8 @@ cdef bint _prompt_codes(int type, int level, int H) noexcept nogil:
     """The flash prompt's float32 tiles read `type`'s codes at `level` (heads of H columns): the
     avx2 path's packed kernels, INT8 / INT4 per tensor and per channel, and per-group codes the
     per-group contracts take."""
-    return level >= 4 and _dot_prompt_qk and (
-        gqa_dot_codes(type) or (gqa_is_group(type) and gqa_group_dot_takes(type, H) and H <= DOT_QK_K))
+    return level >= 4 and _dot_prompt_qk and (gqa_dot_codes(type) or (
+        gqa_is_group(type) and gqa_group_dot_takes(type, H) and H <= DOT_QK_K))
 
 
 cdef gqa_qk_gemm_fn prompt_qk_kernel(int type, int level, int H) noexcept nogil:

@@ -94,10 +94,10 @@ cdef void _plan(int B, int S, int Nkv, int G, int H, int Tmax, int tile_rows, bi
     Where the tiles' GEMMs run on bfloat16 tiles, tile_rows (> 0: the tiles' own `rows`,
     256 on AMX, 512 on AVX-512 BF16) rows, since packing each K/V tile costs as much as many
     rows of its GEMMs, and K/V tiles of twice the keys (bfloat16 pairs: half the bytes).
-    `code_tiles` (prompt_qk_kernel: avx2 at level 4 on INT8 / INT4 and per-group codes): float32 tiles whose
-    GEMMs read K's and V's codes (no float32 tile) of DIRECT_KEYS keys, over which each tile's
-    per-row work (the query and probability rows' codes, the output's finish) is spread
-    (Zen 3, S = 1024, one thread: 58 ms against 67 ms with 128 keys, 71 ms with 64).
+    `code_tiles` (prompt_qk_kernel: avx2 at level 4 on INT8 / INT4 and per-group codes):
+    float32 tiles whose GEMMs read K's and V's codes (no float32 tile) of DIRECT_KEYS keys, over
+    which each tile's per-row work (the query and probability rows' codes, the output's finish)
+    is spread (Zen 3, S = 1024, one thread: 58 ms against 67 ms with 128 keys, 71 ms with 64).
     `direct`: a multi-token step of S x G <= row_limit rows (step_rows: the cache's and the
     tiles') is one query tile of all S rows on the decode kernels (attend_direct), its
     keys in blocks of DIRECT_KEYS (flash_blocks' key rows where set) and, as a decode step's,

@@ -131,8 +131,10 @@ cdef void plan_team(Params *p, Work *w, int num_threads) noexcept nogil:
         w.scratch_len = tiled_layout(p, NULL, NULL)
         # static codes with scales below 1e30: finite codes' values; without float windows
         # finite values only (attend_tiled)
-        p.k_codes_ok = static_codes(p.ktype) and scales_below(p.ks, p.Nkv * p.H if p.k_pc else 1, 1e30)
-        p.v_codes_ok = static_codes(p.vtype) and scales_below(p.vs, p.Nkv * p.H if p.v_pc else 1, 1e30)
+        p.k_codes_ok = (static_codes(p.ktype)
+                        and scales_below(p.ks, p.Nkv * p.H if p.k_pc else 1, 1e30))
+        p.v_codes_ok = (static_codes(p.vtype)
+                        and scales_below(p.vs, p.Nkv * p.H if p.v_pc else 1, 1e30))
         p.k_finite = p.k_codes_ok and p.hk == NULL
         p.v_finite = p.v_codes_ok and p.hv == NULL
     # Below ~2^17 multiply-adds the team's wake-up costs more than it saves (results do
