@@ -717,16 +717,15 @@ static void gpk_qk_gemm(size_t M, size_t N, size_t K, float alpha, const float *
 INLINE void gpk_sv_rows(const int MR, const int16_t *c, size_t cs, const int16_t *Bv, size_t np, float *const *out,
                         const float *sp, const float *Z, float beta, int first)
 {
-    __m256i acc[2 * PK_MR];
-    pk_dots(MR, c, cs, (const int32_t *)(const void *)Bv, np, acc);
+    __m256i d[PK_MR][2];
+    pk_sv_dots(MR, c, cs, Bv, np, d);
     UNROLL
     for (int i = 0; i < MR; i++) {
-        __m256i d[2];
-        sv_order(acc[2 * i], acc[2 * i + 1], d);
         const __m256 vsp = _mm256_set1_ps(sp[i]), vz = _mm256_set1_ps(Z[i]);
         UNROLL
         for (int h = 0; h < 2; h++)
-            _mm256_storeu_ps(out[i] + 8 * h, gsv_finish8(_mm256_loadu_ps(out[i] + 8 * h), d[h], vsp, vz, beta, first));
+            _mm256_storeu_ps(out[i] + 8 * h,
+                             gsv_finish8(_mm256_loadu_ps(out[i] + 8 * h), d[i][h], vsp, vz, beta, first));
     }
 }
 

@@ -167,6 +167,17 @@ INLINE void pk_dots(const int MR, const int16_t *c, size_t cs, const int32_t *B,
     }
 }
 
+/* P @ V's int32 sums of MR rows (codes c, stride cs; np key pairs) against one packed block of 16
+   columns Bv, in column order: d[i][0] columns 0-7, d[i][1] columns 8-15. */
+INLINE void pk_sv_dots(const int MR, const int16_t *c, size_t cs, const int16_t *Bv, size_t np, __m256i d[][2])
+{
+    __m256i acc[2 * PK_MR];
+    pk_dots(MR, c, cs, (const int32_t *)(const void *)Bv, np, acc);
+    UNROLL
+    for (int i = 0; i < MR; i++)
+        sv_order(acc[2 * i], acc[2 * i + 1], d[i]);
+}
+
 /* A register block's rows from row i of the n rows idx[] of C: out[r] = row idx[i + r] at column
    n0, for the min(PK_MR, n - i) rows it returns. */
 static inline size_t pk_block_rows(float *C, size_t ldc, const size_t *idx, size_t i, size_t n, size_t n0,

@@ -246,16 +246,14 @@ static void pk_qk_gemm(size_t M, size_t N, size_t K, float alpha, const float *A
 INLINE void pk_sv_rows(const int MR, const int16_t *c, size_t cs, const int16_t *Bv, size_t np, size_t nv,
                        float *const *out, const float *sc, int pc, const float *sp, float beta, int first)
 {
-    __m256i acc[2 * PK_MR];
-    pk_dots(MR, c, cs, (const int32_t *)(const void *)Bv, np, acc);
+    __m256i d[PK_MR][2];
+    pk_sv_dots(MR, c, cs, Bv, np, d);
     UNROLL
     for (int i = 0; i < MR; i++) {
-        __m256i d[2];
-        sv_order(acc[2 * i], acc[2 * i + 1], d);
         if (nv < 16) {
             int32_t D[16];
-            _mm256_storeu_si256((__m256i *)D, d[0]);
-            _mm256_storeu_si256((__m256i *)(D + 8), d[1]);
+            _mm256_storeu_si256((__m256i *)D, d[i][0]);
+            _mm256_storeu_si256((__m256i *)(D + 8), d[i][1]);
             sv_finish(D, 0, nv, out[i], sc, pc, sp[i], beta, first);
             continue;
         }
@@ -264,7 +262,8 @@ INLINE void pk_sv_rows(const int MR, const int16_t *c, size_t cs, const int16_t 
         UNROLL
         for (int h = 0; h < 2; h++) {
             const __m256 scale = _mm256_mul_ps(vsp, pc ? _mm256_loadu_ps(sc + 8 * h) : _mm256_set1_ps(sc[0]));
-            _mm256_storeu_ps(out[i] + 8 * h, sv_finish8(_mm256_loadu_ps(out[i] + 8 * h), d[h], scale, beta, first));
+            _mm256_storeu_ps(out[i] + 8 * h,
+                             sv_finish8(_mm256_loadu_ps(out[i] + 8 * h), d[i][h], scale, beta, first));
         }
     }
 }
