@@ -606,8 +606,9 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
 #ifdef GDOT_PACKED
 #include "kernels_avx2_pack.h"
 
-/* sm[j * 16 + i], zm[j * 16 + i] = the scale and zero of group j < J of key n0 + i (i < nv; 0
-   past nv), rows of rb bytes with their metadata at byte cb. */
+/* sm[j * 16 + i], zm[j * 16 + i] = the scale and zero of group j < J of key n0 + i (i < nv; past
+   nv key n0 + nv - 1's, whose lanes are not stored), rows of rb bytes with their metadata at byte
+   cb. */
 static void gpk_meta(const uint8_t *B, size_t rb, size_t cb, size_t n0, size_t nv, size_t J, int f16, float *sm,
                      float *zm)
 {
