@@ -246,6 +246,24 @@ static inline int sv_row(const float *a, size_t K, float *inv, float *sp)
     return *inv <= FLT_MAX;
 }
 
+/* The P @ V contract's row taking (kernels_s8dot.h's twin for the AVX-512 units): up to max
+   rows from *m0 on that the contract covers, with their inv and sp (sv_row), their indices into
+   rows; each other row is computed by the unit's exact sv_gemm on the spot (scales s).  *m0 moves
+   past the last row looked at; returns the count. */
+static inline int sv_take_rows(size_t M, size_t *m0, int max, size_t N, size_t K, const float *A, size_t lda,
+                               const void *B, int type, const float *s, float *C, size_t ldc, float beta,
+                               size_t *rows, float *inv, float *sp)
+{
+    int mb = 0;
+    for (; *m0 < M && mb < max; ++*m0) {
+        if (sv_row(A + *m0 * lda, K, &inv[mb], &sp[mb]))
+            rows[mb++] = *m0;
+        else
+            DOT_EXACT.sv_gemm(1, N, K, A + *m0 * lda, lda, B, type, s, C + *m0 * ldc, ldc, beta);
+    }
+    return mb;
+}
+
 /* int16 codes min(32767, rint(fl(a[k] inv))) of a[0, n) into c[0, n rounded up to 16), 0 past n:
    vcvtps2dq rounds half to even (the MXCSR default), and vpackssdw's saturation is the min
    (the products are >= 0). */

@@ -461,23 +461,6 @@ static void gsv_finish(const int32_t *d, size_t g, float sp, float Z, float beta
                                                _mm256_loadu_si256((const __m256i *)(d + n)), vsp, vz, beta, first));
 }
 
-/* From row *m0 of A on, up to SV_MB rows the per-group P @ V contract covers: their indices into
-   rows; each row it does not cover is computed by the exact sv_gemm on the spot.  *m0 moves past
-   the last row looked at; returns the count. */
-static int gsv_take_rows(size_t M, size_t *m0, size_t N, size_t K, const float *A, size_t lda, const uint8_t *B,
-                         int type, float *C, size_t ldc, float beta, size_t *rows)
-{
-    int mb = 0;
-    for (; *m0 < M && mb < SV_MB; ++*m0) {
-        float inv, sp;
-        if (sv_row(A + *m0 * lda, K, &inv, &sp))
-            rows[mb++] = *m0;
-        else
-            DOT_EXACT.sv_gemm(1, N, K, A + *m0 * lda, lda, B, type, NULL, C + *m0 * ldc, ldc, beta);
-    }
-    return mb;
-}
-
 /* Keys of the chunk after the one at k0 (0 at the last). */
 static inline size_t gsv_next_keys(size_t K, size_t k0)
 {
@@ -485,7 +468,7 @@ static inline size_t gsv_next_keys(size_t K, size_t k0)
 }
 
 /* P @ V's driver: the one below, or the including unit's own (GDOT_GSV, declared here; it uses
-   gsv_take_rows, gsv_next_keys, gsv_meta, gsv_rows_n and gsv_finish above). */
+   sv_take_rows, gsv_next_keys, gsv_meta, gsv_rows_n and gsv_finish above). */
 #ifdef GDOT_GSV
 static void GDOT_GSV(size_t M, size_t N, size_t K, const float *A, size_t lda, const uint8_t *B, int type, float *C,
                      size_t ldc, float beta);
@@ -558,7 +541,8 @@ static void gsv(size_t M, size_t N, size_t K, const float *A, size_t lda, const 
     const int kind = gdot_kind(type), f16 = (type & GQA_META_F16) != 0;
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[SV_MB];
-        const int mb = gsv_take_rows(M, &m0, N, K, A, lda, B, type, C, ldc, beta, rows);
+        float inv[SV_MB], sp0[SV_MB]; /* sv_row's, unused: each chunk and group scales its own */
+        const int mb = sv_take_rows(M, &m0, SV_MB, N, K, A, lda, B, type, NULL, C, ldc, beta, rows, inv, sp0);
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
             const uint8_t *bk = B + k0 * rb;
@@ -651,12 +635,7 @@ INLINE void gpk_qk_rows(const int MR, const int16_t *c, size_t cs, const float *
     UNROLL
     for (int i = 0; i < MR; i++) {
         const __m256 m = _mm256_set1_ps(mult[i]);
-        float t[16];
-        float *o = nv == 16 ? out[i] : t;
-        _mm256_storeu_ps(o, _mm256_mul_ps(S[2 * i], m));
-        _mm256_storeu_ps(o + 8, _mm256_mul_ps(S[2 * i + 1], m));
-        if (nv < 16)
-            memcpy(out[i], t, nv * sizeof(float));
+        pk_store16(out[i], _mm256_mul_ps(S[2 * i], m), _mm256_mul_ps(S[2 * i + 1], m), nv);
     }
 }
 
@@ -751,17 +730,15 @@ static void gpk_sv_gemm(size_t M, size_t N, size_t K, const float *A, size_t lda
     int16_t Bv[16 * (SV_KG + 16)] __attribute__((aligned(32)));
     float sc[4 * SV_KG], zc[4 * SV_KG], w[SV_MB * SV_KG];
     const size_t cs = SV_KG, RG = PK_CODES / SV_KG;
-    float sp[PK_CODES / SV_KG], Z[PK_CODES / SV_KG];
+    float inv[PK_CODES / SV_KG], sp[PK_CODES / SV_KG], Z[PK_CODES / SV_KG];
     size_t idx[PK_CODES / SV_KG];
     const size_t g = gqa_group_cols(type), J = N / g, rb = gqa_row_bytes(type, N), cb = N * gqa_group_bits(type) / 8;
     const int f16 = (type & GQA_META_F16) != 0;
     for (size_t m0 = 0; m0 < M;) {
-        size_t n = 0;
-        while (m0 < M && n < RG) { /* the rows the contract covers; the others exact on the spot */
-            const size_t take = RG - n < SV_MB ? RG - n : SV_MB;
-            n += (size_t)gsv_take_rows(m0 + take < M ? m0 + take : M, &m0, N, K, A, lda, B, type, C, ldc, beta,
-                                       idx + n);
-        }
+        /* the rows the contract covers (sv_row's inv / sp unused: each chunk and group scales its
+           own); the others exact on the spot */
+        const size_t n = (size_t)sv_take_rows(M, &m0, (int)RG, N, K, A, lda, B, type, NULL, C, ldc, beta, idx, inv,
+                                              sp);
         for (size_t k0 = 0; n > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
             const uint8_t *bk = B + k0 * rb;

@@ -167,6 +167,18 @@ INLINE void pk_dots(const int MR, const int16_t *c, size_t cs, const int32_t *B,
     }
 }
 
+/* 16 scores s0 (keys 0-7), s1 (8-15) of a block into out: its first nv (the keys of the block
+   that exist). */
+INLINE void pk_store16(float *out, __m256 s0, __m256 s1, size_t nv)
+{
+    float t[16];
+    float *o = nv == 16 ? out : t;
+    _mm256_storeu_ps(o, s0);
+    _mm256_storeu_ps(o + 8, s1);
+    if (nv < 16)
+        memcpy(out, t, nv * sizeof(float));
+}
+
 /* P @ V's int32 sums of MR rows (codes c, stride cs; np key pairs) against one packed block of 16
    columns Bv, in column order: d[i][0] columns 0-7, d[i][1] columns 8-15. */
 INLINE void pk_sv_dots(const int MR, const int16_t *c, size_t cs, const int16_t *Bv, size_t np, __m256i d[][2])

@@ -170,23 +170,6 @@ static void sv_finish(const int32_t *d, int32_t corr, size_t w, float *crow, con
                       float sp, float beta, int first);
 #include "kernels_avx2_pack.h"
 
-/* From row *m0 of A on, up to `cap` rows the P @ V contract covers: their indices into idx and
-   their inv / sp (sv_row); each row it does not cover is computed by the exact sv_gemm on the
-   spot.  *m0 moves past the last row looked at; returns the count. */
-static size_t sv_take_rows(size_t M, size_t *m0, size_t cap, size_t N, size_t K, const float *A, size_t lda,
-                           const void *B, int type, const float *s, float *C, size_t ldc, float beta, size_t *idx,
-                           float *inv, float *sp)
-{
-    size_t n = 0;
-    for (; *m0 < M && n < cap; ++*m0) {
-        if (sv_row(A + *m0 * lda, K, &inv[n], &sp[n]))
-            idx[n++] = *m0;
-        else
-            DOT_EXACT.sv_gemm(1, N, K, A + *m0 * lda, lda, B, type, s, C + *m0 * ldc, ldc, beta);
-    }
-    return n;
-}
-
 /* ---- calls of PK_MIN_ROWS rows or more: the packed operands of kernels_avx2_pack.h ----------
  * Stack: QK 59 KiB (codes 32, widened rows 8, Bq 16), P @ V 53 KiB (codes 32, Bv 16.5). */
 
@@ -200,17 +183,8 @@ INLINE void pk_qk_rows(const int MR, const int16_t *c, size_t cs, const float *m
     UNROLL
     for (int i = 0; i < MR; i++) {
         const __m256 m = _mm256_set1_ps(mult[i]);
-        const __m256 s0 = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[2 * i]), m);
-        const __m256 s1 = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[2 * i + 1]), m);
-        if (nv == 16) {
-            _mm256_storeu_ps(out[i], s0);
-            _mm256_storeu_ps(out[i] + 8, s1);
-        } else {
-            float t[16];
-            _mm256_storeu_ps(t, s0);
-            _mm256_storeu_ps(t + 8, s1);
-            memcpy(out[i], t, nv * sizeof(float));
-        }
+        pk_store16(out[i], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[2 * i]), m),
+                   _mm256_mul_ps(_mm256_cvtepi32_ps(acc[2 * i + 1]), m), nv);
     }
 }
 
@@ -310,7 +284,7 @@ static void pk_sv_gemm(size_t M, size_t N, size_t K, const float *A, size_t lda,
     float inv[PK_ROWS], sp[PK_ROWS];
     size_t idx[PK_ROWS];
     for (size_t m0 = 0; m0 < M;) {
-        const size_t g = sv_take_rows(M, &m0, RG, N, K, A, lda, B, type, s, C, ldc, beta, idx, inv, sp);
+        const size_t g = (size_t)sv_take_rows(M, &m0, (int)RG, N, K, A, lda, B, type, s, C, ldc, beta, idx, inv, sp);
         for (size_t k0 = 0; g > 0 && k0 < K; k0 += SV_KS) {
             const size_t kn = K - k0 < SV_KS ? K - k0 : SV_KS;
             for (size_t i = 0; i < g; i++)
@@ -511,7 +485,7 @@ void DOT_ENTRY(gqa_sv_gemm_s8_dot_)(size_t M, size_t N, size_t K, const float *A
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[SV_MB];
         float inv[SV_MB], sp[SV_MB];
-        const int mb = (int)sv_take_rows(M, &m0, SV_MB, N, K, A, lda, B, type, s, C, ldc, beta, rows, inv, sp);
+        const int mb = sv_take_rows(M, &m0, SV_MB, N, K, A, lda, B, type, s, C, ldc, beta, rows, inv, sp);
         if (mb == 0)
             continue;
         for (size_t k0 = 0; k0 < K; k0 += SV_KS) {

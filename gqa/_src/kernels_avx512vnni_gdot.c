@@ -177,7 +177,8 @@ static void gsv512(size_t M, size_t N, size_t K, const float *A, size_t lda, con
     gp_perm(kind, idx);
     for (size_t m0 = 0; m0 < M;) {
         size_t rows[SV_MB];
-        const int mb = gsv_take_rows(M, &m0, N, K, A, lda, B, type, C, ldc, beta, rows);
+        float inv[SV_MB], sp0[SV_MB]; /* sv_row's, unused: each chunk and group scales its own */
+        const int mb = sv_take_rows(M, &m0, SV_MB, N, K, A, lda, B, type, NULL, C, ldc, beta, rows, inv, sp0);
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
             const uint8_t *bk = B + k0 * rb;
