@@ -56,6 +56,9 @@ cdef struct Params:
     gqa_row_max_fn row_max
     gqa_sv_gemm_fn sv     # P @ V over the codes (the accuracy level's kernel)
     gqa_qk_gemm_fn qk_tiles   # the float32 flash tiles' scores over K's codes, or NULL (prompt_qk_kernel)
+    gqa_sv_gemm_fn sv_tiles   # ... and their P @ V over V's codes (p.sv, or vqtype's kernel)
+    int kqtype, vqtype    # a float32 cache's K / V tiles quantized to these codes (float_tile_types;
+                          # attend_tiled's code_tile), else -1
     const gqa_tiles *tiles  # flash tiles' GEMMs on matrix tiles (accuracy level >= 3), or NULL
     int direct            # a multi-token step of few rows on the decode kernels (attend_direct)
     int keep              # p.tiles: each thread keeps its unit's packed K / V tiles (keep_tiles)

@@ -20,7 +20,8 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t, uint64_t
 cimport numpy as cnp
 import numpy as np
 
-from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, prompt_qk_kernel, dot_tiles, exp_kernel,
+from gqa._dispatch cimport (active_table, qk_kernel, sv_kernel, prompt_qk_kernel, float_tile_types,
+                            dot_tiles, exp_kernel,
                             tile_kernels, gqa_kernels, gqa_tiles, gqa_qk_gemm_fn,
                             round_to_half, GQA_F32, GQA_F16, GQA_S8_PT, GQA_S8_PC,
                             GQA_S4_PT, GQA_S4_PC, GQA_ROT_MAX,
@@ -461,7 +462,12 @@ cdef struct Tiled:
     uint32_t *Kfp       #   [Hk / 2, Bx] and the staged floats' K and V tiles as pairs
     uint32_t *Vfp       #   [Bx / 2, H]
     int *kept           # p.keep: [2 + nkept] the kept tiles' unit, their keys [0, hi), and
-                        #   per tile whether its V rows hold a NaN / inf (keep_tiles)
+                        #   per tile whether its V rows hold a NaN / inf (keep_tiles); p.kqtype:
+                        #   per tile whether its K (1) and V (2) codes stand in (code_tile)
+    uint8_t *Kq         # p.kqtype: [nkept, Bc] rows of a float32 cache's K and V as p.kqtype's /
+    uint8_t *Vq         #   p.vqtype's codes (code_tile; one tile without p.keep)
+    float *Kz           #   [nkept, 2, H] K's per-channel scales and zeros (code_rows)
+    float *Zr           #   [Mmax] each query row's fl(alpha q) . z of the tile's K
     int Mx, Bx, Hk      # rows, keys and head padded for p.tiles (16, 32, 32), else Mmax, Bc, H
     int Kx              # p.keep: the kept K tiles' rows of pairs, Bx + 16 (a row stride of 2^n
                         #   bytes would put a block's rows in few L1 sets)
@@ -479,12 +485,12 @@ cdef size_t kept_tiles(const Params *p) noexcept nogil:
 
 cdef void plan_keep(Params *p) noexcept nogil:
     """p.keep: on matrix tiles (not a direct step, no staged float windows) each thread keeps
-    the bfloat16 pairs of one unit's K and V tiles from query block to query block (keep_tiles)
-    where they add at most KEEP_BYTES to its scratch (tiled_layout's two layouts), instead of
-    packing them again for every block."""
+    the bfloat16 pairs of one unit's K and V tiles from query block to query block (keep_tiles),
+    and with p.kqtype their codes (keep_codes), where they add at most KEEP_BYTES to its scratch
+    (tiled_layout's two layouts), instead of packing them again for every block."""
     cdef size_t plain
     p.keep = 0
-    if p.tiles == NULL or p.direct or p.hstage or p.Tmax < 1:
+    if (p.tiles == NULL and p.vqtype < 0) or p.direct or p.hstage or p.Tmax < 1:
         return
     plain = tiled_layout(p, NULL, NULL)
     p.keep = 1
@@ -503,7 +509,7 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     (pointers into base, which starts on a 64-byte line; NULL: the length only)."""
     cdef size_t H = p.H, Br = p.Br, Mmax = Br * p.G, Bc = p.Bc, at = 0
     cdef size_t Mx = Mmax, Bx = Bc, Hk = H, nk = kept_tiles(p), Kx
-    cdef size_t o[20]
+    cdef size_t o[24]
     cdef int i
     if p.tiles != NULL:
         Mx = (Mmax + 15) & ~(<size_t>15)
@@ -519,7 +525,7 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
     o[5] = take(&at, 0 if p.direct else H * Bc)      # attend_direct reads no float tiles
     o[6] = take(&at, 0 if p.direct else Bc * H)
     o[7] = take(&at, 4 * Br)
-    for i in range(8, 20):
+    for i in range(8, 24):
         o[i] = 0
     if p.hstage:
         o[8] = take(&at, Mx * Bx if p.tiles != NULL else Mmax * Bc)
@@ -537,6 +543,12 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
             o[16] = take(&at, (TILE_STRIP * Bx + 1) // 2)
             o[17] = take(&at, Hk // 2 * Bx)
             o[18] = take(&at, Bx // 2 * H)
+    if p.vqtype >= 0:
+        o[19] = take(&at, 2 + nk)
+        o[20] = take(&at, (nk * Bc * gqa_row_bytes(p.kqtype, H) + 3) // 4 if p.kqtype >= 0 else 0)
+        o[21] = take(&at, (nk * Bc * gqa_row_bytes(p.vqtype, H) + 3) // 4)
+        o[22] = take(&at, nk * 2 * H)
+        o[23] = take(&at, Mmax)
     if base != NULL:
         s.Qt = base + o[0]
         s.Sx = base + o[1]
@@ -561,6 +573,10 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
         s.Kfp = <uint32_t *>(base + o[17])
         s.Vfp = <uint32_t *>(base + o[18])
         s.kept = <int *>(base + o[19])
+        s.Kq = <uint8_t *>(base + o[20])
+        s.Vq = <uint8_t *>(base + o[21])
+        s.Kz = base + o[22]
+        s.Zr = base + o[23]
         s.Mx = <int>Mx
         s.Bx = <int>Bx
         s.Hk = <int>Hk
@@ -668,6 +684,79 @@ cdef void keep_tiles(const Params *p, const gqa_kernels *t, const Tiled *sc, int
         x.pack_pairs(Vr, H, nb, H, sc.Bx, H, sc.Vp + <size_t>i * (sc.Bx // 2) * H)
         sc.kept[2 + i] = not (p.v_finite or all_finite(Vr, <size_t>nb * H))
         k0 = k0 + nb
+    sc.kept[1] = hi
+
+
+cdef bint code_rows(const Params *p, const gqa_kernels *t, const float *x, int nb, int type,
+                    uint8_t *q, float *meta, float *tmp) noexcept nogil:
+    """Rows x [nb, H] of a float32 cache as `type`'s codes q; whether they may stand in for the
+    rows: every float finite and every scale and zero below 1e30 (a masked key's zero
+    probability then adds 0).  Per group: the per-group caches' codec (their codes and metadata,
+    bit for bit).  INT8 per channel (K): each channel's range [lo_c, hi_c] over the rows, scale
+    s_c = fl(hi_c - lo_c) / 255 (1 unless > 0) and zero z_c = fl(lo_c + fl(128 s_c)) into meta
+    [2, H], codes clamp(rint(fl(x - z_c) fl(1 / s_c)), -128, 127) by the path's codec of the
+    static per-channel caches (fl(x - z_c) staged in tmp [nb, H]): |x - (s_c code + z_c)| <=
+    s_c / 2 (1 + 2^-22) + 2^-24 |x - z_c|, and each score takes fl(alpha q) . z as a constant of
+    its row (attend_tiled)."""
+    cdef int H = p.H, r, c
+    cdef float a
+    cdef float *lo = meta + H
+    cdef const float *xr
+    if not all_finite(x, <size_t>nb * H):
+        return False
+    if GQA_IS_GROUP(type):
+        t.quantize(x, H, q, nb, H, type, NULL)
+        return gqa_group_meta_below(q, gqa_row_bytes(type, H), nb, H, type, 1e30)
+    for c in range(H):
+        meta[c] = x[c]      # the maxima, then the scales
+        lo[c] = x[c]        # the minima, then the zeros
+    for r in range(1, nb):
+        xr = x + <size_t>r * H
+        for c in range(H):
+            a = xr[c]
+            meta[c] = a if a > meta[c] else meta[c]
+            lo[c] = a if a < lo[c] else lo[c]
+    for c in range(H):
+        meta[c] = (meta[c] - lo[c]) / 255.0
+        if not meta[c] > 0.0:
+            meta[c] = 1.0
+        lo[c] = lo[c] + 128.0 * meta[c]
+    for r in range(nb):
+        xr = x + <size_t>r * H
+        for c in range(H):
+            tmp[<size_t>r * H + c] = xr[c] - lo[c]
+    t.quantize(tmp, H, q, nb, H, type, meta)
+    return scales_below(meta, 2 * H, 1e30)
+
+
+cdef void code_tile(const Params *p, const gqa_kernels *t, const Tiled *sc, int b, int j, int k0,
+                    int nb, int i) noexcept nogil:
+    """p.vqtype: a float32 cache's K and V rows of keys [k0, k0 + nb) as p.kqtype's and
+    p.vqtype's codes in slot i of sc.Kq / sc.Vq (code_rows; K's scales and zeros in sc.Kz), and
+    sc.kept[2 + i] = 1 where K's codes stand in for its rows, | 2 where V's do; a tile whose
+    rows fail keeps float32 there (kv_tiles).  sc.Kt is code_rows' staging."""
+    cdef size_t H = p.H, Bc = p.Bc
+    sc.kept[2 + i] = ((p.kqtype >= 0 and
+                       code_rows(p, t, <const float *>k_row(p, b, j, k0), nb, p.kqtype,
+                                 sc.Kq + i * Bc * gqa_row_bytes(p.kqtype, H), sc.Kz + i * 2 * H, sc.Kt))
+                      | code_rows(p, t, <const float *>v_row(p, b, j, k0), nb, p.vqtype,
+                                  sc.Vq + i * Bc * gqa_row_bytes(p.vqtype, H), NULL, NULL) << 1)
+
+
+cdef void keep_codes(const Params *p, const gqa_kernels *t, const Tiled *sc, int b, int j,
+                     int hi) noexcept nogil:
+    """p.keep with p.kqtype: the thread's kept codes made to hold unit (b, j)'s keys [0, hi), as
+    keep_tiles does for matrix tiles (code_tile's slot i holds keys [i Bc, (i + 1) Bc))."""
+    cdef int Bc = p.Bc, unit = b * p.Nkv + j, k0
+    if sc.kept[0] != unit:
+        sc.kept[0] = unit
+        sc.kept[1] = 0
+    if hi <= sc.kept[1]:
+        return
+    k0 = sc.kept[1] - sc.kept[1] % Bc
+    while k0 < hi:
+        code_tile(p, t, sc, b, j, k0, hi - k0 if hi - k0 < Bc else Bc, k0 // Bc)
+        k0 = k0 + Bc
     sc.kept[1] = hi
 
 
@@ -1021,7 +1110,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     on V's codes (VNNI: INT8; AVX2), and on AVX2 the scores by p.qk_tiles on K's codes (the
     packed kernels of kernels_avx2_pack.h), also on per-group codes (P @ V where a tile's
     metadata is below 1e30), with no float32 tile; with causal float windows, on the tiles every
-    row reads as codes (staged_tiles' kind 1)."""
+    row reads as codes (staged_tiles' kind 1); a float32 cache's tiles as p.kqtype's / p.vqtype's codes where
+    they stand in (code_tile; kept from block to block with p.keep, keep_codes)."""
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
     cdef int G = p.G, H = p.H, Bc = p.Bc
@@ -1052,7 +1142,18 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef const float *ks
     cdef const float *vs
     cdef int kind, f1, q0, q1, f2
+    cdef float zr
+    cdef float *row
     cdef int cut[3]
+    # the codes the integer kernels read: the cache's, or a float32 cache's quantized (p.kqtype)
+    cdef bint quant = p.vqtype >= 0
+    cdef int ktc = p.kqtype if quant else p.ktype, vtc = p.vqtype if quant else p.vtype
+    cdef size_t krb = <size_t>Bc * gqa_row_bytes(p.kqtype, H) if p.kqtype >= 0 else 0
+    cdef size_t vrb = <size_t>Bc * gqa_row_bytes(p.vqtype, H) if quant else 0
+    cdef const uint8_t *kq = NULL
+    cdef const uint8_t *vq = NULL
+    cdef const float *kcs       # their scales: the cache's, or the tile's
+    cdef const float *vcs
     s1 = s0 + p.Br if s0 + p.Br < p.S else p.S
     R = s1 - s0
     M = R * G
@@ -1063,6 +1164,10 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     vcodes = x != NULL and p.fk == NULL and p.v_finite
     ks = k_scales(p, j)
     vs = v_scales(p, j)
+    kcs = ks
+    vcs = vs
+    if quant:
+        vcs = NULL
     if kcodes or vcodes:
         for i in range(H):
             sc.one[i] = 1.0
@@ -1074,12 +1179,12 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     # kernel on the codes themselves, and no V tile; per-group codes where a tile's scales and
     # zeros are below 1e30 (pv_codes, tile_codes_ok); with causal float windows on the tiles of
     # codes only (kind 1)
-    codes_pv = (p.sv != t.sv_gemm and (p.fk == NULL or p.hstage) and x == NULL
-                and (p.v_codes_ok or GQA_IS_GROUP(p.vtype)))
+    codes_pv = (p.sv_tiles != t.sv_gemm and (p.fk == NULL or p.hstage) and x == NULL
+                and (p.v_codes_ok or GQA_IS_GROUP(p.vtype) or quant))
     # ... and the scores, where the path's integer dots beat float32 products (p.qk_tiles: AVX2;
     # masked keys' scores are never read, so any per-group metadata will do)
     codes_qk = (p.qk_tiles != NULL and (p.fk == NULL or p.hstage) and x == NULL
-                and (p.k_codes_ok or GQA_IS_GROUP(p.ktype)))
+                and (p.k_codes_ok or GQA_IS_GROUP(p.ktype) or quant))
     kdirect = x != NULL and p.fk == NULL and p.ktype == GQA_F32
     vdirect = x != NULL and p.fk == NULL and p.vtype == GQA_F32
     # p.keep: the tiles of keys [0, kv_hi) packed once for every query block of the unit
@@ -1090,6 +1195,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         if keep:
             keep_tiles(p, t, &sc, b, j, kv_hi, kdirect, vdirect, sc.one if kcodes else NULL,
                        sc.one if vcodes else NULL)
+    elif quant and keep:
+        keep_codes(p, t, &sc, b, j, kv_hi)
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
@@ -1099,6 +1206,17 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             pv_codes = codes_pv and tile_codes_ok(p, b, j, k0, nb)
             kind = staged_tiles(p, t, b, j, k0, nb, R, rlo, rhi, rns, rrl, x != NULL, codes_qk,
                                 pv_codes, Kt, Vt, Kf, Vf)
+        elif quant:
+            i = k0 // Bc if keep else 0
+            if not keep:
+                code_tile(p, t, &sc, b, j, k0, nb, 0)
+            kq = sc.Kq + i * krb if codes_qk and sc.kept[2 + i] & 1 else NULL
+            vq = sc.Vq + i * vrb if codes_pv and sc.kept[2 + i] & 2 else NULL
+            kcs = sc.Kz + <size_t>i * 2 * H
+            pv_codes = vq != NULL
+            if kq == NULL or vq == NULL:
+                kv_tiles(p, t, b, j, k0, nb, NULL if kq != NULL else Kt, NULL if pv_codes else Vt,
+                         False, NULL, NULL)
         elif keep:
             i = k0 // Bc
             Kp = sc.Kp + <size_t>i * kstep
@@ -1144,8 +1262,16 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                 k0 = k0 + nb
                 continue
             # else: the float32 P @ V below, from every row's float probabilities
-        elif codes_qk and kind <= 1:
-            p.qk_tiles(M, nb, H, 1.0, Qt, H, k_row(p, b, j, k0), p.ktype, ks, Sx, nb)
+        elif codes_qk and kind <= 1 and not (quant and kq == NULL):
+            p.qk_tiles(M, nb, H, 1.0, Qt, H, kq if quant else k_row(p, b, j, k0), ktc, kcs, Sx,
+                       nb)
+            if quant:       # K's zeros: each row's constant (code_rows)
+                t.qk_gemm(M, 1, H, 1.0, Qt, H, kcs + H, GQA_F32, NULL, sc.Zr, 1)
+                for r in range(M):
+                    zr = sc.Zr[r]
+                    row = Sx + <size_t>r * nb
+                    for i in range(nb):
+                        row[i] += zr
         else:
             t.sv_gemm(M, nb, H, Qt, H, Kt, GQA_F32, NULL, Sx, nb, 0.0)
         if kind == 3:       # mixed: each row's float runs take the staged rows' scores
@@ -1180,7 +1306,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
                     t.sv_gemm(1, H, z0 - a0, Sx + <size_t>r * ls + a0, ls, Vr + <size_t>a0 * H,
                               GQA_F32, NULL, O + <size_t>r * H, H, 1.0)
         elif pv_codes and kind <= 1:
-            p.sv(M, H, nb, Sx, nb, v_row(p, b, j, k0), p.vtype, v_scales(p, j), O, H, 1.0)
+            p.sv_tiles(M, H, nb, Sx, nb, vq if quant else v_row(p, b, j, k0), vtc, vcs, O, H,
+                       1.0)
         else:
             t.sv_gemm(M, H, nb, Sx, nb, Vt, GQA_F32, NULL, O, H, 1.0)
         k0 = k0 + nb

@@ -86,6 +86,9 @@ cdef gqa_sv_gemm_fn sv_kernel(const gqa_kernels *t, int type, int level, bint ti
 # (avx2's packed kernels: INT8 / INT4 per tensor and per channel, per-group codes in groups the
 # per-group contracts take), else NULL (scores on a dequantized K tile).
 cdef gqa_qk_gemm_fn prompt_qk_kernel(int type, int level, int H) noexcept nogil
+# The types a float32 cache's K and V tiles are quantized to, a key tile at a time, for those
+# kernels in a flash prompt at `level` (-1 and -1: float32 tiles).
+cdef void float_tile_types(int level, int H, int *ktype, int *vtype) noexcept nogil
 # The active tiles whose integer kernels qk_kernel / sv_kernel give for `type` at `level` with
 # `tiles` (a caller brackets their calls on each thread by its begin / end), else NULL.
 cdef const gqa_tiles *dot_tiles(int type, int level) noexcept nogil

@@ -29,7 +29,8 @@ from gqa cimport _window
 from gqa._checks cimport (INT32_MAX, _array, _ready, _f32, _contiguous, _total_length, _threads,
                           _finite, _finite_scale, _orthogonal, _side_format, _rotary, _present,
                           apart)
-from gqa._dispatch cimport GQA_F32, GQA_F16, GQA_ROT_MAX, tile_rows, tile_steps, prompt_qk_kernel
+from gqa._dispatch cimport (GQA_F32, GQA_F16, GQA_ROT_MAX, tile_rows, tile_steps, prompt_qk_kernel,
+                            float_tile_types)
 from gqa._plan cimport _plan, step_rows
 from gqa import _config
 
@@ -271,9 +272,14 @@ cdef tuple _optional_inputs(attention_bias, head_sink, q_norm_weight, k_norm_wei
 
 @cython.final
 cdef inline bint code_tiles(int ktype, int level, int H) noexcept nogil:
-    """_plan's code_tiles: a prompt's float32 tiles read K's codes (prompt_qk_kernel); with
-    float windows those every row reads as codes (attend_tiled's codes_qk; int8-pt+s4r64,
-    S = 2048, level 4 against level 0: 1.08x on the float plan's tiles, 1.2-1.4x on these)."""
+    """_plan's code_tiles: a prompt's float32 tiles read K's codes (prompt_qk_kernel), or a
+    float32 cache's quantized per tile (float_tile_types); with float windows those every row
+    reads as codes (attend_tiled's codes_qk; int8-pt+s4r64, S = 2048, level 4 against level 0:
+    1.08x on the float plan's tiles, 1.2-1.4x on these)."""
+    cdef int kt = -1, vt = -1
+    if ktype == GQA_F32:
+        float_tile_types(level, H, &kt, &vt)
+        return vt >= 0
     return prompt_qk_kernel(ktype, level, H) != NULL
 
 

@@ -106,13 +106,21 @@ cdef void plan_kernels(Params *p, const gqa_kernels *t, Work *w, int accuracy) n
     by the tiles' begin / end (run_items); the float32 flash tiles' P @ V on VNNI (INT8) and
     AVX2 (sv_kernel), and their scores on AVX2 (prompt_qk_kernel);
     per-group codes: the decode steps' and the naive path's, on the group-dot unit (qk_kernel),
-    and on AVX2 the float32 flash tiles' QK and P @ V (prompt_qk_kernel, sv_kernel).
+    and on AVX2 the float32 flash tiles' QK and P @ V (prompt_qk_kernel, sv_kernel); a float32
+    cache's tiles there quantized per key tile (p.kqtype, p.vqtype: float_tile_types).
     Their query rows: a KV head's G, S x G in a direct step."""
     cdef bint decode = w.mode != 1 or p.direct
     cdef int rows = p.G * p.S if p.direct else p.G
     w.qk = qk_kernel(t, p.ktype, accuracy, decode, rows)
     p.sv = sv_kernel(t, p.vtype, accuracy, decode, rows, p.H)
     p.qk_tiles = NULL if decode else prompt_qk_kernel(p.ktype, accuracy, p.H)
+    p.sv_tiles = p.sv
+    p.kqtype = p.vqtype = -1
+    if not decode and p.ktype == GQA_F32 and p.vtype == GQA_F32:
+        float_tile_types(accuracy, p.H, &p.kqtype, &p.vqtype)
+        if p.vqtype >= 0:
+            p.qk_tiles = prompt_qk_kernel(p.kqtype, accuracy, p.H) if p.kqtype >= 0 else NULL
+            p.sv_tiles = sv_kernel(t, p.vqtype, accuracy, decode, rows, p.H)
     w.dt = NULL
     if decode:
         w.dt = dot_tiles(p.ktype, accuracy)

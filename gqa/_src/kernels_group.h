@@ -22,6 +22,9 @@
 
 #include <stdlib.h>
 #include "kernels_common.h"
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 /* Floats of the on-stack tile a driver decodes rows into (rows of at most this many columns;
    wider rows use a heap buffer). */
@@ -118,6 +121,21 @@ static inline void gqa_group_range(const float *x, size_t n, float tau, float *l
         hi8[j] = -INFINITY;
     }
     size_t c = 0;
+#if defined(__AVX__)
+    /* the same lanes and comparisons: min_ps(a, b) = a < b ? a : b, max_ps(a, b) = a > b ? a : b
+       lane by lane, NaN included (GCC keeps the loop below scalar) */
+    if (n >= 8) {
+        const __m256 t = _mm256_set1_ps(tau), mt = _mm256_set1_ps(-tau);
+        __m256 l = _mm256_set1_ps(INFINITY), h = _mm256_set1_ps(-INFINITY);
+        for (; c + 8 <= n; c += 8) {
+            const __m256 v = _mm256_max_ps(mt, _mm256_min_ps(t, _mm256_loadu_ps(x + c)));
+            l = _mm256_min_ps(v, l);
+            h = _mm256_max_ps(v, h);
+        }
+        _mm256_storeu_ps(lo8, l);
+        _mm256_storeu_ps(hi8, h);
+    }
+#endif
     for (; c + 8 <= n; c += 8)
         for (int j = 0; j < 8; j++) {
             const float v = gqa_group_clip(x[c + j], tau);
