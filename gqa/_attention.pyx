@@ -745,8 +745,9 @@ cdef void code_tile(const Params *p, const gqa_kernels *t, const Tiled *sc, int 
 
 cdef void keep_codes(const Params *p, const gqa_kernels *t, const Tiled *sc, int b, int j,
                      int hi) noexcept nogil:
-    """p.keep with p.kqtype: the thread's kept codes made to hold unit (b, j)'s keys [0, hi), as
-    keep_tiles does for matrix tiles (code_tile's slot i holds keys [i Bc, (i + 1) Bc))."""
+    """p.keep with p.vqtype: the thread's kept codes made to hold unit (b, j)'s keys [0, hi) (hi:
+    the keys its last query row reads, the same for all its blocks), as keep_tiles does for
+    matrix tiles (code_tile's slot i holds keys [i Bc, min((i + 1) Bc, hi)))."""
     cdef int Bc = p.Bc, unit = b * p.Nkv + j, k0
     if sc.kept[0] != unit:
         sc.kept[0] = unit
@@ -1144,6 +1145,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     cdef int kind, f1, q0, q1, f2
     cdef float zr
     cdef float *row
+    cdef int qend = 0
     cdef int cut[3]
     # the codes the integer kernels read: the cache's, or a float32 cache's quantized (p.kqtype)
     cdef bint quant = p.vqtype >= 0
@@ -1195,8 +1197,13 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         if keep:
             keep_tiles(p, t, &sc, b, j, kv_hi, kdirect, vdirect, sc.one if kcodes else NULL,
                        sc.one if vcodes else NULL)
-    elif quant and keep:
-        keep_codes(p, t, &sc, b, j, kv_hi)
+    elif quant:
+        # the tiles' codes cover keys [k0, min(k0 + Bc, qend)): each tile's the same for every
+        # query block and thread (K's per-channel ranges depend on the keys they cover)
+        key_range(p, b, p.S - 1, &a0, &qend)
+        keep = keep and <size_t>qend <= kept_tiles(p) * Bc
+        if keep:
+            keep_codes(p, t, &sc, b, j, qend)
     k0 = kv_lo
     while k0 < kv_hi:
         nb = kv_hi - k0 if kv_hi - k0 < Bc else Bc
@@ -1209,7 +1216,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
         elif quant:
             i = k0 // Bc if keep else 0
             if not keep:
-                code_tile(p, t, &sc, b, j, k0, nb, 0)
+                code_tile(p, t, &sc, b, j, k0, qend - k0 if qend - k0 < Bc else Bc, 0)
             kq = sc.Kq + i * krb if codes_qk and sc.kept[2 + i] & 1 else NULL
             vq = sc.Vq + i * vrb if codes_pv and sc.kept[2 + i] & 2 else NULL
             kcs = sc.Kz + <size_t>i * 2 * H

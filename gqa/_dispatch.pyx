@@ -282,6 +282,14 @@ def int8_dot_unit():
     return _unit_name(_dotk) if _dotk != NULL else None
 
 
+def float_tile_types_at(int level, int H):
+    """(K's C type, V's) a float32 cache's flash prompt tiles are quantized to at `level` with
+    heads of H columns under the active settings (float_tile_types), or (-1, -1): float32."""
+    cdef int kt, vt
+    float_tile_types(level, H, &kt, &vt)
+    return kt, vt
+
+
 def group_dot_unit():
     """Where accuracy level 4's dots on per-group codes run with the active settings
     ("avx512vnni" on the avx512 path where the CPU has VNNI, "avxvnni" on avx2 where it has

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import gqa
 from gqa import _dispatch
-from _reference import _group_parts
+from _reference import _group_parts, group_quantize_ref
 
 F32 = np.float32
 U = 2.0 ** -24
@@ -266,16 +266,28 @@ def _head_bound(at, K, V, J, mid=2 ** -22, grow=1.0):
     max|v| (e^{2E} - 1) from the scores, plus P @ V's codes over the row's total l: any chunks of
     keys give at most max_k w_k / 32767 (1/2 + 2^-9) sum|u| + 2^-22 sum w|u| with w the
     probabilities (at most 1, within e^{2E} of p) times V's scales; plus float32 roundings."""
-    (ku, Kx, kmag, _), (vu, Vx, _, VS) = K, V
+    ku, Kx, kmag, _ = K
     sa = np.abs(at).max() * grow / QK_MAX
     E = (sa * (0.5 + 2 ** -9) * np.abs(Kx).sum(axis=1) + mid * np.abs(Kx) @ np.abs(at)
          + (J + 3) * U * (kmag @ (np.abs(at) * grow + sa)))
-    sc = Kx @ at
+    return _out_bound(Kx @ at, E.max(), V)
+
+
+def _out_bound(sc, E, V, softcap=0.0):
+    """float64's output of one head over scores sc (softcapped) and values V (_decoded's), and
+    the bound on a level-4 output against it when every score is within E: the output moves by at
+    most max|v| (e^{2E} - 1) from the scores (softcap is 1-Lipschitz), plus P @ V's per-group
+    codes over the row's total l: any chunks of keys give at most max_k w_k / 32767 (1/2 + 2^-9)
+    sum|u| + 2^-22 sum w|u| with w the probabilities (at most 1, within e^{2E} of p) times V's
+    scales; plus float32 roundings."""
+    vu, Vx, _, VS = V
+    if softcap:
+        sc = softcap * np.tanh(sc / softcap)
     p = np.exp(sc - sc.max())
     ref = p @ Vx / p.sum()
-    w = np.minimum(1.0, p * np.exp(2 * E.max()))[:, None] * VS
+    w = np.minimum(1.0, p * np.exp(2 * E))[:, None] * VS
     pv = w.max(axis=0) / 32767 * (0.5 + 2 ** -9) * vu.sum(axis=0) + 2 ** -22 * (w * vu).sum(axis=0)
-    bound = np.abs(Vx).max() * np.expm1(2 * E.max()) + pv / p.sum() + 1e-5 * (np.abs(ref) + np.abs(Vx).max())
+    bound = np.abs(Vx).max() * np.expm1(2 * E) + pv / p.sum() + 1e-5 * (np.abs(ref) + np.abs(Vx).max())
     return ref, bound
 
 
@@ -367,3 +379,81 @@ def test_avx2_group_prompt_on_the_codes_within_its_bound(mode, blocks, group_dot
         out = c.attend(0, q, k, v)
     assert np.isfinite(out[0, :S - 1 - nr]).all()
     assert np.array_equal(out[0, :, G * H:], outs[4][0, :, G * H:])   # KV head 1: as before
+
+
+def _channel_codes(x):
+    """attend_tiled's code_rows on a float32 tile x [n, H] (K): each channel's range over the
+    tile in 255 steps, s = fl(hi - lo) / 255 (1 unless > 0), z = fl(lo + 128 s), codes
+    clamp(rint(fl(x - z) fl(1 / s)), -128, 127) (float64), s and z."""
+    lo, hi = x.min(axis=0), x.max(axis=0)
+    s = (hi - lo).astype(F32) / F32(255)
+    s = np.where(s > 0, s, F32(1)).astype(F32)
+    z = (lo + (F32(128) * s).astype(F32)).astype(F32)
+    codes = np.clip(np.rint(((x - z).astype(F32) * (F32(1) / s)).astype(F32)), -128, 127)
+    return codes.astype(np.float64), s.astype(np.float64), z.astype(np.float64)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 6.0], ids=["plain", "softcap"])
+@pytest.mark.parametrize("blocks", [(8, 32), (16, 64), None], ids=["8x32", "16x64", "plan"])
+def test_avx2_float_prompt_on_tile_codes_within_its_bound(blocks, softcap, group_dot_path):
+    """Level 4 on a float32 cache's prompt on the avx2 path: each key tile of Bc keys (the last
+    ends where the last query row's keys do, for every query block and thread) as INT8 codes per
+    channel with a zero per channel (K, _channel_codes) and as int8-g32 rows (V, the per-group
+    codec, group_quantize_ref), read by the packed kernels; each score takes fl(alpha q) . z.
+    Against float64 over those codes every output within _out_bound, with E the per-channel QK
+    contract's bound (sa = max|a'| / 32639 of the scaled row a' = alpha q s per tile) plus the
+    zero term's float32 dot; softcap catches a wrong zero term (plain softmax would not).  The
+    same outputs on 1 and 2 threads; a tile whose K holds an inf keeps float32 scores, so rows that
+    mask that key stay finite and the other KV head is unchanged."""
+    if group_dot_path != "avx2":
+        pytest.skip("the packed kernels of a prompt's tiles are the avx2 path's")
+    with gqa.config(path=group_dot_path):
+        if _dispatch.float_tile_types_at(4, H)[0] < 0:
+            pytest.skip("level 4 keeps a float32 cache's prompt tiles in float32 here")
+    rng = np.random.default_rng(23)
+    S = 200
+    Bc = blocks[1] if blocks else 256
+    q = rng.uniform(-2, 2, (1, S, N * H)).astype(F32)
+    k, v = (rng.normal(0, 1, (1, S, NKV * H)).astype(F32) for _ in range(2))
+    k[0, :, ::7] += 4.0            # channels off zero: the zeros carry them
+    k[0, 11] *= 6.0                # a key whose channels reach far
+
+    def run(k, threads, level=4):
+        c = gqa.KVCache(num_layers=1, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=S, mode="float",
+                        accuracy_level=level, softcap=softcap)
+        with gqa.config(path=group_dot_path, flash=True, flash_blocks=blocks, num_threads=threads):
+            return c.attend(0, q, k, v)
+    out = run(k, 2)
+    assert np.array_equal(out, run(k, 1))
+    assert not np.array_equal(out, run(k, 2, level=0))
+    alpha = 1 / np.sqrt(H)
+    qh = q.reshape(S, N, H).astype(np.float64)
+    for j in range(NKV):
+        kf = k[0, :, j * H:(j + 1) * H]
+        parts = [_channel_codes(kf[t0:t0 + Bc]) for t0 in range(0, S, Bc)]
+        codes = np.concatenate([c for c, _, _ in parts])
+        Kx = np.concatenate([c * s + z for c, s, z in parts])
+        tile = np.arange(S) // Bc
+        V = _decoded(group_quantize_ref(v[0, :, j * H:(j + 1) * H], 8, 32), 8, 32, False)
+        for s in range(S):
+            n = s + 1
+            for h in range(j * G, (j + 1) * G):
+                at = alpha * qh[s, h]
+                E = np.zeros(n)
+                for t, (_, ts, tz) in enumerate(parts):
+                    keys = tile[:n] == t
+                    if not keys.any():
+                        continue
+                    ap = np.abs(at * ts)            # the scaled row a' of tile t
+                    sa = ap.max() * (1 + 2 ** -20) / QK_MAX
+                    E[keys] = (sa * (0.5 + 2 ** -9) * np.abs(codes[:n][keys]).sum(axis=1)
+                               + (H + 4) * U * (np.abs(codes[:n][keys]) @ ap + np.abs(at) @ np.abs(tz))
+                               + 2 ** -21 * np.abs(Kx[:n][keys]) @ np.abs(at))
+                E_max = E.max() + (2 ** -20 * softcap if softcap else 0.0)
+                ref, bound = _out_bound(Kx[:n] @ at, E_max, tuple(x[:n] for x in V), softcap)
+                err = np.abs(out[0, s, h * H:(h + 1) * H] - ref)
+                assert (err <= bound).all(), (h, s, err.max(), bound.min())
+    k[0, S - 1, 3] = np.inf        # K of the last key: every row but the last masks it
+    out2 = run(k, 2)
+    assert np.isfinite(out2[0, :S - 1]).all()
+    assert np.array_equal(out2[0, :, G * H:], out[0, :, G * H:])      # KV head 1: as before
