@@ -732,7 +732,7 @@ cdef bint code_rows(const Params *p, const gqa_kernels *t, const float *x, int n
 cdef void code_tile(const Params *p, const gqa_kernels *t, const Tiled *sc, int b, int j, int k0,
                     int nb, int i) noexcept nogil:
     """p.vqtype: a float32 cache's K and V rows of keys [k0, k0 + nb) as p.kqtype's and
-    p.vqtype's codes in slot i of sc.Kq / sc.Vq (code_rows; K's scales and zeros in sc.Kz), and
+    p.vqtype's codes (float_tile_types) in slot i of sc.Kq / sc.Vq (code_rows; K's scales and zeros in sc.Kz), and
     sc.kept[2 + i] = 1 where K's codes stand in for its rows, | 2 where V's do; a tile whose
     rows fail keeps float32 there (kv_tiles).  sc.Kt is code_rows' staging."""
     cdef size_t H = p.H, Bc = p.Bc

@@ -398,8 +398,9 @@ def _channel_codes(x):
 def test_avx2_float_prompt_on_tile_codes_within_its_bound(blocks, softcap, group_dot_path):
     """Level 4 on a float32 cache's prompt on the avx2 path: each key tile of Bc keys (the last
     ends where the last query row's keys do, for every query block and thread) as INT8 codes per
-    channel with a zero per channel (K, _channel_codes) and as int8-g32 rows (V, the per-group
-    codec, group_quantize_ref), read by the packed kernels; each score takes fl(alpha q) . z.
+    channel with a zero per channel (K, _channel_codes) and as INT8 rows of one group (V, the
+    per-group codec, group_quantize_ref), read by the packed kernels; each score takes
+    fl(alpha q) . z.
     Against float64 over those codes every output within _out_bound, with E the per-channel QK
     contract's bound (sa = max|a'| / 32639 of the scaled row a' = alpha q s per tile) plus the
     zero term's float32 dot; softcap catches a wrong zero term (plain softmax would not).  The
@@ -408,8 +409,10 @@ def test_avx2_float_prompt_on_tile_codes_within_its_bound(blocks, softcap, group
     if group_dot_path != "avx2":
         pytest.skip("the packed kernels of a prompt's tiles are the avx2 path's")
     with gqa.config(path=group_dot_path):
-        if _dispatch.float_tile_types_at(4, H)[0] < 0:
-            pytest.skip("level 4 keeps a float32 cache's prompt tiles in float32 here")
+        types = _dispatch.float_tile_types_at(4, H)
+    if types[0] < 0:
+        pytest.skip("level 4 keeps a float32 cache's prompt tiles in float32 here")
+    assert types == (_dispatch.TYPE_CODES["GQA_S8_PC"], _dispatch.group_type(_dispatch.TYPE_CODES["GQA_G8"], H, False))
     rng = np.random.default_rng(23)
     S = 200
     Bc = blocks[1] if blocks else 256
@@ -434,7 +437,7 @@ def test_avx2_float_prompt_on_tile_codes_within_its_bound(blocks, softcap, group
         codes = np.concatenate([c for c, _, _ in parts])
         Kx = np.concatenate([c * s + z for c, s, z in parts])
         tile = np.arange(S) // Bc
-        V = _decoded(group_quantize_ref(v[0, :, j * H:(j + 1) * H], 8, 32), 8, 32, False)
+        V = _decoded(group_quantize_ref(v[0, :, j * H:(j + 1) * H], 8, H), 8, H, False)
         for s in range(S):
             n = s + 1
             for h in range(j * G, (j + 1) * G):
