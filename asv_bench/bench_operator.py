@@ -112,12 +112,12 @@ class Step(_AtLevel):
 
 
 class PrefillAccuracy:
-    """A first prompt S = T (causal) over an INT8 / INT4 cache at accuracy_level 0, 3 and 4
-    (levels 3-4 where the CPU has bfloat16 tiles, AMX or AVX-512 BF16: each flash tile's QK and
+    """A first prompt S = T (causal) over a float32 / INT8 / INT4 cache at accuracy_level 0, 3 and
+    4 (levels 3-4 where the CPU has bfloat16 tiles, AMX or AVX-512 BF16: each flash tile's QK and
     P @ V on them; level 4 elsewhere: on VNNI each tile's P @ V by the integer-dot kernel on the
-    INT8 V codes, on AVX2 both GEMMs on the codes (kernels_avx2_pack.h); level 3 elsewhere:
-    level 0)."""
-    params = ([0, 3, 4], ["s8_pt", "s8_pc", "s4_pt"], [2048])
+    INT8 V codes, on AVX2 both GEMMs on the codes (kernels_avx2_pack.h), a float32 cache's tiles
+    quantized once per thread (K per channel with zeros, V per row); level 3 elsewhere: level 0)."""
+    params = ([0, 3, 4], ["float", "s8_pt", "s8_pc", "s4_pt"], [2048])
     param_names = ["level", "mode", "S"]
     timer = timeit.default_timer
     timeout = 300
