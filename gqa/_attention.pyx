@@ -545,7 +545,7 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
             o[18] = take(&at, Bx // 2 * H)
     if p.vqtype >= 0:
         o[19] = take(&at, 2 + nk)
-        o[20] = take(&at, (nk * Bc * gqa_row_bytes(p.kqtype, H) + 3) // 4 if p.kqtype >= 0 else 0)
+        o[20] = take(&at, (nk * Bc * gqa_row_bytes(p.kqtype, H) + 3) // 4)
         o[21] = take(&at, (nk * Bc * gqa_row_bytes(p.vqtype, H) + 3) // 4)
         o[22] = take(&at, nk * 2 * H)
         o[23] = take(&at, Mmax)
@@ -652,6 +652,18 @@ cdef void online_row(const Params *p, const gqa_tiles *x, float *row, uint16_t *
     m[0] = mnew
 
 
+cdef int kept_start(const Tiled *sc, int unit, int hi, int Bc) noexcept nogil:
+    """The first key from which the thread's kept tiles (keep_tiles, keep_codes) must be made so
+    that they hold `unit`'s keys [0, hi) -- the start of the tile where they end, a partial tile
+    made again whole -- or -1 when they hold them; another unit's are dropped."""
+    if sc.kept[0] != unit:
+        sc.kept[0] = unit
+        sc.kept[1] = 0
+    if hi <= sc.kept[1]:
+        return -1
+    return sc.kept[1] - sc.kept[1] % Bc
+
+
 cdef void keep_tiles(const Params *p, const gqa_kernels *t, const Tiled *sc, int b, int j, int hi,
                      bint kdirect, bint vdirect, const float *kscale,
                      const float *vscale) noexcept nogil:
@@ -666,12 +678,9 @@ cdef void keep_tiles(const Params *p, const gqa_kernels *t, const Tiled *sc, int
     cdef int H = p.H, Bc = p.Bc, unit = b * p.Nkv + j, k0, nb, i
     cdef const float *Kr
     cdef const float *Vr
-    if sc.kept[0] != unit:
-        sc.kept[0] = unit
-        sc.kept[1] = 0
-    if hi <= sc.kept[1]:
+    k0 = kept_start(sc, unit, hi, Bc)
+    if k0 < 0:
         return
-    k0 = sc.kept[1] - sc.kept[1] % Bc
     while k0 < hi:
         nb = hi - k0 if hi - k0 < Bc else Bc
         i = k0 // Bc
@@ -732,15 +741,16 @@ cdef bint code_rows(const Params *p, const gqa_kernels *t, const float *x, int n
 cdef void code_tile(const Params *p, const gqa_kernels *t, const Tiled *sc, int b, int j, int k0,
                     int nb, int i) noexcept nogil:
     """p.vqtype: a float32 cache's K and V rows of keys [k0, k0 + nb) as p.kqtype's and
-    p.vqtype's codes (float_tile_types) in slot i of sc.Kq / sc.Vq (code_rows; K's scales and zeros in sc.Kz), and
-    sc.kept[2 + i] = 1 where K's codes stand in for its rows, | 2 where V's do; a tile whose
-    rows fail keeps float32 there (kv_tiles).  sc.Kt is code_rows' staging."""
+    p.vqtype's codes (float_tile_types) in slot i of sc.Kq / sc.Vq (code_rows; K's scales and
+    zeros in sc.Kz), and sc.kept[2 + i] = 1 where K's codes stand in for its rows, | 2 where V's
+    do; a tile whose rows fail keeps float32 there (kv_tiles).  sc.Kt is code_rows' staging."""
     cdef size_t H = p.H, Bc = p.Bc
-    sc.kept[2 + i] = ((p.kqtype >= 0 and
-                       code_rows(p, t, <const float *>k_row(p, b, j, k0), nb, p.kqtype,
-                                 sc.Kq + i * Bc * gqa_row_bytes(p.kqtype, H), sc.Kz + i * 2 * H, sc.Kt))
-                      | code_rows(p, t, <const float *>v_row(p, b, j, k0), nb, p.vqtype,
-                                  sc.Vq + i * Bc * gqa_row_bytes(p.vqtype, H), NULL, NULL) << 1)
+    cdef uint8_t *kq = sc.Kq + i * Bc * gqa_row_bytes(p.kqtype, H)
+    cdef uint8_t *vq = sc.Vq + i * Bc * gqa_row_bytes(p.vqtype, H)
+    sc.kept[2 + i] = (code_rows(p, t, <const float *>k_row(p, b, j, k0), nb, p.kqtype, kq,
+                                sc.Kz + i * 2 * H, sc.Kt)
+                      | code_rows(p, t, <const float *>v_row(p, b, j, k0), nb, p.vqtype, vq, NULL,
+                                  NULL) << 1)
 
 
 cdef void keep_codes(const Params *p, const gqa_kernels *t, const Tiled *sc, int b, int j,
@@ -748,13 +758,9 @@ cdef void keep_codes(const Params *p, const gqa_kernels *t, const Tiled *sc, int
     """p.keep with p.vqtype: the thread's kept codes made to hold unit (b, j)'s keys [0, hi) (hi:
     the keys its last query row reads, the same for all its blocks), as keep_tiles does for
     matrix tiles (code_tile's slot i holds keys [i Bc, min((i + 1) Bc, hi)))."""
-    cdef int Bc = p.Bc, unit = b * p.Nkv + j, k0
-    if sc.kept[0] != unit:
-        sc.kept[0] = unit
-        sc.kept[1] = 0
-    if hi <= sc.kept[1]:
+    cdef int Bc = p.Bc, k0 = kept_start(sc, b * p.Nkv + j, hi, Bc)
+    if k0 < 0:
         return
-    k0 = sc.kept[1] - sc.kept[1] % Bc
     while k0 < hi:
         code_tile(p, t, sc, b, j, k0, hi - k0 if hi - k0 < Bc else Bc, k0 // Bc)
         k0 = k0 + Bc
@@ -1111,8 +1117,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     on V's codes (VNNI: INT8; AVX2), and on AVX2 the scores by p.qk_tiles on K's codes (the
     packed kernels of kernels_avx2_pack.h), also on per-group codes (P @ V where a tile's
     metadata is below 1e30), with no float32 tile; with causal float windows, on the tiles every
-    row reads as codes (staged_tiles' kind 1); a float32 cache's tiles as p.kqtype's / p.vqtype's codes where
-    they stand in (code_tile; kept from block to block with p.keep, keep_codes)."""
+    row reads as codes (staged_tiles' kind 1); a float32 cache's tiles as p.kqtype's /
+    p.vqtype's codes where they stand in (code_tile; kept from block to block with p.keep, keep_codes)."""
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
     cdef int G = p.G, H = p.H, Bc = p.Bc
@@ -1150,7 +1156,7 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     # the codes the integer kernels read: the cache's, or a float32 cache's quantized (p.kqtype)
     cdef bint quant = p.vqtype >= 0
     cdef int ktc = p.kqtype if quant else p.ktype, vtc = p.vqtype if quant else p.vtype
-    cdef size_t krb = <size_t>Bc * gqa_row_bytes(p.kqtype, H) if p.kqtype >= 0 else 0
+    cdef size_t krb = <size_t>Bc * gqa_row_bytes(p.kqtype, H) if quant else 0
     cdef size_t vrb = <size_t>Bc * gqa_row_bytes(p.vqtype, H) if quant else 0
     cdef const uint8_t *kq = NULL
     cdef const uint8_t *vq = NULL

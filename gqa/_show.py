@@ -25,7 +25,8 @@ def show_config(file=None):
         f"  accuracy level   : {cfg['accuracy_level']}  (level 4's int8 kernels "
         f"{'run on ' + cfg['int8_dot_unit'] if cfg['int8_dot_effective'] else 'absent here: float32'}; "
         f"per-group codes: {'on ' + cfg['group_dot_unit'] if cfg['group_dot_unit'] else 'float32'}; "
-        f"float caches' prompts: {'on codes of each key tile' if _dispatch.float_tile_types_at(4, 64)[0] >= 0 else 'float32 or matrix tiles'})",
+        f"float caches' prompts: "
+        f"{'on codes of each key tile' if _dispatch.float_tile_types_at(4, 64)[0] >= 0 else 'float32 or tiles'})",
         f"  matrix tiles     : {cfg['tiles_effective'] or 'none'}  (levels 3-4's prompt tiles; "
         f"{'off: gqa.config(tiles=False) / GQA_TILES=0' if cfg['tiles'] is False else 'the best here' if cfg['tiles'] is True else 'picked: ' + cfg['tiles']})",
         f"  OpenMP           : {'yes' if _dispatch.openmp_enabled() else 'no (single-threaded build)'}",

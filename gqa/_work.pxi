@@ -119,7 +119,7 @@ cdef void plan_kernels(Params *p, const gqa_kernels *t, Work *w, int accuracy) n
     if not decode and p.ktype == GQA_F32 and p.vtype == GQA_F32:
         float_tile_types(accuracy, p.H, &p.kqtype, &p.vqtype)
         if p.vqtype >= 0:
-            p.qk_tiles = prompt_qk_kernel(p.kqtype, accuracy, p.H) if p.kqtype >= 0 else NULL
+            p.qk_tiles = prompt_qk_kernel(p.kqtype, accuracy, p.H)
             p.sv_tiles = sv_kernel(t, p.vqtype, accuracy, decode, rows, p.H)
     w.dt = NULL
     if decode:
