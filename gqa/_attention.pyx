@@ -1118,7 +1118,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     packed kernels of kernels_avx2_pack.h), also on per-group codes (P @ V where a tile's
     metadata is below 1e30), with no float32 tile; with causal float windows, on the tiles every
     row reads as codes (staged_tiles' kind 1); a float32 cache's tiles as p.kqtype's /
-    p.vqtype's codes where they stand in (code_tile; kept from block to block with p.keep, keep_codes)."""
+    p.vqtype's codes where they stand in (code_tile; kept from block to block with p.keep,
+    keep_codes)."""
     cdef Tiled sc
     tiled_layout(p, scratch, &sc)
     cdef int G = p.G, H = p.H, Bc = p.Bc

@@ -126,11 +126,13 @@ cdef void float_tile_types(int level, int H, int *ktype, int *vtype) noexcept no
     that divides them); else -1 and -1.  SmolLM2 (README, top-1 agreement with level 0): K
     without zeros, or per group of 32, 98.6-99.1 %; these 99.5-99.8 %, and V in groups of 32
     had been no closer, and 1.15x slower (seed shape, S = 2048)."""
-    cdef int g = 256 if H > 256 else H - H % 32
-    while g > 32 and H % g:
-        g -= 32
-    cdef int g8 = gqa_group_type(GQA_G8, g, 0)
+    cdef int g = 256 if H > 256 else H, g8
     ktype[0] = vtype[0] = -1
+    if H < 32 or H % 32:
+        return
+    while H % g:
+        g -= 32
+    g8 = gqa_group_type(GQA_G8, g, 0)
     if (tile_kernels(level, H) == NULL and _prompt_codes(GQA_S8_PC, level, H)
             and _prompt_codes(g8, level, H)):
         ktype[0] = GQA_S8_PC
