@@ -468,6 +468,7 @@ cdef struct Tiled:
     uint8_t *Vq         #   p.vqtype's codes (code_tile; one tile without p.keep)
     float *Kz           #   [nkept, 2, H] K's per-channel scales and zeros (code_rows)
     float *Zr           #   [Mmax] each query row's fl(alpha q) . z of the tile's K
+    size_t kslot, vslot #   bytes of one slot of Kq / Vq (Bc rows)
     int Mx, Bx, Hk      # rows, keys and head padded for p.tiles (16, 32, 32), else Mmax, Bc, H
     int Kx              # p.keep: the kept K tiles' rows of pairs, Bx + 16 (a row stride of 2^n
                         #   bytes would put a block's rows in few L1 sets)
@@ -543,10 +544,12 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
             o[16] = take(&at, (TILE_STRIP * Bx + 1) // 2)
             o[17] = take(&at, Hk // 2 * Bx)
             o[18] = take(&at, Bx // 2 * H)
+    cdef size_t kslot = Bc * gqa_row_bytes(p.kqtype, H) if p.vqtype >= 0 else 0
+    cdef size_t vslot = Bc * gqa_row_bytes(p.vqtype, H) if p.vqtype >= 0 else 0
     if p.vqtype >= 0:
         o[19] = take(&at, 2 + nk)
-        o[20] = take(&at, (nk * Bc * gqa_row_bytes(p.kqtype, H) + 3) // 4)
-        o[21] = take(&at, (nk * Bc * gqa_row_bytes(p.vqtype, H) + 3) // 4)
+        o[20] = take(&at, (nk * kslot + 3) // 4)
+        o[21] = take(&at, (nk * vslot + 3) // 4)
         o[22] = take(&at, nk * 2 * H)
         o[23] = take(&at, Mmax)
     if base != NULL:
@@ -577,6 +580,8 @@ cdef size_t tiled_layout(const Params *p, float *base, Tiled *s) noexcept nogil:
         s.Vq = <uint8_t *>(base + o[21])
         s.Kz = base + o[22]
         s.Zr = base + o[23]
+        s.kslot = kslot
+        s.vslot = vslot
         s.Mx = <int>Mx
         s.Bx = <int>Bx
         s.Hk = <int>Hk
@@ -744,9 +749,9 @@ cdef void code_tile(const Params *p, const gqa_kernels *t, const Tiled *sc, int 
     p.vqtype's codes (float_tile_types) in slot i of sc.Kq / sc.Vq (code_rows; K's scales and
     zeros in sc.Kz), and sc.kept[2 + i] = 1 where K's codes stand in for its rows, | 2 where V's
     do; a tile whose rows fail keeps float32 there (kv_tiles).  sc.Kt is code_rows' staging."""
-    cdef size_t H = p.H, Bc = p.Bc
-    cdef uint8_t *kq = sc.Kq + i * Bc * gqa_row_bytes(p.kqtype, H)
-    cdef uint8_t *vq = sc.Vq + i * Bc * gqa_row_bytes(p.vqtype, H)
+    cdef size_t H = p.H
+    cdef uint8_t *kq = sc.Kq + i * sc.kslot
+    cdef uint8_t *vq = sc.Vq + i * sc.vslot
     sc.kept[2 + i] = (code_rows(p, t, <const float *>k_row(p, b, j, k0), nb, p.kqtype, kq,
                                 sc.Kz + i * 2 * H, sc.Kt)
                       | code_rows(p, t, <const float *>v_row(p, b, j, k0), nb, p.vqtype, vq, NULL,
@@ -1157,8 +1162,6 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
     # the codes the integer kernels read: the cache's, or a float32 cache's quantized (p.kqtype)
     cdef bint quant = p.vqtype >= 0
     cdef int ktc = p.kqtype if quant else p.ktype, vtc = p.vqtype if quant else p.vtype
-    cdef size_t krb = <size_t>Bc * gqa_row_bytes(p.kqtype, H) if quant else 0
-    cdef size_t vrb = <size_t>Bc * gqa_row_bytes(p.vqtype, H) if quant else 0
     cdef const uint8_t *kq = NULL
     cdef const uint8_t *vq = NULL
     cdef const float *kcs       # their scales: the cache's, or the tile's
@@ -1224,8 +1227,8 @@ cdef void attend_tiled(const Params *p, const gqa_kernels *t, int b, int j, int 
             i = k0 // Bc if keep else 0
             if not keep:
                 code_tile(p, t, &sc, b, j, k0, qend - k0 if qend - k0 < Bc else Bc, 0)
-            kq = sc.Kq + i * krb if codes_qk and sc.kept[2 + i] & 1 else NULL
-            vq = sc.Vq + i * vrb if codes_pv and sc.kept[2 + i] & 2 else NULL
+            kq = sc.Kq + i * sc.kslot if codes_qk and sc.kept[2 + i] & 1 else NULL
+            vq = sc.Vq + i * sc.vslot if codes_pv and sc.kept[2 + i] & 2 else NULL
             kcs = sc.Kz + <size_t>i * 2 * H
             pv_codes = vq != NULL
             if kq == NULL or vq == NULL:
