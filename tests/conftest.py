@@ -115,6 +115,34 @@ def simd_path(request):
         yield request.param
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _gguf_files_parsed_once():
+    """Each GGUF file opened read-only is parsed once per session: gqa.apps.gguf and
+    transformers (which parses a file twice per load, for its config and its weights) share one
+    ``gguf.GGUFReader``.  Reading Gemma 3's 262,144-token vocabulary takes 13 s a parse; the
+    readers only read the file (a read-only memory map) and copy what they dequantize."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    real, parsed = gguf.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        if mode != "r":
+            return real(path, mode)
+        key = os.path.realpath(path)
+        if key not in parsed:
+            parsed[key] = real(path, mode)
+        return parsed[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = real
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct through gqa.apps.llama, read once per session (tests/test_model.py,
