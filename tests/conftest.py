@@ -131,7 +131,8 @@ def _gguf_files_parsed_once():
     def reader(path, mode="r"):
         if mode != "r":
             return real(path, mode)
-        key = os.path.realpath(path)
+        st = os.stat(path)   # a file written again under the same name is parsed again
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
         if key not in parsed:
             parsed[key] = real(path, mode)
         return parsed[key]
