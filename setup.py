@@ -30,7 +30,8 @@ from setuptools.command.build_ext import build_ext
 SRC = os.path.join("gqa", "_src")
 HEADERS = [os.path.join(SRC, h) for h in ("gqa_kernels.h", "kernels_common.h", "kernels_group.h",
                                           "kernels_avx512.h", "kernels_s8dot.h", "kernels_s8dot_contract.h",
-                                          "kernels_avx2_dot.h", "kernels_avx2_pack.h", "kernels_neon_dot.h",
+                                          "kernels_avx2_dot.h", "kernels_avx2_pack.h", "kernels_avx2_hadamard.h",
+                                          "kernels_neon_dot.h",
                                           "work_ranges.h", "team_spread.h",
                                           # built again as other units (kernels_avxvnni_*.c, kernels_avx512vnni_gdot.c)
                                           "kernels_avx2_s8dot.c", "kernels_avx2_gdot.c")]

@@ -33,6 +33,8 @@
  *  - row_max: 8-lane maxima, NaN skipped (exact).
  *  - rope_row: 8 pairs a vector (interleaved: 4), fused as the contract states (the scalar
  *    path's bits), the last pairs by gqa_rope_pairs.
+ *  - hadamard_rows: kernels_avx2_hadamard.h (gqa_hadamard_rows' bits, blocks of 16 sums in
+ *    vectors, the permutation by gathers).
  *  - qk_gemm_s8_dot, sv_gemm_s8_dot (accuracy level 4): kernels_avx2_s8dot.c (per-group codes:
  *    kernels_avx2_gdot.c).
  */
@@ -41,6 +43,7 @@
 #include <stdlib.h>
 #include "kernels_common.h"
 #include "kernels_group.h"
+#include "kernels_avx2_hadamard.h"
 
 
 /* ---- quantize / dequantize --------------------------------------------- */

@@ -43,6 +43,7 @@
  *  - row_max: 16-lane maxima, NaN skipped (exact), masked tail.
  *  - rope_row: 16 pairs a vector (interleaved: 8), fused as the contract states (the scalar
  *    path's bits), masked tail.
+ *  - hadamard_rows: the AVX2 path's (kernels_avx2_hadamard.h, 256-bit).
  *
  * The emulation build of tests/isa (GQA_EMULATE_AVX512, never set by setup.py)
  * takes the intrinsics from SIMDe instead of <immintrin.h> so this code can run
@@ -51,6 +52,8 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include "kernels_avx512.h"
 #include "kernels_group.h"
+#include "kernels_avx2_hadamard.h"
+#define hadamard_rows_avx512 hadamard_rows_avx2
 
 /* ---- quantize ------------------------------------------------------------ */
 

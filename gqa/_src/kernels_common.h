@@ -102,23 +102,11 @@ static inline float gqa_max_of(const float *x, size_t n, float m)
     return m;
 }
 
-/* The `+had` rotation (gqa/_rotation.py: oscar_rotation(None, H), scaled): R = c Sy P, Sy the
-   H x H Sylvester matrix of +-1 (Sy[d, e] = (-1)^popcount(d & e)), P the bit-reversal
-   permutation ((X P)[:, rev(i)] = X[:, i]), H a power of two up to GQA_ROT_MAX.
-   n rows x [H] (ldx floats apart) -> o [n, H] (ldo apart; o must not overlap x):
-   inverse == 0: o = x R, i.e. o[rev(i)] = c (x Sy)[i];  inverse != 0: o = x R^T = c (x P^T) Sy,
-   i.e. o = c ((x[rev(i)])_i Sy).
-   x Sy in this order, the same on every path: each block of B = min(H, 16) columns times the
-   B x B Sylvester matrix, each output the sum over the block's inputs in order (the first
-   product exact, then one addition each: +-1 products are exact, so a fused multiply-add gives
-   the same bits), then the butterflies (a, b) -> (a + b, a - b) at the distances B, 2B, ...,
-   H / 2 in turn, then one multiplication by c: to first order |o_e - (x R)_e| <= (B +
-   log2(H / B)) 2^-24 c sum_d |x_d|.  O(H (B + log2 H)) operations per row, not H^2. */
-static inline void gqa_hadamard_rows(size_t n, size_t H, const float *x, size_t ldx, float *o,
-                                     size_t ldo, float c, int inverse)
+/* The 16 x 16 Sylvester matrix, sy[l][k] = (-1)^popcount(l & k), 32-byte aligned rows: the `+had`
+   rotation's block (gqa_hadamard_rows and the vector units' versions of it). */
+static inline const float (*gqa_sylvester16(void))[16]
 {
-    /* the 16 x 16 Sylvester matrix: sy[l][k] = (-1)^popcount(l & k) */
-    static const float sy[16][16] = {
+    static const float sy[16][16] __attribute__((aligned(32))) = {
         { 1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f,  1.f},
         { 1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f},
         { 1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f},
@@ -135,14 +123,41 @@ static inline void gqa_hadamard_rows(size_t n, size_t H, const float *x, size_t 
         { 1.f, -1.f,  1.f, -1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f, -1.f,  1.f,  1.f, -1.f,  1.f, -1.f},
         { 1.f,  1.f, -1.f, -1.f, -1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f,  1.f,  1.f, -1.f, -1.f},
         { 1.f, -1.f, -1.f,  1.f, -1.f,  1.f,  1.f, -1.f, -1.f,  1.f,  1.f, -1.f,  1.f, -1.f, -1.f,  1.f}};
-    float w[GQA_ROT_MAX], in[GQA_ROT_MAX];
-    unsigned short rev[GQA_ROT_MAX];
-    size_t B = H < 16 ? H : 16, bits = 0, i, l, k, h, j, r;
+    return sy;
+}
+
+/* rev[i] = i with its log2(H) bits reversed, i < H (H a power of two up to GQA_ROT_MAX): the
+   `+had` rotation's permutation P. */
+static inline void gqa_bit_reversal(size_t H, int32_t *rev)
+{
+    size_t bits = 0;
     while (((size_t)1 << bits) < H)
         bits++;
     rev[0] = 0;
-    for (i = 1; i < H; i++)
-        rev[i] = (unsigned short)((rev[i >> 1] >> 1) | ((i & 1) << (bits - 1)));
+    for (size_t i = 1; i < H; i++)
+        rev[i] = (rev[i >> 1] >> 1) | (int32_t)((i & 1) << (bits - 1));
+}
+
+/* The `+had` rotation (gqa/_rotation.py: oscar_rotation(None, H), scaled): R = c Sy P, Sy the
+   H x H Sylvester matrix of +-1 (Sy[d, e] = (-1)^popcount(d & e)), P the bit-reversal
+   permutation ((X P)[:, rev(i)] = X[:, i]), H a power of two up to GQA_ROT_MAX.
+   n rows x [H] (ldx floats apart) -> o [n, H] (ldo apart; o must not overlap x):
+   inverse == 0: o = x R, i.e. o[rev(i)] = c (x Sy)[i];  inverse != 0: o = x R^T = c (x P^T) Sy,
+   i.e. o = c ((x[rev(i)])_i Sy).
+   x Sy in this order, the same on every path: each block of B = min(H, 16) columns times the
+   B x B Sylvester matrix, each output the sum over the block's inputs in order (the first
+   product exact, then one addition each: +-1 products are exact, so a fused multiply-add gives
+   the same bits), then the butterflies (a, b) -> (a + b, a - b) at the distances B, 2B, ...,
+   H / 2 in turn, then one multiplication by c: to first order |o_e - (x R)_e| <= (B +
+   log2(H / B)) 2^-24 c sum_d |x_d|.  O(H (B + log2 H)) operations per row, not H^2. */
+static inline void gqa_hadamard_rows(size_t n, size_t H, const float *x, size_t ldx, float *o,
+                                     size_t ldo, float c, int inverse)
+{
+    const float (*sy)[16] = gqa_sylvester16();
+    float w[GQA_ROT_MAX], in[GQA_ROT_MAX];
+    int32_t rev[GQA_ROT_MAX];
+    size_t B = H < 16 ? H : 16, i, l, k, h, j, r;
+    gqa_bit_reversal(H, rev);
     for (r = 0; r < n; r++) {
         const float *xr = x + r * ldx;
         float *orow = o + r * ldo;
@@ -210,7 +225,7 @@ static inline void gqa_rope_pairs(size_t i0, size_t r2, int interleaved, const f
     const gqa_kernels gqa_kernels_##unit = {#unit, quantize_##path, dequantize_##path,          \
                                             dequantize_t_##path, qk_gemm_##path, sv_gemm_##path, \
                                             approx_qk, dot_qk, dot_sv, exp_sum_##path,           \
-                                            row_max_##path, gqa_hadamard_rows, rope_row_##path, tiles};
+                                            row_max_##path, hadamard_rows_##path, rope_row_##path, tiles};
 
 /* dequantize_<path> of a path whose row decoder dequant_row(row, d, cols, type, s) is
    specialized on a constant type: one instance per static or float type in deq_rows[type]

@@ -727,6 +727,14 @@ static void rope_row_neon(size_t r2, int interleaved, const float *x, const floa
     gqa_rope_pairs(i, r2, interleaved, x, c, s, o);
 }
 
+/* ---- hadamard_rows ----------------------------------------------------------------- */
+
+static void hadamard_rows_neon(size_t n, size_t H, const float *x, size_t ldx, float *o, size_t ldo,
+                               float c, int inverse)
+{
+    gqa_hadamard_rows(n, H, x, ldx, o, ldo, c, inverse);
+}
+
 /* The tiles: Arm BFloat16 dot products (kernels_neonbf16.c) */
 #ifdef GQA_HAVE_NEONBF16
 extern const gqa_tiles gqa_tiles_neonbf16;

@@ -126,4 +126,10 @@ static void rope_row_scalar(size_t r2, int interleaved, const float *x, const fl
     gqa_rope_pairs(0, r2, interleaved, x, c, s, o);
 }
 
+static void hadamard_rows_scalar(size_t n, size_t H, const float *x, size_t ldx, float *o, size_t ldo,
+                                 float c, int inverse)
+{
+    gqa_hadamard_rows(n, H, x, ldx, o, ldo, c, inverse);
+}
+
 GQA_KERNEL_TABLE(scalar, NULL, NULL, NULL, NULL)
