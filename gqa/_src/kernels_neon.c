@@ -30,6 +30,8 @@
  *  - row_max: 4-lane compare-and-select maxima, NaN skipped (exact).
  *  - rope_row: 4 pairs a vector (vld2q / vst2q for interleaved ones), vfmaq fused as the
  *    contract states (the scalar path's bits), the last pairs by gqa_rope_pairs.
+ *  - hadamard_rows: the statement's bits, 4 blocks' sums in registers, the bit reversal by
+ *    4 x 4 transposes (kernels_avx2_hadamard.h's layout).
  *  - per-group rows: quantized by the shared codec (kernels_group.h); qk / sv fused over the
  *    rows (groups of a multiple of 8 columns, rows of a multiple of 32: see "per-group rows,
  *    fused"), otherwise decoded 8 elements at a time (group_decode_row_neon, the reference's
@@ -729,10 +731,106 @@ static void rope_row_neon(size_t r2, int interleaved, const float *x, const floa
 
 /* ---- hadamard_rows ----------------------------------------------------------------- */
 
+/* gqa_hadamard_rows' statement and bits, 4 lanes a vector (the layout of kernels_avx2_hadamard.h:
+   element 16 q + k of the Sylvester product w lands at o[rev4(k) m + rev_m(q)], m = H / 16):
+   w[i0 + 16 q + k] = x_(i0 + 16 q) + sum_{l = 1..15} x_(i0 + 16 q + l) sy[l][k] in that order (one
+   fused vfmaq_n per step: +-1 products are exact), x_e = xr[e] (ix NULL) or xr[ix[e]], four
+   blocks' chains at once, then their butterflies at distances 16 and 32 in registers. */
+INLINE void had_blocks_neon(int NB, const float *xr, const int32_t *ix, float *w, size_t i0,
+                            const float (*sy)[16])
+{
+    float32x4_t v[4][4];
+    UNROLL for (int q = 0; q < NB; q++) {
+        const size_t e = i0 + 16 * (size_t)q;
+        const float x0 = ix ? xr[ix[e]] : xr[e];
+        UNROLL for (int u = 0; u < 4; u++)
+            v[q][u] = vmulq_n_f32(vdupq_n_f32(1.0f), x0);
+    }
+    UNROLL for (int l = 1; l < 16; l++) {
+        float32x4_t sl[4];
+        UNROLL for (int u = 0; u < 4; u++)
+            sl[u] = vld1q_f32(sy[l] + 4 * u);
+        UNROLL for (int q = 0; q < NB; q++) {
+            const size_t e = i0 + 16 * (size_t)q + (size_t)l;
+            const float xl = ix ? xr[ix[e]] : xr[e];
+            UNROLL for (int u = 0; u < 4; u++)
+                v[q][u] = vfmaq_n_f32(v[q][u], sl[u], xl);
+        }
+    }
+    UNROLL for (int d = 1; d < NB; d <<= 1)
+        UNROLL for (int q = 0; q < NB; q++)
+            if (!(q & d))
+                UNROLL for (int u = 0; u < 4; u++) {
+                    const float32x4_t a = v[q][u], b = v[q + d][u];
+                    v[q][u] = vaddq_f32(a, b);
+                    v[q + d][u] = vsubq_f32(a, b);
+                }
+    UNROLL for (int q = 0; q < NB; q++)
+        UNROLL for (int u = 0; u < 4; u++)
+            vst1q_f32(w + i0 + 16 * q + 4 * u, v[q][u]);
+}
+
+/* The `+had` rotation: heads below 16 by gqa_hadamard_rows; the blocks (had_blocks_neon), the
+   butterflies at 64 .. H / 2 over the row, then o = c w (inverse: the inputs were read in the order
+   x[rev(e)]) or, H >= 64, o[rev[k] + a] = c w[16 rev[16 a] + k] (rev[k] = rev4(k) m, rev[16 a] =
+   rev_m(a)) by 4 x 4 transposes of rows rev_m(a) .. rev_m(a + 3), H = 16, 32 element by element. */
 static void hadamard_rows_neon(size_t n, size_t H, const float *x, size_t ldx, float *o, size_t ldo,
                                float c, int inverse)
 {
-    gqa_hadamard_rows(n, H, x, ldx, o, ldo, c, inverse);
+    if (H < 16) {
+        gqa_hadamard_rows(n, H, x, ldx, o, ldo, c, inverse);
+        return;
+    }
+    const float (*sy)[16] = gqa_sylvester16();
+    float w[GQA_ROT_MAX];
+    int32_t rev[GQA_ROT_MAX];
+    const size_t m = H / 16;
+    size_t r, i, h, j;
+    gqa_bit_reversal(H, rev);
+    for (r = 0; r < n; r++) {
+        const float *xr = x + r * ldx;
+        float *orow = o + r * ldo;
+        if (H == 16)
+            inverse ? had_blocks_neon(1, xr, rev, w, 0, sy) : had_blocks_neon(1, xr, NULL, w, 0, sy);
+        else if (H == 32)
+            inverse ? had_blocks_neon(2, xr, rev, w, 0, sy) : had_blocks_neon(2, xr, NULL, w, 0, sy);
+        else if (inverse)
+            for (i = 0; i < H; i += 64)
+                had_blocks_neon(4, xr, rev, w, i, sy);
+        else
+            for (i = 0; i < H; i += 64)
+                had_blocks_neon(4, xr, NULL, w, i, sy);
+        for (h = 64; h < H; h <<= 1)
+            for (i = 0; i < H; i += 2 * h)
+                for (j = i; j < i + h; j += 4) {
+                    const float32x4_t a = vld1q_f32(w + j), b = vld1q_f32(w + j + h);
+                    vst1q_f32(w + j, vaddq_f32(a, b));
+                    vst1q_f32(w + j + h, vsubq_f32(a, b));
+                }
+        if (inverse) {
+            for (i = 0; i < H; i += 4)
+                vst1q_f32(orow + i, vmulq_n_f32(vld1q_f32(w + i), c));
+        } else if (H >= 64) {
+            for (size_t a = 0; a < m; a += 4) {
+                const float *r0 = w + 16 * rev[16 * a], *r1 = w + 16 * rev[16 * (a + 1)];
+                const float *r2 = w + 16 * rev[16 * (a + 2)], *r3 = w + 16 * rev[16 * (a + 3)];
+                for (size_t k = 0; k < 16; k += 4) {
+                    const float32x4x2_t t0 = vtrnq_f32(vld1q_f32(r0 + k), vld1q_f32(r1 + k));
+                    const float32x4x2_t t1 = vtrnq_f32(vld1q_f32(r2 + k), vld1q_f32(r3 + k));
+                    const float32x4_t col[4] = {
+                        vcombine_f32(vget_low_f32(t0.val[0]), vget_low_f32(t1.val[0])),
+                        vcombine_f32(vget_low_f32(t0.val[1]), vget_low_f32(t1.val[1])),
+                        vcombine_f32(vget_high_f32(t0.val[0]), vget_high_f32(t1.val[0])),
+                        vcombine_f32(vget_high_f32(t0.val[1]), vget_high_f32(t1.val[1]))};
+                    UNROLL for (int u = 0; u < 4; u++)
+                        vst1q_f32(orow + rev[k + (size_t)u] + a, vmulq_n_f32(col[u], c));
+                }
+            }
+        } else {
+            for (i = 0; i < H; i++)
+                orow[i] = c * w[rev[i]];
+        }
+    }
 }
 
 /* The tiles: Arm BFloat16 dot products (kernels_neonbf16.c) */
