@@ -118,16 +118,7 @@ static void hadamard_rows_avx2(size_t n, size_t H, const float *x, size_t ldx, f
     for (r = 0; r < n; r++) {
         const float *xr = x + r * ldx;
         float *orow = o + r * ldo;
-        if (H == 16)
-            inverse ? had_blocks(1, xr, rev, w, 0, sy) : had_blocks(1, xr, NULL, w, 0, sy);
-        else if (H == 32)
-            inverse ? had_blocks(2, xr, rev, w, 0, sy) : had_blocks(2, xr, NULL, w, 0, sy);
-        else if (inverse)
-            for (i = 0; i < H; i += 64)
-                had_blocks(4, xr, rev, w, i, sy);
-        else
-            for (i = 0; i < H; i += 64)
-                had_blocks(4, xr, NULL, w, i, sy);
+        GQA_HAD_ROW_BLOCKS(had_blocks, H, xr, rev, inverse, w, sy);
         for (h = 64; h < H; h <<= 1)
             for (i = 0; i < H; i += 2 * h)
                 for (j = i; j < i + h; j += 8) {

@@ -202,6 +202,24 @@ static inline void gqa_hadamard_rows(size_t n, size_t H, const float *x, size_t 
     }
 }
 
+/* A vector unit's `+had` blocks of one row (kernels_avx2_hadamard.h, kernels_neon.c): blocks(NB, xr,
+   ix, w, i0, sy) sums NB blocks of 16 from column i0 and their butterflies among them, inputs
+   xr[e] (ix NULL) or xr[ix[e]]; NB and ix literal in each call so that the unit's register arrays
+   and loads specialize: H = 16 one block, 32 two, else four at a time; inverse: ix = rev. */
+#define GQA_HAD_ROW_BLOCKS(blocks, H, xr, rev, inverse, w, sy)                                      \
+    do {                                                                                          \
+        if ((H) == 16)                                                                            \
+            (inverse) ? blocks(1, xr, rev, w, 0, sy) : blocks(1, xr, NULL, w, 0, sy);             \
+        else if ((H) == 32)                                                                       \
+            (inverse) ? blocks(2, xr, rev, w, 0, sy) : blocks(2, xr, NULL, w, 0, sy);             \
+        else if (inverse)                                                                         \
+            for (size_t i0_ = 0; i0_ < (H); i0_ += 64)                                            \
+                blocks(4, xr, rev, w, i0_, sy);                                                   \
+        else                                                                                      \
+            for (size_t i0_ = 0; i0_ < (H); i0_ += 64)                                            \
+                blocks(4, xr, NULL, w, i0_, sy);                                                  \
+    } while (0)
+
 /* gqa_kernels.rope_row's statement for pairs [i0, r2) of a row (a path's table entry, or the
    pairs its vectors leave).  fmaf is the fused operation on every compiler this builds with (an
    FMA instruction where the unit's flags have one, libm's correctly rounded fmaf elsewhere). */
