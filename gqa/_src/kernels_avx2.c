@@ -34,7 +34,7 @@
  *  - rope_row: 8 pairs a vector (interleaved: 4), fused as the contract states (the scalar
  *    path's bits), the last pairs by gqa_rope_pairs.
  *  - hadamard_rows: kernels_avx2_hadamard.h (gqa_hadamard_rows' bits, blocks of 16 sums in
- *    vectors, the permutation by gathers).
+ *    vectors, the bit reversal by transposes in registers).
  *  - qk_gemm_s8_dot, sv_gemm_s8_dot (accuracy level 4): kernels_avx2_s8dot.c (per-group codes:
  *    kernels_avx2_gdot.c).
  */
