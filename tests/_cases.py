@@ -79,49 +79,93 @@ def dequant_cache(c, scale, mode, bits, H, Nkv):
     return q * s
 
 
-def reference(inp, a, kd, vd):
-    """float64 attention of the (un-rotated) query over dequantized caches kd/vd [B,Nkv,*,H].
-    Supports causal/window/softcap/bias/smooth/sink/scale/packed; not rotary."""
-    N, Nkv = a["num_heads"], a["kv_num_heads"]
-    q = inp["query"].astype(np.float64)
-    B, S, D = q.shape
-    H = kd.shape[-1]
-    q = q[..., :N * H].reshape(B, S, N, H)
-    G = N // Nkv
-    T = inp["total_sequence_length"]
-    scale = a.get("scale", 0.0) or 1.0 / np.sqrt(np.float32(H))
+def rotary_positions(inp):
+    """[B, S] the position each query row is rotated at: position_ids where given, else s in
+    a first prompt (S == total_sequence_length) and T_b - S + s after it (T_b = seqlens_k[b] + 1)."""
+    S = inp["query"].shape[1]
+    if inp.get("position_ids") is not None:
+        return np.asarray(inp["position_ids"], np.int64)
+    T = int(np.asarray(inp["total_sequence_length"]).reshape(-1)[0])
+    past = np.zeros_like(inp["seqlens_k"]) if S == T else inp["seqlens_k"] + 1 - S
+    return past.astype(np.int64)[:, None] + np.arange(S)[None, :]
+
+
+def rotate(x, inp, a):
+    """x [B, S, n, H] (float64) rotated as rotary embedding rotates it: over the first d = 2 *
+    cos_cache.shape[1] columns, pairs (i, i + d/2), or (2i, 2i + 1) when rotary_interleaved,
+    by the angle whose cos / sin the caches hold at the row's rotary_positions."""
+    pos = rotary_positions(inp)
+    cos = inp["cos_cache"].astype(np.float64)[pos][:, :, None, :]
+    sin = inp["sin_cache"].astype(np.float64)[pos][:, :, None, :]
+    d = 2 * cos.shape[-1]
+    i1, i2 = ((slice(0, d, 2), slice(1, d, 2)) if a.get("rotary_interleaved", 0)
+              else (slice(0, d // 2), slice(d // 2, d)))
+    y = np.array(x, np.float64)
+    y[..., i1] = x[..., i1] * cos - x[..., i2] * sin
+    y[..., i2] = x[..., i2] * cos + x[..., i1] * sin
+    return y
+
+
+def key_range(inp, a, b, s):
+    """[start, end) of the key positions query row s of batch b attends: causal (or all T_b
+    keys when causal = 0), within local_window_size of the row's own position."""
+    S = inp["query"].shape[1]
+    T = int(np.asarray(inp["total_sequence_length"]).reshape(-1)[0])
+    Tb = int(inp["seqlens_k"][b]) + 1
+    e = (0 if S == T else Tb - S) + s + 1 if a.get("causal", 1) else Tb
     W = a.get("local_window_size", -1)
+    return (max(e - W, 0) if W >= 0 else 0), min(e, Tb)
+
+
+def query_rows(inp, a, H):
+    """The query [B, S, N, H] in float64 as attention reads it (rotated when do_rotary)."""
+    N = a["num_heads"]
+    q = inp["query"].astype(np.float64)
+    q = q[..., :N * H].reshape(q.shape[0], q.shape[1], N, H)
+    return rotate(q, inp, a) if a.get("do_rotary", 0) else q
+
+
+def scores(inp, a, q, kd, b, s, h):
+    """(x, sink): float64 scores of query row (b, s, h) over its key_range of kd [B,Nkv,*,H]
+    (scale, softcap, attention_bias), and the extra logit of the softmax's denominator
+    (head_sink, or 0 for smooth_softmax; None without either)."""
+    H = kd.shape[-1]
+    start, c = key_range(inp, a, b, s)
+    scale = a.get("scale", 0.0) or 1.0 / np.sqrt(np.float32(H))
+    x = scale * kd[b, h // (a["num_heads"] // a["kv_num_heads"]), start:c] @ q[b, s, h]
+    sc = a.get("softcap", 0.0)
+    if sc > 0:
+        x = sc * np.tanh(x / sc)
+    if inp.get("attention_bias") is not None:
+        bias = inp["attention_bias"].astype(np.float64)
+        x = x + bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1), s, start:c]
+    sink = None
+    if inp.get("head_sink") is not None:
+        sink = float(inp["head_sink"][h])
+    elif a.get("smooth_softmax", -1) == 1:
+        sink = 0.0
+    return x, sink
+
+
+def reference(inp, a, kd, vd):
+    """float64 attention of the query (rotated when do_rotary) over dequantized caches kd/vd
+    [B,Nkv,*,H] (the present caches: keys already rotated).
+    Supports causal/window/softcap/bias/smooth/sink/scale/packed/rotary."""
+    N, Nkv = a["num_heads"], a["kv_num_heads"]
+    H = kd.shape[-1]
+    q = query_rows(inp, a, H)
+    B, S = q.shape[:2]
+    G = N // Nkv
     out = np.zeros((B, S, N, H))
-    first = S == T
     for b in range(B):
-        Tb = int(inp["seqlens_k"][b]) + 1
-        cpast = 0 if first else Tb - S
         for h in range(N):
-            j = h // G
             for s in range(S):
-                e = cpast + s + 1 if a.get("causal", 1) else Tb
-                c = min(e, Tb)
-                start = max(e - W, 0) if W >= 0 else 0
+                start, c = key_range(inp, a, b, s)
                 if c <= start:
                     continue
-                x = scale * kd[b, j, start:c] @ q[b, s, h]
-                sc = a.get("softcap", 0.0)
-                if sc > 0:
-                    x = sc * np.tanh(x / sc)
-                if inp.get("attention_bias") is not None:
-                    bias = inp["attention_bias"].astype(np.float64)
-                    x = x + bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1), s, start:c]
-                if x.size == 0:
-                    continue
-                smooth = a.get("smooth_softmax", -1) == 1 or inp.get("head_sink") is not None
-                m = x.max()
-                if smooth:
-                    sink = float(inp["head_sink"][h]) if inp.get("head_sink") is not None else 0.0
-                    m = max(m, sink)
-                    e = np.exp(x - m)
-                    p = e / (e.sum() + np.exp(sink - m))
-                else:
-                    e = np.exp(x - m)
-                    p = e / e.sum()
-                out[b, s, h] = p @ vd[b, j, start:c]
+                x, sink = scores(inp, a, q, kd, b, s, h)
+                m = x.max() if sink is None else max(x.max(), sink)
+                e = np.exp(x - m)
+                p = e / (e.sum() + (0.0 if sink is None else np.exp(sink - m)))
+                out[b, s, h] = p @ vd[b, h // G, start:c]
     return out.reshape(B, S, N * H)

@@ -162,7 +162,7 @@ def check_vs_ort(spec, inp, a, call, ours):
 def check_mixed_vs_ort(spec, inp, a, call, ours):
     """Mixed K/V modes (onnxruntime refuses them): K codes equal onnxruntime's run with both
     modes = K's, V codes its run with both = V's; the output equals the float64 reference
-    on the dequantized caches (when there is no rotary; the reference does not rotate)."""
+    on the dequantized caches."""
     base = fresh_call(inp, call)[0]
     for which, mode, sc in (("present_key", spec["mode"], "k_scale"),
                             ("present_value", spec["v_mode"], "v_scale")):
@@ -171,7 +171,7 @@ def check_mixed_vs_ort(spec, inp, a, call, ours):
         ref = _ort.run_ort(fresh_call(i1, call)[0], a1)
         idx = 1 if which == "present_key" else 2
         assert_caches_equal(ours[idx], ref[idx], inp, bool(call), which + " vs onnxruntime (single mode)")
-    if not spec["rotary"] and not spec["qk_output"]:
+    if not spec["qk_output"]:
         H = spec["H"]
         kd = dequant_cache(ours[1], inp["k_scale"], spec["mode"], spec["bits"], H, spec["Nkv"])
         vd = dequant_cache(ours[2], inp["v_scale"], spec["v_mode"], spec["bits"], H, spec["Nkv"])

@@ -9,10 +9,12 @@ QMODES = ("PER_TENSOR", "PER_CHANNEL")
 
 
 @st.composite
-def specs(draw, big=False):
+def specs(draw, big=False, phase=None, prompt_rows=(1, 12)):
     """A valid call. Shapes stay small (the oracle's cost is per session, ours per element);
-    `big` allows lengths and widths where the compute really runs multi-threaded."""
-    phase = draw(st.sampled_from(["prompt", "decode", "decode", "subsequent"]), label="phase")
+    `big` allows lengths and widths where the compute really runs multi-threaded; `phase`
+    fixes the phase, `prompt_rows` bounds a prompt's S."""
+    if phase is None:
+        phase = draw(st.sampled_from(["prompt", "decode", "decode", "subsequent"]), label="phase")
     Nkv = draw(st.integers(1, 4), label="Nkv")
     G = draw(st.sampled_from([1, 2, 3, 4, 8]), label="G")
     rotary = draw(st.booleans(), label="rotary")
@@ -23,7 +25,7 @@ def specs(draw, big=False):
     B = 1 if phase == "subsequent" else draw(st.integers(1, 3), label="B")
     maxpast = 300 if big else 40
     if phase == "prompt":
-        S = draw(st.integers(1, 12), label="S")
+        S = draw(st.integers(*prompt_rows), label="S")
         past, pasts = 0, None
         prompt_lens = draw(st.none() | st.lists(st.integers(1, S), min_size=B, max_size=B), label="lens")
     else:

@@ -17,7 +17,7 @@ import pytest
 
 import gqa
 import _ort
-from _cases import dequant_cache, make_case, reference
+from _cases import dequant_cache, key_range, make_case, reference
 
 needs_ort = pytest.mark.skipif(not _ort.available(), reason="onnxruntime==1.31.1 not installed")
 PATHS = sorted({"scalar", gqa.available_paths()[-1]})
@@ -39,15 +39,8 @@ def _call(inp, a, kernel, flash):
 
 def attends(inp, a, b, s, t):
     """Does query row s of batch b attend key position t (README semantics)?"""
-    S = inp["query"].shape[1]
-    T = int(np.asarray(inp["total_sequence_length"]).reshape(-1)[0])
-    tb = int(inp["seqlens_k"][b]) + 1
-    cpast = 0 if S == T else tb - S
-    e = cpast + s + 1 if a.get("causal", 1) else tb
-    c = min(e, tb)
-    W = a.get("local_window_size", -1)
-    start = max(e - W, 0) if W >= 0 else 0
-    return start <= t < c
+    start, end = key_range(inp, a, b, s)
+    return start <= t < end
 
 
 def key_position(inp, b, s):

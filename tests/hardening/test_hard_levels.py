@@ -1,0 +1,115 @@
+"""Property tests: random VALID calls of the onnxruntime surface at accuracy levels 3 and 4.
+
+Each example (the features of test_hard_property.py: rotary, packed QKV, shared KV, bias,
+window, softcap, smooth softmax, sink, qk_output, scale, causal 0, ragged batches, float16,
+in-place caches, INT8 / INT4 per tensor / per channel and mixed, float caches) runs at levels
+0, 3 and 4 on one kernel path, thread count and tiling, with the matrix tiles off (their
+bfloat16 bound: tests/test_tiles.py), and level 4 on the naive path too:
+
+* inputs are never written; the caches level 3 and 4 write are level 0's, bit for bit;
+* level 3 is level 0, every output bit for bit (without tiles no level-3 kernel runs);
+* level 4's output and output_qk are within _level_bound.level4_bounds of level 0's.
+
+The query rows are scaled by a drawn gain so that scores span small to peaked softmaxes.
+"""
+import numpy as np
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+import gqa
+from gqa import _dispatch
+from _hard_cases import build, fresh_call, run, valid_rows
+from _level_bound import F16_STEP, level4_bounds
+from _strategies import runtimes, specs
+
+
+def _levels(inp, a, call, rt):
+    """{(level, flash): outputs} of one call at levels 0, 3, 4 (flash) and 4 (naive)."""
+    outs = {}
+    with gqa.config(tiles=False):
+        for level, flash in ((0, True), (3, True), (4, True), (4, False)):
+            i, c = fresh_call(inp, call)
+            outs[level, flash] = run(i, dict(a, accuracy_level=level), c, kernel=rt["kernel"], flash=flash,
+                                     threads=rt["threads"], blocks=rt["blocks"] if flash else None,
+                                     splits=rt["splits"] if flash else None)
+    return outs
+
+
+def _same(x, y):
+    return np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8))
+
+
+def _within(got, want, bound, what):
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    assert np.isfinite(got).all() == np.isfinite(want).all(), f"{what}: finite at one level only"
+    equal = (got == want) | (np.isnan(got) & np.isnan(want))
+    err = np.where(equal, 0.0, np.abs(got - want))
+    bad = ~(err <= bound)
+    if bad.any():
+        i = np.unravel_index(np.argmax(np.where(bad, err - bound, -np.inf)), err.shape)
+        raise AssertionError(f"{what}: {int(bad.sum())} elements outside level 4's bound; at "
+                             f"{tuple(int(v) for v in i)} level 4 {got[i]!r}, level 0 {want[i]!r}, "
+                             f"|diff| {err[i]:.3g} > {bound[i]:.3g}")
+
+
+def check_levels(spec, rt, gain):
+    for k in ("phase", "mode", "dtype"):
+        event(f"{k}={spec[k]}")
+    inp, a, call = build(spec)
+    N, H = spec["N"], spec["H"]
+    q = inp["query"].copy()
+    q[..., :N * H] *= q.dtype.type(gain)
+    inp["query"] = q
+    before = {k: x.copy() for k, x in inp.items() if isinstance(x, np.ndarray)}
+    outs = _levels(inp, a, call, rt)
+    for k, old in before.items():
+        assert _same(inp[k], old), f"input {k} was written"
+    base = outs[0, True]
+    for i, (x, y) in enumerate(zip(outs[3, True], base)):
+        assert _same(x, y), f"level 3 output {i} differs from level 0's (no tiles)"
+    with gqa.config(path=rt["kernel"], tiles=False):   # a float cache's prompt tiles as codes?
+        float_tiles = _dispatch.float_tile_types_at(4, H) != (-1, -1)
+    bound, qk_bound = level4_bounds(spec, inp, a, base[0], base[1], base[2], float_tiles)
+    rows = valid_rows(inp, a, base[0])
+    moved = False
+    for flash in (True, False):
+        got = outs[4, flash]
+        assert len(got) == len(base)
+        for i in (1, 2):
+            assert _same(got[i], base[i]), f"level 4 ({'flash' if flash else 'naive'}) cache {i} differs"
+        what = f"level 4 output ({'flash' if flash else 'naive'})"
+        _within(got[0][rows], base[0][rows], bound[rows], what)
+        moved |= not _same(got[0], base[0])
+        if qk_bound is not None:
+            for b in range(spec["B"]):
+                tb = int(inp["seqlens_k"][b]) + 1
+                qb = qk_bound[b][:, rows[b], :tb]
+                want = base[3][b][:, rows[b], :tb]
+                if spec["dtype"] == "f16":
+                    qb = qb * (1 + 2.0 ** -11) + F16_STEP * (1 + 2.0 ** -10) * np.abs(want.astype(np.float64)) + 2.0 ** -24
+                _within(got[3][b][:, rows[b], :tb], want, qb, f"level 4 output_qk[{b}] ({what})")
+    if moved:
+        event(f"level 4 moved the output: {spec['mode']}, {spec['phase']}")
+
+
+GAINS = st.sampled_from([1.0, 6.0, 40.0])
+
+
+@settings(max_examples=max(12, settings.default.max_examples // 2))
+@given(spec=specs(), rt=runtimes(), gain=GAINS)
+def test_valid_calls_at_levels_3_and_4(spec, rt, gain):
+    check_levels(spec, rt, gain)
+
+
+@settings(max_examples=max(4, settings.default.max_examples // 6))
+@given(spec=specs(big=True), rt=runtimes(), gain=GAINS)
+def test_longer_calls_at_level_4(spec, rt, gain):
+    """Longer caches and wider heads: flash decoding's splits."""
+    check_levels(spec, rt, gain)
+
+
+@settings(max_examples=max(4, settings.default.max_examples // 6))
+@given(spec=specs(big=True, phase="prompt", prompt_rows=(16, 96)), rt=runtimes(), gain=GAINS)
+def test_long_prompts_at_level_4(spec, rt, gain):
+    """Prompts long enough for the prompt kernels (on avx2 a float cache's tiles as codes)."""
+    check_levels(spec, rt, gain)
