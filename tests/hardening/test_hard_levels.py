@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 import gqa
 from gqa import _dispatch
 from _hard_cases import build, fresh_call, run, valid_rows
-from _level_bound import F16_STEP, level4_bounds
+import _newer_cases as nc
+from _level_bound import F16_STEP, level4_bounds, level4_bounds_newer
 from _strategies import runtimes, specs
 
 
@@ -113,3 +114,44 @@ def test_longer_calls_at_level_4(spec, rt, gain):
 def test_long_prompts_at_level_4(spec, rt, gain):
     """Prompts long enough for the prompt kernels (on avx2 a float cache's tiles as codes)."""
     check_levels(spec, rt, gain)
+
+
+def _newer_call(spec, level, rt, flash, gain):
+    """(outputs, inputs before the call) of the newer-surface call `spec` at `level`."""
+    cls, attrs, inp, call, guard = nc.build(dict(spec, accuracy=level))
+    q = inp["query"].copy()
+    q *= q.dtype.type(gain)
+    inp["query"] = q
+    before = {k: x.copy() if isinstance(x, np.ndarray) else x for k, x in inp.items()}
+    with gqa.config(path=rt["kernel"], flash=flash, tiles=False, flash_blocks=rt["blocks"] if flash else None,
+                    decode_splits=rt["splits"] if flash else None):
+        out = nc.make_op(cls, attrs)(**inp, **call, num_threads=rt["threads"])
+    assert not guard.broken(), "a write past a caller buffer"
+    return out, before, attrs
+
+
+@settings(max_examples=max(8, settings.default.max_examples // 4))
+@given(seed=st.integers(0, 2 ** 32 - 1), rt=runtimes(), gain=GAINS)
+def test_newer_surface_at_levels_3_and_4(seed, rt, gain):
+    """The newer surface (_newer_cases.py: per-group INT8 / INT4 / INT2 caches, float
+    windows in both partitions, rotations, QK norm, rotary, the mixed-precision operator) at
+    levels 0, 3 and 4: level 3 is level 0 bit for bit, level 4 writes the same caches and
+    windows and its output (flash and naive) stays within level4_bounds_newer of level 0's."""
+    spec = nc.random_spec(np.random.default_rng(seed))
+    for k in ("phase", "cls", "k_bits", "v_bits"):
+        event(f"{k}={spec[k]}")
+    base, before, attrs = _newer_call(spec, 0, rt, True, gain)
+    for x, y in zip(_newer_call(spec, 3, rt, True, gain)[0], base):
+        assert _same(x, y), "level 3 differs from level 0 (no tiles)"
+    g = spec["group"] or spec["H"]
+    with gqa.config(path=rt["kernel"], tiles=False):
+        group_kernels = _dispatch.group_dot_unit() is not None and g % 32 == 0 and g <= 256
+    bound = level4_bounds_newer(spec, attrs, before, base[0], base[1], base[2], group_kernels)
+    for flash in (True, False):
+        got = _newer_call(spec, 4, rt, flash, gain)[0]
+        assert len(got) == len(base)
+        for i in range(1, len(base)):
+            assert _same(got[i], base[i]), f"level 4 output {i} (caches, windows) differs"
+        _within(got[0], base[0], bound, f"level 4 output ({'flash' if flash else 'naive'})")
+        if not _same(got[0], base[0]):
+            event("level 4 moved the output")
