@@ -44,6 +44,50 @@ def test_independent_buffers_match_serial():
                 assert _same(serial[i], got[i]), f"case {i} differs when run concurrently"
 
 
+def test_level_4_calls_match_serial():
+    """Accuracy level 4's kernels from 8 threads at once -- the integer dots of decode steps,
+    the prompt kernels' packed blocks (a float cache's tiles coded per thread and kept), the
+    per-group codes with windows and rotations -- give the serial results, bit for bit."""
+    import _newer_cases as nc
+    rng = np.random.default_rng(41)
+    calls = []
+    for i in range(THREADS * 3):
+        kind = i % 3
+        if kind == 0:           # the 1.31.1 surface, any phase
+            inp, a, call = build(random_spec(np.random.default_rng([43, i]), big=True))
+        elif kind == 1:         # a prompt long enough for the packed blocks and key tiles
+            spec = random_spec(np.random.default_rng([47, i]), big=True)
+            spec.update(phase="prompt", S=int(rng.integers(40, 200)), past=0, pasts=None,
+                        prompt_lens=None, buf_extra=0, T_extra=0, shared_kv=False, inplace=False,
+                        H=64, mode=("NONE", "PER_TENSOR", "PER_CHANNEL")[i % 3], v_mode=None)
+            spec["bits"] = 0 if spec["mode"] == "NONE" else 8
+            spec["v_mode"] = spec["mode"]
+            inp, a, call = build(spec)
+        else:                   # the newer surface
+            spec = dict(nc.random_spec(np.random.default_rng([53, i])), accuracy=4)
+            calls.append(("newer", spec))
+            continue
+        calls.append(("ort", (inp, dict(a, accuracy_level=4), call)))
+
+    def one(i):
+        kind, c = calls[i]
+        if kind == "newer":
+            cls, attrs, inp, call, _ = nc.build(c)
+            return nc.make_op(cls, attrs)(**inp, **call, num_threads=1 + i % 2)
+        inp, a, call = c
+        inp, call = fresh_call(inp, call)
+        return gqa.group_query_attention(**inp, **a, **call, num_threads=1 + i % 2)
+
+    with gqa.config(tiles=False):
+        serial = [one(i) for i in range(len(calls))]
+        with ThreadPoolExecutor(THREADS) as ex:
+            for _ in range(ROUNDS // 2):
+                order = list(range(len(calls)))[::-1]
+                got = dict(zip(order, ex.map(one, order)))
+                for i in range(len(calls)):
+                    assert _same(serial[i], got[i]), f"call {i} ({calls[i][0]}) differs when run concurrently"
+
+
 def test_shared_readonly_cache_matches_serial():
     """One past cache shared by every thread (read-only: no in-place writes; each call gets
     its own present), different queries per thread."""
