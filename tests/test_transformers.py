@@ -12,6 +12,8 @@ gt = pytest.importorskip("gqa.transformers")
 
 from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
 
+import gqa  # noqa: E402
+
 C = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
 FAMILIES = {
@@ -123,6 +125,39 @@ def test_quantized_caches_stay_close_to_the_float_cache():
     # 8-bit codes: within a few % of the logits' scale on this random model; 4 bits: further
     assert 0 < errs["int8-pc"] < 0.05 and 0 < errs["int8-g16"] < 0.05, errs
     assert max(errs["int8-pc"], errs["int8-g16"]) < errs["int4-g16+s2r4+had"] < 1.0, errs
+
+
+def test_accuracy_level_4_reaches_the_kernels():
+    """Cache(accuracy_level=4) gives every layer's operator level 4, and its logits move from
+    level 0's by far less than the 8-bit codes themselves moved level 0 from the float cache
+    (15-bit query rows and probabilities against 8-bit K and V); with heads of 32 the INT8
+    per-channel and the per-group caches (groups of 32) run level 4's integer kernels (the
+    matrix tiles off: their bfloat16 prompts are tests/test_tiles.py's)."""
+    with gqa.config(tiles=False):
+        if gqa._dispatch.int8_dot_unit() is None or gqa._dispatch.group_dot_unit() is None:
+            pytest.skip("this CPU runs no integer kernels of level 4 (they need AVX2, or NEON's dot product)")
+        _level_4_logits()
+
+
+def _level_4_logits():
+    cls, _ = FAMILIES["llama"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cls(**{**C, "num_attention_heads": 2, "num_key_value_heads": 1}),
+                                             attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0 if p.ndim > 1 else 1.0)
+    ids = torch.randint(1, 96, (1, 20), generator=torch.Generator().manual_seed(4))
+    ref, _ = _steps(model, ids, gt.Cache(model, "float", max_length=32), 6)
+    scale = ref.abs().max().item()
+    cal = gt.calibrate(model, ids)
+    for mode, kw in (("int8-pc", dict(calibration=cal)), ("int8-g32", {}), ("int8-g32+s2r4+had", {})):
+        l0, _ = _steps(model, ids, gt.Cache(model, mode, max_length=32, **kw), 6)
+        cache = gt.Cache(model, mode, max_length=32, accuracy_level=4, **kw)
+        l4, _ = _steps(model, ids, cache, 6)
+        assert [op.accuracy_level for op in cache.kv.ops] == [4] * C["num_hidden_layers"]
+        d4, d0 = (l4 - l0).abs().max().item() / scale, (l0 - ref).abs().max().item() / scale
+        assert 0 < d4 < d0 / 4, (mode, d4, d0)
 
 
 def test_crop_and_beam_search():
