@@ -109,7 +109,7 @@ def test_longer_calls_at_level_4(spec, rt, gain):
     check_levels(spec, rt, gain)
 
 
-@settings(max_examples=max(4, settings.default.max_examples // 6))
+@settings(max_examples=max(4, settings.default.max_examples // 10))
 @given(spec=specs(big=True, phase="prompt", prompt_rows=(16, 96)), rt=runtimes(), gain=GAINS)
 def test_long_prompts_at_level_4(spec, rt, gain):
     """Prompts long enough for the prompt kernels (on avx2 a float cache's tiles as codes)."""
