@@ -106,6 +106,24 @@ def rotate(x, inp, a):
     return y
 
 
+def window_counts(T, sink, recent):
+    """(ns, nr): the float windows of T positions hold positions [0, ns) and [T - nr, T)."""
+    ns = min(sink, T)
+    return ns, min(recent, T - ns)
+
+
+def float_positions(partition, sink, recent, Tb, end):
+    """Which keys [0, end) a query row whose keys end at `end` reads from the float windows of
+    a sequence of Tb positions (README, "Float windows"): "causal", the row's own windows (those
+    of its first `end` positions); "per_call", the call's (those of all Tb)."""
+    last = end if partition == "causal" else Tb
+    ns, nr = window_counts(last, sink, recent)
+    flo = np.zeros(end, bool)
+    flo[:ns] = True
+    flo[last - nr:end] = True
+    return flo
+
+
 def key_range(inp, a, b, s):
     """[start, end) of the key positions query row s of batch b attends: causal (or all T_b
     keys when causal = 0), within local_window_size of the row's own position."""

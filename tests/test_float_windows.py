@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import gqa
+from _cases import float_positions, window_counts
 from _reference import F32, group_dequantize_ref, group_quantize_ref
 
 N, NKV, H = 4, 2, 32
@@ -101,11 +102,6 @@ class Codec:
         return self.sides[i].rows(codes)
 
 
-def counts(T, sink, recent):
-    ns = min(sink, T)
-    return ns, min(recent, T - ns)
-
-
 def reference(q, K, V, Kq, Vq, RK, RV, sink, recent, partition, lens, S, first=False):
     """float64 outputs [B, S, N*H]: q [B, S, N, H]; K, V [B, Nkv, T, H] float rows (original
     basis); Kq, Vq the dequantized history rows (rotated basis); lens[b] total positions; the
@@ -120,11 +116,7 @@ def reference(q, K, V, Kq, Vq, RK, RV, sink, recent, partition, lens, S, first=F
         Tb = lens[b]
         for s in range(S):
             end = min(s + 1, Tb) if first else Tb - S + s + 1
-            ns, nr = counts(end if partition == "causal" else Tb, sink, recent)
-            hi = (end if partition == "causal" else Tb) - nr
-            flo = np.zeros(end, bool)
-            flo[:ns] = True
-            flo[hi:end] = True
+            flo = float_positions(partition, sink, recent, Tb, end)
             for h in range(N):
                 j = h // G
                 qq = q[b, s, h].astype(np.float64)
@@ -215,7 +207,7 @@ class Run:
             if exact_codes:
                 assert np.array_equal(self.pk[b, :, :Tb], self.codec.codes(Kr[b, :, :Tb], 0))
                 assert np.array_equal(self.pv[b, :, :Tb], self.codec.codes(Vr[b, :, :Tb], 1))
-            ns, nr = counts(Tb, self.sink, self.recent)
+            ns, nr = window_counts(Tb, self.sink, self.recent)
             if ns + nr == 0:
                 continue
             keep = list(range(ns)) + list(range(Tb - nr, Tb))
@@ -384,7 +376,7 @@ def test_long_in_place_hand_over(kernel_path):
         run.step(4)
         for i in range(400):
             q, out, T, S = run.step(1)
-            ns, nr = counts(T, 3, 5)
+            ns, nr = window_counts(T, 3, 5)
             assert np.array_equal(run.hk[0, :, :ns], run.K[0, :, :ns])
             assert np.array_equal(run.hk[0, :, ns:ns + nr], run.K[0, :, T - nr:T])
             assert np.array_equal(run.hv[0, :, ns:ns + nr], run.V[0, :, T - nr:T])

@@ -20,7 +20,8 @@ the packed prompt blocks' (sa (1 + 2^-20) / 2, 2^-21) and the per-group ones' (1
 """
 import numpy as np
 
-from _cases import dequant_cache, key_range, query_rows, rotate, scores
+from _cases import dequant_cache, float_positions, key_range, query_rows, rotate, scores, window_counts
+from _reference import _group_parts
 
 U = 2.0 ** -24
 QK_MAX = 32639          # the query codes' limit (kernels_s8dot.h)
@@ -30,13 +31,14 @@ F16_STEP = 2.0 ** -10
 
 
 def _codes(spec, cache, which):
-    """|codes| [B, Nkv, L, H] (float64) and the scales (per channel [Nkv, H] or a float)."""
+    """|codes| [B, Nkv, L, H] (float64) of a static INT8 / INT4 cache (INT4: the nibble - 8)."""
     mode = spec["mode"] if which == "k" else spec["v_mode"]
     codes = dequant_cache(cache, np.ones(1, np.float32), mode, spec["bits"], spec["H"], spec["Nkv"])
     return np.abs(codes)
 
 
 def _scales(inp, spec, which):
+    """The scales: per channel [Nkv, H], or one float."""
     s = inp[f"{which}_scale"].astype(np.float64).reshape(-1)
     return s.reshape(spec["Nkv"], spec["H"]) if s.size > 1 else float(s[0])
 
@@ -173,27 +175,11 @@ def _float_rows(side, inp, attrs, spec, new):
     out[:, :, P:] = new.transpose(0, 2, 1, 3)
     past = inp.get(f"past_hp_{side}")
     if past is not None and P:
-        ns, nr = _counts(P, attrs["sink_size"], attrs["recent_size"])
+        ns, nr = window_counts(P, attrs["sink_size"], attrs["recent_size"])
         past = past.astype(np.float64)
         out[:, :, :ns] = past[:, :, :ns]
         out[:, :, P - nr:P] = past[:, :, ns:ns + nr]
     return out
-
-
-def _counts(T, sink, recent):
-    ns = min(sink, T)
-    return ns, min(recent, T - ns)
-
-
-def _float_positions(attrs, Tb, end):
-    """Which of a row's keys [0, end) it reads from the float windows (README, "Float windows";
-    window_partition "causal": the row's own windows, "per_call": the call's)."""
-    causal = attrs.get("window_partition", "causal") == "causal"
-    ns, nr = _counts(end if causal else Tb, attrs["sink_size"], attrs["recent_size"])
-    flo = np.zeros(end, bool)
-    flo[:ns] = True
-    flo[(end if causal else Tb) - nr:end] = True
-    return flo
 
 
 def level4_bounds_newer(spec, attrs, inp, out0, present_key, present_value, group_kernels):
@@ -206,10 +192,9 @@ def level4_bounds_newer(spec, attrs, inp, out0, present_key, present_value, grou
     window by float32 roundings only; P @ V of the codes by (1/2 + 2^-9) / 32767 max_k w_k
     sum_k u_k / l per column (u the codes, w_k = p_k s_k: the probabilities, each within e^{2D}
     of float64's, times their groups' scales, quantized against their maximum); the output
-    turned back by R_V^T, so its bound is |R_V| times the rotated one's.  The query row a is the float64 norm,
-    rotary and rotation, widened by 2^-9 of its maximum (the operator's float16 / float32
-    roundings of those steps)."""
-    from _reference import _group_parts
+    turned back by R_V^T, so its bound is |R_V| times the rotated one's.  The query row a is
+    the float64 norm, rotary and rotation, widened by 2^-9 of its maximum (the operator's
+    float16 / float32 roundings of those steps)."""
     B, S, N, Nkv, H, P = spec["B"], spec["S"], spec["N"], spec["Nkv"], spec["H"], spec["past"]
     G, T = N // Nkv, P + S
     eps = attrs.get("qk_norm_epsilon", 1e-6)
@@ -221,13 +206,13 @@ def level4_bounds_newer(spec, attrs, inp, out0, present_key, present_value, grou
     vt = _turned(f("value", Nkv), RV, 1)
     Kf, Vf = _float_rows("key", inp, attrs, spec, kt), _float_rows("value", inp, attrs, spec, vt)
     parts = {}
+    g = spec["group"] or H
+    J = H // g
     for side, cache, bits in (("k", present_key, spec["k_bits"]), ("v", present_value, spec["v_bits"])):
-        g = spec["group"] or H
         codes, scale, zero = _group_parts(cache[:, :, :T], bits, g, H, spec["metadata"] == "fp16")
         shp = (B, Nkv, T, H)
         codes, scale, zero = (y.reshape(shp).astype(np.float64) for y in (codes, scale, zero))
         parts[side] = (codes, scale, codes * scale + zero, np.abs(codes * scale) + np.abs(zero))
-        J = H // g
     alpha = attrs.get("scale", 0.0) or 1.0 / np.sqrt(np.float32(H))
     f16 = inp["query"].dtype == np.float16
     o0 = np.abs(out0.astype(np.float64)).reshape(B, S, N, H)
@@ -237,7 +222,8 @@ def level4_bounds_newer(spec, attrs, inp, out0, present_key, present_value, grou
     for b in range(B):
         for s in range(S):
             end = P + s + 1
-            flo = _float_positions(attrs, T, end)
+            flo = float_positions(attrs.get("window_partition", "causal"), attrs["sink_size"],
+                                  attrs["recent_size"], T, end)
             for h in range(N):
                 j = h // G
                 a = qt[b, s, h]
