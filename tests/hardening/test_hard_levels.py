@@ -137,7 +137,22 @@ def test_newer_surface_at_levels_3_and_4(seed, rt, gain):
     windows in both partitions, rotations, QK norm, rotary, the mixed-precision operator) at
     levels 0, 3 and 4: level 3 is level 0 bit for bit, level 4 writes the same caches and
     windows and its output (flash and naive) stays within level4_bounds_newer of level 0's."""
+    check_newer(nc.random_spec(np.random.default_rng(seed)), rt, gain)
+
+
+@settings(max_examples=max(4, settings.default.max_examples // 12))
+@given(seed=st.integers(0, 2 ** 32 - 1), rt=runtimes(), gain=GAINS, H=st.sampled_from([64, 128, 256]),
+       S=st.integers(16, 80), group=st.sampled_from([32, 64, 128, 0]))
+def test_newer_surface_long_prompts_at_level_4(seed, rt, gain, H, S, group):
+    """Prompts of 16-80 rows with wide heads over per-group caches: the prompt kernels' packed
+    per-group blocks (on avx2), windows and rotations among them."""
     spec = nc.random_spec(np.random.default_rng(seed))
+    spec.update(phase="prompt", S=S, past=0, H=H, group=group if group < H else 0, inplace=False,
+                extra_rows=0)
+    check_newer(spec, rt, gain)
+
+
+def check_newer(spec, rt, gain):
     for k in ("phase", "cls", "k_bits", "v_bits"):
         event(f"{k}={spec[k]}")
     base, before, attrs = _newer_call(spec, 0, rt, True, gain)
