@@ -1,14 +1,17 @@
-"""Property tests: random VALID calls of the onnxruntime surface at accuracy levels 3 and 4.
+"""Property tests: random VALID calls at accuracy levels 3 and 4, of both surfaces.
 
-Each example (the features of test_hard_property.py: rotary, packed QKV, shared KV, bias,
-window, softcap, smooth softmax, sink, qk_output, scale, causal 0, ragged batches, float16,
-in-place caches, INT8 / INT4 per tensor / per channel and mixed, float caches) runs at levels
-0, 3 and 4 on one kernel path, thread count and tiling, with the matrix tiles off (their
-bfloat16 bound: tests/test_tiles.py), and level 4 on the naive path too:
+The onnxruntime surface (the features of test_hard_property.py: rotary, packed QKV, shared
+KV, bias, window, softcap, smooth softmax, sink, qk_output, scale, causal 0, ragged batches,
+float16, in-place caches, INT8 / INT4 per tensor / per channel and mixed, float caches) and
+the newer one (_newer_cases.py: per-group caches, float windows, rotations, QK norm, the
+mixed-precision operator).  Each example runs at levels 0, 3 and 4 on one kernel path, thread
+count and tiling, with the matrix tiles off (their bfloat16 bound: tests/test_tiles.py), and
+level 4 on the naive path too:
 
-* inputs are never written; the caches level 3 and 4 write are level 0's, bit for bit;
+* inputs are never written (the newer cases: nothing past a caller buffer); the caches and
+  windows levels 3 and 4 write are level 0's, bit for bit;
 * level 3 is level 0, every output bit for bit (without tiles no level-3 kernel runs);
-* level 4's output and output_qk are within _level_bound.level4_bounds of level 0's.
+* level 4's output (and output_qk) is within _level_bound's bound of level 0's.
 
 The query rows are scaled by a drawn gain so that scores span small to peaked softmaxes.
 """
@@ -86,8 +89,9 @@ def check_levels(spec, rt, gain):
                 tb = int(inp["seqlens_k"][b]) + 1
                 qb = qk_bound[b][:, rows[b], :tb]
                 want = base[3][b][:, rows[b], :tb]
-                if spec["dtype"] == "f16":
-                    qb = qb * (1 + 2.0 ** -11) + F16_STEP * (1 + 2.0 ** -10) * np.abs(want.astype(np.float64)) + 2.0 ** -24
+                if spec["dtype"] == "f16":     # each level's scores rounded to float16 once
+                    step = F16_STEP * (1 + 2.0 ** -10) * np.abs(want.astype(np.float64))
+                    qb = qb * (1 + 2.0 ** -11) + step + 2.0 ** -24
                 _within(got[3][b][:, rows[b], :tb], want, qb, f"level 4 output_qk[{b}] ({what})")
     if moved:
         event(f"level 4 moved the output: {spec['mode']}, {spec['phase']}")
@@ -117,7 +121,8 @@ def test_long_prompts_at_level_4(spec, rt, gain):
 
 
 def _newer_call(spec, level, rt, flash, gain):
-    """(outputs, inputs before the call) of the newer-surface call `spec` at `level`."""
+    """(outputs, inputs before the call, attributes) of the newer-surface call `spec` at
+    `level`, its query times `gain`."""
     cls, attrs, inp, call, guard = nc.build(dict(spec, accuracy=level))
     q = inp["query"].copy()
     q *= q.dtype.type(gain)
