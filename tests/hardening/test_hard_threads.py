@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import gqa
+import _newer_cases as nc
 from _hard_cases import build, fresh_call, random_spec
 
 THREADS = 8
@@ -48,7 +49,6 @@ def test_level_4_calls_match_serial():
     """Accuracy level 4's kernels from 8 threads at once -- the integer dots of decode steps,
     the prompt kernels' packed blocks (a float cache's tiles coded per thread and kept), the
     per-group codes with windows and rotations -- give the serial results, bit for bit."""
-    import _newer_cases as nc
     rng = np.random.default_rng(41)
     calls = []
     for i in range(THREADS * 3):
@@ -57,11 +57,10 @@ def test_level_4_calls_match_serial():
             inp, a, call = build(random_spec(np.random.default_rng([43, i]), big=True))
         elif kind == 1:         # a prompt long enough for the packed blocks and key tiles
             spec = random_spec(np.random.default_rng([47, i]), big=True)
+            mode = ("NONE", "PER_TENSOR", "PER_CHANNEL")[i // 3 % 3]
             spec.update(phase="prompt", S=int(rng.integers(40, 200)), past=0, pasts=None,
                         prompt_lens=None, buf_extra=0, T_extra=0, shared_kv=False, inplace=False,
-                        H=64, mode=("NONE", "PER_TENSOR", "PER_CHANNEL")[i % 3], v_mode=None)
-            spec["bits"] = 0 if spec["mode"] == "NONE" else 8
-            spec["v_mode"] = spec["mode"]
+                        H=64, mode=mode, v_mode=mode, bits=0 if mode == "NONE" else 8)
             inp, a, call = build(spec)
         else:                   # the newer surface
             spec = dict(nc.random_spec(np.random.default_rng([53, i])), accuracy=4)
