@@ -79,15 +79,21 @@ def dequant_cache(c, scale, mode, bits, H, Nkv):
     return q * s
 
 
-def rotary_positions(inp):
-    """[B, S] the position each query row is rotated at: position_ids where given, else s in
-    a first prompt (S == total_sequence_length) and T_b - S + s after it (T_b = seqlens_k[b] + 1)."""
+def row_position(inp, b, s):
+    """The key position of query row s of batch b: s in a first prompt (S ==
+    total_sequence_length), T_b - S + s after it (T_b = seqlens_k[b] + 1)."""
     S = inp["query"].shape[1]
+    T = int(np.asarray(inp["total_sequence_length"]).reshape(-1)[0])
+    return s if S == T else int(inp["seqlens_k"][b]) + 1 - S + s
+
+
+def rotary_positions(inp):
+    """[B, S] the position each query row is rotated at: position_ids where given, else its
+    row_position."""
     if inp.get("position_ids") is not None:
         return np.asarray(inp["position_ids"], np.int64)
-    T = int(np.asarray(inp["total_sequence_length"]).reshape(-1)[0])
-    past = np.zeros_like(inp["seqlens_k"]) if S == T else inp["seqlens_k"] + 1 - S
-    return past.astype(np.int64)[:, None] + np.arange(S)[None, :]
+    B, S = inp["query"].shape[:2]
+    return np.array([[row_position(inp, b, s) for s in range(S)] for b in range(B)], np.int64)
 
 
 def rotate(x, inp, a):
@@ -127,10 +133,8 @@ def float_positions(partition, sink, recent, Tb, end):
 def key_range(inp, a, b, s):
     """[start, end) of the key positions query row s of batch b attends: causal (or all T_b
     keys when causal = 0), within local_window_size of the row's own position."""
-    S = inp["query"].shape[1]
-    T = int(np.asarray(inp["total_sequence_length"]).reshape(-1)[0])
     Tb = int(inp["seqlens_k"][b]) + 1
-    e = (0 if S == T else Tb - S) + s + 1 if a.get("causal", 1) else Tb
+    e = row_position(inp, b, s) + 1 if a.get("causal", 1) else Tb
     W = a.get("local_window_size", -1)
     return (max(e - W, 0) if W >= 0 else 0), min(e, Tb)
 

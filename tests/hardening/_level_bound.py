@@ -20,6 +20,7 @@ the packed prompt blocks' (sa (1 + 2^-20) / 2, 2^-21) and the per-group ones' (1
 """
 import numpy as np
 
+from _hard_cases import F16_STEP
 from _cases import dequant_cache, float_positions, key_range, query_rows, rotate, scores, window_counts
 from _reference import _group_parts
 
@@ -27,7 +28,12 @@ U = 2.0 ** -24
 QK_MAX = 32639          # the query codes' limit (kernels_s8dot.h)
 PV_MAX = 32767          # the probability codes' limit
 HALF = 0.5 + 2.0 ** -9  # half a code step, with the contracts' rounding slack
-F16_STEP = 2.0 ** -10
+
+
+def f16_allowance(bound, ref):
+    """A float32 bound on |x4 - x0| widened for float16 results: each of x4 and x0 rounded once
+    more, by at most half a float16 step (2^-11 of the value, 2^-25 below the normal range)."""
+    return bound * (1 + 2.0 ** -11) + F16_STEP * (1 + 2.0 ** -10) * ref + 2.0 ** -24
 
 
 def _codes(spec, cache, which):
@@ -117,7 +123,7 @@ def level4_bounds(spec, inp, a, out0, present_key, present_value, float_tiles):
                 R = 2 * (n + 64) * U * (o0[b, s, h] + M)
                 bound = M * np.expm1(2 * D) + np.exp(2 * D) * PV + R
                 if f16:
-                    bound = bound * (1 + 2.0 ** -11) + F16_STEP * (1 + 2.0 ** -10) * o0[b, s, h] + 2.0 ** -24
+                    bound = f16_allowance(bound, o0[b, s, h])
                 out_bound[b, s, h] = bound
                 if qk_bound is not None:
                     qk_bound[b, h, s, :Tb] = _qk_allowance(a, E, p / l, start, c, n)
@@ -252,6 +258,6 @@ def level4_bounds_newer(spec, attrs, inp, out0, present_key, present_value, grou
                     Ra = np.abs(RV[j].astype(np.float64))
                     rb = Ra @ rb + 2 * (H + 8) * U * M * Ra.sum(1)
                 if f16:
-                    rb = rb * (1 + 2.0 ** -11) + F16_STEP * (1 + 2.0 ** -10) * o0[b, s, h] + 2.0 ** -24
+                    rb = f16_allowance(rb, o0[b, s, h])
                 bound[b, s, h] = rb
     return bound.reshape(B, S, N * H)

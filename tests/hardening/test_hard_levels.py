@@ -23,7 +23,7 @@ import gqa
 from gqa import _dispatch
 from _hard_cases import build, fresh_call, run, valid_rows
 import _newer_cases as nc
-from _level_bound import F16_STEP, level4_bounds, level4_bounds_newer
+from _level_bound import f16_allowance, level4_bounds, level4_bounds_newer
 from _strategies import runtimes, specs
 
 
@@ -90,8 +90,7 @@ def check_levels(spec, rt, gain):
                 qb = qk_bound[b][:, rows[b], :tb]
                 want = base[3][b][:, rows[b], :tb]
                 if spec["dtype"] == "f16":     # each level's scores rounded to float16 once
-                    step = F16_STEP * (1 + 2.0 ** -10) * np.abs(want.astype(np.float64))
-                    qb = qb * (1 + 2.0 ** -11) + step + 2.0 ** -24
+                    qb = f16_allowance(qb, np.abs(want.astype(np.float64)))
                 _within(got[3][b][:, rows[b], :tb], want, qb, f"level 4 output_qk[{b}] ({what})")
     if moved:
         event(f"level 4 moved the output: {spec['mode']}, {spec['phase']}")

@@ -17,7 +17,7 @@ import pytest
 
 import gqa
 import _ort
-from _cases import dequant_cache, key_range, make_case, reference
+from _cases import dequant_cache, key_range, make_case, reference, row_position
 
 needs_ort = pytest.mark.skipif(not _ort.available(), reason="onnxruntime==1.31.1 not installed")
 PATHS = sorted({"scalar", gqa.available_paths()[-1]})
@@ -43,12 +43,6 @@ def attends(inp, a, b, s, t):
     return start <= t < end
 
 
-def key_position(inp, b, s):
-    S = inp["query"].shape[1]
-    T = int(np.asarray(inp["total_sequence_length"]).reshape(-1)[0])
-    return s if S == T else int(inp["seqlens_k"][b]) + 1 - S + s
-
-
 def regions(inp, a, kind, where, mode):
     """(may_change, must_be_nan) masks over (B, S, N) for one poisoned element."""
     B, S = inp["query"].shape[:2]
@@ -59,7 +53,7 @@ def regions(inp, a, kind, where, mode):
         may[b, s, head] = True
         must[b, s, head] = any(attends(inp, a, b, s, t) for t in range(int(inp["seqlens_k"][b]) + 1))
         return may, must
-    t = key_position(inp, b, s) if kind in ("key", "value") else s
+    t = row_position(inp, b, s) if kind in ("key", "value") else s
     rows = np.array([attends(inp, a, b, r, t) for r in range(S)])
     j = head
     may[b, :, j * G:(j + 1) * G] = rows[:, None]
