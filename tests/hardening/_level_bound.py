@@ -21,8 +21,8 @@ the packed prompt blocks' (sa (1 + 2^-20) / 2, 2^-21) and the per-group ones' (1
 import numpy as np
 
 from _hard_cases import F16_STEP
-from _cases import dequant_cache, float_positions, key_range, query_rows, rotate, scores, window_counts
-from _reference import _group_parts
+from _cases import dequant_cache, key_range, query_rows, scores
+from _newer_reference import TINY, softmax
 
 U = 2.0 ** -24
 QK_MAX = 32639          # the query codes' limit (kernels_s8dot.h)
@@ -151,113 +151,66 @@ def _qk_allowance(a, E, prob, start, c, n):
     else:
         bound = np.zeros_like(E)
         D = E[start:c].max()
-        bound[start:c] = prob * np.expm1(2 * D) * (1 + 2.0 ** -20) + 2 * (n + 64) * U * prob
+        bound[start:c] = prob * np.expm1(2 * D) * (1 + 2.0 ** -20) + 2 * (n + 64) * U * prob + TINY
     return bound
 
 
 # ---------------------------------------------------------------- the newer surface
 
-def _normed(x, w, eps):
-    """The QK RMS norm in float64: x / sqrt(mean(x^2) + eps) * w over the last axis."""
-    if w is None:
-        return x
-    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * w.astype(np.float64)
-
-
-def _turned(x, R, G):
-    """x [B, S, n, H] times R[head // G] ([Nkv, H, H]; None: x)."""
-    if R is None:
-        return x
-    R = R.astype(np.float64)
-    return np.einsum("bsnh,nhk->bsnk", x, R[np.arange(x.shape[2]) // G])
-
-
-def _float_rows(side, inp, attrs, spec, new):
-    """Float rows [B, Nkv, T, H] (rotated basis) of the positions the windows can hold: the past
-    window's rows (past_hp_*) and the call's new rows `new`; NaN elsewhere."""
-    B, Nkv, H, S = spec["B"], spec["Nkv"], spec["H"], spec["S"]
-    P = spec["past"]
-    out = np.full((B, Nkv, P + S, H), np.nan)
-    out[:, :, P:] = new.transpose(0, 2, 1, 3)
-    past = inp.get(f"past_hp_{side}")
-    if past is not None and P:
-        ns, nr = window_counts(P, attrs["sink_size"], attrs["recent_size"])
-        past = past.astype(np.float64)
-        out[:, :, :ns] = past[:, :, :ns]
-        out[:, :, P - nr:P] = past[:, :, ns:ns + nr]
-    return out
-
-
-def level4_bounds_newer(spec, attrs, inp, out0, present_key, present_value, group_kernels):
-    """Bound on |out4 - out0| [B, S, N*H] of a valid call of the newer surface (_newer_cases):
+def level4_bounds_newer(st, out0, group_kernels):
+    """(bound on |out4 - out0| [B, S, N*H], bound on |qk4 - qk0| [B, N, S, T] or None) of a
+    valid call of the newer surface, st its float64 statement (_newer_reference.Statement):
     per-group K and V codes (the per-group contracts where `group_kernels`, else float32),
-    float windows read in float32, QK norm, rotary, rotations.  In the rotated basis each score
-    of a key read as codes moves by at most
+    float windows read in float32, QK norm, rotary, rotations, the score features.  In the
+    rotated basis each score of a key read as codes moves by at most
       E_j = alpha (sa (1/2 + 2^-9) sum|x| + 2^-21 sum|a x| + (J + 3) 2^-24 sum (|a| + sa) m)
     (x = code scale + zero, m = |code scale| + |zero|: the per-group finish), a key read from a
-    window by float32 roundings only; P @ V of the codes by (1/2 + 2^-9) / 32767 max_k w_k
-    sum_k u_k / l per column (u the codes, w_k = p_k s_k: the probabilities, each within e^{2D}
-    of float64's, times their groups' scales, quantized against their maximum); the output
-    turned back by R_V^T, so its bound is |R_V| times the rotated one's.  The query row a is
-    the float64 norm, rotary and rotation, widened by 2^-9 of its maximum (the operator's
-    float16 / float32 roundings of those steps)."""
-    B, S, N, Nkv, H, P = spec["B"], spec["S"], spec["N"], spec["Nkv"], spec["H"], spec["past"]
-    G, T = N // Nkv, P + S
-    eps = attrs.get("qk_norm_epsilon", 1e-6)
-    RK, RV = inp.get("oscar_rotation_k"), inp.get("oscar_rotation_v")
-    rot = lambda x: rotate(x, inp, attrs) if attrs.get("do_rotary", 0) else x  # noqa: E731
-    f = lambda name, n: inp[name].astype(np.float64).reshape(B, S, n, H)  # noqa: E731
-    qt = _turned(rot(_normed(f("query", N), inp.get("q_norm_weight"), eps)), RK, G)
-    kt = _turned(rot(_normed(f("key", Nkv), inp.get("k_norm_weight"), eps)), RK, 1)
-    vt = _turned(f("value", Nkv), RV, 1)
-    Kf, Vf = _float_rows("key", inp, attrs, spec, kt), _float_rows("value", inp, attrs, spec, vt)
-    parts = {}
+    window by float32 roundings only (softcap and bias: 12 roundings of |x| + |bias| at each
+    level); P @ V of the codes by (1/2 + 2^-9) / 32767 max_k w_k sum_k u_k / l per column (u
+    the codes, w_k = p_k s_k: the probabilities, each within e^{2D} of float64's, times their
+    groups' scales, quantized against their maximum); the output turned back by R_V^T, so its
+    bound is |R_V| times the rotated one's.  The query row a is the statement's, widened by
+    its eta (the operator's roundings of the norm, rotary and rotation)."""
+    spec, B, S, N, H = st.spec, st.spec["B"], st.spec["S"], st.spec["N"], st.H
     g = spec["group"] or H
     J = H // g
-    for side, cache, bits in (("k", present_key, spec["k_bits"]), ("v", present_value, spec["v_bits"])):
-        codes, scale, zero = _group_parts(cache[:, :, :T], bits, g, H, spec["metadata"] == "fp16")
-        shp = (B, Nkv, T, H)
-        codes, scale, zero = (y.reshape(shp).astype(np.float64) for y in (codes, scale, zero))
-        parts[side] = (codes, scale, codes * scale + zero, np.abs(codes * scale) + np.abs(zero))
-    alpha = attrs.get("scale", 0.0) or 1.0 / np.sqrt(np.float32(H))
-    f16 = inp["query"].dtype == np.float16
+    T = st.xk.shape[2]
+    f16 = st.inp["query"].dtype == np.float16
     o0 = np.abs(out0.astype(np.float64)).reshape(B, S, N, H)
     bound = np.zeros((B, S, N, H))
-    _, _, xk, mk = parts["k"]
-    uv, sv, xv, _ = parts["v"]
+    qk_bound = np.zeros((B, N, S, T)) if st.attrs.get("qk_output", 0) else None
     for b in range(B):
         for s in range(S):
-            end = P + s + 1
-            flo = float_positions(attrs.get("window_partition", "causal"), attrs["sink_size"],
-                                  attrs["recent_size"], T, end)
             for h in range(N):
-                j = h // G
-                a = qt[b, s, h]
-                aw = np.abs(a) + 2.0 ** -9 * np.abs(a).max()
-                k = np.where(flo[:, None], Kf[b, j, :end], xk[b, j, :end])
-                v = np.where(flo[:, None], Vf[b, j, :end], xv[b, j, :end])
-                assert np.isfinite(k).all() and np.isfinite(v).all(), "a window position without its row"
-                E = 2 * (H + 8) * U * alpha * (np.abs(k) @ aw)
+                start, c, flo, k, v, _, _, mk, _ = st.row(b, s, h)
+                if flo is None:
+                    continue
+                j, sl = h // st.G, slice(start, c)
+                aw = np.abs(st.q[b, s, h]) + st.eta_q[b, s, h]
+                x, bias, extra = st.scores(b, s, h, k, start, c)
+                E = 2 * (H + 8) * U * st.alpha * (np.abs(k) @ aw) + 24 * U * (np.abs(x) + np.abs(bias))
                 code = ~flo
                 if group_kernels and code.any():
                     sa = aw.max() * (1 + 2.0 ** -20) / QK_MAX
-                    x = np.abs(xk[b, j, :end][code])
-                    E[code] += alpha * (sa * HALF * x.sum(1) + 2.0 ** -21 * (x @ aw)
-                                        + (J + 3) * U * (mk[b, j, :end][code] @ (aw + sa)))
+                    xa = np.abs(k[code])
+                    E[code] += st.alpha * (sa * HALF * xa.sum(1) + 2.0 ** -21 * (xa @ aw)
+                                           + (J + 3) * U * (mk[code] @ (aw + sa)))
                 D = E.max()
-                x = alpha * (k @ a)
-                p = np.exp(x - x.max())
-                l = p.sum()
+                p, l = softmax(x, extra)
                 M = np.abs(v).max()
                 PV = 0.0
                 if group_kernels and code.any():
-                    w = (p[code, None] * sv[b, j, :end][code]).max(0) * np.exp(2 * D)
-                    PV = HALF / PV_MAX * w * uv[b, j, :end][code].sum(0) / l
-                rb = M * np.expm1(2 * D) + np.exp(2 * D) * PV + 2 * (end + 64) * U * 2 * M + np.zeros(H)
-                if RV is not None:
-                    Ra = np.abs(RV[j].astype(np.float64))
+                    w = (p[code, None] * st.sv[b, j, sl][code]).max(0) * np.exp(2 * D)
+                    PV = HALF / PV_MAX * w * st.uv[b, j, sl][code].sum(0) / l
+                rb = M * np.expm1(2 * D) + np.exp(2 * D) * PV + 2 * (c - start + 64) * U * 2 * M + np.zeros(H)
+                if st.RV is not None:
+                    Ra = np.abs(st.RV[j].astype(np.float64))
                     rb = Ra @ rb + 2 * (H + 8) * U * M * Ra.sum(1)
                 if f16:
                     rb = f16_allowance(rb, o0[b, s, h])
                 bound[b, s, h] = rb
-    return bound.reshape(B, S, N * H)
+                if qk_bound is not None:
+                    full = np.zeros(c)
+                    full[sl] = E
+                    qk_bound[b, h, s, :c] = _qk_allowance(st.attrs, full, p / l, start, c, c - start)
+    return bound.reshape(B, S, N * H), qk_bound

@@ -54,7 +54,7 @@ def random_spec(rng):
     S = int(rng.integers(1, 9)) if phase == "prompt" else 1 if phase == "decode" else int(rng.integers(2, 7))
     past = 0 if phase == "prompt" else int(rng.integers(1, 30))
     kb, vb = pick([8, 4, 2]), pick([8, 4, 2])
-    return dict(
+    spec = dict(
         seed=int(rng.integers(2 ** 16)), cls=pick(["gqa", "gqa", "mixed"]), phase=phase, B=B, S=S,
         past=past, N=Nkv * G, Nkv=Nkv, H=H, k_bits=kb, v_bits=vb,
         group=pick([0, 8, 16, H]), metadata=pick(["fp32", "fp16"]),
@@ -65,6 +65,35 @@ def random_spec(rng):
         dtype=pick(["f32", "f32", "f16"]), inplace=phase != "prompt" and bool(rng.integers(2)),
         windows=pick(["inplace", "inplace", "fresh", "caller"]), extra_rows=pick([0, 0, 3]),
         rho=pick([1.0, 1.0, 0.95]), accuracy=pick([0, 0, 3, 4]))
+    # the score features and ragged batches (drawn last: the draws above keep their values)
+    causal = bool(rng.integers(6))
+    spec.update(
+        causal=causal, window=pick([-1, -1, -1, 0, 1, 2, 3, 5, 8]) if causal else -1,
+        softcap=pick([0.0, 0.0, 0.0, 0.3, 2.0]), scale=pick([0.0, 0.0, 0.0, 0.21, 1.5]),
+        bias=pick([None, None, None, "full", "b1", "n1", "both1"]),
+        head_sink=rng.integers(5) == 0, smooth=rng.integers(5) == 0,
+        qk_output=pick([0, 0, 0, 0, 1, 2]), pasts=None, prompt_lens=None)
+    if B > 1 and rng.integers(2):
+        if phase == "prompt":
+            spec["prompt_lens"] = [int(x) for x in rng.integers(1, S + 1, B)]
+        else:
+            pasts = [int(x) for x in rng.integers(0, past + 1, B)]
+            pasts[int(rng.integers(B))] = past
+            spec["pasts"] = pasts
+    return {k: bool(v) if isinstance(v, np.bool_) else v for k, v in spec.items()}
+
+
+def lengths(spec):
+    """T_b, each batch's total length: a first prompt's prompt_lens (all S when None), else
+    the batch's past rows (pasts; all `past` when None) plus S."""
+    if spec["phase"] == "prompt":
+        return np.array(spec.get("prompt_lens") or [spec["S"]] * spec["B"])
+    return np.array(spec.get("pasts") or [spec["past"]] * spec["B"]) + spec["S"]
+
+
+SCORE_ATTRS = (("causal", "causal", True), ("window", "local_window_size", -1),
+               ("softcap", "softcap", 0.0), ("scale", "scale", 0.0), ("smooth", "smooth_softmax", False),
+               ("qk_output", "qk_output", 0))
 
 
 def _dtype(spec):
@@ -98,7 +127,7 @@ def build(spec, guard=None):
     u = lambda *shape: rng.uniform(-1, 1, shape).astype(dt)  # noqa: E731
     T = P + S
     inp = dict(query=u(B, S, N * H), key=u(B, S, Nkv * H), value=u(B, S, Nkv * H),
-               seqlens_k=np.full(B, T - 1, np.int32), total_sequence_length=T)
+               seqlens_k=(lengths(s) - 1).astype(np.int32), total_sequence_length=T)
     rows = P + S + s["extra_rows"] if s["inplace"] else P
     if P or s["inplace"]:
         for name, bits in (("past_key", s["k_bits"]), ("past_value", s["v_bits"])):
@@ -133,4 +162,13 @@ def build(spec, guard=None):
             nrow = min(T, cap) + s["extra_rows"]
             call.update(present_hp_key=g.empty((B, Nkv, nrow, H), dt),
                         present_hp_value=g.empty((B, Nkv, nrow, H), dt))
+    for key, name, default in SCORE_ATTRS:
+        if s.get(key, default) != default:
+            attrs[name] = int(s[key]) if isinstance(default, bool) else s[key]
+    if s.get("bias"):
+        bb = 1 if s["bias"] in ("b1", "both1") else B
+        bn = 1 if s["bias"] in ("n1", "both1") else N
+        inp["attention_bias"] = u(bb, bn, S, T)
+    if s.get("head_sink"):
+        inp["head_sink"] = u(N)
     return s["cls"], attrs, inp, call, g

@@ -11,7 +11,7 @@ produce a valid call: accepted, it must still run cleanly (finite output, canari
 """
 import numpy as np
 
-from _newer_cases import orthogonal
+from _newer_cases import lengths, orthogonal
 
 INT32_MAX = 2 ** 31 - 1
 WINDOW_WORDS = ("sink_size", "recent_size", "past_hp_key", "past_hp_value", "present_hp_key",
@@ -60,8 +60,7 @@ def m_window_buffers(rng, cls, attrs, inp, call, spec, g):
             call = dict(call, present_hp_key=short, present_hp_value=shortv)
         return cls, attrs, inp, call, WINDOW_WORDS
     if kind == "few_present":
-        T = spec["past"] + spec["S"]
-        need = min(T, spec["sink"] + spec["recent"])
+        need = min(int(lengths(spec).max()), spec["sink"] + spec["recent"])   # the longest batch's
         shape = (spec["B"], spec["Nkv"], need - 1, spec["H"])
         if call.get("present_hp_key") is not None and call["present_hp_key"] is inp.get("past_hp_key"):
             return None      # in place: few_past

@@ -24,6 +24,7 @@ from gqa import _dispatch
 from _hard_cases import build, fresh_call, run, valid_rows
 import _newer_cases as nc
 from _level_bound import f16_allowance, level4_bounds, level4_bounds_newer
+from _newer_reference import Statement
 from _strategies import runtimes, specs
 
 
@@ -56,6 +57,17 @@ def _within(got, want, bound, what):
                              f"|diff| {err[i]:.3g} > {bound[i]:.3g}")
 
 
+def _check_qk(spec, lens, rows, got, base, qk_bound, what):
+    """output_qk of level 4 within qk_bound of level 0's, each batch's rows over its T_b keys."""
+    for b in range(spec["B"]):
+        tb = int(lens[b])
+        qb = qk_bound[b][:, rows[b], :tb]
+        want = base[b][:, rows[b], :tb]
+        if spec["dtype"] == "f16":     # each level's scores rounded to float16 once
+            qb = f16_allowance(qb, np.abs(want.astype(np.float64)))
+        _within(got[b][:, rows[b], :tb], want, qb, f"level 4 output_qk[{b}] ({what})")
+
+
 def check_levels(spec, rt, gain):
     for k in ("phase", "mode", "dtype"):
         event(f"{k}={spec[k]}")
@@ -85,13 +97,7 @@ def check_levels(spec, rt, gain):
         _within(got[0][rows], base[0][rows], bound[rows], what)
         moved |= not _same(got[0], base[0])
         if qk_bound is not None:
-            for b in range(spec["B"]):
-                tb = int(inp["seqlens_k"][b]) + 1
-                qb = qk_bound[b][:, rows[b], :tb]
-                want = base[3][b][:, rows[b], :tb]
-                if spec["dtype"] == "f16":     # each level's scores rounded to float16 once
-                    qb = f16_allowance(qb, np.abs(want.astype(np.float64)))
-                _within(got[3][b][:, rows[b], :tb], want, qb, f"level 4 output_qk[{b}] ({what})")
+            _check_qk(spec, inp["seqlens_k"] + 1, rows, got[3], base[3], qk_bound, what)
     if moved:
         event(f"level 4 moved the output: {spec['mode']}, {spec['phase']}")
 
@@ -165,12 +171,19 @@ def check_newer(spec, rt, gain):
     g = spec["group"] or spec["H"]
     with gqa.config(path=rt["kernel"], tiles=False):
         group_kernels = _dispatch.group_dot_unit() is not None and g % 32 == 0 and g <= 256
-    bound = level4_bounds_newer(spec, attrs, before, base[0], base[1], base[2], group_kernels)
+    st = Statement(spec, attrs, before, base[1], base[2])
+    bound, qk_bound = level4_bounds_newer(st, base[0], group_kernels)
+    rows = valid_rows(before, attrs, base[0])
+    qk = 3 if qk_bound is not None else None
     for flash in (True, False):
         got = _newer_call(spec, 4, rt, flash, gain)[0]
         assert len(got) == len(base)
         for i in range(1, len(base)):
-            assert _same(got[i], base[i]), f"level 4 output {i} (caches, windows) differs"
-        _within(got[0], base[0], bound, f"level 4 output ({'flash' if flash else 'naive'})")
+            if i != qk:
+                assert _same(got[i], base[i]), f"level 4 output {i} (caches, windows) differs"
+        what = f"level 4 output ({'flash' if flash else 'naive'})"
+        _within(got[0][rows], base[0][rows], bound[rows], what)
+        if qk is not None:
+            _check_qk(spec, st.lens, rows, got[qk], base[qk], qk_bound, what)
         if not _same(got[0], base[0]):
             event("level 4 moved the output")

@@ -1,0 +1,237 @@
+"""A float64 statement of a valid call of the newer surface (_newer_cases.py), and how far
+accuracy level 0 may be from it.
+
+The statement (README "Per-group caches, float windows and rotations", onnxruntime main's
+two-basis attention stated in the rotated basis): each query row a = (RMS norm, rotary, then
+R_K) of its query, in float64; its keys [start, c) (_cases.key_range: causal or not, local
+window, a ragged first prompt's cap); of those, the positions its float windows hold
+(_cases.float_positions: the row's own windows under window_partition "causal", the call's
+under "per_call") are read as float rows -- a past window's row as given, a new row as its
+float64 norm, rotary and rotation -- and the others as the present caches' codes, decoded in
+float64 (code * scale + zero); scores alpha a . k, softcap, attention bias; softmax with the
+head sink or smooth softmax's zero logit; P @ V in the rotated basis, turned back by R_V^T.
+
+Level 0 computes it in float32 (float16 inputs: the norm and rotary rounded to half, windows
+in half).  Per key j of a row it may move the score by at most
+
+    E_j = alpha (eta_a |k_j|_1 + |a| . eta_kj + (H + 8) 2^-24 |a| . m_j) + 12 2^-24 (|x_j| + |bias_j|)
+
+eta_a = kappa |q|_2 (q the row before R_K; kappa (H + 40) 2^-24 in float32: the norm and
+rotary within 16 2^-24 of each pair's magnitudes, R_K's H + 2 roundings; 2^-8 in float16: up to
+four roundings to half) when the row is transformed (norm, rotary or R_K; else 0); eta_kj the
+same for a new key row read as floats, 0 for a past window's row, and for a coded key the
+decoding's roundings, within (H + 8) 2^-24 m_j (m = |code scale| + |zero|, the per-group
+contracts' finish too); x_j the score, 12 roundings for alpha, softcap's tanh and the bias add.
+With D = max_j E_j over the row's keys, its output (rotated basis) moves by at most
+M (e^{2D} - 1) + eta_V + 2 (n + 64) 2^-24 (|o| + M) (M the largest |v| or m_v, eta_V a value
+row's eta), then |R_V| times that plus R_V^T's roundings; float16 outputs one more rounding.
+"""
+import numpy as np
+
+from _cases import float_positions, key_range, rotate, window_counts
+from _newer_cases import lengths
+from _reference import _group_parts
+
+U = 2.0 ** -24
+TINY = 2.0 ** -125    # a probability under float32's normal range may be flushed to 0
+
+
+def normed(x, w, eps):
+    """The QK RMS norm in float64: x / sqrt(mean(x^2) + eps) * w over the last axis."""
+    if w is None:
+        return x
+    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * w.astype(np.float64)
+
+
+def turned(x, R, G):
+    """x [B, S, n, H] times R[head // G] ([Nkv, H, H]; None: x)."""
+    if R is None:
+        return x
+    R = R.astype(np.float64)
+    return np.einsum("bsnh,nhk->bsnk", x, R[np.arange(x.shape[2]) // G])
+
+
+def _pair_sum(x, inp, attrs):
+    """x plus its rotary partner's (pairs (i, i + d/2), or (2i, 2i + 1) interleaved) over the
+    first d = 2 cos_cache.shape[1] columns; x beyond them."""
+    d = 2 * inp["cos_cache"].shape[1]
+    y = np.array(x)
+    if attrs.get("rotary_interleaved", 0):
+        y[..., 0:d:2] += x[..., 1:d:2]
+        y[..., 1:d:2] += x[..., 0:d:2]
+    else:
+        y[..., :d // 2] += x[..., d // 2:d]
+        y[..., d // 2:d] += x[..., :d // 2]
+    return y
+
+
+def transformed(x, w, R, G, inp, attrs):
+    """(y, eta), each [B, S, n, H]: rows x [B, S, n, H] (float64 of the inputs) through the
+    RMS norm with weights w (None: none), rotary (do_rotary), then R (None: none), in float64,
+    and how far the operator's rows may be from them, elementwise: the norm's and rotary's
+    outputs each rounded once (4 2^-24, and to half for float16 inputs, 2^-11, of the value;
+    rotary's three roundings of its pair's magnitudes plus its inputs' errors), the rotation's
+    H + 2 roundings (|x| @ |R|) plus its inputs' errors through |R|, and for float16 inputs
+    the rotated rows rounded to half (gqa/_prepare.pxi)."""
+    f16 = inp["query"].dtype == np.float16
+    one = (2.0 ** -11 if f16 else 0.0) + 4 * U
+    eta = np.zeros_like(x)
+    if w is not None:
+        x = normed(x, w, attrs.get("qk_norm_epsilon", 1e-6))
+        eta = one * np.abs(x)
+    if attrs.get("do_rotary", 0):
+        eta = (one + 3 * U) * _pair_sum(np.abs(x), inp, attrs) + _pair_sum(eta, inp, attrs)
+        x = rotate(x, inp, attrs)
+    if R is not None:
+        Ra = np.abs(R.astype(np.float64))[np.arange(x.shape[2]) // G]
+        eta = (np.einsum("bsnh,nhk->bsnk", eta, Ra)
+               + (x.shape[-1] + 2) * U * np.einsum("bsnh,nhk->bsnk", np.abs(x), Ra))
+        x = turned(x, R, G)
+        if f16:
+            eta = eta + 2.0 ** -11 * np.abs(x)
+    return x, eta
+
+
+class Statement:
+    """The float64 rows of one call (its inputs before the call and its present caches).
+
+    q [B, S, N, H]: query rows (rotated basis); eta_q [B, S, N]: their eta_a.
+    kf, vf [B, Nkv, T, H]: float rows (rotated basis) of the positions a window may hold (past
+    windows, the step's new rows), NaN elsewhere; eta_kf, eta_vf [B, Nkv, T]: their eta.
+    xk, xv [B, Nkv, T, H]: the present codes decoded; mk, mv their |code scale| + |zero|;
+    uv, sv: V's codes and scales (for level 4's P @ V)."""
+
+    def __init__(self, spec, attrs, inp, present_key, present_value):
+        B, S, N, Nkv, H = spec["B"], spec["S"], spec["N"], spec["Nkv"], spec["H"]
+        self.spec, self.attrs, self.inp = spec, attrs, inp
+        self.G, self.H = N // Nkv, H
+        self.lens = lengths(spec)
+        self.first = spec["phase"] == "prompt"
+        T = int(np.asarray(inp["total_sequence_length"]).reshape(-1)[0])
+        self.alpha = attrs.get("scale", 0.0) or 1.0 / np.sqrt(np.float32(H))
+        self.RK, self.RV = inp.get("oscar_rotation_k"), inp.get("oscar_rotation_v")
+        f = lambda name, n: inp[name].astype(np.float64).reshape(B, S, n, H)  # noqa: E731
+        self.q, self.eta_q = transformed(f("query", N), inp.get("q_norm_weight"), self.RK, self.G,
+                                         inp, attrs)
+        kt, eta_k = transformed(f("key", Nkv), inp.get("k_norm_weight"), self.RK, 1, inp, attrs)
+        vt, eta_v = transformed(f("value", Nkv), None, self.RV, 1, inp,
+                                dict(attrs, do_rotary=0))
+        self.kf, self.eta_kf = self._float_rows("key", kt, eta_k, T)
+        self.vf, self.eta_vf = self._float_rows("value", vt, eta_v, T)
+        g = spec["group"] or H
+        parts = []
+        for cache, bits in ((present_key, spec["k_bits"]), (present_value, spec["v_bits"])):
+            codes, scale, zero = _group_parts(cache[:, :, :T], bits, g, H, spec["metadata"] == "fp16")
+            codes, scale, zero = (y.reshape(B, Nkv, T, H).astype(np.float64) for y in (codes, scale, zero))
+            parts.append((codes, scale, codes * scale + zero, np.abs(codes * scale) + np.abs(zero)))
+        (_, _, self.xk, self.mk), (self.uv, self.sv, self.xv, self.mv) = parts
+
+    def past_len(self, b):
+        return 0 if self.first else int(self.lens[b]) - self.spec["S"]
+
+    def _float_rows(self, side, new, eta_new, T):
+        """([B, Nkv, T, H] float rows, [B, Nkv, T] their eta): each batch's past window rows
+        (past_hp_*, exact) at their positions, its new rows after them; NaN elsewhere."""
+        B, Nkv, H, S = self.spec["B"], self.spec["Nkv"], self.H, self.spec["S"]
+        out, eta = np.full((B, Nkv, T, H), np.nan), np.zeros((B, Nkv, T, H))
+        past = self.inp.get(f"past_hp_{side}")
+        for b in range(B):
+            P = self.past_len(b)
+            n = min(S, int(self.lens[b]) - P)
+            out[b, :, P:P + n] = new[b, :n].transpose(1, 0, 2)
+            eta[b, :, P:P + n] = eta_new[b, :n].transpose(1, 0, 2)
+            if past is not None and P:
+                ns, nr = window_counts(P, self.attrs["sink_size"], self.attrs["recent_size"])
+                out[b, :, :ns] = past[b, :, :ns].astype(np.float64)
+                out[b, :, P - nr:P] = past[b, :, ns:ns + nr].astype(np.float64)
+        return out, eta
+
+    def row(self, b, s, h):
+        """(start, c, flo, k, v, eta_k, eta_v, mk, mv) of query row (b, s, h): its keys
+        [start, c) (empty: c <= start), which of them its float windows give (flo), their
+        rows k, v [n, H] (rotated basis), those rows' eta (0 for codes), and |code scale| +
+        |zero| (|k|, |v| for floats)."""
+        start, c = key_range(self.inp, self.attrs, b, s)
+        if c <= start:
+            return start, c, None, None, None, None, None, None, None
+        j, sl = h // self.G, slice(start, c)
+        flo = float_positions(self.attrs.get("window_partition", "causal"), self.attrs["sink_size"],
+                              self.attrs["recent_size"], int(self.lens[b]), c)[sl]
+        k = np.where(flo[:, None], self.kf[b, j, sl], self.xk[b, j, sl])
+        v = np.where(flo[:, None], self.vf[b, j, sl], self.xv[b, j, sl])
+        assert np.isfinite(k).all() and np.isfinite(v).all(), "a window position without its row"
+        ek = np.where(flo[:, None], self.eta_kf[b, j, sl], 0.0)
+        ev = np.where(flo[:, None], self.eta_vf[b, j, sl], 0.0)
+        mk = np.where(flo[:, None], np.abs(k), self.mk[b, j, sl])
+        mv = np.where(flo[:, None], np.abs(v), self.mv[b, j, sl])
+        return start, c, flo, k, v, ek, ev, mk, mv
+
+    def scores(self, b, s, h, k, start, c):
+        """(x, bias, extra): the row's scores over keys k (alpha a . k, softcap, attention
+        bias), the bias added, and the softmax's extra logit (head_sink, 0 for smooth softmax,
+        None)."""
+        x = self.alpha * (k @ self.q[b, s, h])
+        sc = self.attrs.get("softcap", 0.0)
+        if sc > 0:
+            x = sc * np.tanh(x / sc)
+        bias = np.zeros(c - start)
+        if self.inp.get("attention_bias") is not None:
+            ab = self.inp["attention_bias"]
+            bias = ab[min(b, ab.shape[0] - 1), min(h, ab.shape[1] - 1), s, start:c].astype(np.float64)
+        extra = None
+        if self.inp.get("head_sink") is not None:
+            extra = float(self.inp["head_sink"][h])
+        elif self.attrs.get("smooth_softmax", -1) == 1:
+            extra = 0.0
+        return x + bias, bias, extra
+
+    def back(self, o, j):
+        """A rotated-basis output row turned back by R_V^T."""
+        return o if self.RV is None else self.RV[j].astype(np.float64) @ o
+
+
+def softmax(x, extra):
+    """(p, l): exp(x - m) over the row and their total l (with the extra logit's term)."""
+    m = x.max() if extra is None else max(x.max(), extra)
+    p = np.exp(x - m)
+    return p, p.sum() + (0.0 if extra is None else np.exp(extra - m))
+
+
+def reference(st):
+    """(output [B, S, N, H], output_qk [B, N, S, T] or None, bound [B, S, N, H], qk bound or
+    None): the statement's float64 output (and output_qk: scores, or probabilities, on each
+    row's keys, 0 elsewhere) and how far level 0 may be from them (the module's bound)."""
+    spec, B, S, N, H = st.spec, st.spec["B"], st.spec["S"], st.spec["N"], st.H
+    T = st.xk.shape[2]
+    qk_mode = st.attrs.get("qk_output", 0)
+    out, bound = np.zeros((B, S, N, H)), np.zeros((B, S, N, H))
+    qk = np.zeros((B, N, S, T)) if qk_mode else None
+    qk_bound = np.zeros((B, N, S, T)) if qk_mode else None
+    for b in range(B):
+        for s in range(S):
+            for h in range(N):
+                start, c, flo, k, v, ek, ev, mk, mv = st.row(b, s, h)
+                if flo is None:
+                    continue
+                x, bias, extra = st.scores(b, s, h, k, start, c)
+                p, l = softmax(x, extra)
+                o = st.back((p / l) @ v, h // st.G)
+                out[b, s, h] = o
+                aa, ea = np.abs(st.q[b, s, h]), st.eta_q[b, s, h]
+                E = (st.alpha * (np.abs(k) @ ea + ek @ aa + (H + 8) * U * (mk @ (aa + ea)))
+                     + 12 * U * (np.abs(x) + np.abs(bias)))
+                D, n, M = E.max(), c - start, mv.max()
+                rb = (M * np.expm1(2 * D) + np.exp(2 * D) * ((p / l) @ ev)
+                      + 2 * (n + 64) * U * (np.abs(o) + M))
+                if st.RV is not None:
+                    Ra = np.abs(st.RV[h // st.G].astype(np.float64))
+                    rb = Ra @ rb + 2 * (H + 8) * U * M * Ra.sum(1)
+                bound[b, s, h] = rb
+                if qk_mode == 1:
+                    qk[b, h, s, start:c] = x
+                    qk_bound[b, h, s, start:c] = E
+                elif qk_mode == 2:
+                    qk[b, h, s, start:c] = p / l
+                    qk_bound[b, h, s, start:c] = ((p / l) * np.expm1(2 * D) + 2 * (n + 64) * U * p / l
+                                                    + TINY)
+    return out, qk, bound, qk_bound

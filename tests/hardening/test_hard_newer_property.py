@@ -1,0 +1,156 @@
+"""Property tests: random VALID calls of the newer surface against its float64 statement.
+
+_newer_cases.random_spec draws per-group INT8 / INT4 / INT2 caches (fp32 / fp16 metadata,
+rho), float windows in both partitions and all three ways of passing them, rotations, QK
+norm, rotary, both operators, and the score features with ragged batches: causal 0, local
+window, softcap, scale, attention bias (every broadcast), head sink, smooth softmax,
+qk_output 1 / 2.  Each call runs at accuracy level 0 on the flash path (drawn tiles, decode
+splits, kernel path, threads) and on the naive path, and must give:
+
+* nothing written outside the caller buffers it may write (canaries), inputs unwritten, the
+  past rows of the caches (and of an in-place buffer, every row but the step's) unchanged;
+* flash and naive the same caches and windows, bit for bit;
+* the step's new codes within half a code step of the statement's rows (rho = 1; fp16
+  metadata adds the scale's and zero's rounding), the present windows the statement's rows
+  (a past window's row bit for bit);
+* output and output_qk within _newer_reference's bound of the statement (0 where a row
+  attends nothing, and outside a row's keys in output_qk).
+"""
+import numpy as np
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+import gqa
+import _newer_cases as nc
+from _hard_cases import valid_rows
+from _level_bound import f16_allowance
+from _newer_reference import U, Statement, reference, window_counts
+from _strategies import runtimes
+
+
+def _call(spec, rt, flash, gain):
+    """(outputs, inputs before the call, in-place buffers, attributes, guard)."""
+    cls, attrs, inp, call, guard = nc.build(dict(spec, accuracy=0))
+    inp["query"] = inp["query"] * inp["query"].dtype.type(gain)
+    before = {k: x.copy() if isinstance(x, np.ndarray) else x for k, x in inp.items()}
+    with gqa.config(path=rt["kernel"], flash=flash, flash_blocks=rt["blocks"] if flash else None,
+                    decode_splits=rt["splits"] if flash else None):
+        out = nc.make_op(cls, attrs)(**inp, **call, num_threads=rt["threads"])
+    assert not guard.broken(), "a write past a caller buffer"
+    written = {k for k, x in inp.items() if any(x is y for y in call.values())}
+    for k, x in before.items():
+        if isinstance(x, np.ndarray) and k not in written:
+            assert np.array_equal(inp[k].view(np.uint8), x.view(np.uint8)), f"input {k} was written"
+    return out, before, written, attrs
+
+
+def _parts(out, attrs):
+    """(output, present_key, present_value, output_qk or None, windows or None)."""
+    qk = out[3] if attrs.get("qk_output", 0) else None
+    rest = out[4:] if qk is not None else out[3:]
+    return out[0], out[1], out[2], qk, (tuple(rest) if rest else None)
+
+
+def _within(got, want, bound, what):
+    got = got.astype(np.float64)
+    err = np.abs(got - want)
+    bad = ~(err <= bound)
+    if bad.any():
+        i = np.unravel_index(np.argmax(np.where(bad, err - bound, -np.inf)), err.shape)
+        raise AssertionError(f"{what}: {int(bad.sum())} elements outside the bound; at "
+                             f"{tuple(int(v) for v in i)} got {got[i]!r}, float64 {want[i]!r}, "
+                             f"|diff| {err[i]:.3g} > {bound[i]:.3g}")
+
+
+def _check_caches(spec, st, before, written, pk, pv):
+    """Past rows unchanged (an in-place buffer: all but the step's rows); the new codes within
+    half a step of the statement's rows."""
+    H, g = st.H, spec["group"] or st.H
+    for name, cache, rows, eta, bits, check in (
+            ("past_key", pk, st.kf, st.eta_kf, spec["k_bits"], spec["rho"] == 1.0),
+            ("past_value", pv, st.vf, st.eta_vf, spec["v_bits"], True)):
+        x, m = (st.xk, st.mk) if name == "past_key" else (st.xv, st.mv)
+        for b in range(spec["B"]):
+            P, Tb = st.past_len(b), int(st.lens[b])
+            if name in before:
+                old = before[name][b]
+                keep = np.zeros(old.shape[1], bool)
+                keep[:P] = True
+                if name in written:
+                    keep[:] = True
+                    keep[P:Tb] = False
+                assert np.array_equal(cache[b][:, :old.shape[1]][:, keep], old[:, keep]), \
+                    f"{name}[{b}]: rows outside the step's [{P}, {Tb}) changed"
+            if not check:
+                continue
+            _, scale, zero = _step(cache[b, :, P:Tb], bits, g, H, spec["metadata"] == "fp16")
+            tol = scale * (0.5 + 2.0 ** -9) + 4 * U * m[b, :, P:Tb] + eta[b, :, P:Tb]
+            if spec["metadata"] == "fp16":
+                tol = tol + 2.0 ** -10 * ((2 ** bits - 1) * scale + np.abs(zero))
+            _within(x[b, :, P:Tb], rows[b, :, P:Tb], tol, f"{name}[{b}]'s new codes")
+
+
+def _step(cache, bits, g, H, meta16):
+    from _reference import _group_parts
+    codes, scale, zero = _group_parts(cache, bits, g, H, meta16)
+    shp = cache.shape[:-1] + (H,)
+    return codes.reshape(shp), scale.reshape(shp).astype(np.float64), zero.reshape(shp).astype(np.float64)
+
+
+def _check_windows(spec, st, attrs, windows):
+    """The present windows: rows [0, ns) positions [0, ns), rows [ns, ns + nr) the last nr
+    positions, each the statement's row within its eta (a past window's: bit for bit)."""
+    for (side, rows, eta), w in zip((("key", st.kf, st.eta_kf), ("value", st.vf, st.eta_vf)), windows):
+        for b in range(spec["B"]):
+            Tb = int(st.lens[b])
+            ns, nr = window_counts(Tb, attrs["sink_size"], attrs["recent_size"])
+            pos = list(range(ns)) + list(range(Tb - nr, Tb))
+            want, e = rows[b][:, pos], eta[b][:, pos]
+            if w.dtype == np.float16:
+                e = f16_allowance(e, np.abs(want)) * (e > 0)
+            _within(w[b][:, :len(pos)], want, e + np.zeros_like(want), f"present_hp_{side}[{b}]")
+
+
+def check_newer_valid(spec, rt, gain):
+    for k in ("phase", "cls", "k_bits", "v_bits", "dtype"):
+        event(f"{k}={spec[k]}")
+    for k in ("bias", "head_sink", "smooth", "qk_output", "pasts", "prompt_lens", "softcap"):
+        if spec[k]:
+            event(k)
+    if spec["window"] >= 0:
+        event("local window")
+    if not spec["causal"]:
+        event("causal 0")
+    flash, before, written, attrs = _call(spec, rt, True, gain)
+    naive = _call(spec, rt, False, gain)[0]
+    fo, pk, pv, fqk, fw = _parts(flash, attrs)
+    no, npk, npv, nqk, nw = _parts(naive, attrs)
+    for x, y, what in ((pk, npk, "present_key"), (pv, npv, "present_value")) + tuple(
+            zip(fw or (), nw or (), ("present_hp_key", "present_hp_value"))):
+        assert np.array_equal(x.view(np.uint8), y.view(np.uint8)), f"{what}: flash and naive differ"
+    st = Statement(spec, attrs, before, pk, pv)
+    ref, ref_qk, bound, qk_bound = reference(st)
+    B, S, N, H = spec["B"], spec["S"], spec["N"], spec["H"]
+    _check_caches(spec, st, before, written, pk, pv)
+    if fw is not None:
+        _check_windows(spec, st, attrs, fw)
+    rows = valid_rows(before, attrs, fo)
+    f16 = before["query"].dtype == np.float16
+    if f16:
+        bound = f16_allowance(bound, np.abs(ref))
+    for got, qk, what in ((fo, fqk, "flash"), (no, nqk, "naive")):
+        _within(got.reshape(B, S, N, H)[rows], ref[rows], bound[rows], f"output ({what})")
+        if qk is None:
+            continue
+        for b in range(B):
+            tb = int(st.lens[b])
+            want, qb = ref_qk[b][:, rows[b], :tb], qk_bound[b][:, rows[b], :tb]
+            if f16:
+                qb = f16_allowance(qb, np.abs(want))
+            _within(qk[b][:, rows[b], :tb], want, qb, f"output_qk[{b}] ({what})")
+
+
+@settings(max_examples=max(12, settings.default.max_examples // 2))
+@given(seed=st.integers(0, 2 ** 32 - 1), rt=runtimes(), gain=st.sampled_from([1.0, 1.0, 6.0]))
+def test_newer_valid_calls_against_float64(seed, rt, gain):
+    check_newer_valid(nc.random_spec(np.random.default_rng(seed)), rt, gain)
