@@ -160,7 +160,8 @@ def _qk_allowance(a, E, prob, start, c, n):
 def level4_bounds_newer(st, out0, group_kernels):
     """(bound on |out4 - out0| [B, S, N*H], bound on |qk4 - qk0| [B, N, S, T] or None) of a
     valid call of the newer surface, st its float64 statement (_newer_reference.Statement):
-    per-group K and V codes (the per-group contracts where `group_kernels`, else float32),
+    per-group K and V codes (the per-group contracts where `group_kernels`, else float32) or
+    a static side's (level4_bounds' contracts),
     float windows read in float32, QK norm, rotary, rotations, the score features.  In the
     rotated basis each score of a key read as codes moves by at most
       E_j = alpha (sa (1/2 + 2^-9) sum|x| + 2^-21 sum|a x| + (J + 3) 2^-24 sum (|a| + sa) m)
@@ -190,7 +191,14 @@ def level4_bounds_newer(st, out0, group_kernels):
                 x, bias, extra = st.scores(b, s, h, k, start, c)
                 E = 2 * (H + 8) * U * st.alpha * (np.abs(k) @ aw) + 24 * U * (np.abs(x) + np.abs(bias))
                 code = ~flo
-                if group_kernels and code.any():
+                if not code.any():
+                    pass
+                elif st.types[0] != "PER_GROUP":       # the static contracts, as level4_bounds
+                    ck, sc = np.abs(st.ck[b, j, sl][code]), st.sk[b, j, start]
+                    w, kst = (aw * sc, 1.0) if st.types[0] == "PER_CHANNEL" else (aw, sc[0])
+                    sa = w.max() * (1 + 2.0 ** -20) / QK_MAX
+                    E[code] += st.alpha * kst * (sa * HALF * ck.sum(1) + 2.0 ** -21 * (ck @ w))
+                elif group_kernels:
                     sa = aw.max() * (1 + 2.0 ** -20) / QK_MAX
                     xa = np.abs(k[code])
                     E[code] += st.alpha * (sa * HALF * xa.sum(1) + 2.0 ** -21 * (xa @ aw)
@@ -199,7 +207,11 @@ def level4_bounds_newer(st, out0, group_kernels):
                 p, l = softmax(x, extra)
                 M = np.abs(v).max()
                 PV = 0.0
-                if group_kernels and code.any():
+                if not code.any():
+                    pass
+                elif st.types[1] != "PER_GROUP":
+                    PV = HALF / PV_MAX * np.abs(v[code]).sum(0) / l
+                elif group_kernels:
                     w = (p[code, None] * st.sv[b, j, sl][code]).max(0) * np.exp(2 * D)
                     PV = HALF / PV_MAX * w * st.uv[b, j, sl][code].sum(0) / l
                 rb = M * np.expm1(2 * D) + np.exp(2 * D) * PV + 2 * (c - start + 64) * U * 2 * M + np.zeros(H)

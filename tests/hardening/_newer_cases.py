@@ -1,7 +1,11 @@
-"""Valid calls of the surface beyond onnxruntime 1.31.1 -- per-group INT8/INT4/INT2 caches,
+"""Valid calls of the surface beyond onnxruntime 1.31.1 -- per-group INT8/INT4/INT2 caches
+(beside a static per-tensor / per-channel INT8 / INT4 cache on the other side, or both static),
 float sink/recent windows (in place, new, or the caller's), rotations, QK norm, K and V of
-their own widths, GroupQueryAttention and MixedPrecisionGroupQueryAttention -- from a small
-JSON-able spec, for the newer-surface fuzzer (_newer_mutations.py, _fuzz_worker.py).
+their own widths and types, GroupQueryAttention and MixedPrecisionGroupQueryAttention, with
+onnxruntime's score features (causal 0, local window, softcap, scale, attention bias, head
+sink, smooth softmax, qk_output) and ragged batches -- from a small JSON-able spec, for the
+newer-surface fuzzer (_newer_mutations.py, _fuzz_worker.py), the property test against the
+float64 statement (test_hard_newer_property.py, _newer_reference.py) and the level tests.
 
 Every caller buffer a call may write (caches, float windows, present buffers) is allocated
 by ``Guarded``: inside a larger byte buffer whose CANARY bytes on both sides must survive the
@@ -80,7 +84,46 @@ def random_spec(rng):
             pasts = [int(x) for x in rng.integers(0, past + 1, B)]
             pasts[int(rng.integers(B))] = past
             spec["pasts"] = pasts
+    # each side's type (GroupQueryAttention: per group, or a static per-tensor / per-channel
+    # INT8 / INT4 cache beside a per-group one or both; the mixed-precision operator: per group)
+    kt = vt = "PER_GROUP"
+    if spec["cls"] == "gqa":
+        kt, vt = pick(TYPES), pick(TYPES)
+    spec.update(k_type=kt, v_type=vt)
+    for side in "kv":
+        if spec[f"{side}_type"] != "PER_GROUP" and spec[f"{side}_bits"] == 2:
+            spec[f"{side}_bits"] = pick([8, 4])
     return {k: bool(v) if isinstance(v, np.bool_) else v for k, v in spec.items()}
+
+
+TYPES = ["PER_GROUP", "PER_GROUP", "PER_TENSOR", "PER_CHANNEL"]
+
+
+def side_type(spec, side):
+    """The quant type of side "k" or "v" (PER_GROUP, PER_TENSOR or PER_CHANNEL)."""
+    return spec.get(f"{side}_type", "PER_GROUP")
+
+
+def static_scale(spec, side):
+    """A static side's scales (per tensor [1], per channel [Nkv * H]; INT4's 8x wider), from a
+    generator of their own so the call's other inputs do not depend on them."""
+    r = np.random.default_rng([spec["seed"], "kv".index(side) + 1])
+    n = spec["Nkv"] * spec["H"] if side_type(spec, side) == "PER_CHANNEL" else 1
+    return (r.uniform(0.02, 0.03, n) * (8 if spec[f"{side}_bits"] == 4 else 1)).astype(np.float32)
+
+
+def encode(rows, spec, side, scale=None):
+    """The cache rows of float32 rows [B, Nkv, L, H] on side "k" / "v": the per-group codec
+    (rho 1), or a static side's codes with its scales."""
+    bits = spec[f"{side}_bits"]
+    if side_type(spec, side) == "PER_GROUP":
+        return gqa.quantize(rows, bits=bits, group_size=spec["group"], metadata=spec["metadata"])
+    H = spec["H"]
+    out = []
+    for j in range(spec["Nkv"]):
+        sj = scale[j * H:(j + 1) * H] if scale.size > 1 else scale
+        out.append(gqa.quantize(np.ascontiguousarray(rows[:, j]), sj, bits=bits))
+    return np.stack(out, 1)
 
 
 def lengths(spec):
@@ -122,18 +165,26 @@ def build(spec, guard=None):
                  window_partition=s["partition"], k_quant_rho=s["rho"], do_rotary=int(s["rotary"]),
                  accuracy_level=s.get("accuracy", 0))
     attrs["kv_cache_bit_width"] = 4
+    kt, vt = side_type(s, "k"), side_type(s, "v")
     if s["cls"] == "gqa":
-        attrs.update(k_quant_type="PER_GROUP", v_quant_type="PER_GROUP")
+        attrs.update(k_quant_type=kt, v_quant_type=vt)
+    if kt != "PER_GROUP":
+        del attrs["k_quant_rho"]
+    if "PER_GROUP" not in (kt, vt):
+        del attrs["kv_quant_group_size"], attrs["metadata_type"]
     u = lambda *shape: rng.uniform(-1, 1, shape).astype(dt)  # noqa: E731
     T = P + S
     inp = dict(query=u(B, S, N * H), key=u(B, S, Nkv * H), value=u(B, S, Nkv * H),
                seqlens_k=(lengths(s) - 1).astype(np.int32), total_sequence_length=T)
     rows = P + S + s["extra_rows"] if s["inplace"] else P
     if P or s["inplace"]:
-        for name, bits in (("past_key", s["k_bits"]), ("past_value", s["v_bits"])):
-            codes = gqa.quantize(rng.uniform(-1, 1, (B, Nkv, rows, H)).astype(np.float32),
-                                 bits=bits, group_size=s["group"], metadata=s["metadata"])
-            inp[name] = g.array(codes)
+        for name, side in (("past_key", "k"), ("past_value", "v")):
+            x = rng.uniform(-1, 1, (B, Nkv, rows, H)).astype(np.float32)
+            scale = static_scale(s, side) if side_type(s, side) != "PER_GROUP" else None
+            inp[name] = g.array(encode(x, s, side, scale))
+    for side in "kv":
+        if side_type(s, side) != "PER_GROUP":
+            inp[f"{side}_scale"] = static_scale(s, side)
     if s["rotary"]:
         cos, sin = gqa.rotary_caches(T + 4, H)
         inp.update(cos_cache=cos.astype(dt), sin_cache=sin.astype(dt))

@@ -11,7 +11,7 @@ produce a valid call: accepted, it must still run cleanly (finite output, canari
 """
 import numpy as np
 
-from _newer_cases import lengths, orthogonal
+from _newer_cases import lengths, orthogonal, side_type
 
 INT32_MAX = 2 ** 31 - 1
 WINDOW_WORDS = ("sink_size", "recent_size", "past_hp_key", "past_hp_value", "present_hp_key",
@@ -205,7 +205,8 @@ def m_group_attrs(rng, cls, attrs, inp, call, spec, g):
                     ("k_quant_type", ["PER_GROUP", "PER_TENSOR"]), ("v_quant_type", ["NONE"])]
     else:
         options += [("k_quant_type", ["PER_TENSOR", "NONE"]), ("v_quant_type", ["PER_CHANNEL"])]
-    name, vals = _pick(rng, options)
+    options = [(n, [v for v in vals if v != attrs.get(n)]) for n, vals in options]
+    name, vals = _pick(rng, [(n, vals) for n, vals in options if vals])
     attrs = dict(attrs, **{name: _pick(rng, vals)})
     words = (name,)
     if name in ("kv_quant_group_size", "k_quant_type", "v_quant_type", "k_cache_bit_width",
@@ -217,11 +218,15 @@ def m_group_attrs(rng, cls, attrs, inp, call, spec, g):
 
 def m_group_cache(rng, cls, attrs, inp, call, spec, g):
     """Past caches of another row width (another bit width, group or metadata) or dtype, or
-    a k_scale / v_scale given to a per-group cache."""
+    a k_scale / v_scale given to a per-group cache (a static side's of the wrong size)."""
     kind = _pick(rng, ["width", "dtype", "scale"])
     if kind == "scale":
         name = _pick(rng, ["k_scale", "v_scale"])
-        return cls, attrs, dict(inp, **{name: np.ones(1, np.float32)}), call, (name,)
+        if side_type(spec, name[0]) == "PER_GROUP":       # a scale the per-group cache has not
+            return cls, attrs, dict(inp, **{name: np.ones(1, np.float32)}), call, (name,)
+        right = spec["Nkv"] * spec["H"] if side_type(spec, name[0]) == "PER_CHANNEL" else 1
+        wrong = _pick(rng, [0, 2, right + 1])           # a static side's, mis-sized
+        return cls, attrs, dict(inp, **{name: np.ones(wrong, np.float32)}), call, (name,)
     if "past_key" not in inp:
         return None
     name = _pick(rng, ["past_key", "past_value"])
@@ -231,7 +236,7 @@ def m_group_cache(rng, cls, attrs, inp, call, spec, g):
         y = g.empty(x.shape[:3] + (max(w, 1),), np.uint8)
         y[...] = 0
     else:
-        y = g.array(x.view(np.int8))
+        y = g.array(x.view(np.uint8 if x.dtype == np.int8 else np.int8))
     inp, call = _replace(inp, call, x, y)
     return cls, attrs, inp, call, ("past_key", "past_value", "present_key", "present_value")
 

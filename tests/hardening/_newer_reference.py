@@ -11,25 +11,29 @@ float64 norm, rotary and rotation -- and the others as the present caches' codes
 float64 (code * scale + zero); scores alpha a . k, softcap, attention bias; softmax with the
 head sink or smooth softmax's zero logit; P @ V in the rotated basis, turned back by R_V^T.
 
-Level 0 computes it in float32 (float16 inputs: the norm and rotary rounded to half, windows
-in half).  Per key j of a row it may move the score by at most
+Level 0 computes it in float32 (float16 inputs: the norm, rotary and rotation rounded to
+half, windows in half).  Per key j of a row it may move the score by at most
 
-    E_j = alpha (eta_a |k_j|_1 + |a| . eta_kj + (H + 8) 2^-24 |a| . m_j) + 12 2^-24 (|x_j| + |bias_j|)
+    E_j = alpha (|k_j| . eta_a + |a| . eta_kj + (H + 8) 2^-24 (|a| + eta_a) . m_j)
+          + 12 2^-24 (|x_j| + |bias_j|)
 
-eta_a = kappa |q|_2 (q the row before R_K; kappa (H + 40) 2^-24 in float32: the norm and
-rotary within 16 2^-24 of each pair's magnitudes, R_K's H + 2 roundings; 2^-8 in float16: up to
-four roundings to half) when the row is transformed (norm, rotary or R_K; else 0); eta_kj the
-same for a new key row read as floats, 0 for a past window's row, and for a coded key the
-decoding's roundings, within (H + 8) 2^-24 m_j (m = |code scale| + |zero|, the per-group
-contracts' finish too); x_j the score, 12 roundings for alpha, softcap's tanh and the bias add.
-With D = max_j E_j over the row's keys, its output (rotated basis) moves by at most
-M (e^{2D} - 1) + eta_V + 2 (n + 64) 2^-24 (|o| + M) (M the largest |v| or m_v, eta_V a value
-row's eta), then |R_V| times that plus R_V^T's roundings; float16 outputs one more rounding.
+eta_a (elementwise, `transformed`): how far the operator's query row may be from a -- 0 for a
+row taken as given; the norm's and rotary's roundings (4 2^-24 of the value, plus 2^-11 when
+rounded to half; rotary over each pair's magnitudes), carried through |R_K| with R_K's H + 2
+roundings; eta_kj the same for a new key row read as floats, 0 for a past window's row and
+for codes; m_j = |code scale| + |zero| (|k| for floats) bounds the decoding's and the dot's
+roundings, the per-group contracts' finish among them; x_j the score: 12 roundings for
+alpha, softcap's tanh and the bias add.  With D = max_j E_j over the row's n keys and M the
+largest |v| or m_v, its output (rotated basis) moves by at most
+M (e^{2D} - 1) + e^{2D} p . eta_V + 2 (n + 64) 2^-24 (|o| + M) (eta_V the value rows'
+eta), then |R_V| times that plus R_V^T's H + 8 roundings; float16 outputs one rounding more
+(f16_allowance).  output_qk: E_j for scores, p_j (e^{2D} - 1) plus the softmax's roundings
+for probabilities.
 """
 import numpy as np
 
-from _cases import float_positions, key_range, rotate, window_counts
-from _newer_cases import lengths
+from _cases import dequant_cache, float_positions, key_range, rotate, window_counts
+from _newer_cases import lengths, side_type
 from _reference import _group_parts
 
 U = 2.0 ** -24
@@ -92,14 +96,32 @@ def transformed(x, w, R, G, inp, attrs):
     return x, eta
 
 
+def decoded(spec, side, cache, scale):
+    """(codes, scales, code * scale + zero, |code scale| + |zero|), each float64 [B, Nkv, T, H],
+    of side "k" / "v"'s cache rows: per group (scale and zero per group), or a static side's
+    codes (INT4: the nibble - 8) and scales (no zero)."""
+    B, Nkv, T = cache.shape[:3]
+    H = spec["H"]
+    kind = side_type(spec, side)
+    if kind == "PER_GROUP":
+        codes, sc, zero = _group_parts(cache, spec[f"{side}_bits"], spec["group"] or H, H,
+                                       spec["metadata"] == "fp16")
+        codes, sc, zero = (y.reshape(B, Nkv, T, H).astype(np.float64) for y in (codes, sc, zero))
+    else:
+        codes = dequant_cache(cache, np.ones(1, np.float32), kind, spec[f"{side}_bits"], H, Nkv)
+        sc = scale.astype(np.float64).reshape(1, Nkv if scale.size > 1 else 1, 1, -1)
+        sc, zero = np.broadcast_to(sc, codes.shape), np.zeros(codes.shape)
+    return codes, sc, codes * sc + zero, np.abs(codes * sc) + np.abs(zero)
+
+
 class Statement:
     """The float64 rows of one call (its inputs before the call and its present caches).
 
     q [B, S, N, H]: query rows (rotated basis); eta_q [B, S, N]: their eta_a.
     kf, vf [B, Nkv, T, H]: float rows (rotated basis) of the positions a window may hold (past
     windows, the step's new rows), NaN elsewhere; eta_kf, eta_vf [B, Nkv, T]: their eta.
-    xk, xv [B, Nkv, T, H]: the present codes decoded; mk, mv their |code scale| + |zero|;
-    uv, sv: V's codes and scales (for level 4's P @ V)."""
+    ck, sk / uv, sv [B, Nkv, T, H]: the present K / V codes and their scales; xk, xv the
+    codes decoded; mk, mv their |code scale| + |zero|; types: (K's, V's) quant type."""
 
     def __init__(self, spec, attrs, inp, present_key, present_value):
         B, S, N, Nkv, H = spec["B"], spec["S"], spec["N"], spec["Nkv"], spec["H"]
@@ -118,13 +140,10 @@ class Statement:
                                 dict(attrs, do_rotary=0))
         self.kf, self.eta_kf = self._float_rows("key", kt, eta_k, T)
         self.vf, self.eta_vf = self._float_rows("value", vt, eta_v, T)
-        g = spec["group"] or H
-        parts = []
-        for cache, bits in ((present_key, spec["k_bits"]), (present_value, spec["v_bits"])):
-            codes, scale, zero = _group_parts(cache[:, :, :T], bits, g, H, spec["metadata"] == "fp16")
-            codes, scale, zero = (y.reshape(B, Nkv, T, H).astype(np.float64) for y in (codes, scale, zero))
-            parts.append((codes, scale, codes * scale + zero, np.abs(codes * scale) + np.abs(zero)))
-        (_, _, self.xk, self.mk), (self.uv, self.sv, self.xv, self.mv) = parts
+        self.types = side_type(spec, "k"), side_type(spec, "v")
+        (self.ck, self.sk, self.xk, self.mk), (self.uv, self.sv, self.xv, self.mv) = (
+            decoded(spec, side, cache[:, :, :T], inp.get(f"{side}_scale"))
+            for side, cache in (("k", present_key), ("v", present_value)))
 
     def past_len(self, b):
         return 0 if self.first else int(self.lens[b]) - self.spec["S"]

@@ -1,8 +1,9 @@
 """Property tests: random VALID calls of the newer surface against its float64 statement.
 
 _newer_cases.random_spec draws per-group INT8 / INT4 / INT2 caches (fp32 / fp16 metadata,
-rho), float windows in both partitions and all three ways of passing them, rotations, QK
-norm, rotary, both operators, and the score features with ragged batches: causal 0, local
+rho; GroupQueryAttention's K or V, or both, may be a static per-tensor / per-channel INT8 /
+INT4 cache instead), float windows in both partitions and all three ways of passing them,
+rotations, QK norm, rotary, both operators, and the score features with ragged batches: causal 0, local
 window, softcap, scale, attention bias (every broadcast), head sink, smooth softmax,
 qk_output 1 / 2.  Each call runs at accuracy level 0 on the flash path (drawn tiles, decode
 splits, kernel path, threads) and on the naive path, and must give:
@@ -64,12 +65,13 @@ def _within(got, want, bound, what):
 
 def _check_caches(spec, st, before, written, pk, pv):
     """Past rows unchanged (an in-place buffer: all but the step's rows); the new codes within
-    half a step of the statement's rows."""
-    H, g = st.H, spec["group"] or st.H
-    for name, cache, rows, eta, bits, check in (
-            ("past_key", pk, st.kf, st.eta_kf, spec["k_bits"], spec["rho"] == 1.0),
-            ("past_value", pv, st.vf, st.eta_vf, spec["v_bits"], True)):
-        x, m = (st.xk, st.mk) if name == "past_key" else (st.xv, st.mv)
+    half a step of the statement's rows (a static side: of the rows clipped to its codes'
+    range; fp16 metadata: plus the scale's and zero's roundings to half; not with rho < 1)."""
+    for i, (name, cache, rows, eta) in enumerate((("past_key", pk, st.kf, st.eta_kf),
+                                                 ("past_value", pv, st.vf, st.eta_vf))):
+        codes, scale, x, m = (st.ck, st.sk, st.xk, st.mk) if i == 0 else (st.uv, st.sv, st.xv, st.mv)
+        kind, bits = st.types[i], spec["kv"[i] + "_bits"]
+        check = kind != "PER_GROUP" or i == 1 or spec["rho"] == 1.0
         for b in range(spec["B"]):
             P, Tb = st.past_len(b), int(st.lens[b])
             if name in before:
@@ -83,18 +85,15 @@ def _check_caches(spec, st, before, written, pk, pv):
                     f"{name}[{b}]: rows outside the step's [{P}, {Tb}) changed"
             if not check:
                 continue
-            _, scale, zero = _step(cache[b, :, P:Tb], bits, g, H, spec["metadata"] == "fp16")
-            tol = scale * (0.5 + 2.0 ** -9) + 4 * U * m[b, :, P:Tb] + eta[b, :, P:Tb]
-            if spec["metadata"] == "fp16":
-                tol = tol + 2.0 ** -10 * ((2 ** bits - 1) * scale + np.abs(zero))
-            _within(x[b, :, P:Tb], rows[b, :, P:Tb], tol, f"{name}[{b}]'s new codes")
-
-
-def _step(cache, bits, g, H, meta16):
-    from _reference import _group_parts
-    codes, scale, zero = _group_parts(cache, bits, g, H, meta16)
-    shp = cache.shape[:-1] + (H,)
-    return codes.reshape(shp), scale.reshape(shp).astype(np.float64), zero.reshape(shp).astype(np.float64)
+            sl = (b, slice(None), slice(P, Tb))
+            want, sc = rows[sl], scale[sl]
+            tol = sc * (0.5 + 2.0 ** -9) + 4 * U * m[sl] + eta[sl]
+            if kind != "PER_GROUP":
+                tol = tol + np.maximum(np.abs(want) - (2 ** (bits - 1) - 1) * sc, 0)
+            elif spec["metadata"] == "fp16":
+                zero = x[sl] - codes[sl] * sc
+                tol = tol + 2.0 ** -10 * ((2 ** bits - 1) * sc + np.abs(zero))
+            _within(x[sl], want, tol, f"{name}[{b}]'s new codes")
 
 
 def _check_windows(spec, st, attrs, windows):
