@@ -149,7 +149,25 @@ def check_newer_valid(spec, rt, gain):
             _within(qk[b][:, rows[b], :tb], want, qb, f"output_qk[{b}] ({what})")
 
 
-@settings(max_examples=max(12, settings.default.max_examples // 2))
-@given(seed=st.integers(0, 2 ** 32 - 1), rt=runtimes(), gain=st.sampled_from([1.0, 1.0, 6.0]))
+GAINS = st.sampled_from([1.0, 1.0, 6.0])
+
+
+@given(seed=st.integers(0, 2 ** 32 - 1), rt=runtimes(), gain=GAINS)
 def test_newer_valid_calls_against_float64(seed, rt, gain):
     check_newer_valid(nc.random_spec(np.random.default_rng(seed)), rt, gain)
+
+
+@settings(max_examples=max(4, settings.default.max_examples // 10))
+@given(seed=st.integers(0, 2 ** 32 - 1), rt=runtimes(), gain=GAINS,
+       phase=st.sampled_from(["prompt", "decode", "subsequent"]), H=st.sampled_from([64, 128, 256]),
+       group=st.sampled_from([32, 64, 128, 0]), rows=st.integers(16, 80), past=st.integers(60, 300))
+def test_newer_longer_calls_against_float64(seed, rt, gain, phase, H, group, rows, past):
+    """Prompts of 16-80 rows and steps over 60-300 cached positions, heads of 64-256: the
+    prompt kernels' blocks, flash tiles and decode splits that short calls do not reach."""
+    spec = nc.random_spec(np.random.default_rng(seed))
+    B = 1 if phase == "subsequent" else spec["B"]
+    S = rows if phase == "prompt" else 1 if phase == "decode" else 2 + rows % 15
+    spec.update(phase=phase, B=B, S=S, past=0 if phase == "prompt" else past, H=H,
+                group=group if group < H else 0, pasts=None, prompt_lens=None,
+                inplace=spec["inplace"] and phase != "prompt", extra_rows=0)
+    check_newer_valid(spec, rt, gain)
