@@ -161,8 +161,9 @@ cdef class Steps:
         return 0
 
     cdef int _begin(self, new, int S) except -1:
-        """The first layer of a step: T = max_b (lengths[b] + new[b]) within max_length, then
-        _seqlens[b] = lengths[b] + new[b] - 1."""
+        """The first layer of a step: T = max_b (lengths[b] + new[b]) within max_length (at
+        least S: a prompt's lengths= may all be under S, its last rows padding everywhere),
+        then _seqlens[b] = lengths[b] + new[b] - 1."""
         cdef cnp.ndarray lens = self._lengths, add = new, sl = self._seqlens
         _own_array(lens, cnp.NPY_INT64, self.batch_size, "_lengths")
         _own_array(add, cnp.NPY_INT64, self.batch_size, "the step's new positions")
@@ -175,6 +176,8 @@ cdef class Steps:
         for b in range(self.batch_size):
             if a[b] + n[b] > T:
                 T = a[b] + n[b]
+        if T < S:
+            T = S
         if T > self.max_length:
             raise ValueError(f"KVCache is full: {self._length} + {S} positions exceed max_length "
                              f"({self.max_length}); reset() or truncate() it, or allocate more")

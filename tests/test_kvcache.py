@@ -601,11 +601,13 @@ def test_calibration_takes_rotary_pair_norms(interleaved):
     np.testing.assert_array_equal(plain.v_absmax[0], cal.v_absmax[0])
 
 
+@pytest.mark.parametrize("lens", [[5, 2, 7], [5, 2, 6]], ids=["longest-S", "all-under-S"])
 @pytest.mark.parametrize("mode", ["float", "int8-pc", "int4-g16+s2r3"])
-def test_ragged_prompts_give_each_sequence_what_it_gets_alone(mode):
-    """A prompt step with lengths= (rows [0, lengths[b]) real), then decode steps: each
-    sequence's outputs, codes and windows are those of a batch-of-one cache given it alone."""
-    lens = [5, 2, 7]
+def test_ragged_prompts_give_each_sequence_what_it_gets_alone(mode, lens):
+    """A prompt step of 7 rows with lengths= (rows [0, lengths[b]) real; all under 7 too: its
+    last row padding everywhere, which raised the operator's total_sequence_length error), then
+    decode steps: each sequence's outputs, codes and windows are those of a batch-of-one cache
+    given it alone."""
     Bn = len(lens)
     rng = np.random.default_rng(8)
     u = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
@@ -614,7 +616,7 @@ def test_ragged_prompts_give_each_sequence_what_it_gets_alone(mode):
     batch = _cache(mode, B=Bn)
     for li, (q, k, v) in enumerate(prompt):
         batch.attend(li, q, k, v, lengths=lens)
-    assert batch.lengths.tolist() == lens and batch.length == 7 and batch.ragged
+    assert batch.lengths.tolist() == lens and batch.length == max(lens) and batch.ragged
     outs = [[batch.attend(li, q, k, v) for li, (q, k, v) in enumerate(step)] for step in decode]
     assert batch.lengths.tolist() == [n + 3 for n in lens]
     for b, n in enumerate(lens):

@@ -43,7 +43,7 @@ pytestmark = [
 # operator against onnxruntime, the kernels at their edge widths on every path, the per-group,
 # float-window, rotation and QK-norm kernels, KVCache, flash vs naive except most of the
 # tile-size matrix, accuracy level 4's integer-dot units (their tails and masked loads; random
-# valid calls at levels 3-4), random valid calls of the newer surface with every score feature,
+# valid calls at levels 3-4), random valid calls of the newer surface with every score feature, random KVCache programs,
 # and levels 3-4's bfloat16 tiles where the CPU has them (their
 # strips, float windows' mixed tiles).
 SUBSET = [
@@ -51,6 +51,7 @@ SUBSET = [
     "tests/hardening/test_hard_numerics.py", "tests/hardening/test_hard_threads.py",
     "tests/hardening/test_hard_newer.py", "tests/hardening/test_hard_regressions.py",
     "tests/hardening/test_hard_levels.py", "tests/hardening/test_hard_newer_property.py",
+    "tests/hardening/test_hard_kvcache_steps.py",
     "tests/test_operator.py", "tests/test_operator_validation.py", "tests/test_quantize.py",
     "tests/test_gemm.py", "tests/test_flash.py", "tests/test_group.py", "tests/test_float_windows.py",
     "tests/test_qk_norm.py", "tests/test_kvcache.py", "tests/test_accuracy_level.py",
