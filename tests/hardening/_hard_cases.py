@@ -141,6 +141,22 @@ def assert_close(x, y, atol, rows, what):
     np.testing.assert_allclose(x, y, atol=atol, rtol=rtol, err_msg=what)
 
 
+def within(got, want, bound, what, names=("got", "want")):
+    """|got - want| <= bound elementwise (NaN where both are NaN, and equal infinities, pass;
+    finite where the other is finite), else AssertionError at the worst element, the two
+    sides named by `names`."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert (np.isfinite(got) == np.isfinite(want)).all(), f"{what}: finite on one side only"
+    equal = (got == want) | (np.isnan(got) & np.isnan(want))
+    err = np.where(equal, 0.0, np.abs(got - want))
+    bad = ~(err <= bound)
+    if bad.any():
+        i = np.unravel_index(np.argmax(np.where(bad, err - bound, -np.inf)), err.shape)
+        raise AssertionError(f"{what}: {int(bad.sum())} elements outside the bound; at "
+                             f"{tuple(int(v) for v in i)} {names[0]} {got[i]!r}, {names[1]} "
+                             f"{want[i]!r}, |diff| {err[i]:.3g} > {bound[i]:.3g}")
+
+
 def check_vs_ort(spec, inp, a, call, ours):
     """Ours (either path) against onnxruntime: caches bit-exact, outputs within ORT_TOL."""
     ref = _ort.run_ort(fresh_call(inp, call)[0], a)

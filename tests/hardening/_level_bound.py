@@ -180,49 +180,41 @@ def level4_bounds_newer(st, out0, group_kernels):
     o0 = np.abs(out0.astype(np.float64)).reshape(B, S, N, H)
     bound = np.zeros((B, S, N, H))
     qk_bound = np.zeros((B, N, S, T)) if st.attrs.get("qk_output", 0) else None
-    for b in range(B):
-        for s in range(S):
-            for h in range(N):
-                start, c, flo, k, v, _, _, mk, _ = st.row(b, s, h)
-                if flo is None:
-                    continue
-                j, sl = h // st.G, slice(start, c)
-                aw = np.abs(st.q[b, s, h]) + st.eta_q[b, s, h]
-                x, bias, extra = st.scores(b, s, h, k, start, c)
-                E = 2 * (H + 8) * U * st.alpha * (np.abs(k) @ aw) + 24 * U * (np.abs(x) + np.abs(bias))
-                code = ~flo
-                if not code.any():
-                    pass
-                elif st.types[0] != "PER_GROUP":       # the static contracts, as level4_bounds
-                    ck, sc = np.abs(st.ck[b, j, sl][code]), st.sk[b, j, start]
-                    w, kst = (aw * sc, 1.0) if st.types[0] == "PER_CHANNEL" else (aw, sc[0])
-                    sa = w.max() * (1 + 2.0 ** -20) / QK_MAX
-                    E[code] += st.alpha * kst * (sa * HALF * ck.sum(1) + 2.0 ** -21 * (ck @ w))
-                elif group_kernels:
-                    sa = aw.max() * (1 + 2.0 ** -20) / QK_MAX
-                    xa = np.abs(k[code])
-                    E[code] += st.alpha * (sa * HALF * xa.sum(1) + 2.0 ** -21 * (xa @ aw)
-                                           + (J + 3) * U * (mk[code] @ (aw + sa)))
-                D = E.max()
-                p, l = softmax(x, extra)
-                M = np.abs(v).max()
-                PV = 0.0
-                if not code.any():
-                    pass
-                elif st.types[1] != "PER_GROUP":
-                    PV = HALF / PV_MAX * np.abs(v[code]).sum(0) / l
-                elif group_kernels:
-                    w = (p[code, None] * st.sv[b, j, sl][code]).max(0) * np.exp(2 * D)
-                    PV = HALF / PV_MAX * w * st.uv[b, j, sl][code].sum(0) / l
-                rb = M * np.expm1(2 * D) + np.exp(2 * D) * PV + 2 * (c - start + 64) * U * 2 * M + np.zeros(H)
-                if st.RV is not None:
-                    Ra = np.abs(st.RV[j].astype(np.float64))
-                    rb = Ra @ rb + 2 * (H + 8) * U * M * Ra.sum(1)
-                if f16:
-                    rb = f16_allowance(rb, o0[b, s, h])
-                bound[b, s, h] = rb
-                if qk_bound is not None:
-                    full = np.zeros(c)
-                    full[sl] = E
-                    qk_bound[b, h, s, :c] = _qk_allowance(st.attrs, full, p / l, start, c, c - start)
+    for b, s, h, start, c, flo, k, v, _, _, mk, _ in st.rows():
+        j, sl = h // st.G, slice(start, c)
+        aw = np.abs(st.q[b, s, h]) + st.eta_q[b, s, h]
+        x, bias, extra = st.scores(b, s, h, k, start, c)
+        E = 2 * (H + 8) * U * st.alpha * (np.abs(k) @ aw) + 24 * U * (np.abs(x) + np.abs(bias))
+        code = ~flo
+        coded = code.any()
+        if coded and st.types[0] != "PER_GROUP":       # the static contracts, as level4_bounds
+            ck, sc = np.abs(st.ck[b, j, sl][code]), st.sk[b, j, start]
+            w, kst = (aw * sc, 1.0) if st.types[0] == "PER_CHANNEL" else (aw, sc[0])
+            sa = w.max() * (1 + 2.0 ** -20) / QK_MAX
+            E[code] += st.alpha * kst * (sa * HALF * ck.sum(1) + 2.0 ** -21 * (ck @ w))
+        elif coded and group_kernels:
+            sa = aw.max() * (1 + 2.0 ** -20) / QK_MAX
+            xa = np.abs(k[code])
+            E[code] += st.alpha * (sa * HALF * xa.sum(1) + 2.0 ** -21 * (xa @ aw)
+                                   + (J + 3) * U * (mk[code] @ (aw + sa)))
+        D = E.max()
+        p, l = softmax(x, extra)
+        M = np.abs(v).max()
+        PV = 0.0
+        if coded and st.types[1] != "PER_GROUP":
+            PV = HALF / PV_MAX * np.abs(v[code]).sum(0) / l
+        elif coded and group_kernels:
+            w = (p[code, None] * st.sv[b, j, sl][code]).max(0) * np.exp(2 * D)
+            PV = HALF / PV_MAX * w * st.uv[b, j, sl][code].sum(0) / l
+        rb = M * np.expm1(2 * D) + np.exp(2 * D) * PV + 2 * (c - start + 64) * U * 2 * M + np.zeros(H)
+        if st.RV is not None:
+            Ra = np.abs(st.RV[j].astype(np.float64))
+            rb = Ra @ rb + 2 * (H + 8) * U * M * Ra.sum(1)
+        if f16:
+            rb = f16_allowance(rb, o0[b, s, h])
+        bound[b, s, h] = rb
+        if qk_bound is not None:
+            full = np.zeros(c)
+            full[sl] = E
+            qk_bound[b, h, s, :c] = _qk_allowance(st.attrs, full, p / l, start, c, c - start)
     return bound.reshape(B, S, N * H), qk_bound

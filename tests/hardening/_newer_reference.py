@@ -185,6 +185,16 @@ class Statement:
         mv = np.where(flo[:, None], np.abs(v), self.mv[b, j, sl])
         return start, c, flo, k, v, ek, ev, mk, mv
 
+    def rows(self):
+        """(b, s, h) + row(b, s, h) of every query row that attends a key."""
+        B, S, N = self.spec["B"], self.spec["S"], self.spec["N"]
+        for b in range(B):
+            for s in range(S):
+                for h in range(N):
+                    r = self.row(b, s, h)
+                    if r[2] is not None:
+                        yield (b, s, h) + r
+
     def scores(self, b, s, h, k, start, c):
         """(x, bias, extra): the row's scores over keys k (alpha a . k, softcap, attention
         bias), the bias added, and the softmax's extra logit (head_sink, 0 for smooth softmax,
@@ -226,31 +236,24 @@ def reference(st):
     out, bound = np.zeros((B, S, N, H)), np.zeros((B, S, N, H))
     qk = np.zeros((B, N, S, T)) if qk_mode else None
     qk_bound = np.zeros((B, N, S, T)) if qk_mode else None
-    for b in range(B):
-        for s in range(S):
-            for h in range(N):
-                start, c, flo, k, v, ek, ev, mk, mv = st.row(b, s, h)
-                if flo is None:
-                    continue
-                x, bias, extra = st.scores(b, s, h, k, start, c)
-                p, l = softmax(x, extra)
-                o = st.back((p / l) @ v, h // st.G)
-                out[b, s, h] = o
-                aa, ea = np.abs(st.q[b, s, h]), st.eta_q[b, s, h]
-                E = (st.alpha * (np.abs(k) @ ea + ek @ aa + (H + 8) * U * (mk @ (aa + ea)))
-                     + 12 * U * (np.abs(x) + np.abs(bias)))
-                D, n, M = E.max(), c - start, mv.max()
-                rb = (M * np.expm1(2 * D) + np.exp(2 * D) * ((p / l) @ ev)
-                      + 2 * (n + 64) * U * (np.abs(o) + M))
-                if st.RV is not None:
-                    Ra = np.abs(st.RV[h // st.G].astype(np.float64))
-                    rb = Ra @ rb + 2 * (H + 8) * U * M * Ra.sum(1)
-                bound[b, s, h] = rb
-                if qk_mode == 1:
-                    qk[b, h, s, start:c] = x
-                    qk_bound[b, h, s, start:c] = E
-                elif qk_mode == 2:
-                    qk[b, h, s, start:c] = p / l
-                    qk_bound[b, h, s, start:c] = ((p / l) * np.expm1(2 * D) + 2 * (n + 64) * U * p / l
-                                                    + TINY)
+    for b, s, h, start, c, flo, k, v, ek, ev, mk, mv in st.rows():
+        x, bias, extra = st.scores(b, s, h, k, start, c)
+        p, l = softmax(x, extra)
+        o = st.back((p / l) @ v, h // st.G)
+        out[b, s, h] = o
+        aa, ea = np.abs(st.q[b, s, h]), st.eta_q[b, s, h]
+        E = (st.alpha * (np.abs(k) @ ea + ek @ aa + (H + 8) * U * (mk @ (aa + ea)))
+             + 12 * U * (np.abs(x) + np.abs(bias)))
+        D, n, M = E.max(), c - start, mv.max()
+        rb = M * np.expm1(2 * D) + np.exp(2 * D) * ((p / l) @ ev) + 2 * (n + 64) * U * (np.abs(o) + M)
+        if st.RV is not None:
+            Ra = np.abs(st.RV[h // st.G].astype(np.float64))
+            rb = Ra @ rb + 2 * (H + 8) * U * M * Ra.sum(1)
+        bound[b, s, h] = rb
+        if qk_mode == 1:
+            qk[b, h, s, start:c] = x
+            qk_bound[b, h, s, start:c] = E
+        elif qk_mode == 2:
+            qk[b, h, s, start:c] = p / l
+            qk_bound[b, h, s, start:c] = (p / l) * np.expm1(2 * D) + 2 * (n + 64) * U * p / l + TINY
     return out, qk, bound, qk_bound

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import gqa
 from gqa import _dispatch
-from _hard_cases import build, fresh_call, run, valid_rows
+from _hard_cases import build, fresh_call, run, valid_rows, within
 import _newer_cases as nc
 from _level_bound import f16_allowance, level4_bounds, level4_bounds_newer
 from _newer_reference import Statement
@@ -45,16 +45,7 @@ def _same(x, y):
 
 
 def _within(got, want, bound, what):
-    got, want = got.astype(np.float64), want.astype(np.float64)
-    assert np.isfinite(got).all() == np.isfinite(want).all(), f"{what}: finite at one level only"
-    equal = (got == want) | (np.isnan(got) & np.isnan(want))
-    err = np.where(equal, 0.0, np.abs(got - want))
-    bad = ~(err <= bound)
-    if bad.any():
-        i = np.unravel_index(np.argmax(np.where(bad, err - bound, -np.inf)), err.shape)
-        raise AssertionError(f"{what}: {int(bad.sum())} elements outside level 4's bound; at "
-                             f"{tuple(int(v) for v in i)} level 4 {got[i]!r}, level 0 {want[i]!r}, "
-                             f"|diff| {err[i]:.3g} > {bound[i]:.3g}")
+    within(got, want, bound, what, ("level 4", "level 0"))
 
 
 def _check_qk(spec, lens, rows, got, base, qk_bound, what):

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import gqa
 import _newer_cases as nc
-from _hard_cases import valid_rows
+from _hard_cases import valid_rows, within
 from _level_bound import f16_allowance
 from _newer_reference import U, Statement, reference, window_counts
 from _strategies import runtimes
@@ -53,14 +53,7 @@ def _parts(out, attrs):
 
 
 def _within(got, want, bound, what):
-    got = got.astype(np.float64)
-    err = np.abs(got - want)
-    bad = ~(err <= bound)
-    if bad.any():
-        i = np.unravel_index(np.argmax(np.where(bad, err - bound, -np.inf)), err.shape)
-        raise AssertionError(f"{what}: {int(bad.sum())} elements outside the bound; at "
-                             f"{tuple(int(v) for v in i)} got {got[i]!r}, float64 {want[i]!r}, "
-                             f"|diff| {err[i]:.3g} > {bound[i]:.3g}")
+    within(got, want, bound, what, ("gqa", "float64"))
 
 
 def _check_caches(spec, st, before, written, pk, pv):
