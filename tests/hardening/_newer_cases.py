@@ -112,13 +112,13 @@ def static_scale(spec, side):
     return (r.uniform(0.02, 0.03, n) * (8 if spec[f"{side}_bits"] == 4 else 1)).astype(np.float32)
 
 
-def encode(rows, spec, side, scale=None):
+def encode(rows, spec, side):
     """The cache rows of float32 rows [B, Nkv, L, H] on side "k" / "v": the per-group codec
-    (rho 1), or a static side's codes with its scales."""
+    (rho 1), or a static side's codes with its scales (static_scale)."""
     bits = spec[f"{side}_bits"]
     if side_type(spec, side) == "PER_GROUP":
         return gqa.quantize(rows, bits=bits, group_size=spec["group"], metadata=spec["metadata"])
-    H = spec["H"]
+    H, scale = spec["H"], static_scale(spec, side)
     out = []
     for j in range(spec["Nkv"]):
         sj = scale[j * H:(j + 1) * H] if scale.size > 1 else scale
@@ -179,9 +179,7 @@ def build(spec, guard=None):
     rows = P + S + s["extra_rows"] if s["inplace"] else P
     if P or s["inplace"]:
         for name, side in (("past_key", "k"), ("past_value", "v")):
-            x = rng.uniform(-1, 1, (B, Nkv, rows, H)).astype(np.float32)
-            scale = static_scale(s, side) if side_type(s, side) != "PER_GROUP" else None
-            inp[name] = g.array(encode(x, s, side, scale))
+            inp[name] = g.array(encode(rng.uniform(-1, 1, (B, Nkv, rows, H)).astype(np.float32), s, side))
     for side in "kv":
         if side_type(s, side) != "PER_GROUP":
             inp[f"{side}_scale"] = static_scale(s, side)

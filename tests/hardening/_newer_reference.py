@@ -117,9 +117,9 @@ def decoded(spec, side, cache, scale):
 class Statement:
     """The float64 rows of one call (its inputs before the call and its present caches).
 
-    q [B, S, N, H]: query rows (rotated basis); eta_q [B, S, N]: their eta_a.
+    q [B, S, N, H]: query rows (rotated basis); eta_q [B, S, N, H]: their eta (`transformed`).
     kf, vf [B, Nkv, T, H]: float rows (rotated basis) of the positions a window may hold (past
-    windows, the step's new rows), NaN elsewhere; eta_kf, eta_vf [B, Nkv, T]: their eta.
+    windows, the step's new rows), NaN elsewhere; eta_kf, eta_vf [B, Nkv, T, H]: their eta.
     ck, sk / uv, sv [B, Nkv, T, H]: the present K / V codes and their scales; xk, xv the
     codes decoded; mk, mv their |code scale| + |zero|; types: (K's, V's) quant type."""
 
@@ -149,7 +149,7 @@ class Statement:
         return 0 if self.first else int(self.lens[b]) - self.spec["S"]
 
     def _float_rows(self, side, new, eta_new, T):
-        """([B, Nkv, T, H] float rows, [B, Nkv, T] their eta): each batch's past window rows
+        """(float rows, their eta), each [B, Nkv, T, H]: each batch's past window rows
         (past_hp_*, exact) at their positions, its new rows after them; NaN elsewhere."""
         B, Nkv, H, S = self.spec["B"], self.spec["Nkv"], self.H, self.spec["S"]
         out, eta = np.full((B, Nkv, T, H), np.nan), np.zeros((B, Nkv, T, H))

@@ -30,7 +30,7 @@ from _strategies import runtimes
 
 
 def _call(spec, rt, flash, gain):
-    """(outputs, inputs before the call, in-place buffers, attributes, guard)."""
+    """(outputs, inputs before the call, the names of the inputs it wrote in place, attributes)."""
     cls, attrs, inp, call, guard = nc.build(dict(spec, accuracy=0))
     inp["query"] = inp["query"] * inp["query"].dtype.type(gain)
     before = {k: x.copy() if isinstance(x, np.ndarray) else x for k, x in inp.items()}
