@@ -1,7 +1,8 @@
 """Property test: random valid programs of gqa.KVCache -- prompts (ragged or not), decode and
 multi-token steps with the layers in any order, truncate (one length or one per sequence),
 take (reorder, drop, repeat sequences), reset -- over its cache formats (float, static INT8 /
-INT4, per-group INT8 / INT4 / INT2, K / V pairs), float windows and rotations.
+INT4, per-group INT8 / INT4 / INT2, K / V pairs), float windows and rotations, float32 and
+float16, accuracy levels 0 and 4.
 
 The cache's state is a function of each sequence's history alone: its codes and float windows
 after any program must be, bit for bit, those of a fresh cache given each sequence's kept
@@ -36,11 +37,13 @@ def _scales(mode, rng):
     return out
 
 
-def make(config, B, seed):
+def make(config, B, seed, dtype, level):
     opts = gqa.cache_options(config)
     ks, vs = _scales(opts["mode"], np.random.default_rng(seed))
+    cos, sin = gqa.rotary_caches(M, H)
     return gqa.KVCache(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=M,
-                       batch_size=B, rotary=gqa.rotary_caches(M, H), k_scales=ks, v_scales=vs, **opts)
+                       batch_size=B, rotary=(cos.astype(dtype), sin.astype(dtype)), k_scales=ks,
+                       v_scales=vs, dtype=dtype, accuracy_level=level, **opts)
 
 
 def state(c):
@@ -73,27 +76,28 @@ class Program:
     """A cache driven by a program, and each sequence's history: per position and layer its
     (k, v) rows, so a fresh cache can be given it again."""
 
-    def __init__(self, config, B, seed):
-        self.config, self.seed = config, seed
-        self.cache = make(config, B, seed)
+    def __init__(self, config, B, seed, dtype=np.float32, level=0):
+        self.make = lambda B: make(config, B, seed, dtype, level)  # noqa: E731
+        self.dtype = dtype
+        self.cache = self.make(B)
         self.hist = [[] for _ in range(B)]     # per sequence: [(k [L, Nkv*H], v [L, Nkv*H])]
         self.rng = np.random.default_rng(seed + 1)
 
     def replay(self):
         """A fresh cache given each sequence's history as one ragged prompt."""
         B = len(self.hist)
-        c = make(self.config, B, self.seed)
+        c = self.make(B)
         n = [len(h) for h in self.hist]
         if max(n) == 0:
             return c
         assert min(n) > 0
         S = max(n)
-        k = np.zeros((L, B, S, NKV * H), np.float32)
+        k = np.zeros((L, B, S, NKV * H), self.dtype)
         v = np.zeros_like(k)
         for b, h in enumerate(self.hist):
             for p, (kr, vr) in enumerate(h):
                 k[:, b, p], v[:, b, p] = kr, vr
-        q = self.rng.uniform(-1, 1, (B, S, N * H)).astype(np.float32)
+        q = self.rng.uniform(-1, 1, (B, S, N * H)).astype(self.dtype)
         for li in range(L):
             c.attend(li, q, k[li], v[li], lengths=n if len(set(n)) > 1 else None)
         return c
@@ -105,9 +109,8 @@ class Program:
     def step(self, S, order, ragged=None):
         B = len(self.hist)
         ref = self.replay()
-        q = self.rng.uniform(-1, 1, (L, B, S, N * H)).astype(np.float32)
-        k = self.rng.uniform(-1, 1, (L, B, S, NKV * H)).astype(np.float32)
-        v = self.rng.uniform(-1, 1, (L, B, S, NKV * H)).astype(np.float32)
+        u = lambda *shape: self.rng.uniform(-1, 1, shape).astype(self.dtype)  # noqa: E731
+        q, k, v = u(L, B, S, N * H), u(L, B, S, NKV * H), u(L, B, S, NKV * H)
         for li in order:
             got = self.cache.attend(li, q[li], k[li], v[li], lengths=ragged)
             want = ref.attend(li, q[li], k[li], v[li], lengths=ragged)
@@ -156,11 +159,12 @@ WINDOWED = [c for c in CONFIGS if "+s" in c]
 
 
 @settings(max_examples=max(10, settings.default.max_examples * 3 // 5))
-@given(config=st.sampled_from(CONFIGS) | st.sampled_from(WINDOWED), B=st.integers(1, 3), seed=st.integers(0, 2 ** 16),
-       data=st.data())
-def test_kvcache_programs_keep_the_state_of_their_histories(config, B, seed, data):
+@given(config=st.sampled_from(CONFIGS) | st.sampled_from(WINDOWED), B=st.integers(1, 3),
+       seed=st.integers(0, 2 ** 16), dtype=st.sampled_from([np.float32, np.float32, np.float16]),
+       level=st.sampled_from([0, 0, 4]), data=st.data())
+def test_kvcache_programs_keep_the_state_of_their_histories(config, B, seed, dtype, level, data):
     event(config)
-    prog = Program(config, B, seed)
+    prog = Program(config, B, seed, dtype, level)
     for _ in range(data.draw(st.integers(3, 9), label="ops")):
         B, held = len(prog.hist), min(len(h) for h in prog.hist)
         room = M - max(len(h) for h in prog.hist)
