@@ -2,7 +2,7 @@
 multi-token steps with the layers in any order, truncate (one length or one per sequence),
 take (reorder, drop, repeat sequences), reset -- over its cache formats (float, static INT8 /
 INT4, per-group INT8 / INT4 / INT2, K / V pairs), float windows and rotations, float32 and
-float16, accuracy levels 0 and 4.
+float16, accuracy levels 0 and 4, and the model's local windows (per layer) and softcap.
 
 The cache's state is a function of each sequence's history alone: its codes and float windows
 after any program must be, bit for bit, those of a fresh cache given each sequence's kept
@@ -37,8 +37,8 @@ def _scales(mode, rng):
     return out
 
 
-def make(config, B, seed, dtype, level):
-    opts = gqa.cache_options(config)
+def make(config, B, seed, dtype, level, scores=None):
+    opts = dict(gqa.cache_options(config), **(scores or {}))
     ks, vs = _scales(opts["mode"], np.random.default_rng(seed))
     cos, sin = gqa.rotary_caches(M, H)
     return gqa.KVCache(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=M,
@@ -76,8 +76,8 @@ class Program:
     """A cache driven by a program, and each sequence's history: per position and layer its
     (k, v) rows, so a fresh cache can be given it again."""
 
-    def __init__(self, config, B, seed, dtype=np.float32, level=0):
-        self.make = lambda B: make(config, B, seed, dtype, level)  # noqa: E731
+    def __init__(self, config, B, seed, dtype=np.float32, level=0, scores=None):
+        self.make = lambda B: make(config, B, seed, dtype, level, scores)  # noqa: E731
         self.dtype = dtype
         self.cache = self.make(B)
         self.hist = [[] for _ in range(B)]     # per sequence: [(k [L, Nkv*H], v [L, Nkv*H])]
@@ -156,15 +156,19 @@ class Program:
 
 
 WINDOWED = [c for c in CONFIGS if "+s" in c]
+# the model's score options: none, a local window in one layer (Gemma's alternating layers),
+# in both, softcap, both together
+SCORES = [None, None, dict(local_window_size=[-1, 3]), dict(local_window_size=2),
+          dict(softcap=5.0), dict(local_window_size=[4, -1], softcap=2.0)]
 
 
 @settings(max_examples=max(10, settings.default.max_examples * 3 // 5))
 @given(config=st.sampled_from(CONFIGS) | st.sampled_from(WINDOWED), B=st.integers(1, 3),
        seed=st.integers(0, 2 ** 16), dtype=st.sampled_from([np.float32, np.float32, np.float16]),
-       level=st.sampled_from([0, 0, 4]), data=st.data())
-def test_kvcache_programs_keep_the_state_of_their_histories(config, B, seed, dtype, level, data):
+       level=st.sampled_from([0, 0, 4]), scores=st.sampled_from(SCORES), data=st.data())
+def test_kvcache_programs_keep_the_state_of_their_histories(config, B, seed, dtype, level, scores, data):
     event(config)
-    prog = Program(config, B, seed, dtype, level)
+    prog = Program(config, B, seed, dtype, level, scores)
     for _ in range(data.draw(st.integers(3, 9), label="ops")):
         B, held = len(prog.hist), min(len(h) for h in prog.hist)
         room = M - max(len(h) for h in prog.hist)
