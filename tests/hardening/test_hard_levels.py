@@ -3,8 +3,8 @@
 The onnxruntime surface (the features of test_hard_property.py: rotary, packed QKV, shared
 KV, bias, window, softcap, smooth softmax, sink, qk_output, scale, causal 0, ragged batches,
 float16, in-place caches, INT8 / INT4 per tensor / per channel and mixed, float caches) and
-the newer one (_newer_cases.py: per-group caches, float windows, rotations, QK norm, the
-mixed-precision operator).  Each example runs at levels 0, 3 and 4 on one kernel path, thread
+the newer one (_newer_cases.py: per-group caches beside static ones, float windows,
+rotations, QK norm, the mixed-precision operator, the score features and ragged batches).  Each example runs at levels 0, 3 and 4 on one kernel path, thread
 count and tiling, with the matrix tiles off (their bfloat16 bound: tests/test_tiles.py), and
 level 4 on the naive path too:
 
@@ -134,10 +134,11 @@ def _newer_call(spec, level, rt, flash, gain):
 @settings(max_examples=max(8, settings.default.max_examples // 4))
 @given(seed=st.integers(0, 2 ** 32 - 1), rt=runtimes(), gain=GAINS)
 def test_newer_surface_at_levels_3_and_4(seed, rt, gain):
-    """The newer surface (_newer_cases.py: per-group INT8 / INT4 / INT2 caches, float
-    windows in both partitions, rotations, QK norm, rotary, the mixed-precision operator) at
-    levels 0, 3 and 4: level 3 is level 0 bit for bit, level 4 writes the same caches and
-    windows and its output (flash and naive) stays within level4_bounds_newer of level 0's."""
+    """The newer surface (_newer_cases.py: per-group INT8 / INT4 / INT2 caches or static
+    sides, float windows in both partitions, rotations, QK norm, rotary, the mixed-precision
+    operator, the score features, ragged batches) at levels 0, 3 and 4: level 3 is level 0 bit
+    for bit, level 4 writes the same caches and windows and its output and output_qk (flash
+    and naive) stay within level4_bounds_newer of level 0's."""
     check_newer(nc.random_spec(np.random.default_rng(seed)), rt, gain)
 
 
