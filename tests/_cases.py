@@ -147,25 +147,41 @@ def query_rows(inp, a, H):
     return rotate(q, inp, a) if a.get("do_rotary", 0) else q
 
 
+def score_features(inp, a, x, b, s, h, start, c):
+    """(x, bias, extra): raw scores x of query row (b, s, h) over keys [start, c) through
+    softcap, then attention_bias (bias: the terms added, 0 without it), and the extra logit of
+    the softmax's denominator (head_sink, or 0 for smooth_softmax; None without either)."""
+    sc = a.get("softcap", 0.0)
+    if sc > 0:
+        x = sc * np.tanh(x / sc)
+    bias = np.zeros(c - start)
+    if inp.get("attention_bias") is not None:
+        ab = inp["attention_bias"]
+        bias = ab[min(b, ab.shape[0] - 1), min(h, ab.shape[1] - 1), s, start:c].astype(np.float64)
+    extra = None
+    if inp.get("head_sink") is not None:
+        extra = float(inp["head_sink"][h])
+    elif a.get("smooth_softmax", -1) == 1:
+        extra = 0.0
+    return x + bias, bias, extra
+
+
+def softmax(x, extra):
+    """(p, l): exp(x - m) over a row's scores x and their total l, with the extra logit's
+    term (m: the largest of x and the extra logit)."""
+    m = x.max() if extra is None else max(x.max(), extra)
+    p = np.exp(x - m)
+    return p, p.sum() + (0.0 if extra is None else np.exp(extra - m))
+
+
 def scores(inp, a, q, kd, b, s, h):
     """(x, sink): float64 scores of query row (b, s, h) over its key_range of kd [B,Nkv,*,H]
-    (scale, softcap, attention_bias), and the extra logit of the softmax's denominator
-    (head_sink, or 0 for smooth_softmax; None without either)."""
+    (scale, then score_features), and the softmax's extra logit (or None)."""
     H = kd.shape[-1]
     start, c = key_range(inp, a, b, s)
     scale = a.get("scale", 0.0) or 1.0 / np.sqrt(np.float32(H))
     x = scale * kd[b, h // (a["num_heads"] // a["kv_num_heads"]), start:c] @ q[b, s, h]
-    sc = a.get("softcap", 0.0)
-    if sc > 0:
-        x = sc * np.tanh(x / sc)
-    if inp.get("attention_bias") is not None:
-        bias = inp["attention_bias"].astype(np.float64)
-        x = x + bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1), s, start:c]
-    sink = None
-    if inp.get("head_sink") is not None:
-        sink = float(inp["head_sink"][h])
-    elif a.get("smooth_softmax", -1) == 1:
-        sink = 0.0
+    x, _, sink = score_features(inp, a, x, b, s, h, start, c)
     return x, sink
 
 
@@ -185,9 +201,6 @@ def reference(inp, a, kd, vd):
                 start, c = key_range(inp, a, b, s)
                 if c <= start:
                     continue
-                x, sink = scores(inp, a, q, kd, b, s, h)
-                m = x.max() if sink is None else max(x.max(), sink)
-                e = np.exp(x - m)
-                p = e / (e.sum() + (0.0 if sink is None else np.exp(sink - m)))
-                out[b, s, h] = p @ vd[b, h // G, start:c]
+                p, l = softmax(*scores(inp, a, q, kd, b, s, h))
+                out[b, s, h] = (p / l) @ vd[b, h // G, start:c]
     return out.reshape(B, S, N * H)

@@ -21,8 +21,8 @@ the packed prompt blocks' (sa (1 + 2^-20) / 2, 2^-21) and the per-group ones' (1
 import numpy as np
 
 from _hard_cases import F16_STEP
-from _cases import dequant_cache, key_range, query_rows, scores
-from _newer_reference import TINY, softmax
+from _cases import dequant_cache, key_range, query_rows, scores, softmax
+from _newer_reference import TINY
 
 U = 2.0 ** -24
 QK_MAX = 32639          # the query codes' limit (kernels_s8dot.h)
@@ -89,12 +89,8 @@ def level4_bounds(spec, inp, a, out0, present_key, present_value, float_tiles):
                 # every key's score bound E (all of [0, T_b): output_qk covers them)
                 f32 = (H + 8) * U * alpha * (np.abs(kd[b, j, keys]) @ ar)   # each level's float32 QK
                 if quant:
-                    if np.ndim(ks):
-                        w, kst = ar * ks[j], 1.0
-                    else:
-                        w, kst = ar, ks
-                    sa = w.max() * (1 + 2.0 ** -20) / QK_MAX
-                    E = alpha * kst * (sa * HALF * kq[b, j, keys].sum(1) + 2.0 ** -21 * (kq[b, j, keys] @ w))
+                    pc = np.ndim(ks) > 0
+                    E = _static_qk(alpha, ar, kq[b, j, keys], ks[j] if pc else ks, pc)
                 elif float_tiles:
                     E = np.full(Tb, _float_tile_qk(kd[b, j, :max(Tb, S)], ar, alpha, H))
                 else:
@@ -105,15 +101,12 @@ def level4_bounds(spec, inp, a, out0, present_key, present_value, float_tiles):
                     out_bound[b, s, h] = 2 * 64 * U * o0[b, s, h]
                     continue
                 n = c - start
-                x, sink = scores(inp, a, q, kd, b, s, h)
-                mx = x.max()
-                p = np.exp(x - mx)
-                l = p.sum() + (0.0 if sink is None else np.exp(sink - mx))
+                p, l = softmax(*scores(inp, a, q, kd, b, s, h))
                 D = E[start:c].max()
                 V = vd[b, j, start:c]
                 M = np.abs(V).max()
                 if spec["v_mode"] != "NONE":
-                    PV = HALF / PV_MAX * np.abs(V).sum(0) / l
+                    PV = _static_pv(V, l)
                 elif float_tiles:
                     sv = (V.max(1) - V.min(1)).max() * (1 + 2.0 ** -20) / 255
                     M += sv
@@ -128,6 +121,23 @@ def level4_bounds(spec, inp, a, out0, present_key, present_value, float_tiles):
                 if qk_bound is not None:
                     qk_bound[b, h, s, :Tb] = _qk_allowance(a, E, p / l, start, c, n)
     return out_bound.reshape(B, S, N * H), qk_bound
+
+
+def _static_qk(alpha, ar, codes, s, per_channel):
+    """A score's bound over static INT8 / INT4 codes (|codes| [n, H], float64) for the row's
+    magnitudes ar: the scales folded into the row (per channel, s [H]) or applied after (per
+    tensor, s a float), the row coded to 15 bits against its largest element (the decode
+    kernels' sa / 2 and 2^-22, the packed prompt blocks' sa (1 + 2^-20) / 2 and 2^-21: the
+    union)."""
+    w, ks = (ar * s, 1.0) if per_channel else (ar, s)
+    sa = w.max() * (1 + 2.0 ** -20) / QK_MAX
+    return alpha * ks * (sa * HALF * codes.sum(1) + 2.0 ** -21 * (codes @ w))
+
+
+def _static_pv(V, l):
+    """P @ V's bound over static codes decoded to V [n, H] per column: the probabilities (the
+    largest 1) coded to 15 bits, half a step each, over the softmax's total l."""
+    return HALF / PV_MAX * np.abs(V).sum(0) / l
 
 
 def _float_tile_qk(K, ar, alpha, H):
@@ -188,10 +198,8 @@ def level4_bounds_newer(st, out0, group_kernels):
         code = ~flo
         coded = code.any()
         if coded and st.types[0] != "PER_GROUP":       # the static contracts, as level4_bounds
-            ck, sc = np.abs(st.ck[b, j, sl][code]), st.sk[b, j, start]
-            w, kst = (aw * sc, 1.0) if st.types[0] == "PER_CHANNEL" else (aw, sc[0])
-            sa = w.max() * (1 + 2.0 ** -20) / QK_MAX
-            E[code] += st.alpha * kst * (sa * HALF * ck.sum(1) + 2.0 ** -21 * (ck @ w))
+            pc, sc = st.types[0] == "PER_CHANNEL", st.sk[b, j, start]
+            E[code] += _static_qk(st.alpha, aw, np.abs(st.ck[b, j, sl][code]), sc if pc else sc[0], pc)
         elif coded and group_kernels:
             sa = aw.max() * (1 + 2.0 ** -20) / QK_MAX
             xa = np.abs(k[code])
@@ -202,7 +210,7 @@ def level4_bounds_newer(st, out0, group_kernels):
         M = np.abs(v).max()
         PV = 0.0
         if coded and st.types[1] != "PER_GROUP":
-            PV = HALF / PV_MAX * np.abs(v[code]).sum(0) / l
+            PV = _static_pv(v[code], l)
         elif coded and group_kernels:
             w = (p[code, None] * st.sv[b, j, sl][code]).max(0) * np.exp(2 * D)
             PV = HALF / PV_MAX * w * st.uv[b, j, sl][code].sum(0) / l

@@ -32,7 +32,8 @@ for probabilities.
 """
 import numpy as np
 
-from _cases import dequant_cache, float_positions, key_range, rotate, window_counts
+from _cases import (dequant_cache, float_positions, key_range, rotate, score_features, softmax,
+                    window_counts)
 from _newer_cases import lengths, side_type
 from _reference import _group_parts
 
@@ -196,34 +197,14 @@ class Statement:
                         yield (b, s, h) + r
 
     def scores(self, b, s, h, k, start, c):
-        """(x, bias, extra): the row's scores over keys k (alpha a . k, softcap, attention
-        bias), the bias added, and the softmax's extra logit (head_sink, 0 for smooth softmax,
-        None)."""
-        x = self.alpha * (k @ self.q[b, s, h])
-        sc = self.attrs.get("softcap", 0.0)
-        if sc > 0:
-            x = sc * np.tanh(x / sc)
-        bias = np.zeros(c - start)
-        if self.inp.get("attention_bias") is not None:
-            ab = self.inp["attention_bias"]
-            bias = ab[min(b, ab.shape[0] - 1), min(h, ab.shape[1] - 1), s, start:c].astype(np.float64)
-        extra = None
-        if self.inp.get("head_sink") is not None:
-            extra = float(self.inp["head_sink"][h])
-        elif self.attrs.get("smooth_softmax", -1) == 1:
-            extra = 0.0
-        return x + bias, bias, extra
+        """(x, bias, extra): the row's scores over keys k (alpha a . k, then
+        _cases.score_features: softcap, attention bias), the bias added, and the softmax's
+        extra logit (head_sink, 0 for smooth softmax, None)."""
+        return score_features(self.inp, self.attrs, self.alpha * (k @ self.q[b, s, h]), b, s, h, start, c)
 
     def back(self, o, j):
         """A rotated-basis output row turned back by R_V^T."""
         return o if self.RV is None else self.RV[j].astype(np.float64) @ o
-
-
-def softmax(x, extra):
-    """(p, l): exp(x - m) over the row and their total l (with the extra logit's term)."""
-    m = x.max() if extra is None else max(x.max(), extra)
-    p = np.exp(x - m)
-    return p, p.sum() + (0.0 if extra is None else np.exp(extra - m))
 
 
 def reference(st):

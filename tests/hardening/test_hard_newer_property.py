@@ -25,7 +25,8 @@ import gqa
 import _newer_cases as nc
 from _hard_cases import valid_rows, within
 from _level_bound import f16_allowance
-from _newer_reference import U, Statement, reference, window_counts
+from _cases import window_counts
+from _newer_reference import U, Statement, reference
 from _strategies import runtimes
 
 
