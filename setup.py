@@ -12,6 +12,11 @@ Environment:
   GQA_EMULATE_AMX=1        tests only: the amx unit with its tile instructions stated in portable
                            code (tests/isa/emu_amx.h) and handed out on any CPU with AVX512-BF16,
                            so that the AMX tier runs, slowly, where the CPU has no AMX
+  GQA_EMULATE_AVX512=1     tests only: the avx512 path and every unit of it (VNNI, BF16, the AMX
+                           tiles) built on SIMDe and tests/isa's emulation headers with the avx2
+                           path's flags, the avx2 path's avxvnni unit on emu_avxvnni.h, all handed
+                           out on any CPU with AVX2/FMA/F16C: every x86 table runs, slowly, where
+                           the CPU has none of them (needs libsimde-dev)
 """
 import concurrent.futures
 import os
@@ -118,6 +123,26 @@ def _probe(compiler_cmd, code, flags, run=False):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+EMULATION_PROBE = ("#define SIMDE_ENABLE_NATIVE_ALIASES\n#include <simde/x86/avx512.h>\n"
+                   "int main(void){__m512 a=_mm512_set1_ps(1.f);a=_mm512_fmadd_ps(a,a,a);return 0;}")
+
+
+def _emulated(path, unit, flags):
+    """Flags of a path (unit None) or one of its units under GQA_EMULATE_AVX512: the avx512
+    path's -mavx512* and -mamx-* replaced by the avx2 path's flags and the defines that take the
+    intrinsics from tests/isa's headers (SIMDe; emu_amx.h for the tiles), the avxvnni unit's
+    -mavxvnni by emu_avxvnni.h; -O1 last (SIMDe's inlined code makes -O3 several times slower
+    to build).  Other units and paths: unchanged."""
+    emu = ["-I" + os.path.join("tests", "isa"), "-O1"]
+    if path == "avx512":
+        kept = [f for f in flags if not f.startswith(("-mavx512", "-mamx", "-mavx2", "-mfma", "-mf16c"))]
+        amx = ["-DGQA_EMULATE_AMX"] if any(f.startswith("-mamx") for f in flags) else []
+        return kept + X86_PATHS["avx2"][1] + ["-DGQA_EMULATE_AVX512"] + amx + emu
+    if unit == "avxvnni":
+        return [f for f in flags if f != "-mavxvnni"] + ["-DGQA_EMULATE_AVXVNNI"] + emu
+    return flags
+
+
 def _emulated_amx(flags):
     """The amx unit's flags for GQA_EMULATE_AMX: its -mamx-* left out (emu_amx.h states the tile
     instructions; the compiler's are never issued), the rest kept."""
@@ -135,6 +160,7 @@ class BuildExt(build_ext):
         unix = cc is not None
         sanitize = os.environ.get("GQA_SANITIZE", "").strip()
         emulate_amx = os.environ.get("GQA_EMULATE_AMX") == "1" and unix
+        emulate_avx512 = os.environ.get("GQA_EMULATE_AVX512") == "1" and unix and _machine() == "x86_64"
         # an undeclared function is an error: the extension links with undefined symbols allowed
         common = (["-O3", "-std=c99", "-fno-strict-aliasing", "-Werror=implicit-function-declaration"]
                   if unix else ["/O2"])
@@ -164,6 +190,8 @@ class BuildExt(build_ext):
         for name, (src, flags, snippet) in paths.items():
             if not os.path.exists(os.path.join(SRC, src)):
                 continue
+            if emulate_avx512 and name == "avx512":
+                flags, snippet = _emulated(name, None, flags), EMULATION_PROBE
             if unix and not _probe(cc, snippet, flags):
                 print(f"gqa: compiler cannot build the {name} path; skipping it", file=sys.stderr)
                 continue
@@ -171,7 +199,10 @@ class BuildExt(build_ext):
             for unit, (usrc, upath, uflags, define, usnippet) in units.items():
                 if upath != name:
                     continue
-                if emulate_amx and unit == "amx":
+                if emulate_avx512 and (name == "avx512" or unit == "avxvnni"):
+                    uflags, usnippet = _emulated(name, unit, paths[name][1] + uflags), EMULATION_PROBE
+                    uflags = [f for f in uflags if f not in flags]   # the path's own come first
+                elif emulate_amx and unit == "amx":
                     uflags, usnippet = _emulated_amx(uflags), units["avx512bf16"][4]
                 if unix and not _probe(cc, usnippet, flags + uflags):
                     print(f"gqa: compiler cannot build {unit}; the {name} path goes without it",
@@ -198,6 +229,8 @@ class BuildExt(build_ext):
                 ext.define_macros += [(define, "1") for _, define in units_built]
                 if emulate_amx and ("amx", "GQA_HAVE_AMX") in units_built:
                     ext.define_macros.append(("GQA_EMULATE_AMX", "1"))
+                if emulate_avx512:
+                    ext.define_macros.append(("GQA_EMULATE_AVX512", "1"))
                 ext.define_macros.append(("GQA_COMPILED_PATHS", '"' + ",".join(compiled) + '"'))
                 ext.define_macros.append(("GQA_COMPILED_UNITS", '"' + ",".join(u for u, _ in units_built) + '"'))
                 if unix:

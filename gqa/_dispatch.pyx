@@ -7,6 +7,7 @@ cdef extern from "gqa_kernels.h" nogil:
     unsigned gqa_cpu_features()
     const char *gqa_cpu_feature_name(unsigned bit_index)
     const char *gqa_path_name(int path)
+    const char *gqa_emulated_units()
     const gqa_kernels *gqa_path_table(int path)
     int gqa_path_runnable(int path)
     int gqa_approx_vnni_runnable()
@@ -180,6 +181,8 @@ PATH_NAMES = tuple(gqa_path_name(i).decode() for i in range(GQA_PATH_COUNT))
 COMPILED_PATHS = tuple(GQA_COMPILED_PATHS.decode().split(","))
 # the paths' extra units the build compiled (setup.py's X86_UNITS / ARM_UNITS names)
 COMPILED_UNITS = tuple(u for u in GQA_COMPILED_UNITS.decode().split(",") if u)
+# the units a tests-only build states in portable code (setup.py's GQA_EMULATE_*): () in a release
+EMULATED_UNITS = tuple(u for u in gqa_emulated_units().decode().split(",") if u)
 
 
 def cpu_features():

@@ -17,6 +17,9 @@ def show_config(file=None):
         f"  compiled paths   : {', '.join(_dispatch.COMPILED_PATHS)}",
         f"  compiled units   : {', '.join(_dispatch.COMPILED_UNITS) or 'none'}",
         f"  CPU features     : {', '.join(_dispatch.cpu_features()) or '(none detected)'}",
+        *([f"  emulated units   : {', '.join(_dispatch.EMULATED_UNITS)}  (a tests-only build: their "
+           "instructions stated in portable code, their features reported wherever the base path runs)"]
+          if _dispatch.EMULATED_UNITS else []),
         f"  available paths  : {', '.join(_config.available_paths())}",
         f"  active path      : {cfg['active_path']}  (requested: {cfg['path']})",
         f"  flash attention  : {'on' if cfg['flash'] else 'off (naive path forced)'}",

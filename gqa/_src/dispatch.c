@@ -50,6 +50,17 @@ const char *gqa_cpu_feature_name(unsigned bit_index)
     return bit_index < sizeof(feature_names) / sizeof(feature_names[0]) ? feature_names[bit_index] : NULL;
 }
 
+const char *gqa_emulated_units(void)
+{
+#if defined(GQA_EMULATE_AVX512)
+    return "avx512,avx512vnni,avx512bf16,amx,avxvnni";
+#elif defined(GQA_EMULATE_AMX)
+    return "amx";
+#else
+    return "";
+#endif
+}
+
 #ifdef GQA_X86
 static unsigned long long read_xcr0(void)
 {
@@ -100,6 +111,14 @@ static unsigned detect(void)
         if (f & GQA_CPU_AVX512BF16) f |= GQA_CPU_AMX;
 #else
         if (amx) f |= GQA_CPU_AMX;
+#endif
+#ifdef GQA_EMULATE_AVX512
+        /* the tests' build with every x86 unit beyond avx2 emulated (setup.py): all of them
+           wherever the avx2 path runs */
+        const unsigned base = GQA_CPU_AVX | GQA_CPU_AVX2 | GQA_CPU_FMA | GQA_CPU_F16C;
+        if ((f & base) == base)
+            f |= GQA_CPU_AVX512F | GQA_CPU_AVX512BW | GQA_CPU_AVX512DQ | GQA_CPU_AVX512VL |
+                 GQA_CPU_AVX512VNNI | GQA_CPU_AVX512BF16 | GQA_CPU_AMX | GQA_CPU_AVXVNNI;
 #endif
     }
 #elif defined(GQA_ARM64)

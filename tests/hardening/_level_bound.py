@@ -17,6 +17,16 @@ the per-group contract's); R: both levels' float32 roundings, 2 (n + 64) 2^-24 (
 over n keys.  Softcap (1-Lipschitz) and attention bias (added exactly) keep E_j.  Every
 kernel's stated bound is under the union taken here: the decode kernels' (sa / 2, 2^-22),
 the packed prompt blocks' (sa (1 + 2^-20) / 2, 2^-21) and the per-group ones' (1/2 + 2^-9).
+
+With the matrix tiles on (`tiles`: AMX, AVX-512 BF16, BFDOT), levels 3 and 4 may also run a
+score or a P @ V on bfloat16 (README's table): score j moves by a further
+(2^-8 + 2^-18 + (H + 4) 2^-24) alpha sum_i |q_i| |k_ji| (the query row times alpha and the K
+values rounded to bfloat16, exact products summed in float32), and P @ V, whose probabilities
+(exp within 2^-16, in P and in the row sum alike) and V values round to bfloat16, by a factor
+within G = (1 + 2^-16) / (1 - 2^-16) (1 + 2^-9)^2 (1 + (n + 16) 2^-24) of sum_j w_j |v_j|: PV
+gains (G - 1) sum_j w_j |v_j|.  A call may run some keys on the tiles and others on the
+integer or float32 kernels (causal float windows' mixed tiles, decode steps at level 4), so
+the tiles' terms are added to the others, never put in their place.
 """
 import numpy as np
 
@@ -28,6 +38,20 @@ U = 2.0 ** -24
 QK_MAX = 32639          # the query codes' limit (kernels_s8dot.h)
 PV_MAX = 32767          # the probability codes' limit
 HALF = 0.5 + 2.0 ** -9  # half a code step, with the contracts' rounding slack
+UB = 2.0 ** -9          # bfloat16's unit roundoff (8-bit significand, to nearest)
+
+
+def _tile_qk(alpha, aw, K, H):
+    """A score's further bound on bfloat16 tiles, per key of K [n, H] for the row's
+    magnitudes aw."""
+    return (2 * UB + UB * UB + (H + 4) * U) * alpha * (np.abs(K) @ aw)
+
+
+def _tile_pv(w, V):
+    """P @ V's further bound on bfloat16 tiles per column: w the row's weights (p / l) over the
+    n keys of V [n, H]."""
+    grow = (1 + 2.0 ** -16) / (1 - 2.0 ** -16) * (1 + UB) ** 2 * (1 + (len(w) + 16) * U)
+    return (grow - 1) * (w @ np.abs(V))
 
 
 def f16_allowance(bound, ref):
@@ -60,9 +84,10 @@ def _query_magnitudes(inp, a, spec):
     return q, np.abs(q) + eps * 2 * np.abs(q).max(-1, keepdims=True)
 
 
-def level4_bounds(spec, inp, a, out0, present_key, present_value, float_tiles):
+def level4_bounds(spec, inp, a, out0, present_key, present_value, float_tiles, tiles=False):
     """(bound on |out4 - out0| [B, S, N*H], bound on |qk4 - qk0| [B, N, S, T] or None), in
-    float64.  float_tiles: a float cache's prompt tiles may run on codes (the avx2 path)."""
+    float64.  float_tiles: a float cache's prompt tiles may run on codes (the avx2 path);
+    tiles: scores and P @ V may run on bfloat16 tiles (levels 3 and 4 alike)."""
     B, S, N, Nkv, H = spec["B"], inp["query"].shape[1], spec["N"], spec["Nkv"], spec["H"]
     G = N // Nkv
     quant = spec["mode"] != "NONE"
@@ -96,6 +121,8 @@ def level4_bounds(spec, inp, a, out0, present_key, present_value, float_tiles):
                 else:
                     E = np.zeros(Tb)
                 E = E + 2 * f32
+                if tiles:
+                    E = E + _tile_qk(alpha, ar, kd[b, j, keys], H)
                 start, c = key_range(inp, a, b, s)
                 if c <= start:
                     out_bound[b, s, h] = 2 * 64 * U * o0[b, s, h]
@@ -113,6 +140,8 @@ def level4_bounds(spec, inp, a, out0, present_key, present_value, float_tiles):
                     PV = (0.5 + 2.0 ** -8) * sv + HALF / PV_MAX * 255 * sv * n / l
                 else:
                     PV = 0.0
+                if tiles:
+                    PV = PV + _tile_pv(p / l, V)
                 R = 2 * (n + 64) * U * (o0[b, s, h] + M)
                 bound = M * np.expm1(2 * D) + np.exp(2 * D) * PV + R
                 if f16:
@@ -167,7 +196,7 @@ def _qk_allowance(a, E, prob, start, c, n):
 
 # ---------------------------------------------------------------- the newer surface
 
-def level4_bounds_newer(st, out0, group_kernels):
+def level4_bounds_newer(st, out0, group_kernels, tiles=False):
     """(bound on |out4 - out0| [B, S, N*H], bound on |qk4 - qk0| [B, N, S, T] or None) of a
     valid call of the newer surface, st its float64 statement (_newer_reference.Statement):
     per-group K and V codes (the per-group contracts where `group_kernels`, else float32) or
@@ -181,7 +210,8 @@ def level4_bounds_newer(st, out0, group_kernels):
     the codes, w_k = p_k s_k: the probabilities, each within e^{2D} of float64's, times their
     groups' scales, quantized against their maximum); the output turned back by R_V^T, so its
     bound is |R_V| times the rotated one's.  The query row a is the statement's, widened by
-    its eta (the operator's roundings of the norm, rotary and rotation)."""
+    its eta (the operator's roundings of the norm, rotary and rotation).  tiles: scores and
+    P @ V may run on bfloat16 tiles too (the module's terms, in the rotated basis)."""
     spec, B, S, N, H = st.spec, st.spec["B"], st.spec["S"], st.spec["N"], st.H
     g = spec["group"] or H
     J = H // g
@@ -205,6 +235,8 @@ def level4_bounds_newer(st, out0, group_kernels):
             xa = np.abs(k[code])
             E[code] += st.alpha * (sa * HALF * xa.sum(1) + 2.0 ** -21 * (xa @ aw)
                                    + (J + 3) * U * (mk[code] @ (aw + sa)))
+        if tiles:
+            E += _tile_qk(st.alpha, aw, k, H)
         D = E.max()
         p, l = softmax(x, extra)
         M = np.abs(v).max()
@@ -214,6 +246,8 @@ def level4_bounds_newer(st, out0, group_kernels):
         elif coded and group_kernels:
             w = (p[code, None] * st.sv[b, j, sl][code]).max(0) * np.exp(2 * D)
             PV = HALF / PV_MAX * w * st.uv[b, j, sl][code].sum(0) / l
+        if tiles:
+            PV = PV + _tile_pv(p / l, v)
         rb = M * np.expm1(2 * D) + np.exp(2 * D) * PV + 2 * (c - start + 64) * U * 2 * M + np.zeros(H)
         if st.RV is not None:
             Ra = np.abs(st.RV[j].astype(np.float64))

@@ -20,15 +20,14 @@ of tests more).  It needs AVX-512 and AVX512-BF16 (the rest of the amx unit runs
 skips with the reason elsewhere.
 """
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 import gqa
+from _rebuilt import build, run_suite
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENABLED = os.environ.get("GQA_SANITIZE_TESTS") == "1" or bool(os.environ.get("CI"))
 pytestmark = [
     pytest.mark.skipif(not ENABLED, reason="sanitizer builds + runs (~7 min): set GQA_SANITIZE_TESTS=1 "
@@ -75,40 +74,14 @@ def _libasan():
     return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
-def _ignore(directory, names):
-    skip = {"build", "__pycache__", ".hypothesis", ".pytest_cache", "dist", ".git"}
-    return [n for n in names if n in skip or n.endswith((".so", ".pyd", ".o"))]
-
-
 def _build(tmp_path_factory, name, **build_env):
     """(tree, env): a copy of the repository built with ASan + UBSan (and `build_env`), and the
     run environment.  GQA_SANITIZE_TREE=/dir reuses /dir/<name> (local reruns)."""
     libasan = _libasan()
     if libasan is None:
         pytest.skip("no libasan.so next to the C compiler (gcc -print-file-name=libasan.so)")
-    try:
-        import Cython  # noqa: F401  (setup.py cythonizes)
-    except ImportError:
-        pytest.fail("the sanitizer build needs Cython (pip install Cython) -- GQA_SANITIZE_TESTS/CI is set")
-    reuse = os.environ.get("GQA_SANITIZE_TREE")   # a tree this fixture built before (local reruns)
-    if reuse:
-        tree = os.path.join(reuse, name)
-        os.makedirs(tree, exist_ok=True)
-    else:
-        tree = str(tmp_path_factory.mktemp("sanitize") / name)
-        os.makedirs(tree)
-    for sub in ("gqa", "tests"):
-        shutil.copytree(os.path.join(ROOT, sub), os.path.join(tree, sub), ignore=_ignore,
-                        dirs_exist_ok=True)
-    for sub in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
-        if os.path.exists(os.path.join(ROOT, sub)):
-            shutil.copy2(os.path.join(ROOT, sub), tree)
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GQA_EMULATE_AMX")}
-    env.update(GQA_SANITIZE="address,undefined", GQA_SANITIZE_OPT="-Og", **build_env)
-    r = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-j", str(os.cpu_count() or 2)],
-                       cwd=tree, env=env, capture_output=True, text=True, timeout=1200)
-    assert r.returncode == 0, "sanitizer build failed:\n" + (r.stdout + r.stderr)[-4000:]
-    assert reuse or "-fsanitize=address,undefined" in r.stdout + r.stderr
+    tree = build(tmp_path_factory, name, dict(GQA_SANITIZE="address,undefined", GQA_SANITIZE_OPT="-Og", **build_env),
+                 reuse=os.environ.get("GQA_SANITIZE_TREE"), marker="-fsanitize=address,undefined")
     env = dict(os.environ, LD_PRELOAD=libasan, GQA_TEST_IMPORT="source", GQA_IN_SANITIZER_RUN="1",
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1:allocator_may_return_null=1",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1", OMP_NUM_THREADS="2",
@@ -147,14 +120,11 @@ def test_asan_is_live(sanitized):
 
 
 def _run_clean(tree, env, files, deselect):
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", deselect] + files
-    r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=1200)
-    out = r.stdout + r.stderr
+    rc, out, summary = run_suite(tree, env, files, deselect)
     found = _reports(out)
-    summary = [line for line in r.stdout.splitlines() if " passed" in line or " failed" in line]
     assert not found, "sanitizer reports:\n" + "\n".join(found[:20]) + "\n" + out[-4000:]
-    assert r.returncode == 0, f"subset failed under the sanitizers:\n{out[-6000:]}"
-    print("sanitizer run:", summary[-1] if summary else "(no summary)")
+    assert rc == 0, f"subset failed under the sanitizers:\n{out[-6000:]}"
+    print("sanitizer run:", summary)
 
 
 def test_subset_runs_clean_under_asan_ubsan(sanitized):
