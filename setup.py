@@ -127,13 +127,13 @@ EMULATION_PROBE = ("#define SIMDE_ENABLE_NATIVE_ALIASES\n#include <simde/x86/avx
                    "int main(void){__m512 a=_mm512_set1_ps(1.f);a=_mm512_fmadd_ps(a,a,a);return 0;}")
 
 
-def _emulated(path, unit, flags):
+def _emulated(path, unit, flags, opt):
     """Flags of a path (unit None) or one of its units under GQA_EMULATE_AVX512: the avx512
     path's -mavx512* and -mamx-* replaced by the avx2 path's flags and the defines that take the
     intrinsics from tests/isa's headers (SIMDe; emu_amx.h for the tiles), the avxvnni unit's
-    -mavxvnni by emu_avxvnni.h; -O1 last (SIMDe's inlined code makes -O3 several times slower
-    to build).  Other units and paths: unchanged."""
-    emu = ["-I" + os.path.join("tests", "isa"), "-O1"]
+    -mavxvnni by emu_avxvnni.h; `opt` last (-O1: SIMDe's inlined code makes -O3 several times
+    slower to build; a sanitizer build's GQA_SANITIZE_OPT).  Other units and paths: unchanged."""
+    emu = ["-I" + os.path.join("tests", "isa")] + opt
     if path == "avx512":
         kept = [f for f in flags if not f.startswith(("-mavx512", "-mamx", "-mavx2", "-mfma", "-mf16c"))]
         amx = ["-DGQA_EMULATE_AMX"] if any(f.startswith("-mamx") for f in flags) else []
@@ -173,6 +173,7 @@ class BuildExt(build_ext):
             san += os.environ.get("GQA_SANITIZE_OPT", "").split()
             common += san
             link_extra += san
+        emu_opt = [f for f in san if f.startswith("-O")] or ["-O1"]
         omp_compile, omp_link = [], []
         if unix and os.environ.get("GQA_NO_OPENMP") != "1":
             if _probe(cc, OPENMP_PROBE, ["-fopenmp"], run=True):
@@ -191,7 +192,7 @@ class BuildExt(build_ext):
             if not os.path.exists(os.path.join(SRC, src)):
                 continue
             if emulate_avx512 and name == "avx512":
-                flags, snippet = _emulated(name, None, flags), EMULATION_PROBE
+                flags, snippet = _emulated(name, None, flags, emu_opt), EMULATION_PROBE
             if unix and not _probe(cc, snippet, flags):
                 print(f"gqa: compiler cannot build the {name} path; skipping it", file=sys.stderr)
                 continue
@@ -200,7 +201,7 @@ class BuildExt(build_ext):
                 if upath != name:
                     continue
                 if emulate_avx512 and (name == "avx512" or unit == "avxvnni"):
-                    uflags, usnippet = _emulated(name, unit, paths[name][1] + uflags), EMULATION_PROBE
+                    uflags, usnippet = _emulated(name, unit, paths[name][1] + uflags, emu_opt), EMULATION_PROBE
                     uflags = [f for f in uflags if f not in flags]   # the path's own come first
                 elif emulate_amx and unit == "amx":
                     uflags, usnippet = _emulated_amx(uflags), units["avx512bf16"][4]
