@@ -188,6 +188,7 @@ class BuildExt(build_ext):
         compiled = ["scalar"]
         jobs = []          # (source, flags) of every kernel TU, in link order
         units_built = []   # (unit, its define): dispatch.c sees the defines too
+        emulated = []      # the paths and units built on portable statements of their instructions
         for name, (src, flags, snippet) in paths.items():
             if not os.path.exists(os.path.join(SRC, src)):
                 continue
@@ -196,6 +197,8 @@ class BuildExt(build_ext):
             if unix and not _probe(cc, snippet, flags):
                 print(f"gqa: compiler cannot build the {name} path; skipping it", file=sys.stderr)
                 continue
+            if emulate_avx512 and name == "avx512":
+                emulated.append(name)
             defines = []
             for unit, (usrc, upath, uflags, define, usnippet) in units.items():
                 if upath != name:
@@ -209,6 +212,8 @@ class BuildExt(build_ext):
                     print(f"gqa: compiler cannot build {unit}; the {name} path goes without it",
                           file=sys.stderr)
                     continue
+                if any(f.startswith("-DGQA_EMULATE_") for f in uflags + flags):
+                    emulated.append(unit)
                 usrcs = (usrc,) if isinstance(usrc, str) else usrc
                 jobs += [(os.path.join(SRC, u), common + flags + uflags) for u in usrcs]
                 defines.append("-D" + define)
@@ -234,6 +239,7 @@ class BuildExt(build_ext):
                     ext.define_macros.append(("GQA_EMULATE_AVX512", "1"))
                 ext.define_macros.append(("GQA_COMPILED_PATHS", '"' + ",".join(compiled) + '"'))
                 ext.define_macros.append(("GQA_COMPILED_UNITS", '"' + ",".join(u for u, _ in units_built) + '"'))
+                ext.define_macros.append(("GQA_EMULATED_UNITS", '"' + ",".join(emulated) + '"'))
                 if unix:
                     ext.libraries.append("m")
         super().build_extensions()

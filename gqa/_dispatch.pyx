@@ -7,7 +7,6 @@ cdef extern from "gqa_kernels.h" nogil:
     unsigned gqa_cpu_features()
     const char *gqa_cpu_feature_name(unsigned bit_index)
     const char *gqa_path_name(int path)
-    const char *gqa_emulated_units()
     const gqa_kernels *gqa_path_table(int path)
     int gqa_path_runnable(int path)
     int gqa_approx_vnni_runnable()
@@ -20,6 +19,7 @@ cdef extern from "gqa_kernels.h" nogil:
     int GQA_PATH_COUNT
     const char *GQA_COMPILED_PATHS
     const char *GQA_COMPILED_UNITS
+    const char *GQA_EMULATED_UNITS
 
 cdef extern from "kernels_s8dot_contract.h" nogil:
     bint gqa_dot_codes(int type)   # the types level 4's integer-dot contracts take
@@ -182,7 +182,7 @@ COMPILED_PATHS = tuple(GQA_COMPILED_PATHS.decode().split(","))
 # the paths' extra units the build compiled (setup.py's X86_UNITS / ARM_UNITS names)
 COMPILED_UNITS = tuple(u for u in GQA_COMPILED_UNITS.decode().split(",") if u)
 # the units a tests-only build states in portable code (setup.py's GQA_EMULATE_*): () in a release
-EMULATED_UNITS = tuple(u for u in gqa_emulated_units().decode().split(",") if u)
+EMULATED_UNITS = tuple(u for u in GQA_EMULATED_UNITS.decode().split(",") if u)
 
 
 def cpu_features():

@@ -272,6 +272,11 @@ def _check_config_text(text, active):
         assert f in text
     active_line = next(line for line in text.splitlines() if "active" in line.lower())
     assert active in active_line, text
+    emulated = [line for line in text.splitlines() if "emulated units" in line]
+    if _dispatch.EMULATED_UNITS:   # a tests-only build (setup.py GQA_EMULATE_*) says so
+        assert len(emulated) == 1 and all(u in emulated[0] for u in _dispatch.EMULATED_UNITS), text
+    else:
+        assert not emulated, text
 
 
 def test_show_config():

@@ -50,17 +50,6 @@ const char *gqa_cpu_feature_name(unsigned bit_index)
     return bit_index < sizeof(feature_names) / sizeof(feature_names[0]) ? feature_names[bit_index] : NULL;
 }
 
-const char *gqa_emulated_units(void)
-{
-#if defined(GQA_EMULATE_AVX512)
-    return "avx512,avx512vnni,avx512bf16,amx,avxvnni";
-#elif defined(GQA_EMULATE_AMX)
-    return "amx";
-#else
-    return "";
-#endif
-}
-
 #ifdef GQA_X86
 static unsigned long long read_xcr0(void)
 {

@@ -239,9 +239,6 @@ extern const gqa_kernels gqa_kernels_scalar;
 unsigned gqa_cpu_features(void);
 const char *gqa_cpu_feature_name(unsigned bit_index);
 const char *gqa_path_name(int path);
-/* The units a tests-only build states in portable code (setup.py's GQA_EMULATE_AVX512 /
-   GQA_EMULATE_AMX), comma-separated; "" in every other build. */
-const char *gqa_emulated_units(void);
 /* Table of a path, or NULL when it was not compiled into this build. */
 const gqa_kernels *gqa_path_table(int path);
 /* 1 when the path was compiled and this CPU (and OS) can run it. */

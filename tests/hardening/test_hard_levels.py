@@ -74,7 +74,7 @@ def _check_qk(spec, lens, rows, got, base, qk_bound, what):
         want = base[b][:, rows[b], :tb]
         if spec["dtype"] == "f16":     # each level's scores rounded to float16 once
             qb = f16_allowance(qb, np.abs(want.astype(np.float64)))
-        _within(got[b][:, rows[b], :tb], want, qb, f"level 4 output_qk[{b}] ({what})")
+        _within(got[b][:, rows[b], :tb], want, qb, what.replace(" output", f" output_qk[{b}]", 1))
 
 
 def check_levels(spec, rt, gain, tiles=False):
