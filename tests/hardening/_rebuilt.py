@@ -50,6 +50,16 @@ def build(tmp_path_factory, name, build_env, reuse=None, marker=None):
     return tree
 
 
+def simde_found():
+    """True when the C compiler finds SIMDe's AVX-512 header (GQA_EMULATE_AVX512 builds on it)."""
+    try:
+        r = subprocess.run([os.environ.get("CC", "gcc"), "-E", "-x", "c", "-", "-o", os.devnull],
+                           input="#include <simde/x86/avx512.h>\n", capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
 def run_suite(tree, env, files, deselect=None, timeout=1200):
     """pytest on `files` in `tree` with `env`: (return code, stdout + stderr, its summary line)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]

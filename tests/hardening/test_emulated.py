@@ -27,7 +27,7 @@ import sys
 import pytest
 
 import gqa
-from _rebuilt import build, run_suite
+from _rebuilt import build, run_suite, simde_found
 
 ENABLED = os.environ.get("GQA_EMULATE_TESTS") == "1" or bool(os.environ.get("CI"))
 X86_LINUX = sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64")
@@ -52,17 +52,11 @@ PROBE = ("import gqa, gqa._dispatch as d\n"
          "c['int8_dot_unit'], c['group_dot_unit'], gqa._dispatch.tiles_runnable('avx512bf16'))\n")
 
 
-def _simde():
-    r = subprocess.run([os.environ.get("CC", "gcc"), "-E", "-x", "c", "-", "-o", os.devnull],
-                       input="#include <simde/x86/avx512.h>\n", capture_output=True, text=True)
-    return r.returncode == 0
-
-
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
     """(tree, env): the copy built with GQA_EMULATE_AVX512=1, and the run environment.
     GQA_EMULATE_TREE=/dir reuses /dir/gqa-emulated (local reruns)."""
-    if not _simde():
+    if not simde_found():
         pytest.skip("SIMDe headers (simde/x86/avx512.h) not found: install libsimde-dev (Debian)")
     tree = build(tmp_path_factory, "gqa-emulated", {"GQA_EMULATE_AVX512": "1"},
                  reuse=os.environ.get("GQA_EMULATE_TREE"), marker="-DGQA_EMULATE_AVX512")

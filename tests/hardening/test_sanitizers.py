@@ -29,7 +29,7 @@ import sys
 import pytest
 
 import gqa
-from _rebuilt import build, run_suite
+from _rebuilt import build, run_suite, simde_found
 
 ENABLED = os.environ.get("GQA_SANITIZE_TESTS") == "1" or bool(os.environ.get("CI"))
 pytestmark = [
@@ -107,6 +107,8 @@ def sanitized_amx(tmp_path_factory):
     if not native and not {"AVX2", "FMA", "F16C"} <= set(gqa.cpu_features()):
         pytest.skip("the emulated AMX tiles need AVX-512 and AVX512-BF16, or AVX2 / FMA / F16C for "
                     "the emulated avx512 path; tests/isa amx-emulated checks the kernels on any x86-64")
+    if not native and not simde_found():
+        pytest.skip("the emulated avx512 path needs SIMDe (simde/x86/avx512.h): install libsimde-dev (Debian)")
     return _build(tmp_path_factory, "gqa-src-amx", **({"GQA_EMULATE_AMX": "1"} if native else
                                                       {"GQA_EMULATE_AVX512": "1"}))
 
