@@ -24,8 +24,10 @@ N, NKV = 6, 2
 G = N // NKV
 
 NEEDS = {"amx": "AMX-TILE, AMX-BF16 and AVX512-BF16 with the tile state granted, or a build with "
-                "GQA_EMULATE_AMX=1 (tests/hardening/test_sanitizers.py runs one)",
-         "avx512bf16": "AVX512-BF16",
+                "GQA_EMULATE_AMX=1 or GQA_EMULATE_AVX512=1 (tests/hardening/test_sanitizers.py and "
+                "test_emulated.py run them)",
+         "avx512bf16": "AVX512-BF16, or a build with GQA_EMULATE_AVX512=1 (tests/hardening/test_emulated.py "
+                       "runs one)",
          "neonbf16": "aarch64's BFloat16 extension (tests/isa neonbf16-qemu checks its kernels under qemu)"}
 
 
