@@ -28,6 +28,8 @@ import tempfile
 
 import pytest
 
+from _objdump import avx512_amx_lines, vpdpwssd_lines
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SRC = os.path.join(ROOT, "gqa", "_src")
@@ -104,29 +106,6 @@ def _objects(d, cmd, sources, suffix=".o"):
     """(compile commands, objects): each source compiled by `cmd` into d."""
     objs = [os.path.join(d, os.path.basename(src).replace(".c", suffix)) for src in sources]
     return [cmd + ["-c", src, "-o", obj] for src, obj in zip(sources, objs)], objs
-
-
-# AMX's instructions (VEX-encoded: neither byte 0x62 nor zmm / opmask registers)
-_AMX_MNEMONICS = re.compile(r"\b(ldtilecfg|sttilecfg|tilerelease|tileloadd|tileloaddt1|tilestored|tilezero|"
-                            r"tdpbf16ps|tdpb[su][su]d)\b")
-
-
-def _avx512_amx_lines(obj):
-    """Disassembly lines of `obj` that are AVX-512 (EVEX-encoded: first opcode byte 0x62 in
-    64-bit mode, or zmm / opmask registers) or AMX."""
-    rc, out = _run(["objdump", "-d", obj])
-    assert rc == 0, out
-    bad = []
-    for line in out.splitlines():
-        parts = line.split("\t")
-        if len(parts) < 3:
-            continue
-        raw = parts[1].split()
-        text = parts[2]
-        if (raw[:1] == ["62"] or raw[:2] == ["67", "62"] or re.search(r"%zmm|%k[0-7]", text)
-                or _AMX_MNEMONICS.search(text)):
-            bad.append(line.strip())
-    return bad
 
 
 class Build:
@@ -218,8 +197,7 @@ def _neon_qemu_driver(d, flags=CFLAGS, static=True):
 
 def _no_vpdpwssd(objs):
     for obj in (o for o in objs if os.path.basename(o).startswith("kernels_avxvnni")):
-        rc, out = _run(["objdump", "-d", obj])
-        assert rc == 0 and "vpdpwssd" not in out, f"the emulated unit {obj} issues vpdpwssd"
+        assert not vpdpwssd_lines(obj), f"the emulated unit {obj} issues vpdpwssd"
 
 
 def _avxvnni_driver(d, emulated):
@@ -238,7 +216,7 @@ def _avxvnni_driver(d, emulated):
 
 def _no_evex(objs):
     for o in objs:
-        bad = _avx512_amx_lines(o)
+        bad = avx512_amx_lines(o)
         assert not bad, f"the emulated unit {o} contains AVX-512 / AMX instructions:\n" + "\n".join(bad[:10])
 
 
