@@ -41,7 +41,7 @@ from ._validate import finite_real
 from ._formats import CacheFormat, attributes, cache_options, mode_name, parse_mode
 from ._config import _check_threads
 from ._operator import INT32_MAX, GroupQueryAttention
-from ._steps import Steps
+from ._steps import Steps, frontier
 
 SCALE_FLOOR = 1e-6
 
@@ -194,13 +194,15 @@ class KVCache(Steps):
                  mode="float", k_mode=None, v_mode=None, k_scales=None, v_scales=None,
                  calibration=None, margin=1.0, dtype=np.float32, rotary=None, rotary_interleaved=0,
                  local_window_size=-1, softcap=0.0, scale=0.0, num_threads=None, k_rho=1.0,
-                 v_rho=1.0, sink_size=0, recent_size=0, rotations=None, accuracy_level=0):
+                 v_rho=1.0, sink_size=0, recent_size=0, rotations=None, accuracy_level=0,
+                 rollback_size=0):
         self.num_layers = _positive_int("num_layers", num_layers)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.kv_num_heads = _positive_int("kv_num_heads", kv_num_heads)
         self.head_size = _positive_int("head_size", head_size)
         self.max_length = _positive_int("max_length", max_length)
         self.batch_size = _positive_int("batch_size", batch_size)
+        rollback_size = _positive_int("rollback_size", rollback_size, minimum=0)
         if (k_mode is None) != (v_mode is None):
             raise ValueError("k_mode and v_mode go together (or use mode= for both)")
         if k_mode is None:
@@ -265,6 +267,16 @@ class KVCache(Steps):
         windows = self.sink_size + self.recent_size > 0
         self.hp_key = [np.zeros(hp, self.dtype) if windows else None for _ in range(self.num_layers)]
         self.hp_value = [np.zeros(hp, self.dtype) if windows else None for _ in range(self.num_layers)]
+        # the rollback rows: [B, Nkv, m, H], the float rows of the last m positions that left
+        # the recent window (m = min(rollback_size, max_length); none without windows)
+        self.rollback_size = min(rollback_size, self.max_length) if windows and self.recent_size else 0
+        ring = hp[:2] + (self.rollback_size,) + hp[3:]
+        self.undo_key = self.undo_value = None
+        if self.rollback_size:
+            self.undo_key = [np.zeros(ring, self.dtype) for _ in range(self.num_layers)]
+            self.undo_value = [np.zeros(ring, self.dtype) for _ in range(self.num_layers)]
+        self._undo_lo = np.zeros(self.batch_size, np.int64)
+        self._save = np.zeros(3 * self.batch_size, np.int64)
         self._seqlens = np.zeros(self.batch_size, np.int32)
         self._set_length(0)
         self._check_layers((kw, kdt), (vw, vdt), hp)
@@ -442,6 +454,7 @@ class KVCache(Steps):
         """Bytes of all K/V caches and scales."""
         scales = sum(s.nbytes for s in self.k_scales + self.v_scales if s is not None)
         windows = sum(a.nbytes for a in self.hp_key + self.hp_value if a is not None)
+        windows += sum(a.nbytes for a in (self.undo_key or []) + (self.undo_value or []))
         return sum(a.nbytes for a in self.key + self.value) + scales + windows
 
     @property
@@ -455,8 +468,11 @@ class KVCache(Steps):
 
     def truncate(self, length):
         """Drop positions ``[length, self.length)`` of every layer (rollback, e.g. rejected
-        speculative tokens); a step in progress is abandoned.  ``length``: one length, which
-        no sequence then exceeds, or one per sequence (each at most its own)."""
+        speculative tokens); a step in progress is abandoned (the layers that had it are taken
+        back too).  ``length``: one length, which no sequence then exceeds, or one per sequence
+        (each at most its own).  With float windows a sequence goes back to any length up to
+        ``sink_size`` and from ``rollback_floor`` on (the float rows its windows then need);
+        elsewhere ValueError, nothing changed."""
         if isinstance(length, (list, tuple, np.ndarray)):
             new = np.array([_positive_int(f"length[{b}]", n, minimum=0) for b, n in enumerate(length)],
                            np.int64)
@@ -469,39 +485,74 @@ class KVCache(Steps):
                 raise ValueError(f"length must be <= the cache's length ({self._length}), got {length}")
             new = np.minimum(self._lengths, length)
         if self.hp_key[0] is not None:
-            plans = [self._truncated_window_rows(int(L), int(n)) for L, n in zip(self._lengths, new)]
-            for b, rows in enumerate(plans):
-                if rows is not None:
-                    for hp in self.hp_key + self.hp_value:
-                        kept = hp[b][:, rows]       # [Nkv, rows, H], a copy
-                        hp[b] = 0
-                        hp[b, :, :len(rows)] = kept
+            self._truncate_windows(new)
+            self._undo_lo = np.minimum(self._undo_lo, [frontier(int(n), self.sink_size, self.recent_size)
+                                                       for n in new]).astype(np.int64)
         self._set_lengths(new)
 
-    def _truncated_window_rows(self, L, n):
-        """The rows of the float windows of L positions that hold the windows of n <= L (None:
-        no change): possible when each position they keep is still in the windows (always for
-        n <= sink_size, or while the cache holds at most sink_size + recent_size positions),
-        else ValueError saying how."""
+    @property
+    def rollback_floor(self):
+        """Per sequence (int64 ``[batch_size]``) the smallest length above ``sink_size`` that
+        ``truncate`` takes it back to: the float windows of a length hold the first sink_size
+        positions and the last recent_size, so going back to n needs the float rows of
+        positions ``[n - recent_size, n)``; the cache keeps those of its windows and of the
+        last ``rollback_size`` positions that left its recent window.  0: any length; without
+        windows always 0."""
+        if self.hp_key[0] is None or not self.recent_size:
+            return np.zeros(self.batch_size, np.int64)
+        lo = self._undo_lo
+        return np.where(lo <= self.sink_size, 0, np.minimum(lo + self.recent_size, self._lengths))
+
+    def _truncate_windows(self, new):
+        """Each layer's float windows of its current positions (those of a step in progress
+        included) rearranged into the windows of `new`: every plan is made (ValueError where a
+        position it needs is held in codes only) before any buffer changes."""
+        lens = self._lengths
+        ahead = lens + (self._step_new if self._step_size else 0)
+        plans = {}
+        for li in range(self.num_layers):
+            got = ahead if self._step_size and self._in_step[li] else lens
+            for b in range(self.batch_size):
+                key = (int(got[b]), b)
+                if key not in plans:
+                    plans[key] = self._window_sources(b, key[0], int(new[b]))
+        for li in range(self.num_layers):
+            got = ahead if self._step_size and self._in_step[li] else lens
+            for b in range(self.batch_size):
+                plan = plans[(int(got[b]), b)]
+                if plan is None:
+                    continue
+                sink, slots, rows = plan
+                for hp, ring in ((self.hp_key[li], self.undo_key and self.undo_key[li]),
+                                 (self.hp_value[li], self.undo_value and self.undo_value[li])):
+                    parts = [hp[b, :, :sink], hp[b][:, rows]]
+                    if len(slots):
+                        parts.insert(1, ring[b][:, slots])
+                    kept = np.concatenate(parts, axis=1)
+                    hp[b] = 0
+                    hp[b, :, :kept.shape[1]] = kept
+
+    def _window_sources(self, b, L, n):
+        """Where the windows of n <= L positions of sequence b find their float rows, given its
+        windows of L positions and rollback rows: (sink rows, rollback rows, window rows), in
+        position order, or None (nothing moves); ValueError where one is held in codes only."""
         if n == L:
             return None
-        s, r = self.sink_size, self.recent_size
-        ns_o = min(s, L)
-        nr_o = min(r, L - ns_o)
-        ns = min(s, n)
-        nr = min(r, n - ns)
-        keep = list(range(ns)) + list(range(n - nr, n))
-        lost = [p for p in keep if ns_o <= p < L - nr_o]
-        if lost:
+        s, r, m = self.sink_size, self.recent_size, self.rollback_size
+        ns, ns_o = min(s, n), min(s, L)
+        start, f, lo = max(ns, n - r), frontier(L, s, r), int(self._undo_lo[b])
+        if max(start, ns_o) < min(n, lo):
             raise ValueError(
-                f"truncate({n}): its recent window (recent_size={r}) needs the float rows of "
-                f"positions [{n - nr}, {n}), and positions [{ns_o}, {L - nr_o}) of this cache are "
-                f"held in its codes only. Truncating keeps the windows exact up to sink_size = "
-                f"{s} positions (or while the cache holds at most sink_size + recent_size = "
-                f"{s + r}); to go back to {n}, copy_from() a float KVCache that kept every "
-                f"position (cache.copy_from(float_cache, {n})), or reset() and attend the "
-                "tokens again")
-        return [p if p < ns_o else ns_o + p - (L - nr_o) for p in keep]
+                f"truncate({n}): sequence {b}'s recent window (recent_size={r}) needs the float "
+                f"rows of positions [{start}, {n}), and positions [{max(start, ns_o)}, "
+                f"{min(n, lo)}) of this cache are held in its codes only. A KVCache keeps the "
+                f"float rows of its windows and of the last rollback_size={m} positions that "
+                f"left its recent window, so truncate reaches lengths up to sink_size = {s} and "
+                f"from cache.rollback_floor = {lo + r} on; to go back to {n}, allocate it with a "
+                f"larger rollback_size, copy_from() a float KVCache that kept every position "
+                f"(cache.copy_from(float_cache, {n})), or reset() and attend the tokens again")
+        ring = range(start, min(n, f))
+        return ns, [p % m for p in ring], [ns_o + p - f for p in range(max(start, f), n)]
 
     def take(self, indices):
         """A cache of the sequences ``indices`` (any order, repeats allowed, e.g. beam search's
@@ -512,12 +563,21 @@ class KVCache(Steps):
                 (idx < 0).any() or (idx >= self.batch_size).any():
             raise ValueError(f"indices must be a non-empty 1-D sequence of ints in [0, "
                              f"{self.batch_size}), got {np.asarray(indices).tolist()!r}")
+        if self._step_size:
+            raise ValueError(f"take() during a step: layers {[i for i, d in enumerate(self._in_step) if d]} "
+                             "have had it and the others not; give them the step, or truncate() "
+                             "to abandon it, first")
         out = copy.copy(self)
         out.batch_size = int(idx.size)
         out.key = [a[idx] for a in self.key]
         out.value = [a[idx] for a in self.value]
         out.hp_key = [None if a is None else a[idx] for a in self.hp_key]
         out.hp_value = [None if a is None else a[idx] for a in self.hp_value]
+        if self.undo_key is not None:
+            out.undo_key = [a[idx] for a in self.undo_key]
+            out.undo_value = [a[idx] for a in self.undo_value]
+        out._undo_lo = self._undo_lo[idx].copy()
+        out._save = np.zeros(3 * out.batch_size, np.int64)
         out._seqlens = np.zeros(out.batch_size, np.int32)
         out._set_lengths(self._lengths[idx].copy())
         return out
@@ -578,6 +638,7 @@ class KVCache(Steps):
         for li in range(self.num_layers):
             self.key[li][:, :, :length] = other.key[li][:, :, :length]
             self.value[li][:, :, :length] = other.value[li][:, :, :length]
+        self._undo_lo[:] = frontier(length, self.sink_size, self.recent_size)
         self._set_length(length)
 
     def _copy_float(self, other, length):
@@ -590,6 +651,8 @@ class KVCache(Steps):
         ns = min(self.sink_size, length)
         nr = min(self.recent_size, length - ns)
         keep = list(range(ns)) + list(range(length - nr, length))
+        f = frontier(length, self.sink_size, self.recent_size)
+        lo = max(ns, f - self.rollback_size)          # the rollback rows: positions [lo, f)
         for li in range(self.num_layers):
             for i, (dst, hp, src) in enumerate(((self.key, self.hp_key, other.key),
                                                 (self.value, self.hp_value, other.value))):
@@ -610,6 +673,11 @@ class KVCache(Steps):
                 if hp[li] is not None:
                     hp[li][...] = 0
                     hp[li][:, :, :len(keep)] = rows[:, :, keep].astype(self.dtype)
+                ring = (self.undo_key, self.undo_value)[i]
+                if ring is not None:
+                    ring[li][:, :, [p % self.rollback_size for p in range(lo, f)]] = \
+                        rows[:, :, lo:f].astype(self.dtype)
+        self._undo_lo[:] = lo
         self._set_length(length)
 
     # -- the step (attend, _run: gqa/_steps.pyx) ------------------------------------------
