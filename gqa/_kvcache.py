@@ -651,8 +651,8 @@ class KVCache(Steps):
         ns = min(self.sink_size, length)
         nr = min(self.recent_size, length - ns)
         keep = list(range(ns)) + list(range(length - nr, length))
-        f = frontier(length, self.sink_size, self.recent_size)
-        lo = max(ns, f - self.rollback_size)          # the rollback rows: positions [lo, f)
+        start = frontier(length, self.sink_size, self.recent_size)
+        lo = max(ns, start - self.rollback_size)      # the rollback rows: positions [lo, start)
         for li in range(self.num_layers):
             for i, (dst, hp, src) in enumerate(((self.key, self.hp_key, other.key),
                                                 (self.value, self.hp_value, other.value))):
@@ -675,8 +675,8 @@ class KVCache(Steps):
                     hp[li][:, :, :len(keep)] = rows[:, :, keep].astype(self.dtype)
                 ring = (self.undo_key, self.undo_value)[i]
                 if ring is not None:
-                    ring[li][:, :, [p % self.rollback_size for p in range(lo, f)]] = \
-                        rows[:, :, lo:f].astype(self.dtype)
+                    ring[li][:, :, [p % self.rollback_size for p in range(lo, start)]] = \
+                        rows[:, :, lo:start].astype(self.dtype)
         self._undo_lo[:] = lo
         self._set_length(length)
 
