@@ -2,6 +2,8 @@
 the calibration rule, copy_from against the NumPy quantizer, rollback, and its errors (each a
 ValueError/TypeError naming the problem, nothing written, the length unchanged).  Small
 synthetic shapes: no model needed."""
+import copy
+
 import numpy as np
 import pytest
 
@@ -350,6 +352,9 @@ def test_errors_name_the_problem_and_write_nothing():
     (dict(mode="int4-g16+s2r2", sink_size=2 ** 31 - 1, recent_size=1), ValueError, "sets sink_size"),
     (dict(mode="int4-g16", sink_size=2 ** 31 - 1, recent_size=1), ValueError,
      r"sink_size \+ recent_size .* must be <= 2147483647"),
+    (dict(mode="int4-g16+s2r2", rollback_size=-1), ValueError, "rollback_size must be >= 0"),
+    (dict(mode="int4-g16+s2r2", rollback_size=2.0), TypeError, "rollback_size must be an int"),
+    (dict(mode="int4-g16+s2r2", rollback_size=2 ** 31), ValueError, "rollback_size must be <= 2147483647"),
 ])
 def test_construction_errors(kw, exc, msg):
     args = dict(num_layers=L, num_heads=N, kv_num_heads=NKV, head_size=H, max_length=M,
@@ -437,6 +442,119 @@ def test_truncate_that_the_windows_lost_says_how_to_get_there():
         c.truncate(5)
     _unchanged(c, snap)
     assert all(np.array_equal(x, y) for x, y in zip(hp, c.hp_key))
+
+
+def _run(c, steps):
+    for step in steps:
+        for li, (q, k, v) in enumerate(step):
+            c.attend(li, q, k, v)
+
+
+@pytest.mark.parametrize("mode", ["int4-g16+s2r3", "int8-g16+s1r4+had"])
+def test_rollback_rows_take_rejected_steps_back(mode):
+    """With rollback_size = m the float rows of the last m positions that left the recent
+    window are kept: truncate takes any of the last m positions back (speculative decoding's
+    rejected tokens), and the cache equals one that never had them -- codes, windows and the
+    next step's outputs, bit for bit; one position further back is refused and changes
+    nothing.  rollback_floor says where that line is."""
+    steps = _steps(43, (6, 1, 1, 3, 1, 2, 1))
+    m = 4
+    a = _cache(mode, rollback_size=m)
+    assert a.rollback_size == m and a.undo_key[0].shape == (B, NKV, m, H)
+    _run(a, steps[:-1])                      # 14 positions: the recent window holds [11, 14)
+    n = a.length
+    assert a.rollback_floor.tolist() == [n - m]
+    for back in range(m + 1):
+        c = copy.deepcopy(a)
+        target = n - back
+        c.truncate(target)
+        ref = _cache(mode)
+        flat = [np.concatenate([st[li][i] for st in steps[:-1]], axis=1) for li in range(L) for i in range(3)]
+        for li in range(L):
+            ref.attend(li, *(flat[3 * li + i][:, :target] for i in range(3)))
+        for li in range(L):
+            for x, y in ((c.hp_key, ref.hp_key), (c.hp_value, ref.hp_value)):
+                np.testing.assert_array_equal(x[li], y[li])
+            np.testing.assert_array_equal(c.key[li][:, :, :target], ref.key[li][:, :, :target])
+        for li, (q, k, v) in enumerate(steps[-1]):
+            np.testing.assert_array_equal(c.attend(li, q, k, v), ref.attend(li, q, k, v))
+    snap, hp = _snapshot(a), [x.copy() for x in a.hp_key + a.undo_key]
+    with pytest.raises(ValueError, match=rf"truncate\({n - m - 1}\): .*rollback_size={m} .*"
+                                         rf"rollback_floor = {n - m} on"):
+        a.truncate(n - m - 1)
+    _unchanged(a, snap)
+    assert all(np.array_equal(x, y) for x, y in zip(hp, a.hp_key + a.undo_key))
+    a.truncate(a.sink_size)                  # within the sink: always
+    assert a.length == a.sink_size and a.rollback_floor.tolist() == [0]
+
+
+def test_a_step_abandoned_part_way_is_taken_back():
+    """truncate during a step (some layers had it) takes those layers' float windows back as
+    well: they had rolled one step ahead, and were left so (every later output of those layers
+    read a wrong window).  Without rollback rows that needs a position the windows dropped, so
+    it is refused and the step can be finished."""
+    steps = _steps(47, (9, 1, 1, 1))
+    ref = _cache("int4-g16+s1r4")
+    _run(ref, steps[:2])
+    for m, ok in ((1, True), (0, False)):
+        c = _cache("int4-g16+s1r4", rollback_size=m)
+        _run(c, steps[:2])
+        for li in (0, 2):                              # a step given to layers 0 and 2 only
+            c.attend(li, *steps[2][li])
+        if not ok:
+            with pytest.raises(ValueError, match=r"truncate\(10\): .*held in its codes only"):
+                c.truncate(c.length)
+            c.attend(1, *steps[2][1])                  # finish it instead
+            assert c.length == 11
+            continue
+        c.truncate(c.length)
+        assert c.length == 10
+        for li in range(L):
+            np.testing.assert_array_equal(c.hp_key[li], ref.hp_key[li])
+            np.testing.assert_array_equal(c.hp_value[li], ref.hp_value[li])
+        for li, (q, k, v) in enumerate(steps[3]):
+            np.testing.assert_array_equal(c.attend(li, q, k, v), ref.attend(li, q, k, v))
+
+
+def test_rollback_rows_follow_take_copy_from_and_copies():
+    """take() carries each sequence's rollback rows, copy_from a float cache fills them (so a
+    cached prefix can be rolled back too), a deep copy holds its own; take() during a step is
+    refused (its layers' windows would disagree); the rows count in nbytes."""
+    import pickle
+    steps = _steps(53, (8, 1, 1, 1), B=2)
+    c = _cache("int8-g16+s2r3", B=2, rollback_size=3)
+    _run(c, steps[:3])
+    base = _cache("int8-g16+s2r3", B=2)
+    assert c.nbytes - base.nbytes == 2 * L * 2 * NKV * 3 * H * 4
+    assert _cache("int8-g16", rollback_size=5).undo_key is None       # no windows: nothing kept
+    assert _cache("int8-g16+s2r3", rollback_size=10 ** 6).rollback_size == M
+    t = c.take([1, 0, 1])
+    assert t.rollback_floor.tolist() == c.rollback_floor[[1, 0, 1]].tolist()
+    for x, y in zip(t.undo_key, c.undo_key):
+        np.testing.assert_array_equal(x, y[[1, 0, 1]])
+    p = pickle.loads(pickle.dumps(c))
+    for x, y in zip(p.undo_value, c.undo_value):
+        assert not np.shares_memory(x, y)
+        np.testing.assert_array_equal(x, y)
+    assert c.rollback_floor.tolist() == [8, 8]     # the prompt's positions 2-4 went to the codes
+    p.truncate(8)
+    c.truncate(8)
+    for li in range(L):
+        np.testing.assert_array_equal(p.hp_key[li], c.hp_key[li])
+    c.attend(0, *steps[3][0])
+    with pytest.raises(ValueError, match=r"take\(\) during a step: layers \[0\]"):
+        c.take([0])
+    # copy_from a float cache: the rollback rows are the source's rows, so truncate reaches back
+    src, one = _cache(), _cache("int8-g16+s2r3", rollback_size=3)
+    _run(src, _steps(59, (12,)))
+    one.copy_from(src)
+    assert one.rollback_floor.tolist() == [9]
+    one.truncate(9)
+    ref = _cache("int8-g16+s2r3")
+    ref.copy_from(src, 9)
+    for li in range(L):
+        np.testing.assert_array_equal(one.hp_key[li], ref.hp_key[li])
+        np.testing.assert_array_equal(one.hp_value[li], ref.hp_value[li])
 
 
 def test_calibration_errors():

@@ -154,8 +154,10 @@ def run_newer(seed, i, progress, verbose=False):
 
 
 def _cache_state(cache):
-    return [a.tobytes() for a in cache.key + cache.value + cache.hp_key + cache.hp_value
-            if a is not None] + [cache.length, cache._step_size, list(cache._in_step)]
+    rows = cache.key + cache.value + cache.hp_key + cache.hp_value + (cache.undo_key or []) + \
+        (cache.undo_value or [])
+    return [a.tobytes() for a in rows if a is not None] + [
+        cache.length, cache._step_size, list(cache._in_step), cache.rollback_floor.tolist()]
 
 
 def run_kvcache(seed, i, progress, verbose=False):

@@ -3,7 +3,8 @@ from a JSON-able spec, a few valid steps, then one mutation -- of its constructi
 (keywords out of their domain, configuration names not strictly formed, rotations of the
 wrong structure or values, scales, threads, head sizes the formats or rotary cannot take) or
 of its use (attend with arrays of the wrong shape, dtype or kind, layers out of range or
-repeated, steps past max_length, truncate to lengths it cannot reach).
+repeated, steps past max_length, truncate to lengths it cannot reach, one short of its
+rollback_floor).
 
 Each mutation takes (rng, spec, kwargs) and returns ("construct", kwargs, words) or
 ("use", (prepare, bad), words): prepare(cache) (or None) does valid things first, bad(cache)
@@ -31,7 +32,8 @@ def random_spec(rng):
                 Nkv=nkv, H=_pick(rng, [16, 32, 64]), M=int(rng.integers(12, 40)),
                 B=int(rng.integers(1, 3)), mode=_pick(rng, MODES), rotary=bool(rng.integers(2)),
                 dtype=_pick(rng, ["f32", "f32", "f16"]), prompt=int(rng.integers(1, 8)),
-                decode=int(rng.integers(0, 4)), accuracy=_pick(rng, [0, 0, 3, 4]))
+                decode=int(rng.integers(0, 4)), accuracy=_pick(rng, [0, 0, 3, 4]),
+                rollback=_pick(rng, [0, 0, 1, 3]))
 
 
 def kwargs(spec):
@@ -40,7 +42,7 @@ def kwargs(spec):
     kw = dict(num_layers=s["layers"], num_heads=s["N"], kv_num_heads=s["Nkv"], head_size=s["H"],
               max_length=s["M"], batch_size=s["B"], mode=s["mode"],
               dtype=np.float32 if s["dtype"] == "f32" else np.float16,
-              accuracy_level=s.get("accuracy", 0))
+              accuracy_level=s.get("accuracy", 0), rollback_size=s.get("rollback", 0))
     if s["rotary"]:
         kw["rotary"] = gqa.rotary_caches(s["M"], s["H"])
     kf, vf = gqa.parse_mode(gqa.cache_options(s["mode"])["mode"])
@@ -91,6 +93,7 @@ def m_construct(rng, spec, kw):
         ("softcap", [-1.0, "x", float("inf"), float("nan")]),
         ("scale", [float("nan"), float("inf"), "x", None]),
         ("accuracy_level", [5, 2.0, "4"]),
+        ("rollback_size", [-1, 1.5, True, 2 ** 31, "2"]),
     ]
     name, vals = _pick(rng, options)
     v = _pick(rng, vals)
@@ -229,11 +232,10 @@ def m_truncate(rng, spec, kw):
 
     def bad(cache):
         n = {"negative": -1, "beyond": cache.length + 1, "float": 1.5}.get(kind)
-        if kind == "lost":
-            L, s, r = cache.length, cache.sink_size, cache.recent_size
-            if not r or L <= s + r or L - 1 <= s:
+        if kind == "lost":            # one position short of how far back it can go
+            n = int(cache.rollback_floor.max()) - 1
+            if n <= cache.sink_size:
                 return cache.truncate(-1)           # nothing lost here: an out-of-range one
-            n = L - 1
         return cache.truncate(n)
     return "use", (None, bad), ("length", "truncate", "recent")
 
