@@ -47,6 +47,10 @@ cdef struct Params:
     const uint8_t *fk     # the float rows the readers use (fcap per (b, j)): the present windows,
     const uint8_t *fv     #   or a causal multi-token step's staging rows (hstage)
     int fcap, hstage
+    uint8_t *rk_ring      # KVCache's rollback rows [B, Nkv, ring_m, H] of K / V (NULL: none):
+    uint8_t *rv_ring      #   the float row of a position p that becomes history (leaves the
+    int ring_m            #   recent window or never enters it) at row p % ring_m, while
+                          #   p >= Tb - nr - ring_m (gqa/_cache_rows.pxi)
     int smooth
     float *out
     float *qk_out
@@ -88,7 +92,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks, int decode_ranges, bint direct=*,
           col_base=*, int bias_T=*, rk=*, rv=*, hk=*, hv=*, phk=*, phv=*, int accuracy=*,
-          float rk_c=*, float rv_c=*)
+          float rk_c=*, float rv_c=*, ring_k=*, ring_v=*)
 # The seqlens_k / rotary-position rules that keep accesses in bounds: 0 (and p.Tmax set)
 # or the number of the broken rule, where = {b, s} (see _attention.pyx).
 cdef int length_error(Params *p, int64_t max_pos, int *where) noexcept nogil

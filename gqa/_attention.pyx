@@ -1585,7 +1585,7 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
           qn, kn, out, qk_out, int T, int Pres, bint first_prompt, int num_threads, bint flash,
           int q_block, int kv_block, int decode_chunks, int decode_ranges, bint direct=False,
           col_base=None, int bias_T=0, rk=None, rv=None, hk=None, hv=None, phk=None, phv=None,
-          int accuracy=0, float rk_c=0, float rv_c=0):
+          int accuracy=0, float rk_c=0, float rv_c=0, ring_k=None, ring_v=None):
     """One call: cache write, then attention (naive, tiled flash or decode work items;
     _work.pxi).  Decode (S == 1, flash): the units are split into `decode_ranges` contiguous
     ranges and the last unit of each is split into `decode_chunks` key chunks (flash
@@ -1619,6 +1619,8 @@ cpdef run(Consts c, q, k, v, seqlens, kc, vc, pk, pv, ks, vs, cos, sin, pos_ids,
     p.phk = <const uint8_t *>ptr(phk); p.phv = <const uint8_t *>ptr(phv)
     p.fk = p.fv = NULL
     p.hstage = 0
+    p.rk_ring = <uint8_t *>ptr(ring_k); p.rv_ring = <uint8_t *>ptr(ring_v)
+    p.ring_m = cnp.PyArray_DIM(<cnp.ndarray>ring_k, 2) if ring_k is not None else 0
     if hk is not None:       # [B, Nkv, rows, H] window buffers (validated by the caller)
         p.hcap = cnp.PyArray_DIM(<cnp.ndarray>hk, 2)
         p.hpast = cnp.PyArray_DIM(<cnp.ndarray>phk, 2) if phk is not None else p.hcap

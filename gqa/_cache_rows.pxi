@@ -140,6 +140,25 @@ cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, 
         r = e
 
 
+# -- KVCache's rollback rows (p.rk_ring / p.rv_ring, ring_m rows per (b, j); causal windows in
+#    place): the float row of each position that becomes history with the call (in [ns, Tb -
+#    nr) after it) and is among its last ring_m (>= Tb - nr - ring_m), at row pos % ring_m --
+#    a recent row that leaves (hp_move; a decode step's new row always enters the window) or
+#    a multi-token step's staged row, old or new (hp_settle); other rows are left as they are.
+
+cdef inline bint ring_keeps(const Params *p, uint8_t *ring, int b, int pos) noexcept nogil:
+    """Position pos of batch b goes into the rollback rows with this call."""
+    cdef int Tb = p.seqlens[b] + 1, ns, nr
+    if ring == NULL:
+        return False
+    hp_counts(p, Tb, &ns, &nr)
+    return ns <= pos < Tb - nr and pos >= <long long>Tb - nr - p.ring_m
+
+
+cdef inline uint8_t *ring_row(const Params *p, uint8_t *ring, int b, int j, int pos) noexcept nogil:
+    return ring + ((<size_t>b * p.Nkv + j) * p.ring_m + pos % p.ring_m) * p.hp_rb
+
+
 cdef void hp_put(const Params *p, const gqa_kernels *t, const uint8_t *f, int b, int j, int pos,
                  const float *row) noexcept nogil:
     """Store a new row (as attention reads it) of position pos among the readers' float rows f
@@ -156,13 +175,14 @@ cdef void hp_put(const Params *p, const gqa_kernels *t, const uint8_t *f, int b,
                p.hp_type, NULL)
 
 
-cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, uint8_t *stage, int b, int j,
-                  int Told) noexcept nogil:
+cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, uint8_t *stage, uint8_t *ring,
+                  int b, int j, int Told) noexcept nogil:
     """Before the new rows arrive: the past windows of Told positions (past: a separate buffer,
     or NULL in place) -- into the staging rows (stage != NULL) as they are, or into window
     buffer w: the sink rows, and the recent rows that stay recent moved down to their new
-    place (rows not written are zeroed when w is a new buffer)."""
-    cdef int Tb = p.seqlens[b] + 1, ns_o, nr_o, ns, nr, lo
+    place (rows not written are zeroed when w is a new buffer); the recent rows that leave,
+    into the rollback rows that keep them."""
+    cdef int Tb = p.seqlens[b] + 1, ns_o, nr_o, ns, nr, lo, pos
     cdef uint8_t *dst = hp_row(p, w, p.hcap, b, j, 0)
     cdef const uint8_t *src = dst
     cdef size_t rb = p.hp_rb
@@ -173,6 +193,9 @@ cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, uint8_t *sta
         memcpy(hp_row(p, stage, p.fcap, b, j, 0), src, (ns_o + nr_o) * rb)
         return
     hp_counts(p, Tb, &ns, &nr)
+    for pos in range(Told - nr_o, Told):
+        if ring_keeps(p, ring, b, pos):
+            memcpy(ring_row(p, ring, b, j, pos), src + (ns_o + pos - (Told - nr_o)) * rb, rb)
     if past != NULL:
         memset(dst, 0, p.hcap * rb)
         memcpy(dst, src, ns_o * rb)
@@ -183,12 +206,18 @@ cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, uint8_t *sta
                 (Told - lo) * rb)
 
 
-cdef void hp_settle(const Params *p, uint8_t *w, const uint8_t *stage, int b, int j) noexcept nogil:
+cdef void hp_settle(const Params *p, uint8_t *w, const uint8_t *stage, uint8_t *ring, int b,
+                    int j) noexcept nogil:
     """After a causal multi-token step's rows are staged: window buffer w of (b, j) gets the
-    windows of the new length from the staging rows (the rest zeroed)."""
-    cdef int Tb = p.seqlens[b] + 1, ns, nr
+    windows of the new length from the staging rows (the rest zeroed), the rollback rows the
+    staged positions they keep."""
+    cdef int Tb = p.seqlens[b] + 1, ns, nr, ns_o, nr_o, pos, Told = past_len(p, b)
     cdef size_t rb = p.hp_rb
     cdef uint8_t *dst = hp_row(p, w, p.hcap, b, j, 0)
+    hp_counts(p, Told, &ns_o, &nr_o)
+    for pos in range(Told - nr_o, Tb):
+        if ring_keeps(p, ring, b, pos):
+            memcpy(ring_row(p, ring, b, j, pos), stage + hp_at(p, p.fcap, b, j, float_row(p, b, pos)), rb)
     hp_counts(p, Tb, &ns, &nr)
     memset(dst, 0, p.hcap * rb)
     memcpy(dst, stage + hp_at(p, p.fcap, b, j, 0), ns * rb)
@@ -219,8 +248,8 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
             memcpy(kd, p.pk + slot * p.Pbuf * p.k_rb, pb * p.k_rb)
             memcpy(vd, p.pv + slot * p.Pbuf * p.v_rb, pb * p.v_rb)
     if p.hk != NULL:
-        hp_move(p, p.hk, p.phk, sk, b, j, pb)
-        hp_move(p, p.hv, p.phv, sv, b, j, pb)
+        hp_move(p, p.hk, p.phk, sk, p.rk_ring, b, j, pb)
+        hp_move(p, p.hv, p.phv, sv, p.rv_ring, b, j, pb)
     if p.L == 0:
         return
     s = 0
@@ -261,5 +290,5 @@ cdef void write_cache(const Params *p, const gqa_kernels *t, int b, int j, float
                 hp_put(p, t, p.fv, b, j, pb + s + i, src + i * ld)
         s = s + n
     if p.hstage:
-        hp_settle(p, p.hk, sk, b, j)
-        hp_settle(p, p.hv, sv, b, j)
+        hp_settle(p, p.hk, sk, p.rk_ring, b, j)
+        hp_settle(p, p.hv, sv, p.rv_ring, b, j)

@@ -276,7 +276,6 @@ class KVCache(Steps):
             self.undo_key = [np.zeros(ring, self.dtype) for _ in range(self.num_layers)]
             self.undo_value = [np.zeros(ring, self.dtype) for _ in range(self.num_layers)]
         self._undo_lo = np.zeros(self.batch_size, np.int64)
-        self._save = np.zeros(3 * self.batch_size, np.int64)
         self._seqlens = np.zeros(self.batch_size, np.int32)
         self._set_length(0)
         self._check_layers((kw, kdt), (vw, vdt), hp)
@@ -577,7 +576,6 @@ class KVCache(Steps):
             out.undo_key = [a[idx] for a in self.undo_key]
             out.undo_value = [a[idx] for a in self.undo_value]
         out._undo_lo = self._undo_lo[idx].copy()
-        out._save = np.zeros(3 * out.batch_size, np.int64)
         out._seqlens = np.zeros(out.batch_size, np.int32)
         out._set_lengths(self._lengths[idx].copy())
         return out

@@ -525,9 +525,11 @@ cdef class Signature:
 
     cdef call(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
               cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale,
-              q_norm_weight, k_norm_weight, present_key, present_value, num_threads, tuple ext):
+              q_norm_weight, k_norm_weight, present_key, present_value, num_threads, tuple ext,
+              tuple ring=None):
         """The value checks, then the compute: the call's (output, present_key,
-        present_value[, output_qk])."""
+        present_value[, output_qk]).  ring: KVCache's rollback rows (K's, V's), with in-place
+        float windows only."""
         cdef const Params *p = &self.consts.p
         cdef int B = p.B, S = p.S, L = p.L, Pbuf = p.Pbuf, Nkv = p.Nkv, N = p.N, H = p.H
         cdef long long T = _total_length(total_sequence_length)
@@ -601,6 +603,11 @@ cdef class Signature:
         hp_rows = 0
         if self.win:
             hp_rows = self._window_rows(seqlens_k, <int>T, first_prompt, phk, hpk)
+        ring_k = ring_v = None
+        if ring is not None:
+            ring_k, ring_v = ring
+            self._check_ring(ring_k, B, Nkv, H)
+            self._check_ring(ring_v, B, Nkv, H)
 
         # every check passed: inputs as the compute reads them, outputs, the compute
         query, key, value = self._qkv(query, key, value)
@@ -636,7 +643,7 @@ cdef class Signature:
             q_block, kv_block, splits, ranges, direct=direct, col_base=None, bias_T=0, rk=_f32(rot_k),
             rv=_f32(rot_v), rk_c=self.rk_c, rv_c=self.rv_c,
             hk=hpk if self.win else None, hv=hpv if self.win else None, phk=phk, phv=phv,
-            accuracy=level)
+            accuracy=level, ring_k=ring_k, ring_v=ring_v)
         if self.f16:
             out = out.astype(np.float16)
             qk_out = qk_out.astype(np.float16) if qk_out is not None else None
@@ -644,6 +651,21 @@ cdef class Signature:
         if self.win:
             return res + (hpk, hpv)
         return res
+
+    cdef int _check_ring(self, x, int B, int Nkv, int H) except -1:
+        """Rollback rows (KVCache's): [B, Nkv, m >= 1, H] of the windows' dtype, C-contiguous
+        and writable, beside in-place windows."""
+        if not (self.win and self.hp_inplace):
+            raise RuntimeError("gqa: rollback rows need the float windows in place")
+        if (not isinstance(x, cnp.ndarray) or cnp.PyArray_NDIM(<cnp.ndarray>x) != 4
+                or cnp.PyArray_DIM(<cnp.ndarray>x, 0) != B or cnp.PyArray_DIM(<cnp.ndarray>x, 1) != Nkv
+                or cnp.PyArray_DIM(<cnp.ndarray>x, 2) < 1 or cnp.PyArray_DIM(<cnp.ndarray>x, 3) != H
+                or cnp.PyArray_TYPE(<cnp.ndarray>x) != <int>(cnp.NPY_FLOAT16 if self.f16 else cnp.NPY_FLOAT32)
+                or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)
+                or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>x)):
+            raise RuntimeError(f"gqa: rollback rows must be writable C-contiguous [{B}, {Nkv}, m, "
+                               f"{H}] of the windows' dtype")
+        return 0
 
     cdef int _window_rows(self, seqlens_k, int T, bint first_prompt, phk, hpk) except -1:
         """The value checks of the float windows; returns the rows of new present windows,
@@ -826,21 +848,23 @@ def op_call(self, query, key=None, value=None, past_key=None, past_value=None, s
 
 cdef object kept_call(op, query, key, value, past_key, past_value, seqlens_k,
                       total_sequence_length, cos_cache, sin_cache, k_scale, v_scale, hp_key,
-                      hp_value, rotation_k, rotation_v, num_threads):
+                      hp_value, rotation_k, rotation_v, num_threads, tuple ring=None):
     """The call of a KVCache layer (gqa/_steps.pyx): in place (present is past, the float
     windows' present are their past), without position_ids, attention_bias, head_sink and QK
-    norm; the same checks and compute as op_call."""
+    norm, with its rollback rows (ring: K's, V's, or None); the same checks and compute as
+    op_call."""
     return call_op(op, query, key, value, past_key, past_value, seqlens_k,
                     total_sequence_length, cos_cache, sin_cache, None, None, None, k_scale,
                     v_scale, None, None, hp_key, hp_value, rotation_k, rotation_v, past_key,
-                    past_value, hp_key, hp_value, num_threads)
+                    past_value, hp_key, hp_value, num_threads, ring)
 
 
 cdef object call_op(self, query, key, value, past_key, past_value, seqlens_k,
                      total_sequence_length, cos_cache, sin_cache, position_ids, attention_bias,
                      head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, past_hp_key,
                      past_hp_value, oscar_rotation_k, oscar_rotation_v, present_key,
-                     present_value, present_hp_key, present_hp_value, num_threads):
+                     present_value, present_hp_key, present_hp_value, num_threads,
+                     tuple ring=None):
     """op_call by position: the operator's kept signature for these arguments (checked when
     new), then its call."""
     cdef dict sigs = self._signatures
@@ -868,4 +892,4 @@ cdef object call_op(self, query, key, value, past_key, past_value, seqlens_k,
     return sig.call(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                     cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale,
                     v_scale, q_norm_weight, k_norm_weight, present_key, present_value, num_threads,
-                    ext)
+                    ext, ring)

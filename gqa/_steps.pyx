@@ -20,17 +20,14 @@ With float windows (sink_size s, recent_size r; hp_key / hp_value [B, Nkv, rows,
 [0, ns) the sink, rows [ns, ns + nr) positions [f, L) with f = frontier(L) = max(min(s, L),
 L - r)) and rollback_size m:
   undo_key, undo_value  per layer [B, Nkv, m, H] of the windows' dtype (None when m = 0):
-               the float row of a position p that left the recent window, at row p % m
+               the rollback rows, which the operator writes: the float row of a position p
+               that left the recent window (or never entered it), at row p % m
   _undo_lo     int64 [batch_size]: sequence b's floats are positions [0, s) and [_undo_lo[b],
-               its length) (the ring holds [_undo_lo[b], f); _undo_lo[b] <= f)
-  _save        int64 [3 * batch_size], the step in progress: per sequence the first position
-               the step pushes out of the recent window, how many (the last m at most), and
-               that position's row in the window
+               its length) (the rollback rows hold [_undo_lo[b], f); _undo_lo[b] <= f)
 """
 import numbers
 
 from cpython.object cimport PyObject
-from libc.string cimport memcpy
 cimport numpy as cnp
 import numpy as np
 
@@ -46,7 +43,7 @@ cdef class Steps:
     cdef public list undo_key, undo_value
     cdef public long long sink_size, recent_size, rollback_size
     cdef public object cos_cache, sin_cache, num_threads
-    cdef public object _seqlens, _lengths, _step_new, _undo_lo, _save
+    cdef public object _seqlens, _lengths, _step_new, _undo_lo
     cdef public long long _length
     cdef public int _step_size, _step_total, _step_layers
     cdef public bint _step_uniform
@@ -94,8 +91,6 @@ cdef class Steps:
         else:
             new = self._positions(S, lengths)
             T = self._begin(new, S)
-        if self.undo_key is not None:
-            self._save_rows(li)
         out = self._call(li, query, key, value, T) if self._plain_run() else \
             self._run(li, query, key, value, T)
         self._in_step[li] = True
@@ -114,10 +109,11 @@ cdef class Steps:
 
     cdef object _call(self, int li, query, key, value, int T):
         rk, rv = self.rotations[li]
+        ring = None if self.undo_key is None else (self.undo_key[li], self.undo_value[li])
         return kept_call(self.ops[li], query, key, value, self.key[li], self.value[li],
                          self._seqlens, T, self.cos_cache, self.sin_cache, self.k_scales[li],
                          self.v_scales[li], self.hp_key[li], self.hp_value[li], rk, rv,
-                         self.num_threads)[0]
+                         self.num_threads, ring)[0]
 
     cdef bint _plain_run(self):
         """The layer's call is the kept operator's (not a subclass's _run)."""
@@ -199,55 +195,22 @@ cdef class Steps:
         for b in range(self.batch_size):
             out[b] = <int>(a[b] + n[b] - 1)
         if self.hp_key is not None and self.hp_key[0] is not None:
-            self._plan_saves(a, n)
+            self._advance_floor(a, n)
         return <int>T
 
-    cdef int _plan_saves(self, const long long *a, const long long *n) except -1:
-        """The positions the step pushes out of each sequence's recent window (the last m of
-        them: _save), and the floats it leaves (_undo_lo): [lo, f') with f' the new frontier,
-        lo = max(lo, f' - m), or none (lo = f') where some of the step's own positions go
-        straight into the codes (a step of more than recent_size positions)."""
-        cdef cnp.ndarray lo_a = self._undo_lo, sv = self._save
+    cdef int _advance_floor(self, const long long *a, const long long *n) except -1:
+        """The step's floats (_undo_lo): the operator puts every position that becomes history
+        among the last m before the new frontier f' into the rollback rows, so a sequence then
+        holds [max(lo, f' - m), f') there."""
+        cdef cnp.ndarray lo_a = self._undo_lo
         _own_array(lo_a, cnp.NPY_INT64, self.batch_size, "_undo_lo")
-        _own_array(sv, cnp.NPY_INT64, 3 * self.batch_size, "_save")
         cdef long long *lo = <long long *>cnp.PyArray_DATA(lo_a)
-        cdef long long *save = <long long *>cnp.PyArray_DATA(sv)
-        cdef long long L, T, f, f2, hi, first, m = self.rollback_size
+        cdef long long f
         cdef int b
         for b in range(self.batch_size):
-            L, T = a[b], a[b] + n[b]
-            f, f2 = _frontier(L, self.sink_size, self.recent_size), _frontier(T, self.sink_size, self.recent_size)
-            hi = f2 if f2 < L else L               # [f, hi): window rows pushed out
-            first = hi - m if hi - m > f else f
-            save[3 * b] = first
-            save[3 * b + 1] = hi - first if hi > first else 0
-            save[3 * b + 2] = (self.sink_size if self.sink_size < L else L) + first - f
-            if f2 > L:
-                lo[b] = f2
-            elif f2 - m > lo[b]:
-                lo[b] = f2 - m
-        return 0
-
-    cdef int _save_rows(self, int li) except -1:
-        """Layer li's window rows the step pushes out (_save), copied into its ring."""
-        cdef cnp.ndarray sv = self._save
-        cdef const long long *save = <const long long *>cnp.PyArray_DATA(sv)
-        cdef cnp.ndarray src, dst
-        cdef char *s
-        cdef char *d
-        cdef long long m = self.rollback_size, p, k
-        cdef Py_ssize_t rows, row_bytes
-        cdef int b, h, Nkv = self.kv_num_heads
-        for src, dst in ((self.hp_key[li], self.undo_key[li]), (self.hp_value[li], self.undo_value[li])):
-            _window_array(src, dst, self, m)
-            rows, row_bytes = cnp.PyArray_DIM(src, 2), cnp.PyArray_STRIDE(src, 2)
-            s, d = <char *>cnp.PyArray_DATA(src), <char *>cnp.PyArray_DATA(dst)
-            for b in range(self.batch_size):
-                for k in range(save[3 * b + 1]):
-                    p = save[3 * b] + k
-                    for h in range(Nkv):
-                        memcpy(d + ((b * Nkv + h) * m + p % m) * row_bytes,
-                               s + ((b * Nkv + h) * rows + save[3 * b + 2] + k) * row_bytes, row_bytes)
+            f = _frontier(a[b] + n[b], self.sink_size, self.recent_size) - self.rollback_size
+            if f > lo[b]:
+                lo[b] = f
         return 0
 
 
@@ -283,21 +246,6 @@ cdef int _own_array(cnp.ndarray x, int type, int n, str name) except -1:
             or cnp.PyArray_DIM(x, 0) != n or not cnp.PyArray_IS_C_CONTIGUOUS(x)):
         raise RuntimeError(f"gqa.KVCache: {name} is not a C-contiguous array of {n} elements of "
                            f"type {type}")
-    return 0
-
-
-cdef int _window_array(cnp.ndarray src, cnp.ndarray dst, Steps c, long long m) except -1:
-    """A layer's window [B, Nkv, rows, H] and ring [B, Nkv, m, H]: C-contiguous, one dtype
-    (KVCache keeps them so)."""
-    if (src is None or dst is None or cnp.PyArray_NDIM(src) != 4 or cnp.PyArray_NDIM(dst) != 4
-            or not cnp.PyArray_IS_C_CONTIGUOUS(src) or not cnp.PyArray_IS_C_CONTIGUOUS(dst)
-            or cnp.PyArray_TYPE(src) != cnp.PyArray_TYPE(dst)
-            or cnp.PyArray_DIM(dst, 0) != c.batch_size or cnp.PyArray_DIM(src, 0) != c.batch_size
-            or cnp.PyArray_DIM(dst, 1) != c.kv_num_heads or cnp.PyArray_DIM(src, 1) != c.kv_num_heads
-            or cnp.PyArray_DIM(dst, 2) != m or cnp.PyArray_DIM(src, 3) != c.head_size
-            or cnp.PyArray_DIM(dst, 3) != c.head_size):
-        raise RuntimeError("gqa.KVCache: a layer's float window and rollback rows are not the "
-                           "C-contiguous arrays it allocated")
     return 0
 
 

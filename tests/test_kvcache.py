@@ -536,9 +536,9 @@ def test_rollback_rows_follow_take_copy_from_and_copies():
     for x, y in zip(p.undo_value, c.undo_value):
         assert not np.shares_memory(x, y)
         np.testing.assert_array_equal(x, y)
-    assert c.rollback_floor.tolist() == [8, 8]     # the prompt's positions 2-4 went to the codes
-    p.truncate(8)
-    c.truncate(8)
+    assert c.rollback_floor.tolist() == [7, 7]     # the prompt's own rows 4 and 5 among them
+    p.truncate(7)
+    c.truncate(7)
     for li in range(L):
         np.testing.assert_array_equal(p.hp_key[li], c.hp_key[li])
     c.attend(0, *steps[3][0])

@@ -199,6 +199,30 @@ def test_speculative_decoding():
             assert mode != "float" or want.tolist() == ref.tolist()   # transformers' own tokens
 
 
+def test_speculative_decoding_over_float_windows():
+    """The same over per-group caches with float windows of 4 recent positions: each step's
+    rejected candidates have left the recent window by the time they are cropped, and the
+    Cache's rollback rows (rollback_size, default ROLLBACK_SIZE) take them back, so the tokens
+    are greedy generate's over the same cache.  Without them (rollback_size=0) a crop that
+    needs a dropped float row is refused, and says how to allow it."""
+    model = _model("llama")
+    ids = torch.tensor([[5, 6, 7, 8, 9] * 4 + [5, 6]])
+    assert gt.Cache(model, "int4-g16+s2r4", max_length=64)._probe.rollback_size == gt.ROLLBACK_SIZE
+    with torch.no_grad():
+        for mode in ("int8-g16+s2r4", "int4-g16+s1r4+had"):
+            want = model.generate(ids, max_new_tokens=16, do_sample=False,
+                                  cache=gt.Cache(model, mode, max_length=64))
+            got = model.generate(ids, max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=3,
+                                 cache=gt.Cache(model, mode, max_length=64))
+            assert got.tolist() == want.tolist(), mode
+        cache = gt.Cache(model, "int8-g16+s2r4", max_length=64, rollback_size=0)
+        _steps(model, ids, cache, 3)
+        cache.crop(0)
+        with pytest.raises(ValueError, match="rollback_size"):
+            cache.crop(-2)
+        assert cache.get_seq_length() == 25 and cache.kv.length == 25
+
+
 def test_without_a_gqa_cache_the_attention_is_sdpas():
     model = _model("mistral")
     ids = torch.randint(1, 96, (2, 10), generator=torch.Generator().manual_seed(6))

@@ -13,9 +13,9 @@ by running a text through the model.
 import torch
 
 from ._attention import attention_forward, register
-from ._cache import Cache
+from ._cache import ROLLBACK_SIZE, Cache
 
-__all__ = ["Cache", "attention_forward", "calibrate", "register"]
+__all__ = ["Cache", "ROLLBACK_SIZE", "attention_forward", "calibrate", "register"]
 
 register()      # importing gqa.transformers makes attn_implementation="gqa" available
 

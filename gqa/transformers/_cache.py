@@ -21,6 +21,11 @@ from . import _model
 
 # the torch dtypes gqa computes in: float32 and float16 as they are, the others in float32
 _NUMPY = {torch.float32: np.float32, torch.float16: np.float16}
+# the float rows kept past the recent window (KVCache rollback_size): crop takes back that many
+# positions over float windows -- transformers' speculative decoding verifies
+# prompt_lookup_num_tokens (default 10) or num_assistant_tokens (20, growing by 2 while every
+# candidate is accepted) candidates a step and crops the rejected ones
+ROLLBACK_SIZE = 64
 # KVCache keywords the Cache sets itself
 _OWN = ("num_layers", "num_heads", "kv_num_heads", "head_size", "batch_size", "dtype",
         "local_window_size", "softcap", "scale")
@@ -85,10 +90,13 @@ class Cache(transformers.Cache):
 
     ``mode`` and the other keywords are ``gqa.KVCache``'s (configuration names, ``k_mode`` /
     ``v_mode``, ``k_scales`` / ``v_scales`` or a ``calibration`` from :func:`calibrate`,
-    ``rotations``, ``sink_size`` / ``recent_size``, ``num_threads``); the model's heads, head
+    ``rotations``, ``sink_size`` / ``recent_size``, ``rollback_size``, ``num_threads``); the
+    model's heads, head
     size, score scale, sliding windows and softcap are read from its attention modules.  Every
     option is checked here, by a KVCache for one sequence in the model's dtype, which a first
-    step of one sequence keeps (another batch size gets its own).  Constructing the cache sets
+    step of one sequence keeps (another batch size gets its own).  ``rollback_size`` defaults
+    to ``ROLLBACK_SIZE`` here: with float windows, ``crop`` (speculative decoding's rejected
+    tokens) takes back up to that many positions.  Constructing the cache sets
     the model's attention to gqa's (``"gqa"``), which attends with transformers' sdpa wherever
     it is given another cache.
     """
@@ -107,7 +115,7 @@ class Cache(transformers.Cache):
                                 "step), not given")
         self.mode = mode
         self.max_length = config.max_position_embeddings if max_length is None else max_length
-        self.kvcache_options = dict(kvcache, mode=mode)
+        self.kvcache_options = dict(dict(rollback_size=ROLLBACK_SIZE), **kvcache, mode=mode)
         self.kv = None
         # every option is checked now, by a KVCache for one sequence in the model's dtype, and
         # not inside generate(); a first step of that batch and dtype keeps it
@@ -164,7 +172,9 @@ class Cache(transformers.Cache):
     def crop(self, tokens_to_remove):
         """Drop the last ``-tokens_to_remove`` positions of every sequence (transformers'
         convention: a count <= 0, and 0 removes nothing -- speculative decoding crops by 0
-        when every candidate token was accepted; a positive one is the length to keep)."""
+        when every candidate token was accepted; a positive one is the length to keep).  Over
+        float windows it reaches back to the KVCache's ``rollback_floor``, else ValueError
+        (``KVCache.truncate``'s), nothing changed."""
         if self.kv is None:
             return
         seen = self._seen[0]

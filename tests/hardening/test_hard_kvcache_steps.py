@@ -14,8 +14,8 @@ a take that mixes sequences, or a ragged step at a wrong position is seen at onc
 truncation the float rows cannot follow must raise ValueError and change nothing; every other
 must succeed.  Which float rows a sequence keeps is tracked here as sets (README "Float
 windows", "Rollback"): its windows' positions, and `rollback_size` rows: the positions that
-left the recent window, while within rollback_size of its start (a step of positions that go
-straight into the codes empties them; copy_from fills them from the float source).
+left the recent window or went straight into the codes, while within rollback_size of its
+start (copy_from fills them from the float source).
 """
 import numpy as np
 from hypothesis import event, given, settings
@@ -131,10 +131,9 @@ class Program:
         if self.m == 0:
             return set()
         kept = windows(n1, self.s, self.r)
-        if any(p not in kept for p in range(n0, n1)):
-            return set()          # positions went straight into the codes: none
         start = n1 - min(self.r, n1 - min(self.s, n1))
-        out = self.ring[b] | (windows(n0, self.s, self.r) - kept)
+        # the positions that left the recent window, or went straight into the codes
+        out = (self.ring[b] | windows(n0, self.s, self.r) | set(range(n0, n1))) - kept
         return {p for p in out if p >= start - self.m}
 
     def _attend(self, layers, ref, q, k, v, ragged, S):
