@@ -191,12 +191,19 @@ def test_speculative_decoding():
     with torch.no_grad():
         ref = model.generate(ids, max_new_tokens=16, do_sample=False)
         for mode in ("float", "int8-g16"):
-            want = model.generate(ids, max_new_tokens=16, do_sample=False,
-                                  cache=gt.Cache(model, mode, max_length=64))
-            got = model.generate(ids, max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=3,
-                                 cache=gt.Cache(model, mode, max_length=64))
-            assert got.tolist() == want.tolist(), mode
-            assert mode != "float" or want.tolist() == ref.tolist()   # transformers' own tokens
+            want = _lookup_equals_greedy(model, ids, mode)
+            assert mode != "float" or want == ref.tolist()   # transformers' own tokens
+
+
+def _lookup_equals_greedy(model, ids, mode):
+    """Greedy generate's tokens over a Cache of `mode`, which prompt-lookup decoding over
+    another must give."""
+    want = model.generate(ids, max_new_tokens=16, do_sample=False,
+                          cache=gt.Cache(model, mode, max_length=64))
+    got = model.generate(ids, max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=3,
+                         cache=gt.Cache(model, mode, max_length=64))
+    assert got.tolist() == want.tolist(), mode
+    return want.tolist()
 
 
 def test_speculative_decoding_over_float_windows():
@@ -210,11 +217,7 @@ def test_speculative_decoding_over_float_windows():
     assert gt.Cache(model, "int4-g16+s2r4", max_length=64)._probe.rollback_size == gt.ROLLBACK_SIZE
     with torch.no_grad():
         for mode in ("int8-g16+s2r4", "int4-g16+s1r4+had"):
-            want = model.generate(ids, max_new_tokens=16, do_sample=False,
-                                  cache=gt.Cache(model, mode, max_length=64))
-            got = model.generate(ids, max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=3,
-                                 cache=gt.Cache(model, mode, max_length=64))
-            assert got.tolist() == want.tolist(), mode
+            _lookup_equals_greedy(model, ids, mode)
         cache = gt.Cache(model, "int8-g16+s2r4", max_length=64, rollback_size=0)
         _steps(model, ids, cache, 3)
         cache.crop(0)
