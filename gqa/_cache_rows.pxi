@@ -146,13 +146,14 @@ cdef void kv_tiles(const Params *p, const gqa_kernels *t, int b, int j, int k0, 
 #    a recent row that leaves (hp_move; a decode step's new row always enters the window) or
 #    a multi-token step's staged row, old or new (hp_settle); other rows are left as they are.
 
-cdef inline bint ring_keeps(const Params *p, uint8_t *ring, int b, int pos) noexcept nogil:
-    """Position pos of batch b goes into the rollback rows with this call."""
+cdef inline void ring_span(const Params *p, int b, int first, int *lo, int *hi) noexcept nogil:
+    """The positions [lo, hi) from `first` on that go into batch b's rollback rows."""
     cdef int Tb = p.seqlens[b] + 1, ns, nr
-    if ring == NULL:
-        return False
     hp_counts(p, Tb, &ns, &nr)
-    return ns <= pos < Tb - nr and pos >= <long long>Tb - nr - p.ring_m
+    hi[0] = Tb - nr
+    lo[0] = first if first > ns else ns
+    if <long long>Tb - nr - p.ring_m > lo[0]:
+        lo[0] = Tb - nr - p.ring_m
 
 
 cdef inline uint8_t *ring_row(const Params *p, uint8_t *ring, int b, int j, int pos) noexcept nogil:
@@ -182,7 +183,7 @@ cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, uint8_t *sta
     buffer w: the sink rows, and the recent rows that stay recent moved down to their new
     place (rows not written are zeroed when w is a new buffer); the recent rows that leave,
     into the rollback rows that keep them."""
-    cdef int Tb = p.seqlens[b] + 1, ns_o, nr_o, ns, nr, lo, pos
+    cdef int Tb = p.seqlens[b] + 1, ns_o, nr_o, ns, nr, lo, hi, pos
     cdef uint8_t *dst = hp_row(p, w, p.hcap, b, j, 0)
     cdef const uint8_t *src = dst
     cdef size_t rb = p.hp_rb
@@ -193,8 +194,9 @@ cdef void hp_move(const Params *p, uint8_t *w, const uint8_t *past, uint8_t *sta
         memcpy(hp_row(p, stage, p.fcap, b, j, 0), src, (ns_o + nr_o) * rb)
         return
     hp_counts(p, Tb, &ns, &nr)
-    for pos in range(Told - nr_o, Told):
-        if ring_keeps(p, ring, b, pos):
+    if ring != NULL:
+        ring_span(p, b, Told - nr_o, &lo, &hi)
+        for pos in range(lo, hi if hi < Told else Told):
             memcpy(ring_row(p, ring, b, j, pos), src + (ns_o + pos - (Told - nr_o)) * rb, rb)
     if past != NULL:
         memset(dst, 0, p.hcap * rb)
@@ -211,12 +213,13 @@ cdef void hp_settle(const Params *p, uint8_t *w, const uint8_t *stage, uint8_t *
     """After a causal multi-token step's rows are staged: window buffer w of (b, j) gets the
     windows of the new length from the staging rows (the rest zeroed), the rollback rows the
     staged positions they keep."""
-    cdef int Tb = p.seqlens[b] + 1, ns, nr, ns_o, nr_o, pos, Told = past_len(p, b)
+    cdef int Tb = p.seqlens[b] + 1, ns, nr, ns_o, nr_o, pos, lo, hi, Told = past_len(p, b)
     cdef size_t rb = p.hp_rb
     cdef uint8_t *dst = hp_row(p, w, p.hcap, b, j, 0)
-    hp_counts(p, Told, &ns_o, &nr_o)
-    for pos in range(Told - nr_o, Tb):
-        if ring_keeps(p, ring, b, pos):
+    if ring != NULL:
+        hp_counts(p, Told, &ns_o, &nr_o)
+        ring_span(p, b, Told - nr_o, &lo, &hi)
+        for pos in range(lo, hi):
             memcpy(ring_row(p, ring, b, j, pos), stage + hp_at(p, p.fcap, b, j, float_row(p, b, pos)), rb)
     hp_counts(p, Tb, &ns, &nr)
     memset(dst, 0, p.hcap * rb)

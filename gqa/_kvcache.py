@@ -187,7 +187,10 @@ class KVCache(Steps):
     head_size`` float32 > 0, or one number or array for every layer) or a :class:`Calibration` (and
     ``margin``).  ``rotary``: ``(cos_cache, sin_cache)`` covering ``max_length`` positions, or
     None for no rotary.  ``local_window_size``, ``softcap``, ``scale`` and ``accuracy_level``
-    are the operator's attributes; ``num_threads`` its per-call thread count.
+    are the operator's attributes; ``num_threads`` its per-call thread count.  With float
+    windows (``sink_size`` / ``recent_size``, or a configuration name's ``+s<sink>r<recent>``),
+    ``rollback_size`` positions that left the recent window keep their float rows, so
+    ``truncate`` can take that many back (``rollback_floor``).
     """
 
     def __init__(self, *, num_layers, num_heads, kv_num_heads, head_size, max_length, batch_size=1,
@@ -267,8 +270,9 @@ class KVCache(Steps):
         windows = self.sink_size + self.recent_size > 0
         self.hp_key = [np.zeros(hp, self.dtype) if windows else None for _ in range(self.num_layers)]
         self.hp_value = [np.zeros(hp, self.dtype) if windows else None for _ in range(self.num_layers)]
-        # the rollback rows: [B, Nkv, m, H], the float rows of the last m positions that left
-        # the recent window (m = min(rollback_size, max_length); none without windows)
+        # the rollback rows: [B, Nkv, m, H], the float rows of the last m positions that became
+        # history, which the operator writes (m = min(rollback_size, max_length); none without
+        # a recent window)
         self.rollback_size = min(rollback_size, self.max_length) if windows and self.recent_size else 0
         ring = hp[:2] + (self.rollback_size,) + hp[3:]
         self.undo_key = self.undo_value = None
@@ -495,8 +499,8 @@ class KVCache(Steps):
         ``truncate`` takes it back to: the float windows of a length hold the first sink_size
         positions and the last recent_size, so going back to n needs the float rows of
         positions ``[n - recent_size, n)``; the cache keeps those of its windows and of the
-        last ``rollback_size`` positions that left its recent window.  0: any length; without
-        windows always 0."""
+        last ``rollback_size`` positions that became history (left its recent window, or went
+        straight into the codes).  0: any length; without windows always 0."""
         if self.hp_key[0] is None or not self.recent_size:
             return np.zeros(self.batch_size, np.int64)
         lo = self._undo_lo

@@ -606,8 +606,8 @@ cdef class Signature:
         ring_k = ring_v = None
         if ring is not None:
             ring_k, ring_v = ring
-            self._check_ring(ring_k, B, Nkv, H)
-            self._check_ring(ring_v, B, Nkv, H)
+            self._check_ring(ring_k, B, Nkv, H, 0)
+            self._check_ring(ring_v, B, Nkv, H, cnp.PyArray_DIM(<cnp.ndarray>ring_k, 2))
 
         # every check passed: inputs as the compute reads them, outputs, the compute
         query, key, value = self._qkv(query, key, value)
@@ -652,14 +652,15 @@ cdef class Signature:
             return res + (hpk, hpv)
         return res
 
-    cdef int _check_ring(self, x, int B, int Nkv, int H) except -1:
-        """Rollback rows (KVCache's): [B, Nkv, m >= 1, H] of the windows' dtype, C-contiguous
-        and writable, beside in-place windows."""
+    cdef int _check_ring(self, x, int B, int Nkv, int H, Py_ssize_t m) except -1:
+        """Rollback rows (KVCache's): [B, Nkv, m >= 1, H] of the windows' dtype (m as given,
+        unless 0), C-contiguous and writable, beside in-place windows."""
         if not (self.win and self.hp_inplace):
             raise RuntimeError("gqa: rollback rows need the float windows in place")
         if (not isinstance(x, cnp.ndarray) or cnp.PyArray_NDIM(<cnp.ndarray>x) != 4
                 or cnp.PyArray_DIM(<cnp.ndarray>x, 0) != B or cnp.PyArray_DIM(<cnp.ndarray>x, 1) != Nkv
                 or cnp.PyArray_DIM(<cnp.ndarray>x, 2) < 1 or cnp.PyArray_DIM(<cnp.ndarray>x, 3) != H
+                or (m and cnp.PyArray_DIM(<cnp.ndarray>x, 2) != m)
                 or cnp.PyArray_TYPE(<cnp.ndarray>x) != <int>(cnp.NPY_FLOAT16 if self.f16 else cnp.NPY_FLOAT32)
                 or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)
                 or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>x)):

@@ -557,6 +557,27 @@ def test_rollback_rows_follow_take_copy_from_and_copies():
         np.testing.assert_array_equal(one.hp_value[li], ref.hp_value[li])
 
 
+def test_rollback_rows_replaced_by_hand_are_refused():
+    """cache.undo_key / undo_value are the operator's to write: an array put in their place
+    of another shape, dtype or layout, or read-only, is refused before anything is written
+    (RuntimeError: the cache's own state is broken), never written out of bounds."""
+    c = _cache("int8-g16+s2r3", rollback_size=2)
+    step = _steps(61, (6,))[0]
+    ring = c.undo_value[0]
+    ro = np.zeros_like(ring)
+    ro.flags.writeable = False
+    for bad in (np.zeros((B, NKV, 3, H), np.float32), ring.astype(np.float16),
+                np.zeros((B, NKV, 2, 2 * H), np.float32)[..., ::2], ro):
+        c.undo_value[0] = bad
+        snap = _snapshot(c)
+        with pytest.raises(RuntimeError, match="rollback rows must be"):
+            c.attend(0, *step[0])
+        _unchanged(c, snap)
+    c.undo_value[0] = ring
+    _run(c, [step])
+    assert c.length == 6
+
+
 def test_calibration_errors():
     f = _cache()
     with pytest.raises(ValueError, match="needs a cache holding a whole calibration run"):
