@@ -60,9 +60,12 @@ SUBSET = [
     "tests/test_accuracy_level_group.py", "tests/test_tiles.py",
 ]
 DESELECT = "not test_prefill_flash_matches_naive or auto"
-# the AMX tier's run (its tiles emulated): what reaches the amx unit
+# the AMX tier's run (its tiles emulated): what reaches the amx unit; where the avx512 path is
+# native (AVX512-BF16 without AMX: Zen 4 / 5), the levels' property tests on the amx tiles too,
+# which nothing else runs there (on AVX2-only hosts test_emulated.py runs them, unsanitized)
 AMX_SUBSET = ["tests/test_tiles.py", "tests/test_accuracy_level.py", "tests/test_accuracy_level_group.py",
               "tests/test_float_windows.py", "tests/test_kvcache.py", "tests/hardening/test_hard_threads.py"]
+AMX_NATIVE_AVX512 = ["tests/hardening/test_hard_levels.py"]
 CANARY = ("import numpy as np, gqa._kernels as k\n"
           "k.quantize(np.ones(64, np.float32), np.empty(8, np.int8), np.ones(1, np.float32), 1, 64, 0)\n")
 
@@ -109,8 +112,9 @@ def sanitized_amx(tmp_path_factory):
                     "the emulated avx512 path; tests/isa amx-emulated checks the kernels on any x86-64")
     if not native and not simde_found():
         pytest.skip("the emulated avx512 path needs SIMDe (simde/x86/avx512.h): install libsimde-dev (Debian)")
-    return _build(tmp_path_factory, "gqa-src-amx", **({"GQA_EMULATE_AMX": "1"} if native else
-                                                      {"GQA_EMULATE_AVX512": "1"}))
+    tree, env = _build(tmp_path_factory, "gqa-src-amx", **({"GQA_EMULATE_AMX": "1"} if native else
+                                                           {"GQA_EMULATE_AVX512": "1"}))
+    return tree, env, native
 
 
 def _reports(text):
@@ -145,8 +149,8 @@ def test_amx_tier_runs_clean_under_asan_ubsan(sanitized_amx):
     """The AMX tier (prompts' bfloat16 tiles, level 4's INT8 tiles, the tile state per thread)
     with its tiles emulated, where they are the build's first choice: the tile and accuracy-level
     tests, float windows' mixed strips, KVCache's steps."""
-    tree, env = sanitized_amx
+    tree, env, native = sanitized_amx
     probe = subprocess.run([sys.executable, "-c", "import gqa; print(gqa.get_config()['tiles_effective'])"],
                            cwd=tree, env=env, capture_output=True, text=True, timeout=120)
     assert probe.stdout.strip() == "amx", f"the emulated build does not pick the amx tiles:\n{probe.stderr[-2000:]}"
-    _run_clean(tree, env, AMX_SUBSET, DESELECT)
+    _run_clean(tree, env, AMX_SUBSET + (AMX_NATIVE_AVX512 if native else []), DESELECT)
