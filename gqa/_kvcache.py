@@ -512,15 +512,15 @@ class KVCache(Steps):
         position it needs is held in codes only) before any buffer changes."""
         lens = self._lengths
         ahead = lens + (self._step_new if self._step_size else 0)
+        held = [ahead if self._step_size and self._in_step[li] else lens
+                for li in range(self.num_layers)]       # each layer's positions
         plans = {}
-        for li in range(self.num_layers):
-            got = ahead if self._step_size and self._in_step[li] else lens
+        for got in held:
             for b in range(self.batch_size):
                 key = (int(got[b]), b)
                 if key not in plans:
                     plans[key] = self._window_sources(b, key[0], int(new[b]))
-        for li in range(self.num_layers):
-            got = ahead if self._step_size and self._in_step[li] else lens
+        for li, got in enumerate(held):
             for b in range(self.batch_size):
                 plan = plans[(int(got[b]), b)]
                 if plan is None:
@@ -543,7 +543,7 @@ class KVCache(Steps):
             return None
         s, r, m = self.sink_size, self.recent_size, self.rollback_size
         ns, ns_o = min(s, n), min(s, L)
-        start, f, lo = max(ns, n - r), frontier(L, s, r), int(self._undo_lo[b])
+        start, f, lo = frontier(n, s, r), frontier(L, s, r), int(self._undo_lo[b])
         if max(start, ns_o) < min(n, lo):
             raise ValueError(
                 f"truncate({n}): sequence {b}'s recent window (recent_size={r}) needs the float "
