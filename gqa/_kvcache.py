@@ -651,9 +651,8 @@ class KVCache(Steps):
         from ._api import quantize
         rho = (self.ops[0].k_quant_rho, self.ops[0].v_quant_rho)
         ns = min(self.sink_size, length)
-        nr = min(self.recent_size, length - ns)
-        keep = list(range(ns)) + list(range(length - nr, length))
         start = frontier(length, self.sink_size, self.recent_size)
+        keep = list(range(ns)) + list(range(start, length))
         lo = max(ns, start - self.rollback_size)      # the rollback rows: positions [lo, start)
         for li in range(self.num_layers):
             for i, (dst, hp, src) in enumerate(((self.key, self.hp_key, other.key),
