@@ -58,6 +58,8 @@ cdef tuple _WRITTEN_NAMES = ("past_key", "past_value", "present_key", "present_v
                              "past_hp_key", "past_hp_value", "present_hp_key", "present_hp_value")
 cdef tuple _STEP_NAMES = ("query", "key", "value", "seqlens_k", "position_ids", "attention_bias",
                           "total_sequence_length")
+# KVCache's rollback rows (Signature.call's ring): written by a call, apart from all it reads or writes
+cdef tuple _RING_NAMES = ("undo_key", "undo_value")
 cdef str _widths(long long D, long long k):
     """The widths next to D that k heads of a head size (a multiple of 8) make."""
     cdef long long lo = D // (8 * k) * 8 * k, hi = lo + 8 * k
@@ -529,7 +531,8 @@ cdef class Signature:
               tuple ring=None):
         """The value checks, then the compute: the call's (output, present_key,
         present_value[, output_qk]).  ring: KVCache's rollback rows (K's, V's), with in-place
-        float windows only."""
+        float windows only, apart from each other and from every buffer the call reads or
+        writes."""
         cdef const Params *p = &self.consts.p
         cdef int B = p.B, S = p.S, L = p.L, Pbuf = p.Pbuf, Nkv = p.Nkv, N = p.N, H = p.H
         cdef long long T = _total_length(total_sequence_length)
@@ -608,6 +611,12 @@ cdef class Signature:
             ring_k, ring_v = ring
             self._check_ring(ring_k, B, Nkv, H, 0)
             self._check_ring(ring_v, B, Nkv, H, cnp.PyArray_DIM(<cnp.ndarray>ring_k, 2))
+            apart(ring, _RING_NAMES,
+                  self._written(past_key, past_value, present_key, present_value, ext)
+                  + (query, key, value, seqlens_k, position_ids, attention_bias, total_sequence_length,
+                     k_scale, v_scale, cos_cache, sin_cache, head_sink, q_norm_weight, k_norm_weight,
+                     rot_k, rot_v),
+                  self.out_names + _STEP_NAMES + _KEPT_NAMES, self._where())
 
         # every check passed: inputs as the compute reads them, outputs, the compute
         query, key, value = self._qkv(query, key, value)

@@ -97,6 +97,8 @@ cdef class Steps:
         if first:
             self._step_size, self._step_new = S, new
             self._step_uniform, self._step_total = lengths is None, T
+            if self.hp_key is not None and self.hp_key[0] is not None:
+                self._advance_floor(new)     # after the call: a refused one leaves the floor
         self._step_layers += 1
         if self._step_layers == self.num_layers:
             self._set_lengths(self._lengths + self._step_new)
@@ -194,16 +196,18 @@ cdef class Steps:
                              f"({self.max_length}); reset() or truncate() it, or allocate more")
         for b in range(self.batch_size):
             out[b] = <int>(a[b] + n[b] - 1)
-        if self.hp_key is not None and self.hp_key[0] is not None:
-            self._advance_floor(a, n)
         return <int>T
 
-    cdef int _advance_floor(self, const long long *a, const long long *n) except -1:
-        """The step's floats (_undo_lo): the operator puts every position that becomes history
-        among the last m before the new frontier f' into the rollback rows, so a sequence then
-        holds [max(lo, f' - m), f') there."""
-        cdef cnp.ndarray lo_a = self._undo_lo
+    cdef int _advance_floor(self, new) except -1:
+        """The step's floats (_undo_lo), once its first layer's call has run: the operator
+        puts every position that becomes history among the last m before the new frontier f'
+        into the rollback rows, so a sequence then holds [max(lo, f' - m), f') there."""
+        cdef cnp.ndarray lens = self._lengths, add = new, lo_a = self._undo_lo
+        _own_array(lens, cnp.NPY_INT64, self.batch_size, "_lengths")
+        _own_array(add, cnp.NPY_INT64, self.batch_size, "the step's new positions")
         _own_array(lo_a, cnp.NPY_INT64, self.batch_size, "_undo_lo")
+        cdef const long long *a = <const long long *>cnp.PyArray_DATA(lens)
+        cdef const long long *n = <const long long *>cnp.PyArray_DATA(add)
         cdef long long *lo = <long long *>cnp.PyArray_DATA(lo_a)
         cdef long long f
         cdef int b

@@ -4,7 +4,7 @@ from a JSON-able spec, a few valid steps, then one mutation -- of its constructi
 wrong structure or values, scales, threads, head sizes the formats or rotary cannot take) or
 of its use (attend with arrays of the wrong shape, dtype or kind, layers out of range or
 repeated, steps past max_length, truncate to lengths it cannot reach, one short of its
-rollback_floor).
+rollback_floor, rollback rows put by hand over the step's own memory).
 
 Each mutation takes (rng, spec, kwargs) and returns ("construct", kwargs, words) or
 ("use", (prepare, bad), words): prepare(cache) (or None) does valid things first, bad(cache)
@@ -240,4 +240,29 @@ def m_truncate(rng, spec, kw):
     return "use", (None, bad), ("length", "truncate", "recent")
 
 
-MUTATIONS = {"construct": m_construct, "attend": m_attend, "truncate": m_truncate}
+def m_undo(rng, spec, kw):
+    """attend() with rollback rows put by hand over memory the step reads or writes: the other
+    side's rows, the float windows, or the query's own buffer (the spec gets windows and rows
+    where it has none)."""
+    if "+s" not in spec["mode"]:
+        spec["mode"] = _pick(rng, [m for m in MODES if "+s" in m])
+    spec["rollback"] = spec.get("rollback") or _pick(rng, [1, 3])
+    kw = kwargs(spec)
+    B, N, Nkv, H, dt = spec["B"], spec["N"], spec["Nkv"], spec["H"], np.dtype(kw["dtype"])
+    kind = _pick(rng, ["other_side", "window", "query"])
+    big = np.zeros(B * (N + 3 * Nkv) * H, dt)
+    q = big[:B * N * H].reshape(B, 1, N * H) if kind == "query" else np.zeros((B, 1, N * H), dt)
+    k, v = (np.zeros((B, 1, Nkv * H), dt) for _ in range(2))
+
+    def prepare(cache):
+        ring = cache.undo_value[0]
+        over = {"other_side": cache.undo_key[0], "query": big,
+                "window": cache.hp_key[0]}[kind].reshape(-1)
+        cache.undo_value[0] = over[:ring.size].reshape(ring.shape)
+
+    def bad(cache):
+        return cache.attend(0, q, k, v)
+    return "use", (prepare, bad), ("undo_value",)
+
+
+MUTATIONS = {"construct": m_construct, "attend": m_attend, "truncate": m_truncate, "undo": m_undo}
