@@ -42,19 +42,15 @@ def direct_row_limit(int ktype, int vtype, int level, int H, int units):
 
 cdef int step_rows(int ktype, int vtype, int level, int H, int units, int tiles) noexcept nogil:
     """Query rows up to which a multi-token step runs on the decode kernels (_plan's row_limit),
-    `tiles` as _dispatch.tile_steps gives them.  Without matrix tiles: direct_rows.  Tiles that
-    take every step (AMX, BFDOT: not timed against the decode kernels): 0.  AVX-512 BF16
-    (steps_direct): level 3's direct_rows at levels 3 and 4 -- where the decode kernels beat float32
-    tiles with float32 products -- since bfloat16 tiles run about twice the float32 ones (AMD EPYC
-    Zen 4, steps of 2-8 tokens at T = 8192, the six shapes of bench --shape real, INT8 per tensor,
-    INT4 g32 and float caches, levels 3 and 4: within the limit the decode kernels faster than the
-    bfloat16 tiles in 62 of 68 cases, up to 3.8x, 1.0-1.3x slower in 6; between it and level 4's
-    own limit the tiles 1.14-1.49x faster in 6 of 9 cases, 1.14-1.25x slower in 3)."""
-    if tiles == 0:
-        return direct_rows(ktype, vtype, level, H, units)
-    if tiles == 1:
-        return 0
-    return direct_rows(ktype, vtype, level if level < 3 else 3, H, units)
+    `tiles` as _dispatch.tile_steps gives them: 1, tiles that take every step (AMX, BFDOT: not
+    timed against the decode kernels), none; else direct_rows.  On AVX-512 BF16 tiles (2,
+    steps_direct) the level's own limit at level 4 too: between level 3's limit and level 4's
+    the integer decode kernels measured faster than the bfloat16 tiles in 57 of 63 cases, 1.42x
+    at the median and up to 2.8x (every per-group case, 1.18-2.8x), 1.02-1.22x slower in 6 (static
+    codes, H = 64, 2-4 units, 45-64 rows) (AMD EPYC Zen 4, T = 8192, the six shapes of bench
+    --shape real, INT8 / INT4 per tensor and per group; within level 3's limit, at levels 3 and
+    4, they were faster in 62 of 68 cases, up to 3.8x)."""
+    return 0 if tiles == 1 else direct_rows(ktype, vtype, level, H, units)
 
 
 def step_row_limit(int ktype, int vtype, int level, int H, int units, int tiles):

@@ -41,14 +41,16 @@ def test_the_row_limits():
 
 
 def test_the_row_limits_with_matrix_tiles():
-    """step_rows: without tiles (0) direct_rows; tiles that take every step (1: AMX, BFDOT) none;
-    AVX-512 BF16 (2) level 3's limit at levels 3 and 4, the levels with tiles."""
+    """step_rows: without tiles (0) and on AVX-512 BF16's (2) direct_rows at the call's level
+    (level 4 the integer decode kernels' own limit); tiles that take every step (1: AMX,
+    BFDOT) none."""
     S8, F32_, G4 = 0, 4, 7 | (32 << 8)
     for args in [(S8, S8, 4, 128, 8), (S8, S8, 0, 64, 3), (F32_, F32_, 3, 256, 16), (G4, G4, 4, 64, 1)]:
-        assert step_row_limit(*args, 0) == direct_row_limit(*args)
+        assert step_row_limit(*args, 0) == direct_row_limit(*args) == step_row_limit(*args, 2)
         assert step_row_limit(*args, 1) == 0
-    assert step_row_limit(S8, S8, 4, 128, 8, 2) == 24 == step_row_limit(S8, S8, 3, 128, 8, 2)
-    assert step_row_limit(S8, S8, 4, 64, 3, 2) == 24 and step_row_limit(G4, G4, 4, 64, 1, 2) == 8
+    assert step_row_limit(S8, S8, 4, 128, 8, 2) == 64 and step_row_limit(S8, S8, 3, 128, 8, 2) == 24
+    assert step_row_limit(S8, S8, 4, 64, 3, 2) == 64 and step_row_limit(G4, G4, 4, 64, 1, 2) == 16
+    assert step_row_limit(G4, G4, 3, 64, 1, 2) == 8
     assert step_row_limit(F32_, S8, 4, 128, 8, 2) == 16 == step_row_limit(F32_, S8, 4, 128, 8, 0)
 
 

@@ -127,7 +127,7 @@ typedef struct gqa_tiles {
     unsigned cpu; /* the GQA_CPU_* features it needs, beyond its path's */
     int rows;     /* the flash plan's query tile on these tiles: rows (positions x G heads) */
     /* 1: a multi-token step of few rows runs on the decode kernels, up to the rows where they beat
-       float32 tiles at accuracy level 3 (gqa/_plan.pyx, step_rows); 0: every step on these tiles */
+       the float32 tiles at the call's level (gqa/_plan.pyx, step_rows); 0: every step on these tiles */
     int steps_direct;
     int (*permit)(void); /* the OS's grant, asked once per process; 1 where none is needed */
     void (*begin)(void);

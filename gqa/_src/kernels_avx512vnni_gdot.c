@@ -25,10 +25,11 @@
 
 /* ---- sv_gemm_s8_dot on group rows, 512 bits -----------------------------------------------
  *
- * Per chunk of SV_KG keys (the contract's) and block of columns: the block's groups' metadata in
- * columns (gsv_meta) and each row's probabilities times scales quantized per group (gsv_rows),
- * once per chunk even where a group spans two blocks; then one pass over the chunk's rows for all
- * the block's pieces (32 columns each, inside one group since groups are multiples of 32):
+ * Blocks of up to GP_MB rows.  Per chunk of SV_KG keys (the contract's) and block of columns: the
+ * block's groups' metadata in columns (gsv_meta, once for all the rows) and each row's
+ * probabilities times scales quantized per group (gsv_rows), once per chunk even where a group
+ * spans two blocks; then one pass over the chunk's rows for all the block's pieces (32 columns
+ * each, inside one group since groups are multiples of 32):
  * two keys at a time, each piece's codes widened to 32 uint16 words (gp_widen: INT8 word w is
  * column w; INT4 the 16 even columns then the 16 odd ones; INT2 word 8 L + t is column 4 t + L),
  * the two keys' words interleaved by in-lane unpacks (lo: words 8 L + t, hi: 8 L + 4 + t, t < 4,
@@ -37,12 +38,15 @@
  * D is the contract's whatever the order.  The sums return to column order by two vpermt2d per
  * piece (gp_perm's indices) and gsv_finish adds them, scaled, in the contract's order.
  */
-#define GP_PIECES 8               /* pieces of a block at most (one row; 4 for two or three, 2 for four) */
+#define GP_PIECES 8               /* pieces of a block at most (one row; 4 for two or three, 2 for four,
+                                     1 for five to eight) */
 #define GP_SLOTS 8                /* groups whose codes a chunk keeps (a block spans at most 8) */
 #define GP_CS (SV_KG + 16)        /* int16 codes per (row, group) slot */
+#define GP_MB 8                   /* rows of a block: each chunk's metadata and code rows read once for
+                                     them (Zen 4, 8 rows x 256 columns: 1.09x two blocks of 4) */
 
 /* Pieces per block for mb rows (2 mb gp_np[mb] accumulators of 32). */
-static const int gp_np[SV_MB + 1] = {0, 8, 4, 4, 2};
+static const int gp_np[GP_MB + 1] = {0, 8, 4, 4, 2, 1, 1, 1, 1};
 
 /* One piece's 32 codes at p as uint16 words in the kind's order (above). */
 INLINE __m512i gp_widen(const int KIND, const uint8_t *p)
@@ -82,7 +86,7 @@ INLINE void gp_block(const int MB, const int NP, const int KIND, const int16_t *
                      const uint8_t *b, size_t ldb, const uint8_t *pf, const __m512i idx[2], int32_t *D)
 {
     const size_t pb = KIND == DOT_U8 ? 32 : KIND == DOT_U4 ? 16 : 8; /* bytes of a piece */
-    __m512i lo[SV_MB][GP_PIECES], hi[SV_MB][GP_PIECES];
+    __m512i lo[GP_MB][GP_PIECES], hi[GP_MB][GP_PIECES];
     UNROLL
     for (int i = 0; i < MB; i++)
         UNROLL
@@ -129,12 +133,17 @@ typedef void (*gp_fn)(const int16_t *const *, size_t, const uint8_t *, size_t, c
     GP_INST(2, 1, KIND) GP_INST(2, 2, KIND) GP_INST(2, 4, KIND)                                        \
     GP_INST(3, 1, KIND) GP_INST(3, 2, KIND) GP_INST(3, 4, KIND)                                        \
     GP_INST(4, 1, KIND) GP_INST(4, 2, KIND)                                                            \
-    static const gp_fn gp_blocks_##KIND[SV_MB + 1][4] = {                                              \
+    GP_INST(5, 1, KIND) GP_INST(6, 1, KIND) GP_INST(7, 1, KIND) GP_INST(8, 1, KIND)                    \
+    static const gp_fn gp_blocks_##KIND[GP_MB + 1][4] = {                                              \
         {NULL, NULL, NULL, NULL},                                                                      \
         {gp_1x1_##KIND, gp_1x2_##KIND, gp_1x4_##KIND, gp_1x8_##KIND},                                  \
         {gp_2x1_##KIND, gp_2x2_##KIND, gp_2x4_##KIND, NULL},                                           \
         {gp_3x1_##KIND, gp_3x2_##KIND, gp_3x4_##KIND, NULL},                                           \
-        {gp_4x1_##KIND, gp_4x2_##KIND, NULL, NULL}};
+        {gp_4x1_##KIND, gp_4x2_##KIND, NULL, NULL},                                                    \
+        {gp_5x1_##KIND, NULL, NULL, NULL},                                                             \
+        {gp_6x1_##KIND, NULL, NULL, NULL},                                                             \
+        {gp_7x1_##KIND, NULL, NULL, NULL},                                                             \
+        {gp_8x1_##KIND, NULL, NULL, NULL}};
 GP_KIND(1) GP_KIND(2) GP_KIND(3) /* DOT_U4, DOT_U8, DOT_U2 */
 
 /* The chunk's codes of groups [j0, j1) for rows r < mb (rows[r] of A from column k0, kn keys):
@@ -144,7 +153,7 @@ static void gp_quantize(int mb, const size_t *rows, const float *A, size_t lda, 
                         int16_t (*codes)[GP_SLOTS][GP_CS], float (*sp)[GP_SLOTS], float (*Z)[GP_SLOTS])
 {
     float sc[4 * SV_KG], zc[4 * SV_KG], w[SV_MB * SV_KG];
-    const float *ar[SV_MB];
+    const float *ar[GP_MB];
     for (int r = 0; r < mb; r++)
         ar[r] = A + rows[r] * lda + k0;
     for (size_t jb = j0, nj; jb < j1; jb += nj) {
@@ -152,11 +161,13 @@ static void gp_quantize(int mb, const size_t *rows, const float *A, size_t lda, 
         gsv_meta(bk, rb, cb, jb, (int)nj, f16, kn, sc, zc);
         for (size_t i = 0; i < nj; i++) {
             const size_t s = (jb + i) % GP_SLOTS;
-            int16_t *cr[SV_MB];
-            float spr[SV_MB], Zr[SV_MB];
+            int16_t *cr[GP_MB];
+            float spr[GP_MB], Zr[GP_MB];
             for (int r = 0; r < mb; r++)
                 cr[r] = codes[r][s];
-            gsv_rows_n(mb, ar, kn, sc + i * SV_KG, zc + i * SV_KG, w, cr, spr, Zr);
+            for (int r0 = 0; r0 < mb; r0 += SV_MB) /* gsv_rows' blocks of rows */
+                gsv_rows_n(mb - r0 < SV_MB ? mb - r0 : SV_MB, ar + r0, kn, sc + i * SV_KG, zc + i * SV_KG, w,
+                           cr + r0, spr + r0, Zr + r0);
             for (int r = 0; r < mb; r++)
                 sp[r][s] = spr[r], Z[r][s] = Zr[r];
         }
@@ -166,9 +177,9 @@ static void gp_quantize(int mb, const size_t *rows, const float *A, size_t lda, 
 static void gsv512(size_t M, size_t N, size_t K, const float *A, size_t lda, const uint8_t *B, int type, float *C,
                    size_t ldc, float beta)
 {
-    int16_t codes[SV_MB][GP_SLOTS][GP_CS] __attribute__((aligned(64)));
-    int32_t D[SV_MB * GP_DS];
-    float sp[SV_MB][GP_SLOTS], Z[SV_MB][GP_SLOTS];
+    int16_t codes[GP_MB][GP_SLOTS][GP_CS] __attribute__((aligned(64)));
+    int32_t D[GP_MB * GP_DS];
+    float sp[GP_MB][GP_SLOTS], Z[GP_MB][GP_SLOTS];
     const size_t g = gqa_group_cols(type), rb = gqa_row_bytes(type, N), bits = gqa_group_bits(type);
     const size_t cb = N * bits / 8, pb = 32 * bits / 8; /* bytes of a piece */
     const int kind = gdot_kind(type), f16 = (type & GQA_META_F16) != 0;
@@ -176,9 +187,9 @@ static void gsv512(size_t M, size_t N, size_t K, const float *A, size_t lda, con
     __m512i idx[2];
     gp_perm(kind, idx);
     for (size_t m0 = 0; m0 < M;) {
-        size_t rows[SV_MB];
-        float inv[SV_MB], sp0[SV_MB]; /* sv_row's, unused: each chunk and group scales its own */
-        const int mb = sv_take_rows(M, &m0, SV_MB, N, K, A, lda, B, type, NULL, C, ldc, beta, rows, inv, sp0);
+        size_t rows[GP_MB];
+        float inv[GP_MB], sp0[GP_MB]; /* sv_row's, unused: each chunk and group scales its own */
+        const int mb = sv_take_rows(M, &m0, GP_MB, N, K, A, lda, B, type, NULL, C, ldc, beta, rows, inv, sp0);
         for (size_t k0 = 0; mb > 0 && k0 < K; k0 += SV_KG) {
             const size_t kn = K - k0 < SV_KG ? K - k0 : SV_KG;
             const uint8_t *bk = B + k0 * rb;
@@ -196,7 +207,7 @@ static void gsv512(size_t M, size_t N, size_t K, const float *A, size_t lda, con
                 for (size_t p0 = 0; p0 < np;) { /* the block in runs of 8, 4, 2, 1 pieces */
                     const int l = np - p0 >= 8 ? 3 : np - p0 >= 4 ? 2 : np - p0 >= 2 ? 1 : 0;
                     const size_t run = (size_t)1 << l;
-                    const int16_t *cp[SV_MB * GP_PIECES];
+                    const int16_t *cp[GP_MB * GP_PIECES];
                     for (int r = 0; r < mb; r++)
                         for (size_t p = 0; p < run; p++)
                             cp[r * run + p] = codes[r][(n0 + 32 * (p0 + p)) / g % GP_SLOTS];
