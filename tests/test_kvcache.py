@@ -578,7 +578,6 @@ def test_rollback_rows_replaced_by_hand_are_refused():
     assert c.length == 6
 
 
-
 def test_rollback_rows_overlapping_the_call_are_refused():
     """Rollback rows put by hand over memory the call reads or writes (the other side's rows,
     the float windows, the query) are refused by name before anything is written, the
@@ -590,15 +589,14 @@ def test_rollback_rows_overlapping_the_call_are_refused():
     q, k, v = second[0]
     ring, n = c.undo_value[0], c.undo_value[0].size
     shape = ring.shape
-    for bad, q_in, name in ((c.undo_key[0], q, "undo_key and undo_value must not overlap"),
-                            (c.hp_key[0].reshape(-1)[:n].reshape(shape), q,
-                             "undo_value must not overlap past_hp_key"),
-                            (q.reshape(-1)[:n].reshape(shape), q, "undo_value must not overlap query")):
+    for bad, name in ((c.undo_key[0], "undo_key and undo_value must not overlap"),
+                      (c.hp_key[0].reshape(-1)[:n].reshape(shape), "undo_value must not overlap past_hp_key"),
+                      (q.reshape(-1)[:n].reshape(shape), "undo_value must not overlap query")):
         c.undo_value[0] = bad
         snap, floor = _snapshot(c), c.rollback_floor.copy()
         kept = [x.copy() for x in c.hp_key + c.hp_value + c.undo_key + [ring, q]]
         with pytest.raises(ValueError, match=name):
-            c.attend(0, q_in, k, v)
+            c.attend(0, q, k, v)
         _unchanged(c, snap)
         np.testing.assert_array_equal(c.rollback_floor, floor)     # the refused step kept none
         for x, y in zip(c.hp_key + c.hp_value + c.undo_key + [ring, q], kept):
@@ -606,6 +604,7 @@ def test_rollback_rows_overlapping_the_call_are_refused():
     c.undo_value[0] = ring
     _run(c, [second])
     assert c.length == 7
+
 
 def test_calibration_errors():
     f = _cache()

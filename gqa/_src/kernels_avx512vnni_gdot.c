@@ -43,7 +43,7 @@
 #define GP_SLOTS 8                /* groups whose codes a chunk keeps (a block spans at most 8) */
 #define GP_CS (SV_KG + 16)        /* int16 codes per (row, group) slot */
 #define GP_MB 8                   /* rows of a block: each chunk's metadata and code rows read once for
-                                     them (Zen 4, 8 rows x 256 columns: 1.09x two blocks of 4) */
+                                     them (Zen 4, 8 rows x 256 columns: 1.03-1.12x two blocks of 4) */
 
 /* Pieces per block for mb rows (2 mb gp_np[mb] accumulators of 32). */
 static const int gp_np[GP_MB + 1] = {0, 8, 4, 4, 2, 1, 1, 1, 1};
