@@ -551,10 +551,11 @@ cdef class Signature:
         if q_norm_weight is not None:     # H floats each: every call, as the scales
             q_norm_weight = _finite(q_norm_weight, "q_norm_weight", _NORM_FINITE)
             k_norm_weight = _finite(k_norm_weight, "k_norm_weight", _NORM_FINITE)
+        cdef tuple written = self._written(past_key, past_value, present_key, present_value, ext)
+        cdef tuple step_in = (query, key, value, seqlens_k, position_ids, attention_bias,
+                              total_sequence_length)
         if self.out_names:
-            apart(self._written(past_key, past_value, present_key, present_value, ext),
-                  self.out_names, (query, key, value, seqlens_k, position_ids, attention_bias,
-                                   total_sequence_length), _STEP_NAMES, self._where())
+            apart(written, self.out_names, step_in, _STEP_NAMES, self._where())
         if S > T:
             raise ValueError(f"total_sequence_length ({T}) must be >= sequence_length ({S}, query "
                              "dimension 1): the new tokens are part of the total")
@@ -612,10 +613,8 @@ cdef class Signature:
             self._check_ring(ring_k, B, Nkv, H, 0)
             self._check_ring(ring_v, B, Nkv, H, cnp.PyArray_DIM(<cnp.ndarray>ring_k, 2))
             apart(ring, _RING_NAMES,
-                  self._written(past_key, past_value, present_key, present_value, ext)
-                  + (query, key, value, seqlens_k, position_ids, attention_bias, total_sequence_length,
-                     k_scale, v_scale, cos_cache, sin_cache, head_sink, q_norm_weight, k_norm_weight,
-                     rot_k, rot_v),
+                  written + step_in + (k_scale, v_scale, cos_cache, sin_cache, head_sink, q_norm_weight,
+                                       k_norm_weight, rot_k, rot_v),
                   self.out_names + _STEP_NAMES + _KEPT_NAMES, self._where())
 
         # every check passed: inputs as the compute reads them, outputs, the compute
